@@ -1,0 +1,23 @@
+"""mpicoll: collective communication built by hand on MPI point-to-point messages.
+
+Ring ReduceScatter, ring AllGather and ring AllReduce (their composition),
+plus latency-optimal algorithms for small messages, on NumPy arrays and
+(with CuPy) GPU arrays, checked against MPI's built-in collectives.
+"""
+
+from ._api import allgather, allreduce, reduce_scatter
+from ._comm import Comm
+from ._errors import CollectiveTimeout, MismatchError, MpicollError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Comm",
+    "allreduce",
+    "allgather",
+    "reduce_scatter",
+    "MpicollError",
+    "MismatchError",
+    "CollectiveTimeout",
+    "__version__",
+]

@@ -1,0 +1,160 @@
+"""Array backends: where buffers live, how they are allocated, copied and reduced.
+
+The algorithms are written once against this small interface:
+
+``empty(n, dtype)``        a new 1-D array of ``n`` elements
+``copy(dst, src)``         ``dst[...] = src`` (same length)
+``reducer(op, msg)``       a callable ``red(a, b, out)`` computing ``out = a op b``
+``prepare()``              make the caller's pending work on the buffers complete
+                           before MPI reads them (a no-op on the host)
+``finish()``               make the result visible to the caller (no-op on the host)
+``channel(ctx, mpitype)``  point-to-point transport for this backend (see _channel)
+
+The NumPy backend lives here.  Device backends register themselves with
+:func:`register` and are found by :func:`backend_of` from the array object.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from . import _types
+
+
+class Reducer:
+    """``out = a op b`` elementwise, for one (op, datatype, backend).
+
+    Predefined ops use the backend's ufunc table; user-defined ops go through
+    ``Op.Reduce_local``, which computes ``inout = in op inout``.
+    """
+
+    __slots__ = ("op", "ufunc", "mpitype", "commutative", "backend")
+
+    def __init__(self, op, ufunc, mpitype, backend):
+        self.op = op
+        self.ufunc = ufunc
+        self.mpitype = mpitype
+        self.commutative = bool(op.Is_commutative())
+        self.backend = backend
+
+    def __call__(self, a, b, out):
+        if self.ufunc is not None:
+            self.ufunc(a, b, out=out)
+            return
+        op, T = self.op, self.mpitype
+        if out is b:
+            op.Reduce_local([a, T], [b, T])
+        elif out is a and self.commutative:
+            op.Reduce_local([b, T], [a, T])
+        elif out is a:
+            tmp = b.copy()
+            op.Reduce_local([a, T], [tmp, T])
+            self.backend.copy(out, tmp)
+        else:
+            self.backend.copy(out, b)
+            op.Reduce_local([a, T], [out, T])
+
+
+class NumpyBackend:
+    """Host memory, NumPy arrays."""
+
+    name = "numpy"
+    device = "cpu"
+    ufuncs = _types.NUMPY_UFUNCS
+
+    @staticmethod
+    def empty(n, dtype):
+        return np.empty(n, dtype=dtype)
+
+    @staticmethod
+    def copy(dst, src):
+        np.copyto(dst, src)
+
+    @staticmethod
+    def may_share_memory(a, b):
+        return np.may_share_memory(a, b)
+
+    @staticmethod
+    def prepare():
+        pass
+
+    @staticmethod
+    def finish():
+        pass
+
+    def reducer(self, op, mpitype, category):
+        name = _types.op_name(op)
+        ufunc = self.ufuncs.get(name) if category != "pair" else None
+        return Reducer(op, ufunc, mpitype, self)
+
+    def channel(self, ctx, mpitype):
+        from ._channel import Channel
+        return Channel(ctx.comm, mpitype)
+
+    @staticmethod
+    def is_array(obj):
+        return isinstance(obj, np.ndarray)
+
+    @staticmethod
+    def asarray(obj):
+        """A 1-D-or-more NumPy view of a host buffer (buffer protocol or DLPack)."""
+        if isinstance(obj, np.ndarray):
+            return obj
+        try:
+            return np.asarray(memoryview(obj))
+        except TypeError:
+            pass
+        if hasattr(obj, "__dlpack__"):
+            return np.from_dlpack(obj)
+        raise TypeError
+
+
+NUMPY = NumpyBackend()
+
+# Device backends, tried in order by backend_of(); each entry has
+# ``claims(obj) -> bool`` and ``asarray(obj)``.
+_DEVICE_BACKENDS: list = []
+
+
+def register(backend, *, first: bool = False) -> None:
+    """Make a device backend known to :func:`backend_of`."""
+    if backend not in _DEVICE_BACKENDS:
+        if first:
+            _DEVICE_BACKENDS.insert(0, backend)
+        else:
+            _DEVICE_BACKENDS.append(backend)
+
+
+def unregister(backend) -> None:
+    if backend in _DEVICE_BACKENDS:
+        _DEVICE_BACKENDS.remove(backend)
+
+
+def backend_of(obj):
+    """The backend that owns ``obj``, or None if no backend recognises it."""
+    if isinstance(obj, np.ndarray):
+        return NUMPY
+    for backend in _DEVICE_BACKENDS:
+        if backend.claims(obj):
+            return backend
+    if _is_device_object(obj):
+        try:
+            from . import _devices  # noqa: F401  registers the CuPy backend
+        except ImportError:
+            return None
+        for backend in _DEVICE_BACKENDS:
+            if backend.claims(obj):
+                return backend
+        return None
+    return NUMPY
+
+
+def _is_device_object(obj) -> bool:
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is not None:
+        try:
+            return int(dev()[0]) != 1  # kDLCPU == 1
+        except Exception:
+            return False
+    return False

@@ -1,0 +1,215 @@
+"""``mpicoll.Comm``: an ``MPI.Intracomm`` whose reductions and gathers are mpicoll's."""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from . import _collectives, _select, _types
+from ._buffers import as_counts, check_same_type, is_in_place, message
+from ._context import check_comm
+
+
+def _check_no_overlap(smsg, rmsg):
+    if smsg.backend is rmsg.backend and smsg.count and rmsg.count:
+        try:
+            overlap = smsg.backend.may_share_memory(smsg.array, rmsg.array)
+        except AttributeError:
+            overlap = False
+        if overlap:
+            raise ValueError("sendbuf: overlaps recvbuf; pass MPI.IN_PLACE as sendbuf instead")
+
+
+class Comm(MPI.Intracomm):
+    """Drop-in intra-communicator running mpicoll's collectives.
+
+    ``mpicoll.Comm(comm)`` refers to the same MPI communicator as ``comm``
+    (same group, same handle; nothing is duplicated for the user).  Its
+    ``Allreduce``, ``Allgather``, ``Allgatherv``, ``Reduce_scatter_block`` and
+    ``Reduce_scatter`` take exactly the arguments mpi4py takes and run mpicoll's
+    algorithms on mpicoll's private duplicate of the communicator; every other
+    method is mpi4py's.
+
+    Args:
+        comm: the intra-communicator to wrap (default ``MPI.COMM_WORLD``).
+        algorithm: ``"auto"`` or an algorithm name forced for every call.
+
+    Example (4 ranks)::
+
+        comm = mpicoll.Comm(MPI.COMM_WORLD)
+        x = np.full(3, comm.rank + 1.0)       # rank r holds [r+1, r+1, r+1]
+        y = np.empty(3)
+        comm.Allreduce(x, y, op=MPI.SUM)      # every rank: [10., 10., 10.]
+    """
+
+    def __new__(cls, comm=None, algorithm: str = "auto"):
+        comm = MPI.COMM_WORLD if comm is None else comm
+        check_comm(comm)
+        self = super().__new__(cls, comm)
+        return self
+
+    def __init__(self, comm=None, algorithm: str = "auto"):
+        for collective in _select.ALGORITHMS:
+            if algorithm == "auto" or algorithm in _select.ALGORITHMS[collective]:
+                break
+        else:
+            _select.check_algorithm("allreduce", algorithm)
+        self._algorithm = algorithm
+
+    def _algo(self, collective):
+        algo = getattr(self, "_algorithm", "auto")
+        return algo if algo in _select.ALGORITHMS[collective] else "auto"
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
+        _types.check_op(op)
+        rmsg = message(recvbuf, "recvbuf", writable=True)
+        smsg = None
+        if not is_in_place(sendbuf):
+            smsg = message(sendbuf, "sendbuf", writable=False)
+            check_same_type(smsg, rmsg)
+            if smsg.count != rmsg.count:
+                raise ValueError(
+                    f"mismatch in send count {smsg.count} and receive count {rmsg.count}"
+                )
+            _check_no_overlap(smsg, rmsg)
+        _types.check_op_applies(op, rmsg.category, rmsg.typename)
+        _collectives.run_allreduce(self, smsg, rmsg, op, self._algo("allreduce"))
+
+    def Allgather(self, sendbuf, recvbuf):
+        """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
+        size = self.Get_size()
+        rmsg, per = _block_message(recvbuf, size)
+        smsg = None
+        if not is_in_place(sendbuf):
+            smsg = message(sendbuf, "sendbuf", writable=False)
+            check_same_type(smsg, rmsg)
+            if smsg.count != per:
+                raise ValueError(
+                    f"mismatch in send count {smsg.count} and receive count {per * size}"
+                )
+            _check_no_overlap(smsg, rmsg)
+        counts = [per] * size
+        displs = [per * r for r in range(size)]
+        _collectives.run_allgather(self, smsg, rmsg, counts, displs, self._algo("allgather"))
+
+    def Allgatherv(self, sendbuf, recvbuf):
+        """Gather a different number of elements from each rank (``recvbuf`` = [buf, counts, displs, type])."""
+        size, rank = self.Get_size(), self.Get_rank()
+        rmsg = message(recvbuf, "recvbuf", writable=True, comm_size=size)
+        if rmsg.counts is None:
+            raise ValueError("recvbuf: expected [buf, counts, displs, datatype] with one count per rank")
+        smsg = None
+        if not is_in_place(sendbuf):
+            smsg = message(sendbuf, "sendbuf", writable=False)
+            check_same_type(smsg, rmsg)
+            if smsg.count != rmsg.counts[rank]:
+                raise ValueError(
+                    f"mismatch in send count {smsg.count} and receive count "
+                    f"counts[{rank}] {rmsg.counts[rank]}"
+                )
+            _check_no_overlap(smsg, rmsg)
+        _check_disjoint(rmsg.counts, rmsg.displs)
+        _collectives.run_allgather(self, smsg, rmsg, rmsg.counts, rmsg.displs,
+                                   self._algo("allgather"))
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
+        """Reduce ``sendbuf`` (size*count elements) and leave block ``rank`` in ``recvbuf``.
+
+        In place (``sendbuf=MPI.IN_PLACE``), ``recvbuf`` holds the whole input
+        and receives the result in its first ``count`` elements; a bare buffer
+        means count = len(recvbuf) / size, ``[buf, count, type]`` states it.
+        """
+        _types.check_op(op)
+        size = self.Get_size()
+        if is_in_place(sendbuf):
+            rmsg, per = _block_message(recvbuf, size)
+            smsg = None
+        else:
+            rmsg = message(recvbuf, "recvbuf", writable=True)
+            per = rmsg.count
+            smsg = message(sendbuf, "sendbuf", writable=False)
+            check_same_type(smsg, rmsg)
+            if smsg.count != per * size:
+                raise ValueError(
+                    f"mismatch in send count {smsg.count} and receive count {per * size}"
+                )
+            _check_no_overlap(smsg, rmsg)
+        _types.check_op_applies(op, rmsg.category, rmsg.typename)
+        counts = [per] * size
+        displs = [per * r for r in range(size)]
+        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
+                                        self._algo("reduce_scatter"))
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
+        """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
+
+        Without ``recvcounts`` each rank's receive count is its ``recvbuf``
+        length, exchanged among the ranks first (as mpi4py does).
+        """
+        _types.check_op(op)
+        size, rank = self.Get_size(), self.Get_rank()
+        rmsg = message(recvbuf, "recvbuf", writable=True)
+        in_place = is_in_place(sendbuf)
+        counts = None if recvcounts is None else as_counts(recvcounts, size, "recvcounts")
+        smsg = None
+        if in_place:
+            if counts is None:
+                raise ValueError("recvcounts: required when sendbuf is MPI.IN_PLACE, got None")
+            if rmsg.count != sum(counts):
+                raise ValueError(
+                    f"mismatch in receive count {rmsg.count} and sum(counts) {sum(counts)}"
+                )
+        else:
+            smsg = message(sendbuf, "sendbuf", writable=False)
+            check_same_type(smsg, rmsg)
+            _check_no_overlap(smsg, rmsg)
+            if counts is not None:
+                _check_rs_counts(smsg.count, rmsg.count, counts, rank)
+        _types.check_op_applies(op, rmsg.category, rmsg.typename)
+        if counts is None:
+            counts = _collectives.exchange_counts(self, rmsg.count)
+            _check_rs_counts(smsg.count, rmsg.count, counts, rank)
+        displs = [0] * size
+        for r in range(1, size):
+            displs[r] = displs[r - 1] + counts[r - 1]
+        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
+                                        self._algo("reduce_scatter"))
+
+
+def _check_rs_counts(scount, rcount, counts, rank):
+    if scount != sum(counts):
+        raise ValueError(f"mismatch in send count {scount} and sum(counts) {sum(counts)}")
+    if rcount != counts[rank]:
+        raise ValueError(f"mismatch in receive count {rcount} and counts[{rank}] {counts[rank]}")
+
+
+def _block_message(recvbuf, size):
+    """recvbuf of a block collective: an explicit count is per rank, else len/size."""
+    explicit = isinstance(recvbuf, (list, tuple)) and len(recvbuf) == 3
+    rmsg = message(recvbuf, "recvbuf", writable=True)
+    if explicit:
+        per = rmsg.count
+        rmsg = _widen(recvbuf, rmsg, per * size)
+        return rmsg, per
+    if rmsg.count % size:
+        raise ValueError(
+            f"recvbuf: holds {rmsg.count} elements, not a multiple of the {size} ranks"
+        )
+    return rmsg, rmsg.count // size
+
+
+def _widen(recvbuf, rmsg, total):
+    """Re-read a [buf, count, type] spec as ``total`` elements (count is per rank)."""
+    data, count, datatype = recvbuf
+    displ = count[1] if isinstance(count, (list, tuple)) else 0
+    return message([data, (total, displ), datatype], "recvbuf", writable=True)
+
+
+def _check_disjoint(counts, displs):
+    spans = sorted((d, d + c) for c, d in zip(counts, displs) if c)
+    for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise ValueError(
+                f"recvbuf: blocks overlap (elements {a0}..{a1 - 1} and {b0}..{b1 - 1}); "
+                f"displacements must give every rank its own region"
+            )

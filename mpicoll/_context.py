@@ -1,0 +1,94 @@
+"""Per-communicator state: the library's private duplicate, call counter, scratch.
+
+The state is cached on the user's communicator as an MPI attribute, so it is
+created once (on the first collective, collectively), shared by every
+``mpicoll.Comm`` wrapping the same communicator, and freed together with the
+user's communicator (``comm.Free()`` runs the attribute's delete callback).
+"""
+
+from __future__ import annotations
+
+import os
+
+from mpi4py import MPI
+
+_KEYVAL = None
+
+
+def _delete_state(comm, keyval, state):
+    state.free()
+
+
+class Context:
+    """What mpicoll keeps for one user communicator."""
+
+    def __init__(self, comm: MPI.Intracomm):
+        self.comm = comm.Dup()
+        self.comm.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.seq = 0  # collectives started on this communicator
+        self._scratch: dict = {}
+        from . import _topology
+        self.ring = _topology.ring_order(self)
+        self.ring_pos = self.ring.index(self.rank)
+
+    def scratch(self, backend, dtype, n: int, slot: int = 0):
+        """A reusable 1-D work array of ``n`` elements (contents undefined).
+
+        One array is kept per (backend, dtype, slot) and grown on demand, so
+        repeated calls of one size allocate nothing.
+        """
+        key = (backend.name, dtype.str, slot)
+        buf = self._scratch.get(key)
+        if buf is None or len(buf) < n:
+            buf = backend.empty(max(n, 1), dtype)
+            self._scratch[key] = buf
+        return buf[:n]
+
+    def release_scratch(self) -> None:
+        """Drop the cached work arrays (they are reallocated when needed)."""
+        self._scratch.clear()
+
+    def free(self) -> None:
+        self._scratch.clear()
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
+
+
+def check_comm(comm, argname: str = "comm") -> MPI.Intracomm:
+    """TypeError/ValueError unless ``comm`` is a usable intra-communicator."""
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"{argname}: expected an mpi4py.MPI.Intracomm, got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError(f"{argname}: expected a valid communicator, got MPI.COMM_NULL")
+    if comm.Is_inter():
+        raise TypeError(f"{argname}: expected an intra-communicator, got an inter-communicator")
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"{argname}: expected an mpi4py.MPI.Intracomm, got {type(comm).__name__}")
+    return comm
+
+
+def context(comm: MPI.Intracomm) -> Context:
+    """The cached state of ``comm``; the first call on a communicator is collective."""
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_state)
+    state = comm.Get_attr(_KEYVAL)
+    if state is None:
+        state = Context(comm)
+        comm.Set_attr(_KEYVAL, state)
+    return state
+
+
+def env_flag(name: str) -> bool | None:
+    """Read a boolean environment variable: 1/yes/true/on or 0/no/false/off."""
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    value = value.strip().lower()
+    if value in ("1", "yes", "true", "on"):
+        return True
+    if value in ("0", "no", "false", "off"):
+        return False
+    raise ValueError(f"{name}: expected 1/0, yes/no, true/false or on/off, got {value!r}")

@@ -1,0 +1,196 @@
+"""Tables: NumPy dtype <-> MPI datatype, MPI.Op -> local reduction, op/dtype rules.
+
+Everything here is a lookup table; nothing builds names from strings.
+Categories follow the MPI standard's groups of basic datatypes (MPI-4.1, 6.9.2):
+
+==========  =========================================================
+category    ops that apply
+==========  =========================================================
+integer     SUM PROD MIN MAX LAND LOR LXOR BAND BOR BXOR
+floating    SUM PROD MIN MAX
+complex     SUM PROD
+logical     LAND LOR LXOR            (bool / MPI.C_BOOL)
+byte        BAND BOR BXOR            (MPI.BYTE)
+pair        MINLOC MAXLOC            (MPI.FLOAT_INT, MPI.DOUBLE_INT, ...)
+==========  =========================================================
+
+float16 counts as floating: MPI has no standard half-precision datatype, so
+mpicoll moves it as 16-bit words (``MPI.UINT16_T``) and reduces it locally.
+User-defined ops (``MPI.Op.Create``) apply to every datatype; they are
+applied with ``Op.Reduce_local`` on the message's MPI datatype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import dtlib
+
+# (dtype.kind, dtype.itemsize) -> predefined MPI datatype used on the wire.
+_WIRE_TYPES = {
+    ("b", 1): MPI.C_BOOL,
+    ("i", 1): MPI.INT8_T,
+    ("i", 2): MPI.INT16_T,
+    ("i", 4): MPI.INT32_T,
+    ("i", 8): MPI.INT64_T,
+    ("u", 1): MPI.UINT8_T,
+    ("u", 2): MPI.UINT16_T,
+    ("u", 4): MPI.UINT32_T,
+    ("u", 8): MPI.UINT64_T,
+    ("f", 2): MPI.UINT16_T,  # float16: moved as 16-bit words, reduced locally
+    ("f", 4): MPI.FLOAT,
+    ("f", 8): MPI.DOUBLE,
+    ("c", 8): MPI.C_FLOAT_COMPLEX,
+    ("c", 16): MPI.C_DOUBLE_COMPLEX,
+}
+if np.dtype(np.longdouble).itemsize == MPI.LONG_DOUBLE.Get_size():
+    _WIRE_TYPES[("f", np.dtype(np.longdouble).itemsize)] = MPI.LONG_DOUBLE
+if np.dtype(np.clongdouble).itemsize == MPI.C_LONG_DOUBLE_COMPLEX.Get_size():
+    _WIRE_TYPES[("c", np.dtype(np.clongdouble).itemsize)] = MPI.C_LONG_DOUBLE_COMPLEX
+
+_KIND_CATEGORY = {
+    "b": "logical",
+    "i": "integer",
+    "u": "integer",
+    "f": "floating",
+    "c": "complex",
+}
+
+_PAIR_TYPES = (
+    MPI.FLOAT_INT, MPI.DOUBLE_INT, MPI.LONG_INT, MPI.SHORT_INT,
+    MPI.INT_INT if hasattr(MPI, "INT_INT") else MPI.TWOINT, MPI.LONG_DOUBLE_INT,
+)
+
+# op name -> (NumPy ufunc, categories it applies to).  Keys are the predefined
+# ops; the name is only a label for messages and the backend ufunc tables.
+OP_NAMES = ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+            "MINLOC", "MAXLOC", "REPLACE", "NO_OP")
+
+OP_CATEGORIES = {
+    "SUM": ("integer", "floating", "complex"),
+    "PROD": ("integer", "floating", "complex"),
+    "MIN": ("integer", "floating"),
+    "MAX": ("integer", "floating"),
+    "LAND": ("integer", "logical"),
+    "LOR": ("integer", "logical"),
+    "LXOR": ("integer", "logical"),
+    "BAND": ("integer", "byte"),
+    "BOR": ("integer", "byte"),
+    "BXOR": ("integer", "byte"),
+    "MINLOC": ("pair",),
+    "MAXLOC": ("pair",),
+}
+
+NUMPY_UFUNCS = {
+    "SUM": np.add,
+    "PROD": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "LAND": np.logical_and,
+    "LOR": np.logical_or,
+    "LXOR": np.logical_xor,
+    "BAND": np.bitwise_and,
+    "BOR": np.bitwise_or,
+    "BXOR": np.bitwise_xor,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _predefined_ops():
+    return {getattr(MPI, name).handle: name for name in OP_NAMES}
+
+
+def op_name(op: MPI.Op) -> str | None:
+    """The name of a predefined op ("SUM", ...), or None for a user-defined op."""
+    return _predefined_ops().get(op.handle)
+
+
+def op_label(op: MPI.Op) -> str:
+    name = op_name(op)
+    return f"MPI.{name}" if name else "user-defined MPI.Op"
+
+
+def wire_type(dtype: np.dtype) -> MPI.Datatype | None:
+    """The predefined MPI datatype that carries ``dtype``, or None if there is none."""
+    if dtype.byteorder not in "=|" and dtype.byteorder != _NATIVE:
+        return None
+    return _WIRE_TYPES.get((dtype.kind, dtype.itemsize))
+
+
+_NATIVE = "<" if np.little_endian else ">"
+
+
+def datatype_name(datatype: MPI.Datatype) -> str:
+    name = datatype.Get_name() or "derived datatype"
+    return name.replace("MPI_", "MPI.", 1)
+
+
+def dtype_of_datatype(datatype: MPI.Datatype) -> tuple[np.dtype, str]:
+    """NumPy dtype and category of an MPI datatype given by the user.
+
+    Raises TypeError when mpicoll cannot reduce or move it.
+    """
+    if datatype == MPI.DATATYPE_NULL:
+        raise TypeError("datatype: expected an MPI datatype, got MPI.DATATYPE_NULL")
+    if datatype == MPI.BYTE:
+        return np.dtype(np.uint8), "byte"
+    for pair in _PAIR_TYPES:
+        if datatype == pair:
+            return dtlib.to_numpy_dtype(datatype), "pair"
+    try:
+        dtype = dtlib.to_numpy_dtype(datatype)
+    except Exception as exc:  # derived datatypes mpi4py cannot describe
+        raise TypeError(
+            f"datatype: expected a predefined MPI datatype, got {datatype_name(datatype)}"
+        ) from exc
+    category = _KIND_CATEGORY.get(dtype.kind)
+    if category is None or dtype.itemsize != datatype.Get_size():
+        raise TypeError(
+            f"datatype: expected a predefined numeric MPI datatype, got {datatype_name(datatype)}"
+        )
+    return dtype, category
+
+
+def category_of_dtype(dtype: np.dtype) -> str:
+    """Category of a NumPy dtype; TypeError if MPI cannot carry it."""
+    category = _KIND_CATEGORY.get(dtype.kind)
+    if category is None or wire_type(dtype) is None:
+        raise TypeError(
+            f"expected an array of bool, integer, floating or complex numbers in native "
+            f"byte order, got dtype {dtype}"
+        )
+    return category
+
+
+def check_op(op, argname: str = "op") -> None:
+    """TypeError unless ``op`` is an MPI.Op usable in a reduction."""
+    if not isinstance(op, MPI.Op):
+        raise TypeError(f"{argname}: expected an MPI.Op, got {type(op).__name__}")
+    if op == MPI.OP_NULL:
+        raise ValueError(f"{argname}: expected a reduction operation, got MPI.OP_NULL")
+    name = op_name(op)
+    if name in ("REPLACE", "NO_OP"):
+        raise ValueError(
+            f"{argname}: MPI.{name} is only valid in one-sided accumulate operations, "
+            f"not in collective reductions"
+        )
+
+
+def check_op_applies(op: MPI.Op, category: str, typename: str) -> None:
+    """TypeError naming op and type when a predefined op does not apply to the type."""
+    name = op_name(op)
+    if name is None:  # user-defined op: applies to what its author says
+        return
+    if category not in OP_CATEGORIES[name]:
+        raise TypeError(f"op: MPI.{name} does not apply to {typename}")
+
+
+def datatype_of_typecode(code: str) -> MPI.Datatype:
+    """The predefined MPI datatype for a NumPy/array typecode such as 'i' or 'f8'."""
+    dtype = np.dtype(code)
+    datatype = wire_type(dtype)
+    if datatype is None or dtype.kind == "f" and dtype.itemsize == 2:
+        raise KeyError(code)
+    return datatype

