@@ -7,6 +7,7 @@ plus latency-optimal algorithms for small messages, on NumPy arrays and
 
 from ._api import allgather, allreduce, reduce_scatter
 from ._comm import Comm
+from ._config import configure, options
 from ._errors import CollectiveTimeout, MismatchError, MpicollError
 
 __version__ = "0.1.0"
@@ -16,6 +17,8 @@ __all__ = [
     "allreduce",
     "allgather",
     "reduce_scatter",
+    "configure",
+    "options",
     "MpicollError",
     "MismatchError",
     "CollectiveTimeout",

@@ -1,0 +1,96 @@
+"""Run-time options: an API setting wins over the environment variable.
+
+=============  ======================  ==========================================
+option         environment variable    meaning
+=============  ======================  ==========================================
+check          MPICOLL_CHECK           ranks agree on a call fingerprint first
+timeout        MPICOLL_TIMEOUT         seconds without progress before raising
+cuda_aware     MPICOLL_CUDA_AWARE      hand device pointers straight to MPI
+=============  ======================  ==========================================
+
+``mpicoll.configure(check=True)`` sets options for the process (``None``
+returns an option to its environment variable); ``with mpicoll.options(...)``
+sets them for a block.  Options are read at every collective call, so both
+take effect immediately.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from ._context import env_flag
+
+_ENV = {
+    "check": "MPICOLL_CHECK",
+    "timeout": "MPICOLL_TIMEOUT",
+    "cuda_aware": "MPICOLL_CUDA_AWARE",
+}
+_UNSET = object()
+_settings: dict = {}
+
+
+def _check_value(name, value):
+    if value is None:
+        return None
+    if name in ("check", "cuda_aware"):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: expected a bool or None, got {type(value).__name__}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a number of seconds or None, got {type(value).__name__}")
+    if not value > 0:
+        raise ValueError(f"{name}: expected a positive number of seconds, got {value}")
+    return float(value)
+
+
+def configure(**kwargs) -> dict:
+    """Set options for this process; returns the previous settings (for restoring).
+
+    Args:
+        check: agree on a fingerprint of every call across ranks (bool).
+        timeout: seconds a collective may go without progress (float).
+        cuda_aware: force (True) or forbid (False) CUDA-aware MPI.
+        Each accepts None to fall back to its environment variable.
+    """
+    previous = {}
+    for name, value in kwargs.items():
+        if name not in _ENV:
+            raise TypeError(f"configure: unknown option {name!r}; expected one of {', '.join(_ENV)}")
+        value = _check_value(name, value)
+        previous[name] = _settings.get(name)
+        if value is None:
+            _settings.pop(name, None)
+        else:
+            _settings[name] = value
+    return previous
+
+
+@contextlib.contextmanager
+def options(**kwargs):
+    """``with mpicoll.options(check=True): ...`` sets options for the block."""
+    previous = configure(**kwargs)
+    try:
+        yield
+    finally:
+        configure(**previous)
+
+
+def get(name: str):
+    """Current value of an option: API setting, else environment, else None."""
+    value = _settings.get(name, _UNSET)
+    if value is not _UNSET:
+        return value
+    var = _ENV[name]
+    raw = os.environ.get(var)
+    if raw is None or raw.strip() == "":
+        return None
+    if name in ("check", "cuda_aware"):
+        return env_flag(var)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ValueError(f"{var}: expected a number of seconds, got {raw!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"{var}: expected a positive number of seconds, got {raw!r}")
+    return seconds
