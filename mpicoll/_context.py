@@ -39,7 +39,7 @@ class Context:
         One array is kept per (backend, dtype, slot) and grown on demand, so
         repeated calls of one size allocate nothing.
         """
-        key = (backend.name, dtype.str, slot)
+        key = (backend.name, dtype, slot)
         buf = self._scratch.get(key)
         if buf is None or len(buf) < n:
             buf = backend.empty(max(n, 1), dtype)
