@@ -194,7 +194,9 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     _types.check_op_applies(op, smsg.category, smsg.typename)
     if in_place:
         if not x.flags.writeable:
-            raise ValueError("out: expected a writable array for an in-place reduce_scatter, got a read-only one")
+            raise ValueError(
+                "out: expected a writable array for an in-place reduce_scatter, got a read-only one"
+            )
         result = x[: counts[rank]]
     elif out is None:
         result = _new_out(backend, x, shape)

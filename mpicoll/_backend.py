@@ -17,6 +17,7 @@ The NumPy backend lives here.  Device backends register themselves with
 from __future__ import annotations
 
 import numpy as np
+
 from . import _types
 
 

@@ -93,7 +93,7 @@ class Comm(MPI.Intracomm):
         _collectives.run_allgather(self, smsg, rmsg, counts, displs, self._algo("allgather"))
 
     def Allgatherv(self, sendbuf, recvbuf):
-        """Gather a different number of elements from each rank (``recvbuf`` = [buf, counts, displs, type])."""
+        """Gather ``counts[r]`` elements from each rank r (``recvbuf`` = [buf, counts, displs, type])."""
         size, rank = self.Get_size(), self.Get_rank()
         rmsg = message(recvbuf, "recvbuf", writable=True, comm_size=size)
         if rmsg.counts is None:

@@ -97,7 +97,7 @@ NUMPY_UFUNCS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _predefined_ops():
     return {getattr(MPI, name).handle: name for name in OP_NAMES}
 
