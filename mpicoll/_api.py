@@ -5,7 +5,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from . import _collectives, _select, _types
-from ._buffers import array_arg, as_counts, msg_of_array
+from ._buffers import array_arg, as_counts, is_writable, msg_of_array
 from ._context import check_comm
 
 
@@ -69,7 +69,7 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto"):
     backend, x = array_arg(x, "x")
     in_place = out is x
     if in_place:
-        if not x.flags.writeable:
+        if not is_writable(x):
             raise ValueError("out: expected a writable array for an in-place allreduce, got a read-only one")
         out = x
     elif out is None:
@@ -130,7 +130,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto"):
     total = sum(counts)
     shape = (total,) + trailing if x.ndim else (total,)
     if in_place:
-        if not x.flags.writeable:
+        if not is_writable(x):
             raise ValueError("out: expected a writable array for an in-place allgather, got a read-only one")
         if tuple(x.shape) != shape:
             raise ValueError(f"out: expected shape {shape} for an in-place allgather, got {tuple(x.shape)}")
@@ -193,7 +193,7 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     smsg = msg_of_array(x, backend)
     _types.check_op_applies(op, smsg.category, smsg.typename)
     if in_place:
-        if not x.flags.writeable:
+        if not is_writable(x):
             raise ValueError(
                 "out: expected a writable array for an in-place reduce_scatter, got a read-only one"
             )

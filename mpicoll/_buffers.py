@@ -53,8 +53,13 @@ def _check_layout(arr, argname, writable):
             f"{argname}: expected a contiguous buffer, got a non-contiguous array "
             f"with shape {tuple(arr.shape)} and strides {tuple(arr.strides)}"
         )
-    if writable and not arr.flags.writeable:
+    if writable and not is_writable(arr):
         raise ValueError(f"{argname}: expected a writable buffer, got a read-only one")
+
+
+def is_writable(arr) -> bool:
+    """False for read-only arrays (CuPy arrays have no such flag: always writable)."""
+    return getattr(arr.flags, "writeable", True)
 
 
 def _flat(arr):
@@ -158,6 +163,12 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
                 raise TypeError(f"{argname}: {exc}") from None
         else:
             dtype, category = _types.dtype_of_datatype(datatype)
+            supports = getattr(backend, "supports", None)
+            if supports is not None and not supports(dtype):
+                raise TypeError(
+                    f"{argname}: {_types.datatype_name(datatype)} cannot be used with a "
+                    f"{backend.name} (device) buffer; use a host (NumPy) buffer for it"
+                )
             raw = _flat(arr).view(np.uint8) if arr.dtype.itemsize else _flat(arr)
             if raw.size % dtype.itemsize:
                 raise ValueError(
