@@ -1,0 +1,187 @@
+"""Run every example in examples/ under the MPI launcher at 1, 2 and 4 ranks.
+
+This file starts ``mpirun``/``mpiexec`` itself, so it runs under plain pytest
+(once), not under an MPI launcher; there it skips itself.  Each example checks
+its own result and exits non-zero when it is wrong; this test also checks
+what it prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ("allreduce", "allgather", "reduce_scatter", "data_parallel", "zero_sharding",
+            "batchnorm_stats")
+RANKS = (1, 2, 4)
+# Smaller problems than the examples' defaults where those dominate the run
+# time on oversubscribed ranks; every code path is still taken.
+QUICK_ARGS = {"data_parallel": ("--steps", "100"), "zero_sharding": ("--params", "200003")}
+RUN_TIMEOUT = 120  # seconds per mpirun; a healthy run takes a few seconds
+
+# Variables an MPI launcher sets in the processes it starts: a world size > 1
+# here means pytest itself runs as an MPI rank.
+_WORLD_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+
+pytestmark = pytest.mark.skipif(
+    any(int(os.environ.get(v, "1") or 1) > 1 for v in _WORLD_SIZE_VARS),
+    reason="starts mpirun itself: run this file with plain pytest, not under an MPI launcher",
+)
+
+
+def _flavour(launcher: str) -> str | None:
+    """"openmpi" or "mpich" from the launcher's --version text, None if unknown."""
+    try:
+        text = subprocess.run([launcher, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if re.search(r"Open MPI|OpenRTE|PRRTE", text):
+        return "openmpi"
+    if re.search(r"HYDRA|MPICH|Intel\(R\) MPI", text):
+        return "mpich"
+    return None
+
+
+def _find_launcher():
+    """(path, flavour): mpirun/mpiexec next to sys.executable (the venv's MPI) first, then PATH."""
+    here = Path(sys.executable).parent
+    candidates = [str(here / name) for name in ("mpirun", "mpiexec")]
+    candidates += [shutil.which(name) for name in ("mpirun", "mpiexec")]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            flavour = _flavour(path)
+            if flavour:
+                return path, flavour
+    return None, None
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    path, flavour = _find_launcher()
+    if path is None:
+        pytest.skip("no Open MPI or MPICH mpirun/mpiexec next to the Python or on PATH")
+    return path, flavour
+
+
+def run_example(launcher, name: str, nranks: int, *args: str) -> subprocess.CompletedProcess:
+    """Run examples/<name>.py on ``nranks`` ranks; kill the whole job on timeout."""
+    path, flavour = launcher
+    cmd = [path, "-n", str(nranks)]
+    # A copy of Python's environment, not the C-level one: an MPI singleton
+    # initialised in this process may have added launcher variables there.
+    env = dict(os.environ)
+    if flavour == "openmpi":
+        cmd.append("--oversubscribe")
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd += [sys.executable, str(ROOT / "examples" / f"{name}.py"), *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {RUN_TIMEOUT} s\n"
+                    f"--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _describe(res) -> str:
+    return (f"{' '.join(res.args)} exited with {res.returncode}\n"
+            f"--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}")
+
+
+def _check_common(res, nranks: int):
+    assert res.returncode == 0, _describe(res)
+    assert re.search(r"^OK: ", res.stdout, re.M), _describe(res)
+    assert "FAILED" not in res.stdout + res.stderr, _describe(res)
+
+
+@pytest.mark.parametrize("nranks", RANKS)
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example(launcher, name, nranks):
+    res = run_example(launcher, name, nranks, "--device", "cpu", *QUICK_ARGS.get(name, ()))
+    _check_common(res, nranks)
+    out = res.stdout
+    if name == "allreduce":
+        total = nranks * (nranks + 1) / 2
+        for r in range(nranks):
+            assert re.search(rf"^rank {r}: {total}$", out, re.M), _describe(res)
+    if name in ("allgather", "reduce_scatter"):
+        # every per-rank listing is printed whole and in rank order
+        listed = [int(r) for r in re.findall(r"^  rank (\d+): ", out, re.M)]
+        assert listed and listed == list(range(nranks)) * (len(listed) // nranks), _describe(res)
+    if name == "data_parallel":
+        assert f"weights bitwise identical on all {nranks} ranks: True" in out, _describe(res)
+    if name == "zero_sharding":
+        assert "equal the unsharded ones bitwise: True" in out, _describe(res)
+
+
+def test_allreduce_8_ranks(launcher):
+    """The README's bigger run: 8 ranks print 36.0."""
+    res = run_example(launcher, "allreduce", 8, "--device", "cpu", "--count", "100003")
+    _check_common(res, 8)
+    assert len(re.findall(r"^rank \d: 36\.0$", res.stdout, re.M)) == 8, _describe(res)
+
+
+@pytest.fixture(scope="module")
+def common():
+    """examples/_common.py, the helpers with which every example checks itself."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import _common
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    return _common
+
+
+class _OneRank:
+    """Just enough of a communicator for _common.finish on one rank."""
+
+    rank = 0
+
+    def allgather(self, obj):
+        return [obj]
+
+
+def test_checks_can_fail(common, capsys):
+    """The helpers the examples' verdicts rest on report a difference and exit 1."""
+    import numpy as np
+
+    a = np.array([1.0, 2.0, 3.0])
+    assert common.mismatch(a, a.copy()) is None
+    assert common.mismatch(a, a + 1e-12, tol=1e-9) is None
+    msg = common.mismatch(a, a + np.array([0.0, 1e-6, 0.0]), tol=1e-9, name="x", reference="ref")
+    assert msg is not None and "1 of 3 elements" in msg and "index (1,)" in msg
+    assert common.mismatch(a, a[:2]) is not None
+    assert common.mismatch(np.arange(3), np.array([0, 1, 5])) is not None
+    assert common.sum_tolerance(np.ones(2), 1, np.float64).max() == 0.0
+    with pytest.raises(SystemExit) as exc:
+        common.finish(False, "the thing", comm=_OneRank())
+    assert exc.value.code == 1
+    assert "FAILED: the thing" in capsys.readouterr().out
+    common.finish(True, "the thing", comm=_OneRank())
+    assert capsys.readouterr().out.startswith("OK: the thing")
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_gpu(launcher, name):
+    """Each example with CuPy arrays, 2 ranks (skipped without CuPy and a GPU)."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no GPU")
+    except Exception as exc:  # ImportError, CUDA driver errors, no device
+        pytest.skip(f"CuPy with a GPU is not usable here: {exc}")
+    res = run_example(launcher, name, 2, "--device", "gpu", *QUICK_ARGS.get(name, ()))
+    _check_common(res, 2)
+    assert " on gpu" in res.stdout, _describe(res)
