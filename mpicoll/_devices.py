@@ -1,0 +1,351 @@
+"""GPU arrays: the CuPy backend and device binding.
+
+The algorithms are written once, against the backend interface of
+:mod:`mpicoll._backend`.  :class:`DeviceBackend` implements it for device
+arrays; every CUDA primitive it needs (the array module, streams, events,
+pinned host memory, asynchronous copies, device queries) comes from one small
+*runtime* object.  :class:`CupyRuntime` is the real one; the test suite
+supplies a fake one over host memory, so this module and _staging run
+unchanged in CI without a GPU.
+
+CuPy is imported only when the first device array arrives (or
+:func:`bind_device` is called): importing mpicoll never imports CuPy.
+
+Local reduction
+    Predefined ops run as CuPy ufuncs with ``out=`` on the compute stream (the
+    caller's current stream).  User-defined ops (``MPI.Op.Create``) and
+    MINLOC/MAXLOC cannot read device memory through ``Op.Reduce_local``: their
+    operands are copied to the host, reduced there with ``Reduce_local``, and
+    the result copied back (synchronous, so slow: prefer predefined ops on
+    GPU data).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _backend, _cuda, _staging, _types
+from ._context import check_comm
+from ._errors import MpicollError
+
+_DLPACK_DEVICE_TYPES = (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+# dtypes CuPy arrays can hold (no long double, no structured MINLOC pairs).
+_DEVICE_DTYPES = frozenset(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+    np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
+))
+
+_INSTALL_HINT = "install CuPy: pip install 'mpicoll[cuda12]' (CUDA 12) or 'mpicoll[cuda13]' (CUDA 13)"
+
+
+class CupyRuntime:
+    """The CUDA primitives mpicoll uses, from CuPy (imported when this is created)."""
+
+    name = "cupy"
+
+    def __init__(self):
+        import cupy
+        import cupyx
+
+        self.xp = cupy
+        self._cupyx = cupyx
+        self._rt = cupy.cuda.runtime
+
+    @property
+    def version(self) -> str:
+        return self.xp.__version__
+
+    # arrays
+    def claims(self, obj) -> bool:
+        if isinstance(obj, self.xp.ndarray):
+            return True
+        if hasattr(obj, "__cuda_array_interface__"):
+            return True
+        dev = getattr(obj, "__dlpack_device__", None)
+        if dev is None:
+            return False
+        try:
+            return int(dev()[0]) in _DLPACK_DEVICE_TYPES
+        except Exception:
+            return False
+
+    def asarray(self, obj):
+        xp = self.xp
+        if isinstance(obj, xp.ndarray):
+            return obj
+        if hasattr(obj, "__cuda_array_interface__"):
+            return xp.asarray(obj)
+        return xp.from_dlpack(obj)
+
+    def ufunc(self, name: str):
+        return getattr(self.xp, _types.NUMPY_UFUNCS[name].__name__)
+
+    # streams and events
+    def current_stream(self):
+        return self.xp.cuda.get_current_stream()
+
+    def new_stream(self):
+        return self.xp.cuda.Stream(non_blocking=True)
+
+    def synchronize(self, stream):
+        stream.synchronize()
+
+    def record(self, stream):
+        event = self.xp.cuda.Event(disable_timing=True)
+        event.record(stream)
+        return event
+
+    def wait_event(self, stream, event):
+        stream.wait_event(event)
+
+    def done(self, event) -> bool:
+        return event.done
+
+    def event_synchronize(self, event):
+        event.synchronize()
+
+    # host memory and copies
+    def pinned(self, nbytes: int):
+        """A page-locked host buffer of ``nbytes`` bytes (a uint8 NumPy array)."""
+        return self._cupyx.empty_pinned(nbytes, dtype=np.uint8)
+
+    def d2h(self, host, dev, stream):
+        """Queue ``host[...] = dev`` on ``stream`` (``host`` pinned, both contiguous)."""
+        self._rt.memcpyAsync(host.ctypes.data, dev.data.ptr, dev.nbytes,
+                             self._rt.memcpyDeviceToHost, stream.ptr)
+
+    def h2d(self, dev, host, stream):
+        """Queue ``dev[...] = host`` on ``stream`` (``host`` pinned, both contiguous)."""
+        self._rt.memcpyAsync(dev.data.ptr, host.ctypes.data, dev.nbytes,
+                             self._rt.memcpyHostToDevice, stream.ptr)
+
+    def to_host(self, dev):
+        """A host copy of ``dev``, after the current stream's work (synchronous)."""
+        return self.xp.asnumpy(dev)
+
+    def to_device(self, dev, host):
+        """``dev[...] = host`` on the current stream."""
+        dev.set(host)
+
+    # devices
+    def device_count(self) -> int:
+        return int(self._rt.getDeviceCount())
+
+    def device_name(self, index: int) -> str:
+        name = self._rt.getDeviceProperties(index)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def current_device(self) -> int:
+        return int(self._rt.getDevice())
+
+    def use_device(self, index: int) -> None:
+        self.xp.cuda.Device(index).use()
+
+
+class DeviceReducer(_backend.Reducer):
+    """``out = a op b`` on device arrays: a CuPy ufunc, or a host round trip for user ops."""
+
+    __slots__ = ("host",)
+
+    def __init__(self, op, ufunc, mpitype, backend, category):
+        super().__init__(op, ufunc, mpitype, backend)
+        self.host = None if ufunc is not None else _backend.NUMPY.reducer(op, mpitype, category)
+
+    def __call__(self, a, b, out):
+        be = self.backend
+        be.launches += 1
+        if self.ufunc is not None:
+            self.ufunc(a, b, out=out)
+            return
+        rt = be.rt
+        ha, hb = rt.to_host(a), rt.to_host(b)
+        hout = np.empty_like(hb)
+        self.host(ha, hb, hout)
+        rt.to_device(out, hout)
+
+
+class DeviceBackend:
+    """GPU arrays through a runtime object (:class:`CupyRuntime` or a test double).
+
+    Args:
+        runtime: a zero-argument callable returning the runtime; called on
+            first use, so creating the backend imports nothing.
+        name: the backend's name in messages and scratch-buffer keys.
+    """
+
+    device = "gpu"
+
+    def __init__(self, runtime, name: str = "cupy"):
+        self._make_runtime = runtime
+        self._rt = None
+        self.name = name
+        self.launches = 0  # device kernels/copies queued by mpicoll (for DirectChannel)
+
+    @property
+    def rt(self):
+        if self._rt is None:
+            self._rt = self._make_runtime()
+        return self._rt
+
+    def available(self) -> bool:
+        """True when the runtime can be created (CuPy importable)."""
+        try:
+            self.rt  # noqa: B018
+        except ImportError:
+            return False
+        return True
+
+    # -- what backend_of needs ----------------------------------------------
+    def claims(self, obj) -> bool:
+        if not _backend._is_device_object(obj) or not self.available():
+            return False
+        return self.rt.claims(obj)
+
+    def is_array(self, obj) -> bool:
+        return self.available() and self.rt.claims(obj)
+
+    def asarray(self, obj):
+        try:
+            return self.rt.asarray(obj)
+        except Exception as exc:
+            raise TypeError(str(exc)) from exc
+
+    def supports(self, dtype) -> bool:
+        return np.dtype(dtype) in _DEVICE_DTYPES
+
+    # -- what the algorithms need --------------------------------------------
+    def empty(self, n, dtype):
+        return self.rt.xp.empty(n, dtype=dtype)
+
+    def copy(self, dst, src):
+        self.launches += 1
+        self.rt.xp.copyto(dst, src)
+
+    def may_share_memory(self, a, b):
+        return bool(self.rt.xp.may_share_memory(a, b))
+
+    def prepare(self):
+        """Nothing to do here: the device channels order every transfer after the
+        work that produced its buffer (see _staging's stream contract)."""
+
+    def finish(self):
+        """Nothing to do here: results are ready for the compute stream when the
+        last receive is waited for (staging makes that stream wait on the copy)."""
+
+    def reducer(self, op, mpitype, category):
+        name = _types.op_name(op)
+        ufunc = None
+        if category != "pair" and name in _types.NUMPY_UFUNCS:
+            ufunc = self.rt.ufunc(name)
+        return DeviceReducer(op, ufunc, mpitype, self, category)
+
+    def host_channel(self, ctx, mpitype):
+        """The host transport the device channels hand their MPI calls to."""
+        return _backend.NUMPY.channel(ctx, mpitype)
+
+    def channel(self, ctx, mpitype):
+        """DirectChannel when MPI is CUDA-aware, else StagingChannel (see _cuda)."""
+        rt = self.rt
+        inner = self.host_channel(ctx, mpitype)
+        stream = rt.current_stream()
+        if _cuda.cuda_aware_mpi().aware:
+            return _staging.DirectChannel(inner, self, stream)
+        return _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
+
+    def staging_pool(self, ctx):
+        """The pinned buffers and copy streams kept for ``ctx`` on the current device."""
+        pools = ctx.__dict__.setdefault("_staging_pools", {})
+        key = (self.name, self.rt.current_device())
+        pool = pools.get(key)
+        if pool is None:
+            pool = pools[key] = _staging.StagingPool(self.rt)
+        return pool
+
+
+CUPY = DeviceBackend(CupyRuntime, "cupy")
+_backend.register(CUPY)
+
+
+# -- device binding -----------------------------------------------------------
+
+_LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def bind_device(comm: MPI.Intracomm | None = None) -> int:
+    """Make this rank's GPU the current CuPy device; returns its index.
+
+    Ranks on one node get devices by their node-local rank (from
+    ``comm.Split_type(MPI.COMM_TYPE_SHARED)``), modulo the number of visible
+    devices, so more ranks than GPUs share them round-robin.  When the
+    launcher's local-rank variable (``SLURM_LOCALID``,
+    ``OMPI_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``) numbers the node's
+    ranks 0..n-1 consistently, that numbering is used instead.  Collective
+    over ``comm``.
+
+    Args:
+        comm: the ranks to place (default ``MPI.COMM_WORLD``).
+
+    Returns:
+        The CUDA device index this rank now uses (within ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        MpicollError: CuPy is not installed, or no GPU is visible.
+
+    Example (4 ranks on a node with 2 GPUs)::
+
+        dev = mpicoll.bind_device()          # ranks 0, 1, 2, 3 -> devices 0, 1, 0, 1
+    """
+    return _bind(check_comm(MPI.COMM_WORLD if comm is None else comm), runtime)
+
+
+def runtime():
+    """The CuPy runtime, or MpicollError saying how to get CuPy."""
+    try:
+        return CUPY.rt
+    except ImportError as exc:
+        raise MpicollError(f"bind_device: CuPy is not installed ({exc}); {_INSTALL_HINT}") from exc
+
+
+def _bind(comm, get_runtime) -> int:
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        lrank, lsize = local.Get_rank(), local.Get_size()
+        hints = local.allgather(_launcher_local_rank())
+    finally:
+        local.Free()
+    if sorted(h for h in hints if h is not None) == list(range(lsize)):
+        lrank = hints[lrank]
+    failure = None
+    try:
+        rt = get_runtime()
+        count = rt.device_count()
+    except MpicollError as exc:
+        failure, count = str(exc), 0
+    except Exception as exc:  # CUDA driver missing or broken
+        failure, count = f"bind_device: CUDA reports no usable device ({exc})", 0
+    if failure is None and count < 1:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        failure = ("bind_device: no GPU visible to this rank"
+                   + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""))
+    # Every rank learns whether any failed, so none is left waiting in a later collective.
+    failures = comm.allgather(failure)
+    if failure is not None:
+        raise MpicollError(failure)
+    for rank, text in enumerate(failures):
+        if text is not None:
+            raise MpicollError(f"bind_device: failed on rank {rank}: {text}")
+    device = lrank % count
+    rt.use_device(device)
+    return device
+
+
+def _launcher_local_rank():
+    for var in _LOCAL_RANK_VARS:
+        value = os.environ.get(var)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
