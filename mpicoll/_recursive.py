@@ -1,80 +1,173 @@
-"""Latency-optimal algorithms: recursive doubling AllReduce.
+"""Latency-optimal algorithms: recursive doubling AllReduce, ReduceScatter, AllGather.
 
-Recursive doubling (with the usual fold for rank counts that are not a power
-of two) takes ceil(log2 n) (+2 for the fold) steps of whole-array exchanges:
-few messages, so it wins for small arrays; each rank moves log2(n) full
-arrays, so the ring wins for large ones.
+Recursive doubling takes ceil(log2 n) steps of whole-array exchanges (plus
+two for the fold when n is not a power of two): few messages, so it wins for
+small arrays; each rank moves log2(n) full arrays, so the ring wins for large
+ones.
 
-It preserves rank order, so it is also the algorithm for non-commutative
-ops: at every step the data of the lower group of ranks is the left operand.
-Both partners of a step evaluate the same expression ``lower op higher``, so
-all ranks end with bitwise-identical results.
+Fold (n not a power of two, pof2 = largest power of two <= n, rem = n - pof2)
+    Among the first 2*rem ranks, each even rank hands its data to the odd
+    rank above it and sits out; the pof2 remaining ranks get "new ranks"
+    0..pof2-1 (new rank i < rem is real rank 2i+1, else real rank i+rem) and
+    run the power-of-two algorithm; at the end each odd rank returns the
+    result to its even neighbour.
+
+AllReduce keeps rank order, so it is also the algorithm for non-commutative
+ops: new rank i stands for a contiguous run of real ranks, and at every step
+the data of the lower group is the left operand.  Both partners of a step
+evaluate the same expression ``lower op higher``, so all ranks end with
+bitwise-identical results.  The first step reads the input directly and every
+step writes into the output or one work array, so a 2-rank call is one
+exchange and one reduction, with no copies.
 """
 
 from __future__ import annotations
 
 
-def _fold(n: int):
-    pof2 = 1
-    while pof2 * 2 <= n:
-        pof2 *= 2
+def fold(n: int):
+    """(pof2, rem): largest power of two <= n, and n - pof2."""
+    pof2 = 1 << (n.bit_length() - 1)
     return pof2, n - pof2
 
 
+def new_rank(rank: int, rem: int) -> int:
+    """This rank's rank among the pof2 active ranks after the fold (-1: sits out)."""
+    if rank < 2 * rem:
+        return rank // 2 if rank % 2 else -1
+    return rank - rem
+
+
+def real_rank(newrank: int, rem: int) -> int:
+    """The real rank acting as ``newrank`` after the fold."""
+    return newrank * 2 + 1 if newrank < rem else newrank + rem
+
+
 def allreduce(ctx, ch, be, red, src, dst):
-    """Recursive-doubling AllReduce of 1-D arrays ``src`` -> ``dst``."""
+    """Recursive-doubling AllReduce of 1-D arrays ``src`` -> ``dst`` (``src is dst``: in place)."""
     n, rank = ctx.size, ctx.rank
     N = len(dst)
-    if src is not dst:
-        be.copy(dst, src)
     if n == 1 or N == 0:
+        if src is not dst:
+            be.copy(dst, src)
         return
-    pof2, rem = _fold(n)
-    buf = dst
+    pof2, rem = fold(n)
     tmp = ctx.scratch(be, dst.dtype, N, slot=200)
-    # Fold: among the first 2*rem ranks, even ones hand their data to the odd
-    # neighbour (rank order: even is the left operand) and sit out.
+    cur = src  # array holding this rank's partial result; src is never written
     if rank < 2 * rem:
         if rank % 2 == 0:
-            ch.sendrecv(buf, rank + 1, None, None)
-            newrank = -1
-        else:
-            ch.sendrecv(None, None, tmp, rank - 1)
-            red(tmp, buf, buf)
-            newrank = rank // 2
-    else:
-        newrank = rank - rem
-    if newrank != -1:
-        mask = 1
-        while mask < pof2:
-            newpeer = newrank ^ mask
-            peer = newpeer * 2 + 1 if newpeer < rem else newpeer + rem
-            ch.sendrecv(buf, peer, tmp, peer)
-            if peer < rank:
-                red(tmp, buf, buf)   # buf = peer's (lower) op mine
-            else:
-                red(buf, tmp, tmp)   # tmp = mine op peer's (higher)
-                buf, tmp = tmp, buf
-            mask <<= 1
-    if rank < 2 * rem:
-        if rank % 2:
-            ch.sendrecv(buf, rank - 1, None, None)
-        else:
+            # Sit out: hand the data to rank + 1 (the left operand there), wait for the result.
+            ch.sendrecv(src, rank + 1, None, None)
             ch.sendrecv(None, None, dst, rank + 1)
-            buf = dst
-    if buf is not dst:
-        be.copy(dst, buf)
+            return
+        ch.sendrecv(None, None, tmp, rank - 1)
+        red(tmp, src, dst)
+        cur = dst
+    newrank = new_rank(rank, rem)
+    mask = 1
+    while mask < pof2:
+        peer = real_rank(newrank ^ mask, rem)
+        if cur is src:
+            # First exchange: receive straight into dst when the peer's data is the
+            # right operand; src and dst are disjoint unless in place.
+            rbuf = dst if peer > rank and src is not dst else tmp
+        else:
+            rbuf = tmp if cur is dst else dst
+        ch.sendrecv(cur, peer, rbuf, peer)
+        if peer < rank:
+            # peer's (lower ranks) op mine; write over mine unless mine is the input
+            out = dst if cur is src else cur
+            red(rbuf, cur, out)
+            cur = out
+        else:
+            red(cur, rbuf, rbuf)  # mine op peer's (higher ranks)
+            cur = rbuf
+        mask <<= 1
+    if rank < 2 * rem:
+        ch.sendrecv(cur, rank - 1, None, None)
+    if cur is not dst:
+        be.copy(dst, cur)
 
 
 def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     """ReduceScatter as a recursive-doubling AllReduce of the whole input.
 
     Moves log2(n) whole arrays per rank instead of (n-1)/n of one: used for
-    small inputs and for non-commutative ops, whose rank order the ring cannot
-    keep.
+    small inputs and for non-commutative ops, whose rank order the ring and
+    recursive halving cannot keep.
     """
     total = max((d + c for c, d in zip(counts, displs)), default=0)
     full = ctx.scratch(be, src.dtype, total, slot=201)
     allreduce(ctx, ch, be, red, src[:total], full)
     own = displs[ctx.rank]
     be.copy(dst, full[own: own + counts[ctx.rank]])
+
+
+def is_packed(counts, displs) -> bool:
+    """True if block r starts where block r-1 ends, from 0 (rank-ordered, no gaps)."""
+    at = 0
+    for c, d in zip(counts, displs):
+        if d != at:
+            return False
+        at += c
+    return True
+
+
+def allgather(ctx, ch, be, src, dst, counts, displs):
+    """Recursive-doubling AllGather(v) (any rank count, via the fold).
+
+    At the step with distance ``mask`` new rank i swaps the run of blocks it
+    holds (new blocks ``i & ~(mask-1)`` .. ``+mask``) with new rank
+    ``i ^ mask``; blocks go straight into ``dst`` when they are packed in rank
+    order, else through a packed work array.  ``src`` None: own block in place.
+    """
+    n, rank = ctx.size, ctx.rank
+    own_lo = displs[rank]
+    own = dst[own_lo: own_lo + counts[rank]]
+    if src is not None:
+        be.copy(own, src)
+    if n == 1:
+        return
+    packed = is_packed(counts, displs)
+    total = sum(counts)
+    if packed:
+        work = dst
+    else:
+        work = ctx.scratch(be, dst.dtype, total, slot=210)
+        at = sum(counts[:rank])
+        be.copy(work[at: at + counts[rank]], own)
+    start = [0] * (n + 1)
+    for r in range(n):
+        start[r + 1] = start[r] + counts[r]
+    pof2, rem = fold(n)
+    # New block i: the blocks of the real ranks new rank i stands for.
+    edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
+    if rank < 2 * rem:
+        if rank % 2 == 0:
+            ch.sendrecv(work[start[rank]: start[rank + 1]], rank + 1, None, None)
+            ch.sendrecv(None, None, work[:total], rank + 1)
+            _unpack(be, work, dst, counts, displs, packed)
+            return
+        ch.sendrecv(None, None, work[start[rank - 1]: start[rank]], rank - 1)
+    newrank = new_rank(rank, rem)
+    mask = 1
+    while mask < pof2:
+        newpeer = newrank ^ mask
+        peer = real_rank(newpeer, rem)
+        mine = newrank & ~(mask - 1)
+        theirs = newpeer & ~(mask - 1)
+        ch.sendrecv(work[edge[mine]: edge[mine + mask]], peer,
+                    work[edge[theirs]: edge[theirs + mask]], peer)
+        mask <<= 1
+    if rank < 2 * rem:
+        ch.sendrecv(work[:total], rank - 1, None, None)
+    _unpack(be, work, dst, counts, displs, packed)
+
+
+def _unpack(be, work, dst, counts, displs, packed):
+    if packed:
+        return
+    at = 0
+    for c, d in zip(counts, displs):
+        if c:
+            be.copy(dst[d: d + c], work[at: at + c])
+        at += c

@@ -3,8 +3,9 @@
 Block split
     ``split(N, n)`` cuts N elements into n contiguous blocks the way
     ``numpy.array_split`` does: the first ``N % n`` blocks hold ``N // n + 1``
-    elements, the rest ``N // n``.  Blocks may be empty (N < n, N = 0); an empty
-    block is never sent, and both ends of a link know it, so nothing waits for it.
+    elements, the rest ``N // n``.  Blocks may be empty (N < n, N = 0); both
+    ends of a link know it, so AllGather and AllReduce never send an empty
+    block and nothing waits for one (ReduceScatter sends empty pieces, below).
 
 Ring
     ``ctx.ring`` lists the ranks in ring order (see _topology); the rank at
@@ -26,8 +27,15 @@ Pipelining
     segment is reduced the next ones are already arriving; a reduced segment
     is forwarded to the right at once.  AllReduce needs only ``window``
     segments of work memory: partials live in the output buffer.
-    ReduceScatter keeps partials in two block-sized accumulators (a partial
-    must stay intact until its send completes).
+    ReduceScatter forwards partials from ``window`` send slots, reused once
+    their sends complete; it processes segments in groups (see
+    :func:`reduce_scatter`) so that this bounded memory cannot deadlock.
+
+Tuning
+    ``MPICOLL_SEGMENT_BYTES`` (bytes, suffixes K/M/G) and ``MPICOLL_WINDOW``
+    override :data:`DEFAULT_SEGMENT_BYTES` and :data:`DEFAULT_WINDOW`; they
+    are read once, when a communicator's context is created (see
+    :func:`tuning`).
 
 Only commutative ops may use the ring: the chain for block b starts at
 position b+1, so it combines contributions in rotated order.  Non-commutative
@@ -37,8 +45,42 @@ _select.
 
 from __future__ import annotations
 
+import os
+
 DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_WINDOW = 2
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str, name: str) -> int:
+    """``"4096"``, ``"64K"``, ``"1M"``, ``"1G"`` -> bytes; ValueError naming ``name``."""
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = raw[-1:] if raw[-1:] in _SUFFIX else ""
+    try:
+        value = int(raw[: len(raw) - len(unit)]) * _SUFFIX[unit]
+    except ValueError:
+        raise ValueError(f"{name}: expected a size in bytes such as 65536, 64K or 1M, got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name}: expected a positive size, got {text!r}")
+    return value
+
+
+def tuning(environ=os.environ) -> tuple[int, int]:
+    """(segment bytes, window) from MPICOLL_SEGMENT_BYTES / MPICOLL_WINDOW, else the defaults."""
+    seg = environ.get("MPICOLL_SEGMENT_BYTES", "").strip()
+    win = environ.get("MPICOLL_WINDOW", "").strip()
+    segment_bytes = parse_bytes(seg, "MPICOLL_SEGMENT_BYTES") if seg else DEFAULT_SEGMENT_BYTES
+    if win:
+        try:
+            window = int(win)
+        except ValueError:
+            raise ValueError(f"MPICOLL_WINDOW: expected a positive integer, got {win!r}") from None
+        if not 1 <= window <= 64:
+            raise ValueError(f"MPICOLL_WINDOW: expected an integer from 1 to 64, got {win!r}")
+    else:
+        window = DEFAULT_WINDOW
+    return segment_bytes, window
 
 
 def split(total: int, n: int):
@@ -125,50 +167,92 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
 
     ``src`` holds the blocks laid out by ``counts``/``displs``.  In place,
     ``dst`` is the start of ``src``'s buffer; only ``dst`` is written.
+
+    Work memory: ``window`` receive segments and ``window`` send segments
+    (plus one block to stage the result in place when this rank's block does
+    not start at offset 0).  Every block is cut into the same number of
+    pieces (``split`` of its count; empty pieces still travel as empty
+    messages), so all ranks run one schedule: groups of ``2*window - 1``
+    pieces, step by step within a group.  See docs/performance.md for why
+    this cannot deadlock.
     """
     n = ctx.size
     rank = ctx.rank
-    own = displs[rank]
+    own, mine = displs[rank], counts[rank]
     if n == 1:
-        be.copy(dst, src[own: own + counts[rank]])
+        be.copy(dst, src[own: own + mine])
+        return
+    biggest = max(counts)
+    if biggest == 0:
         return
     p = ctx.ring_pos
     order = ctx.ring
+    left = order[(p - 1) % n]
     right = order[(p + 1) % n]
-    seg = _segment_elems(ctx, src.dtype.itemsize)
+    dtype = src.dtype
+    nseg = -(-biggest // _segment_elems(ctx, dtype.itemsize))
+    piece = -(-biggest // nseg)
+    window = min(max(1, getattr(ctx, "window", DEFAULT_WINDOW)), 64)
+    nout = window
+    group = window + nout - 1  # < window + nout: the deadlock-freedom condition
 
-    def blk(q):
+    def bounds(q):
+        """Piece boundaries of the block at ring position q (nseg + 1 offsets)."""
         r = order[q % n]
-        return displs[r], counts[r]
+        c, d = split(counts[r], nseg)
+        base = displs[r]
+        return [base + x for x in d] + [base + counts[r]]
 
-    first = [ch.isend(src[a:b], right) for a, b in _segments(*blk(p - 1), seg)]
-    units = [(s, a, b) for s in range(n - 1) for a, b in _segments(*blk(p - 2 - s), seg)]
+    first = bounds(p - 1)
+    steps = [bounds(p - 2 - s) for s in range(n - 1)]
     last = n - 2
-    in_place = _shares_memory(src, dst)
-    acc = [ctx.scratch(be, src.dtype, max(counts), slot=100 + k) for k in (0, 1)] if n > 2 else None
-    pending = [[], []]  # forwarding sends out of acc[0] / acc[1]
-    current = [-1]
-
-    def dest_of(step, a, b):
-        if step != current[0]:
-            current[0] = step
-            if step == last and in_place:
-                # dst overlaps input blocks whose sends may still be in flight
-                ch.waitall(first + pending[0] + pending[1])
-                first.clear()
-                pending[0].clear()
-                pending[1].clear()
-            elif step >= 2:
-                # acc[step % 2] was forwarded at step-2; reuse it only when sent
-                ch.waitall(pending[step % 2])
-                pending[step % 2].clear()
+    units = []          # (step, a, b) in processing order
+    first_at = {}       # unit index -> pieces of the first block to send before it
+    for g in range(0, nseg, group):
+        ks = range(g, min(g + group, nseg))
+        first_at[len(units)] = [(first[k], first[k + 1]) for k in ks]
+        for s in range(n - 1):
+            b = steps[s]
+            units.extend((s, b[k], b[k + 1]) for k in ks)
+    # In place the result may only go to dst when that cannot overwrite input
+    # still to be read or sent: dst is src's first ``mine`` elements, which is
+    # this rank's own block only if the block starts at 0.
+    stage = None
+    if _shares_memory(src, dst) and own != 0:
+        stage = ctx.scratch(be, dtype, mine, slot=120)
+    out = dst if stage is None else stage
+    slots = [ctx.scratch(be, dtype, piece, slot=k) for k in range(window)]
+    outs = [ctx.scratch(be, dtype, piece, slot=110 + k) for k in range(nout)]
+    out_req = [None] * nout
+    sends = []
+    nunits = len(units)
+    rreqs = [ch.irecv(slots[k][: b - a], left) for k, (_, a, b) in enumerate(units[:window])]
+    o = 0
+    for i in range(nunits):
+        step, a, b = units[i]
+        pieces = first_at.get(i)
+        if pieces is not None:
+            sends.extend(ch.isend(src[x:y], right) for x, y in pieces)
+        k = i % window
+        ch.wait(rreqs[k])
+        incoming = slots[k][: b - a]
         if step == last:
-            return dst[a - own: b - own], None
-        base = blk(p - 2 - step)[0]
-        return acc[step % 2][a - base: b - base], pending[step % 2]
-
-    _reduce_pipeline(ch, ctx, red, be, src, units, dest_of, src.dtype)
-    ch.waitall(first + pending[0] + pending[1])
+            red(incoming, src[a:b], out[a - own: b - own])
+        else:
+            j = o % nout
+            o += 1
+            if out_req[j] is not None:
+                ch.wait(out_req[j])
+            dest = outs[j][: b - a]
+            red(incoming, src[a:b], dest)
+            out_req[j] = ch.isend(dest, right)
+        nxt = i + window
+        if nxt < nunits:
+            _, a2, b2 = units[nxt]
+            rreqs[k] = ch.irecv(slots[k][: b2 - a2], left)
+    ch.waitall(sends + [r for r in out_req if r is not None])
+    if stage is not None:
+        be.copy(dst, stage)
 
 
 def allgather(ctx, ch, be, src, dst, counts, displs):

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import os
 
-from . import _recursive, _ring
+from . import _bruck, _halving, _recursive, _ring
 
 ALGORITHMS = {
     "allreduce": {
         "ring": _ring.allreduce,
         "recursive_doubling": _recursive.allreduce,
+        "rabenseifner": _halving.allreduce,
     },
     "reduce_scatter": {
         "ring": _ring.reduce_scatter,
         "recursive_doubling": _recursive.reduce_scatter,
+        "recursive_halving": _halving.reduce_scatter,
     },
     "allgather": {
         "ring": _ring.allgather,
+        "recursive_doubling": _recursive.allgather,
+        "bruck": _bruck.allgather,
     },
 }
 
