@@ -29,7 +29,9 @@ class Context:
         self.size = self.comm.Get_size()
         self.seq = 0  # collectives started on this communicator
         self._scratch: dict = {}
-        from . import _topology
+        from . import _ring, _topology
+        # pipelining of the ring algorithms (MPICOLL_SEGMENT_BYTES, MPICOLL_WINDOW)
+        self.segment_bytes, self.window = _ring.tuning()
         self.ring = _topology.ring_order(self)
         self.ring_pos = self.ring.index(self.rank)
 
