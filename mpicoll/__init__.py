@@ -8,6 +8,8 @@ plus latency-optimal algorithms for small messages, on NumPy arrays and
 from ._api import allgather, allreduce, reduce_scatter
 from ._comm import Comm
 from ._config import configure, options
+from ._cuda import cuda_aware_mpi
+from ._devices import bind_device
 from ._errors import CollectiveTimeout, MismatchError, MpicollError
 
 __version__ = "0.1.0"
@@ -22,5 +24,7 @@ __all__ = [
     "MpicollError",
     "MismatchError",
     "CollectiveTimeout",
+    "bind_device",
+    "cuda_aware_mpi",
     "__version__",
 ]
