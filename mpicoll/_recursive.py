@@ -74,10 +74,16 @@ def allreduce(ctx, ch, be, red, src, dst):
             rbuf = tmp if cur is dst else dst
         ch.sendrecv(cur, peer, rbuf, peer)
         if peer < rank:
-            # peer's (lower ranks) op mine; write over mine unless mine is the input
-            out = dst if cur is src else cur
-            red(rbuf, cur, out)
-            cur = out
+            # peer's (lower ranks) op mine, written over mine (a copy of it if mine is
+            # the input): the right operand is the output on both partners, as in the
+            # branch below, because NumPy may round differently when the output is a
+            # separate array (complex multiply of one element does), and both partners
+            # must produce the same bits.
+            if cur is src:
+                if src is not dst:
+                    be.copy(dst, src)
+                cur = dst
+            red(rbuf, cur, cur)
         else:
             red(cur, rbuf, rbuf)  # mine op peer's (higher ranks)
             cur = rbuf
