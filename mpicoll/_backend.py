@@ -41,18 +41,28 @@ class Reducer:
         if self.ufunc is not None:
             self.ufunc(a, b, out=out)
             return
+        # Algorithms often pass different view objects of the same memory (acc[i:j]
+        # for both an operand and the output), so compare memory, not identity.
         op, T = self.op, self.mpitype
-        if out is b:
-            op.Reduce_local([a, T], [b, T])
-        elif out is a and self.commutative:
-            op.Reduce_local([b, T], [a, T])
-        elif out is a:
+        if _same_memory(out, b):
+            op.Reduce_local([a, T], [out, T])
+        elif _same_memory(out, a) and self.commutative:
+            op.Reduce_local([b, T], [out, T])
+        elif np.may_share_memory(out, a) or np.may_share_memory(out, b):
             tmp = b.copy()
             op.Reduce_local([a, T], [tmp, T])
             self.backend.copy(out, tmp)
         else:
             self.backend.copy(out, b)
             op.Reduce_local([a, T], [out, T])
+
+
+def _same_memory(x, y) -> bool:
+    """Whether two NumPy arrays are views of exactly the same elements."""
+    if x is y:
+        return True
+    ix, iy = x.__array_interface__, y.__array_interface__
+    return ix["data"][0] == iy["data"][0] and x.shape == y.shape and x.strides == y.strides
 
 
 class NumpyBackend:
