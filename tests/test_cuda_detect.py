@@ -1,0 +1,181 @@
+"""CUDA-aware MPI detection: explicit settings first, then the MPI library's report, then staging.
+
+Plain unit tests (no messages); they run the same at any number of ranks.
+The library's query functions are exercised through test doubles of the
+loaded library, and the real probe runs on whatever MPI this process uses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import pytest
+
+import mpicoll
+from mpicoll import _cuda
+
+
+class FakeLib:
+    """A loaded library: C functions as attributes, AttributeError for missing symbols."""
+
+    def __init__(self, **functions):
+        for name, fn in functions.items():
+            setattr(self, name, fn)
+
+
+def query_cuda(value):
+    def MPIX_Query_cuda_support():
+        return value
+    return MPIX_Query_cuda_support
+
+
+def gpu_query(flag, rc=0, calls=None):
+    def MPIX_GPU_query_support(gpu_type, ptr):
+        if calls is not None:
+            calls.append(gpu_type)
+        ptr.contents.value = flag
+        return rc
+    return MPIX_GPU_query_support
+
+
+@pytest.fixture
+def clean(monkeypatch):
+    """No explicit setting from the environment or configure()."""
+    monkeypatch.delenv("MPICOLL_CUDA_AWARE", raising=False)
+    previous = mpicoll.configure(cuda_aware=None)
+    yield monkeypatch
+    mpicoll.configure(**previous)
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("yes", True), ("0", False), ("off", False)])
+def test_environment_forces(clean, value, expected):
+    clean.setenv("MPICOLL_CUDA_AWARE", value)
+    aware, reason = mpicoll.cuda_aware_mpi()
+    assert aware is expected
+    assert reason == f"forced by MPICOLL_CUDA_AWARE={value}"
+
+
+def test_environment_bad_value(clean):
+    clean.setenv("MPICOLL_CUDA_AWARE", "maybe")
+    with pytest.raises(ValueError, match="MPICOLL_CUDA_AWARE"):
+        mpicoll.cuda_aware_mpi()
+
+
+def test_configure_wins_over_environment(clean):
+    clean.setenv("MPICOLL_CUDA_AWARE", "1")
+    with mpicoll.options(cuda_aware=False):
+        assert mpicoll.cuda_aware_mpi() == (False, "forced by mpicoll.configure(cuda_aware=False)")
+    assert mpicoll.cuda_aware_mpi().aware is True
+
+
+def test_argument_wins_over_everything(clean):
+    clean.setenv("MPICOLL_CUDA_AWARE", "0")
+    with mpicoll.options(cuda_aware=False):
+        assert mpicoll.cuda_aware_mpi(True) == (True, "forced by the argument cuda_aware=True")
+    with pytest.raises(TypeError, match="cuda_aware: expected a bool"):
+        mpicoll.cuda_aware_mpi(1)
+
+
+def test_open_mpi_query_yes():
+    lib = FakeLib(MPIX_Query_cuda_support=query_cuda(1))
+    aware, reason = _cuda.probe([("/x/libmpi.so.40", lib)], "Open MPI 5.0.3", {})
+    assert aware
+    assert "MPIX_Query_cuda_support() returned 1 in /x/libmpi.so.40" in reason
+
+
+def test_open_mpi_query_no_names_the_switch():
+    lib = FakeLib(MPIX_Query_cuda_support=query_cuda(0))
+    aware, reason = _cuda.probe([("/x/libmpi.so.40", lib)], "Open MPI 5.0.3", {})
+    assert not aware
+    assert "OMPI_MCA_opal_cuda_support=true" in reason and "staging" in reason
+
+
+def test_conda_open_mpi(tmp_path):
+    (tmp_path / "conda-meta").mkdir()
+    (tmp_path / "lib").mkdir()
+    path = str(tmp_path / "lib" / "libmpi.so.40")
+    lib = FakeLib(MPIX_Query_cuda_support=query_cuda(0))
+    aware, reason = _cuda.probe([(path, lib)], "Open MPI 4.1.6", {})
+    assert not aware
+    assert "conda" in reason and "OMPI_MCA_opal_cuda_support=true" in reason and "not set" in reason
+    aware, reason = _cuda.probe([(path, lib)], "Open MPI 4.1.6",
+                                {"OMPI_MCA_opal_cuda_support": "true"})
+    assert not aware and "is set" in reason
+
+
+def test_mpich_gpu_query_preferred():
+    calls = []
+    lib = FakeLib(MPIX_GPU_query_support=gpu_query(1, calls=calls),
+                  MPIX_Query_cuda_support=query_cuda(0))
+    aware, reason = _cuda.probe([("libmpi.so.12", lib)], "MPICH 4.2.0", {})
+    assert aware and calls == [_cuda.MPIX_GPU_SUPPORT_CUDA]
+    assert "MPIX_GPU_query_support(CUDA) set 1" in reason
+
+
+def test_mpich_gpu_query_error_falls_back():
+    lib = FakeLib(MPIX_GPU_query_support=gpu_query(1, rc=17),
+                  MPIX_Query_cuda_support=query_cuda(0))
+    aware, reason = _cuda.probe([("libmpi.so.12", lib)], "MPICH 4.2.0", {})
+    assert not aware and "MPIX_Query_cuda_support() returned 0" in reason
+    assert "MPICH_GPU_SUPPORT_ENABLED" in reason
+
+
+def test_no_query_function_means_staging():
+    aware, reason = _cuda.probe([("libmpi.so", FakeLib())], "Intel MPI 2021.10", {})
+    assert not aware
+    assert "exports neither" in reason and "staging" in reason
+
+
+def test_first_library_that_answers():
+    libs = [("libmpi_abi.so", FakeLib()), ("libmpi.so.12", FakeLib(MPIX_Query_cuda_support=query_cuda(1)))]
+    assert _cuda.probe(libs, "MPICH 4.3", {}).aware
+
+
+def test_no_library_means_staging():
+    aware, reason = _cuda.probe([], "Open MPI 5.0.3", {})
+    assert not aware and "no MPI library" in reason
+
+
+def test_default_is_probed_once_per_process(clean):
+    _cuda._probe_this_process.cache_clear()
+    first = mpicoll.cuda_aware_mpi()
+    info = _cuda._probe_this_process.cache_info()
+    second = mpicoll.cuda_aware_mpi()
+    assert first == second
+    assert _cuda._probe_this_process.cache_info().hits == info.hits + 1
+    assert first.reason
+
+
+def test_this_process_mpi_library_is_found():
+    """mpi4py's libmpi is mapped in this process and found by name."""
+    paths = _cuda._mapped_mpi_paths()
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("no /proc/self/maps on this system")
+    assert paths, "no libmpi* in /proc/self/maps"
+    libs = _cuda._loaded_mpi_libraries()
+    assert libs and all(isinstance(lib, ctypes.CDLL) for _, lib in libs)
+
+
+def test_this_process_decision_is_explained(clean):
+    aware, reason = mpicoll.cuda_aware_mpi()
+    assert isinstance(aware, bool)
+    if not aware:
+        assert "staging" in reason
+    assert any(f in reason for f in ("MPIX_GPU_query_support", "MPIX_Query_cuda_support",
+                                     "exports neither", "no MPI library"))
+
+
+def test_maps_parsing(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /opt/mpi/lib/libmpi.so.40.30.0\n"
+        "7f01-7f02 r--p 00001000 08:01 1 /opt/mpi/lib/libmpi.so.40.30.0\n"
+        "7f02-7f03 r-xp 00000000 08:01 2 /usr/lib/libmpich.so.12\n"
+        "7f03-7f04 r-xp 00000000 08:01 3 /usr/lib/libmpfr.so.6\n"
+        "7f04-7f05 rw-p 00000000 00:00 0 \n"
+        "7f05-7f06 r-xp 00000000 08:01 4 /tmp/libmpi_dir/other.so\n"
+    )
+    assert _cuda._mapped_mpi_paths(str(maps)) == ["/opt/mpi/lib/libmpi.so.40.30.0",
+                                                  "/usr/lib/libmpich.so.12"]
+    assert _cuda._mapped_mpi_paths(str(tmp_path / "missing")) == []

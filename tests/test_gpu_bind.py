@@ -1,0 +1,94 @@
+"""mpicoll.bind_device: node-local rank -> GPU, on a fake CUDA runtime (and CuPy where present).
+
+All ranks of a test run share one node here, so the node-local rank equals
+the rank in COMM_WORLD.
+"""
+
+from __future__ import annotations
+
+import fakegpu
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll import _devices
+
+WORLD = MPI.COMM_WORLD
+
+LOCAL_VARS = _devices._LOCAL_RANK_VARS
+
+
+@pytest.fixture
+def no_hints(monkeypatch):
+    for var in LOCAL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3, 8])
+def test_round_robin_over_visible_devices(no_hints, devices):
+    rt = fakegpu.FakeRuntime(devices=devices)
+    dev = _devices._bind(WORLD, lambda: rt)
+    assert dev == WORLD.rank % devices
+    assert rt.current_device() == dev
+
+
+def test_launcher_hint_used_when_consistent(no_hints):
+    """A launcher numbering the node's ranks 0..n-1 differently from rank order is followed."""
+    no_hints.setenv("SLURM_LOCALID", str(WORLD.size - 1 - WORLD.rank))
+    rt = fakegpu.FakeRuntime(devices=WORLD.size + 1)
+    assert _devices._bind(WORLD, lambda: rt) == WORLD.size - 1 - WORLD.rank
+
+
+def test_launcher_hint_ignored_when_inconsistent(no_hints):
+    no_hints.setenv("SLURM_LOCALID", "0")  # every rank claims local rank 0
+    rt = fakegpu.FakeRuntime(devices=WORLD.size + 1)
+    assert _devices._bind(WORLD, lambda: rt) == WORLD.rank
+
+
+def test_sub_communicator_reversed(no_hints):
+    comm = WORLD.Split(0, WORLD.size - WORLD.rank)  # reversed rank order
+    try:
+        rt = fakegpu.FakeRuntime(devices=64)
+        assert _devices._bind(comm, lambda: rt) == comm.rank
+    finally:
+        comm.Free()
+
+
+def test_no_gpu_raises_on_every_rank(no_hints):
+    rt = fakegpu.FakeRuntime(devices=0)
+    with pytest.raises(mpicoll.MpicollError, match="no GPU visible"):
+        _devices._bind(WORLD, lambda: rt)
+
+
+def test_one_rank_without_gpu_fails_all(no_hints):
+    """No rank is left to hang in a later collective when another could not bind."""
+    rt = fakegpu.FakeRuntime(devices=0 if WORLD.rank == 0 else 1)
+    expected = "no GPU visible" if WORLD.rank == 0 else "failed on rank 0"
+    with pytest.raises(mpicoll.MpicollError, match=expected):
+        _devices._bind(WORLD, lambda: rt)
+
+
+def test_bad_comm():
+    with pytest.raises(TypeError, match="comm: expected an mpi4py.MPI.Intracomm"):
+        mpicoll.bind_device("world")
+
+
+def test_real_bind_device():
+    """With CuPy: binds to rank % GPUs; without: a clear error naming CuPy, on every rank."""
+    try:
+        import cupy
+    except ImportError:
+        with pytest.raises(mpicoll.MpicollError, match="CuPy is not installed"):
+            mpicoll.bind_device()
+        return
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        count = 0
+    if count == 0:
+        with pytest.raises(mpicoll.MpicollError):
+            mpicoll.bind_device()
+        return
+    dev = mpicoll.bind_device()
+    assert 0 <= dev < count and cupy.cuda.runtime.getDevice() == dev
