@@ -56,8 +56,12 @@ def array_module(device: str, comm=MPI.COMM_WORLD):
         device = "gpu" if comm.allreduce(_gpu_usable(), op=MPI.LAND) else "cpu"
     if device == "cpu":
         return np, "cpu"
+    try:
+        mpicoll.bind_device(comm)
+    except mpicoll.MpicollError as exc:  # no CuPy or no GPU: say so, not a traceback
+        print0(f"--device gpu: {exc}", comm=comm)
+        sys.exit(2)
     import cupy
-    mpicoll.bind_device(comm)
     return cupy, "gpu"
 
 

@@ -25,7 +25,7 @@ def main():
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size
     xp, device = ex.array_module(args.device)
-    ex.print0(f"{size} ranks on {device}")
+    ex.print0(f"{size} rank(s) on {device}")
 
     # Part 1a: equal blocks.  Rank r holds [10r, 10r + 1].
     x = xp.array([10 * rank, 10 * rank + 1])
@@ -58,7 +58,7 @@ def main():
     ok &= ex.check(ex.same_on_all_ranks(y), "ranks hold different results")
     ex.print0(f"\nlarge array: {args.count} float64 gathered from blocks of "
            f"{min(counts)}..{max(counts)} elements; compared bitwise with MPI_Allgatherv")
-    ex.finish(ok, f"mpicoll allgather matches MPI_Allgatherv on {size} ranks ({device})")
+    ex.finish(ok, f"mpicoll allgather matches MPI_Allgatherv on {size} rank(s) ({device})")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """AllReduce: every rank contributes an array, every rank gets the elementwise sum.
 
-    mpirun -n 4 python examples/allreduce.py       # every rank prints 10.0, then OK
-    mpirun -n 8 python examples/allreduce.py       # 36.0
+    mpirun -n 4 python examples/allreduce.py       # rank 0: 10.0 ... rank 3: 10.0, then OK
+    mpirun -n 8 python examples/allreduce.py       # 36.0 on every rank
     mpirun -n 4 python examples/allreduce.py --device gpu
 
 Part 1 is the classic demo: rank r contributes r + 1, so with n ranks every
@@ -28,12 +28,13 @@ def main():
     xp, device = ex.array_module(args.device)
 
     # Part 1: rank r contributes r + 1; mpicoll.allreduce returns the sum on every rank.
-    ex.print0(f"{size} ranks on {device}; rank r contributes r + 1, every rank receives the sum:")
-    comm.Barrier()
+    # Each rank's line is sent to rank 0 and printed there in rank order, so
+    # lines from different ranks cannot interleave.
+    ex.print0(f"{size} rank(s) on {device}; rank r contributes r + 1, every rank receives the sum:")
     x = xp.array([rank + 1.0])
     y = mpicoll.allreduce(x, op=MPI.SUM)
     total = float(y[0])
-    print(f"rank {rank}: {total}", flush=True)
+    ex.print_ordered(f"rank {rank}: {total}")
     expected = size * (size + 1) / 2
     ok = ex.check(total == expected, f"allreduce of rank + 1 gave {total}, expected {expected}")
 
@@ -55,7 +56,7 @@ def main():
     if n:
         ex.print0(f"large array: {n} float64 per rank, max |mpicoll - MPI| = "
                f"{np.abs(got - ref).max():.3g} (allowed: 2(n-1)*eps*sum|x|, at most {tol.max():.3g})")
-    ex.finish(ok, f"mpicoll allreduce matches MPI_Allreduce on {size} ranks ({device})")
+    ex.finish(ok, f"mpicoll allreduce matches MPI_Allreduce on {size} rank(s) ({device})")
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def main():
               f" (batch sizes differ)")
     ex.print0(f"  one-pass sum/sum-of-squares variance: error {np.max(np.abs(onepass_var - ref_var) / var_tol):.3g}"
               f" x the tolerance (cancellation, mean ~{OFFSET:g})")
-    ex.finish(ok, f"synchronised batch-norm statistics on {size} ranks equal those of the "
+    ex.finish(ok, f"synchronised batch-norm statistics on {size} rank(s) equal those of the "
                   f"concatenated data ({device})")
 
 

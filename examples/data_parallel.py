@@ -139,9 +139,9 @@ def main():
     ok = ex.report(ex.mismatch(theta, ref, TOLERANCE, "data-parallel weights",
                          "single-process training"))
     identical = ex.same_on_all_ranks(theta)
-    ex.print0(f"weights bitwise identical on all {size} ranks: {identical}")
+    ex.print0(f"weights bitwise identical on all {size} rank(s): {identical}")
     ok &= ex.check(identical, "ranks hold different weights")
-    ex.finish(ok, f"data-parallel training on {size} ranks equals single-process training ({device})")
+    ex.finish(ok, f"data-parallel training on {size} rank(s) equals single-process training ({device})")
 
 
 if __name__ == "__main__":

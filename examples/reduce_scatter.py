@@ -25,7 +25,7 @@ def main():
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size
     xp, device = ex.array_module(args.device)
-    ex.print0(f"{size} ranks on {device}")
+    ex.print0(f"{size} rank(s) on {device}")
 
     # Part 1: rank r holds x[i] = 10r + i, i < 2n + 1.  The sum over ranks is
     # n*i + 10*n(n-1)/2; rank r receives block r of it.
@@ -60,7 +60,7 @@ def main():
     err = comm.allreduce(float(np.abs(got - ref).max()) if got.size else 0.0, op=MPI.MAX)
     ex.print0(f"\nlarge array: {n} float64, blocks of {min(counts)}..{max(counts)} elements; "
            f"max |mpicoll - MPI| = {err:.3g} (allowed: 2(n-1)*eps*sum|x| per element)")
-    ex.finish(ok, f"mpicoll reduce_scatter matches MPI_Reduce_scatter on {size} ranks ({device})")
+    ex.finish(ok, f"mpicoll reduce_scatter matches MPI_Reduce_scatter on {size} rank(s) ({device})")
 
 
 if __name__ == "__main__":
