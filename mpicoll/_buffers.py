@@ -84,13 +84,17 @@ def _to_array(obj, argname):
         ) from None
 
 
+# Python objects that cannot be the data of a message (they hold no buffer).
+_NOT_DATA = (bool, int, float, complex, str, list, tuple, dict)
+
+
 def _as_datatype(obj, argname):
     if isinstance(obj, MPI.Datatype):
         return obj
     if isinstance(obj, str):
         try:
             return _types.datatype_of_typecode(obj)
-        except (KeyError, ValueError):
+        except (KeyError, TypeError, ValueError):
             raise TypeError(f"{argname}: unknown typecode {obj!r}") from None
     raise TypeError(f"{argname}: expected an MPI.Datatype, got {type(obj).__name__}")
 
@@ -118,6 +122,12 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
     count = displ = None
     counts = displs = None
     if isinstance(spec, (list, tuple)):
+        if spec and isinstance(spec[0], _NOT_DATA):
+            # a list of numbers is not a message: its first item must hold the data
+            raise TypeError(
+                f"{argname}: expected a buffer or a [buffer, ...] message, got a "
+                f"{type(spec).__name__} of {type(spec[0]).__name__}"
+            )
         if not 1 <= len(spec) <= 4:
             raise ValueError(f"{argname}: expected [data, (count,) datatype], got {len(spec)} items")
         data, rest = spec[0], list(spec[1:])
