@@ -1,0 +1,234 @@
+"""python -m mpicoll.bench at small sizes: table, JSON and CSV fields, #wrong, exit status.
+
+Runs the benchmark's entry point ``main(argv)`` on the current MPI world.
+No timing is asserted (this machine is shared); only that every field is
+there, consistent and that results are right (and a wrong one is reported).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpicoll import _select, bench
+
+WORLD = MPI.COMM_WORLD
+SMALL = ["-b", "1K", "-e", "64K", "-f", "4", "-n", "3", "-w", "1", "--batch", "2", "-q"]
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every rank sees (created by rank 0)."""
+    path = tempfile.mkdtemp(prefix="mpicoll-bench-") if WORLD.rank == 0 else None
+    path = WORLD.bcast(path, root=0)
+    yield path
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _run(argv, **kw):
+    out = io.StringIO()
+    status = bench.main(argv, out=out, **kw)
+    return status, out.getvalue()
+
+
+def _rows(text):
+    return [line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _expected_sizes(lo, hi, factor, collective):
+    n = WORLD.size
+    out = []
+    for s in bench.sizes(lo, hi, factor):
+        if collective == "allreduce":
+            out.append(max(s // 4, 1) * 4)
+        else:
+            out.append(max(s // (4 * n), 1) * n * 4)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_table_json_csv(shared_dir):
+    jpath = os.path.join(shared_dir, "r.json")
+    cpath = os.path.join(shared_dir, "r.csv")
+    status, text = _run(SMALL + ["--json", jpath, "--csv", cpath])
+    assert status == 0
+    WORLD.Barrier()
+    if WORLD.rank != 0:
+        assert text == ""  # only rank 0 prints
+        return
+    n = WORLD.size
+    assert "# MPI library: " in text and f"# ranks {n} " in text
+    assert "warm-up 1 calls, timed 3 calls" in text
+    assert "Out of bounds values : 0 wrong (mpicoll), 0 wrong (built-in) OK" in text
+    rows = _rows(text)
+    per_coll = len(bench.sizes(1024, 65536, 4))
+    assert len(rows) == 3 * per_coll
+    factors = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n, "reduce_scatter": (n - 1) / n}
+    for i, coll in enumerate(bench.COLLECTIVES):
+        got = rows[i * per_coll: (i + 1) * per_coll]
+        assert [int(r[0]) for r in got] == _expected_sizes(1024, 65536, 4, coll)
+        for r in got:
+            size, count, dtype, redop, algo = int(r[0]), int(r[1]), r[2], r[3], r[4]
+            assert count * 4 == size and dtype == "float32"
+            assert redop == ("none" if coll == "allgather" else "sum")
+            assert algo in _select.ALGORITHMS[coll]
+            t, algbw, busbw, wrong = float(r[5]), float(r[6]), float(r[7]), r[8]
+            bt, bwrong, ratio = float(r[9]), r[12], float(r[13])
+            assert t > 0 and bt > 0 and wrong == "0" and bwrong == "0"
+            assert ratio == pytest.approx(t / bt, rel=0.05, abs=0.02)
+            assert algbw == pytest.approx(size / (t * 1e-6) / 1e9, rel=0.05, abs=0.011)
+            assert busbw == pytest.approx(algbw * factors[coll], rel=0.05, abs=0.011)
+
+    records = json.load(open(jpath))
+    assert len(records) == 3 * per_coll
+    for rec in records:
+        for field in ("collective", "algorithm", "nranks", "dtype", "op", "bytes", "count",
+                      "time_us", "busbw_gbps", "builtin_time_us", "ratio", "wrong",
+                      "mpi_library", "date"):
+            assert field in rec, field
+        assert rec["nranks"] == n and rec["wrong"] == 0 and rec["builtin_wrong"] == 0
+        assert rec["algorithm"] == "auto" and rec["selected"] in _select.ALGORITHMS[rec["collective"]]
+        assert rec["ratio"] == pytest.approx(rec["time_us"] / rec["builtin_time_us"])
+        assert rec["busbw_gbps"] == pytest.approx(
+            rec["bytes"] / rec["time_us"] / 1e3 * factors[rec["collective"]])
+        assert rec["check_time_us"] is None
+    with open(cpath, newline="") as f:
+        rows_csv = list(csv.DictReader(f))
+    assert len(rows_csv) == len(records)
+    assert set(rows_csv[0]) == set(bench.RECORD_FIELDS)
+    assert [int(r["bytes"]) for r in rows_csv] == [r["bytes"] for r in records]
+
+
+@pytest.mark.timeout(300)
+def test_every_algorithm_and_dtypes(shared_dir):
+    jpath = os.path.join(shared_dir, "all.json")
+    for coll in bench.COLLECTIVES:
+        for dtype, op in (("int32", "max"), ("float64", "prod"), ("uint8", "bxor")):
+            status, text = _run(["-C", coll, "-a", "all", "-d", dtype, "-o", op, "-b", "1", "-e", "4K",
+                                 "-f", "64", "-n", "2", "-w", "0", "-q", "--api", "array",
+                                 "--json", jpath])
+            assert status == 0, text
+            if WORLD.rank == 0:
+                recs = json.load(open(jpath))
+                assert {r["algorithm"] for r in recs} == set(_select.ALGORITHMS[coll])
+                assert all(r["selected"] == r["algorithm"] for r in recs)
+                assert all(r["wrong"] == 0 and r["builtin_wrong"] == 0 for r in recs)
+                assert all(r["dtype"] == dtype for r in recs)
+            WORLD.Barrier()
+
+
+@pytest.mark.timeout(120)
+def test_check_cost_and_no_check():
+    status, text = _run(["-C", "allreduce", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "-q",
+                         "--check-cost", "-c", "0"])
+    assert status == 0
+    if WORLD.rank == 0:
+        assert "with check" in text
+        row = _rows(text)[0]
+        assert row[8] == "N/A" and row[12] == "N/A"
+        assert len(row) == 16 and float(row[14]) > 0 and float(row[15]) > 0
+        assert "not checked (-c 0)" in text
+
+
+@pytest.mark.timeout(120)
+def test_wrong_results_are_counted(monkeypatch):
+    """An algorithm that returns garbage must show in #wrong and the exit status."""
+
+    def broken(ctx, ch, be, red, src, dst):
+        be.copy(dst, src)  # no communication: only this rank's data
+
+    monkeypatch.setitem(_select.ALGORITHMS["allreduce"], "broken", broken)
+    status, text = _run(["-C", "allreduce", "-a", "broken", "-b", "1K", "-e", "1K", "-n", "1",
+                         "-w", "0", "-q"])
+    if WORLD.size == 1:
+        assert status == 0  # one rank: its own data is the right answer
+        return
+    assert status == 1
+    if WORLD.rank == 0:
+        row = _rows(text)[0]
+        assert 0 < int(row[8]) <= 256 * WORLD.size and row[12] == "0"
+        assert "FAILED" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-C", "bogus"], "-C/--collective"),
+    (["-b", "1M", "-e", "1K"], "larger than"),
+    (["-b", "0"], "positive"),
+    (["-f", "1"], "expected a number > 1"),
+    (["-C", "allreduce", "-a", "bruck"], "not an algorithm of allreduce"),
+    (["-d", "float32", "-o", "band", "-C", "allreduce"], "BAND does not apply"),
+    (["-d", "float16"], "invalid choice"),
+])
+def test_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_plot(shared_dir, capsys):
+    path = os.path.join(shared_dir, "p.png")
+    argv = ["-C", "allgather", "-b", "64", "-e", "256", "-n", "1", "-w", "0", "-q", "--plot", path]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert "pip install 'mpicoll[plot]'" in capsys.readouterr().err
+        return
+    status, _ = _run(argv)
+    assert status == 0
+    if WORLD.rank == 0:
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sizes():
+    assert bench.sizes(1, 8, 2) == [1, 2, 4, 8]
+    assert bench.sizes(1024, 5000, 4) == [1024, 4096]
+    assert bench.sizes(3, 5, 1.1) == [3, 4, 5]
+    assert bench.sizes(10, 10, 2) == [10]
+
+
+def test_expected_values_are_exact():
+    """The check's inputs are small integers: every type and op gives exact results."""
+    n = 5
+    for dtype in (np.int8, np.uint16, np.float32, np.complex64):
+        for op in ("sum", "prod", "min", "max"):
+            if np.dtype(dtype).kind == "c" and op in ("min", "max"):
+                continue
+            want = bench.expected("allreduce", n, 40, np.dtype(dtype), op, 0)
+            wide = np.complex128 if np.dtype(dtype).kind == "c" else np.int64
+            ref = sum(bench.rank_data(r, n, 40, np.dtype(dtype), op).astype(wide)
+                      for r in range(n)) if op == "sum" else None
+            if ref is not None:
+                np.testing.assert_array_equal(want, ref.astype(dtype))
+            assert bench.count_wrong(want, want, np.dtype(dtype), n) == 0
+    x = bench.rank_data(1, 3, 10, np.dtype(np.float32), "sum")
+    y = x.copy()
+    y[3] += 1
+    assert bench.count_wrong(y, x, np.dtype(np.float32), 3) == 1
+
+
+@pytest.mark.timeout(120)
+def test_gpu_path_with_fake_device():
+    """--device gpu: the device path (uploads, staged built-in, downloads) on the fake GPU."""
+    fakegpu = pytest.importorskip("fakegpu")
+    backend = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    with fakegpu.registered(backend):
+        status, text = _run(["-b", "256", "-e", "4K", "-f", "4", "-n", "2", "-w", "1", "-q",
+                             "--device", "gpu"], device_backend=backend)
+    assert status == 0, text
+    if WORLD.rank == 0:
+        assert "device gpu" in text
+        assert all(r[8] == "0" and r[12] == "0" for r in _rows(text))
