@@ -4,41 +4,85 @@ Both public layers (the drop-in :class:`mpicoll.Comm` and the array functions)
 validate their arguments into :class:`~mpicoll._buffers.Msg` objects and then
 call the ``run_*`` functions here; nothing below this point raises for bad
 user input.
+
+This is also the one hook for reliability and observability (_observe):
+when ``MPICOLL_CHECK``, a timeout, ``mpicoll.traffic()`` or ``mpicoll.trace()``
+is on, :func:`_launch` agrees on the call fingerprint across ranks before any
+payload message and runs the algorithm on an observed channel.
 """
 
 from __future__ import annotations
 
-from . import _context, _select
+from . import _config, _context, _observe, _select
 
 
-def _launch(comm, collective, algorithm, nbytes, msg, red=None):
+class _Run:
+    """One call: the algorithm and what it runs with; ``with`` closes the observation."""
+
+    __slots__ = ("name", "fn", "ctx", "ch", "be", "red", "call")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.call is not None:
+            self.call.end(exc_type is not None)
+
+
+def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, counts=None,
+            displs=None, timeout=None, label=None) -> _Run:
+    """Choose the algorithm, set up the channel and observers; check the call if asked.
+
+    ``total`` is the element count selection and the fingerprint use: the
+    array reduced (AllReduce), the whole input (ReduceScatter) or the whole
+    output (AllGather).  ``label`` names the call where it is not ``collective``.
+    """
     size = comm.Get_size()
     commutative = True if red is None else red.commutative
+    nbytes = total * msg.dtype.itemsize
     name, fn = _select.choose(collective, algorithm, nbytes, size, commutative)
     ctx = _context.context(comm)
+    _observe.check_usable(ctx)
     ctx.seq += 1
-    ch = msg.backend.channel(ctx, msg.mpitype)
-    return ctx, ch, name, fn
+    run = _Run()
+    run.name, run.fn, run.ctx = name, fn, ctx
+    run.ch = msg.backend.channel(ctx, msg.mpitype)
+    run.be, run.red = msg.backend, red
+    if timeout is None:
+        timeout = _config.get("timeout")
+    check = bool(_config.get("check"))
+    call = _observe.begin(ctx, label or collective, collective, name, msg, total, counts, displs,
+                          op, timeout, check)
+    run.call = call
+    if call is not None:
+        try:
+            if check:
+                call.check()
+        except BaseException:
+            call.end(True)
+            raise
+        run.ch, run.be, run.red = call.wrap(run.ch, run.be, red)
+    return run
 
 
 def reducer(msg, op):
     return msg.backend.reducer(op, msg.mpitype, msg.category)
 
 
-def run_allreduce(comm, smsg, rmsg, op, algorithm="auto"):
+def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None):
     """``rmsg`` <- reduction of every rank's ``smsg`` (None: in place in ``rmsg``)."""
     be = rmsg.backend
     red = reducer(rmsg, op)
-    nbytes = rmsg.count * rmsg.dtype.itemsize
-    ctx, ch, name, fn = _launch(comm, "allreduce", algorithm, nbytes, rmsg, red)
-    be.prepare()
-    src = rmsg.array if smsg is None else smsg.array
-    fn(ctx, ch, be, red, src, rmsg.array)
-    be.finish()
-    return name
+    run = _launch(comm, "allreduce", algorithm, rmsg, rmsg.count, red=red, op=op, timeout=timeout)
+    with run:
+        be.prepare()
+        src = rmsg.array if smsg is None else smsg.array
+        run.fn(run.ctx, run.ch, run.be, run.red, src, rmsg.array)
+        be.finish()
+    return run.name
 
 
-def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto"):
+def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None):
     """``rmsg`` <- this rank's block of the reduction; ``smsg`` None: input in ``rmsg``'s buffer.
 
     In place, ``rmsg.array`` is the whole input and the result goes to its start.
@@ -46,29 +90,32 @@ def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto"):
     be = rmsg.backend
     red = reducer(rmsg, op)
     rank = comm.Get_rank()
-    total = sum(counts)
-    nbytes = total * rmsg.dtype.itemsize
-    ctx, ch, name, fn = _launch(comm, "reduce_scatter", algorithm, nbytes, rmsg, red)
-    be.prepare()
-    if smsg is None:
-        src = rmsg.array
-        dst = rmsg.array[: counts[rank]]
-    else:
-        src, dst = smsg.array, rmsg.array
-    fn(ctx, ch, be, red, src, dst, counts, displs)
-    be.finish()
-    return name
+    run = _launch(comm, "reduce_scatter", algorithm, rmsg, sum(counts), red=red, op=op,
+                  counts=counts, displs=displs, timeout=timeout)
+    with run:
+        be.prepare()
+        if smsg is None:
+            src = rmsg.array
+            dst = rmsg.array[: counts[rank]]
+        else:
+            src, dst = smsg.array, rmsg.array
+        run.fn(run.ctx, run.ch, run.be, run.red, src, dst, counts, displs)
+        be.finish()
+    return run.name
 
 
-def run_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto"):
+def run_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeout=None,
+                  label=None):
     """``rmsg`` block r (``counts[r]`` at ``displs[r]``) <- rank r's ``smsg`` (None: in place)."""
     be = rmsg.backend
-    nbytes = sum(counts) * rmsg.dtype.itemsize
-    ctx, ch, name, fn = _launch(comm, "allgather", algorithm, nbytes, rmsg)
-    be.prepare()
-    fn(ctx, ch, be, None if smsg is None else smsg.array, rmsg.array, counts, displs)
-    be.finish()
-    return name
+    run = _launch(comm, "allgather", algorithm, rmsg, sum(counts), counts=counts, displs=displs,
+                  timeout=timeout, label=label)
+    with run:
+        be.prepare()
+        run.fn(run.ctx, run.ch, run.be, None if smsg is None else smsg.array, rmsg.array,
+               counts, displs)
+        be.finish()
+    return run.name
 
 
 def exchange_counts(comm, count: int) -> tuple[int, ...]:
@@ -82,5 +129,5 @@ def exchange_counts(comm, count: int) -> tuple[int, ...]:
     out = np.zeros(size, dtype=np.int64)
     mine = np.array([count], dtype=np.int64)
     run_allgather(comm, msg_of_array(mine, NUMPY), msg_of_array(out, NUMPY),
-                  [1] * size, list(range(size)))
+                  [1] * size, list(range(size)), label="reduce_scatter.recvcounts")
     return tuple(int(c) for c in out)

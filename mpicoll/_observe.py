@@ -1,0 +1,332 @@
+"""The observation hook: one :class:`Call` per collective, wrapping its transport.
+
+:mod:`mpicoll._collectives` asks :func:`begin` for a Call before running an
+algorithm.  When nothing is switched on (no check, no timeout, no traffic
+counter, no trace) it gets None and the algorithm runs on the backend's
+channel untouched.  Otherwise the Call
+
+* runs the fingerprint check (:mod:`_check`) before any payload message,
+* hands the algorithm an :class:`ObservedChannel` that polls with a timeout
+  (:mod:`_timeout`), counts messages and bytes (:mod:`_traffic`) and records
+  send/receive intervals (:mod:`_trace`), and, when tracing, a reducer and a
+  backend whose ``red``/``copy`` calls are timed,
+* hands its counts and events to the active recorders when the call ends.
+
+Message k of a call is labelled with step, block and segment from the
+algorithm's schedule (:mod:`_steps`), computed only when something needs it.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+from mpi4py import MPI
+
+from . import _check, _steps, _timeout, _trace, _traffic
+from ._errors import CollectiveTimeout, MpicollError
+
+_BROKEN = "mpicoll_unusable"  # Context attribute set after a timeout
+
+
+def check_usable(ctx) -> None:
+    """MpicollError if an earlier collective on this communicator timed out here."""
+    why = getattr(ctx, _BROKEN, None)
+    if why is not None:
+        raise MpicollError(
+            f"communicator unusable: {why}; messages of that call may still be in flight. "
+            f"Free it and use another one, or end the job with mpicoll.abort()"
+        )
+
+
+def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
+    """A :class:`Call` for this collective, or None when nothing observes it."""
+    tracers = _trace.active()
+    recorders = tuple(_traffic._active)
+    if timeout is None and not check and not tracers and not recorders:
+        return None
+    return Call(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout,
+                recorders, tracers)
+
+
+class _Req:
+    """A request as the observed channel hands it to an algorithm."""
+
+    __slots__ = ("req", "kind", "peer", "nbytes", "k", "t0", "done")
+
+    def __init__(self, req, kind, peer, nbytes, k, t0):
+        self.req = req
+        self.kind = kind
+        self.peer = peer
+        self.nbytes = nbytes
+        self.k = k        # index among this call's sends (receives)
+        self.t0 = t0
+        self.done = None  # time completion was seen
+
+
+class Call:
+    """One collective call on one rank, as timeouts, counters and traces see it."""
+
+    def __init__(self, ctx, label, collective, algorithm, msg, total, counts, displs, op,
+                 timeout, recorders, tracers):
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.size = ctx.size
+        self.seq = ctx.seq
+        self.label = label              # name users see ("allreduce", ...)
+        self.collective = collective    # algorithm family (_select key)
+        self.algorithm = algorithm
+        self.msg = msg
+        self.total = total
+        self.counts = counts
+        self.displs = displs
+        self.op = op
+        self.timeout = timeout
+        self.recorders = recorders
+        self.tracers = tracers
+        self.wire = msg.mpitype.Get_size()
+        self.nsend = self.nrecv = 0
+        self.scounts: list[int] = []    # elements of each send / receive, in issue order
+        self.rcounts: list[int] = []
+        self.sent = [0, 0]              # messages, bytes completed
+        self.received = [0, 0]
+        self.events = [] if tracers else None
+        self.last_recv = -1
+        self._schedule = False
+        self.t0 = perf_counter()
+
+    # -- set-up ---------------------------------------------------------------
+    def check(self) -> None:
+        """Agree on the call fingerprint with every rank (MPICOLL_CHECK)."""
+        if self.size == 1:
+            return
+        ch = _check.channel(self.ctx)
+        if self.timeout is not None:
+            ch = ObservedChannel(ch, self, account=False, phase="check")
+        t0 = perf_counter()
+        try:
+            _check.agree(self, ch)
+        finally:
+            if self.events is not None:
+                self.events.append(("check", t0, perf_counter(), None, 0, None, -1))
+
+    def wrap(self, ch, be, red):
+        """(channel, backend, reducer) the algorithm runs with."""
+        ch = ObservedChannel(ch, self)
+        if self.events is not None:
+            be = _TimedBackend(be, self)
+            red = None if red is None else _TimedReducer(red, self)
+        return ch, be, red
+
+    # -- labels ---------------------------------------------------------------
+    @property
+    def schedule(self):
+        """The algorithm's _steps.Schedule if it matches the messages issued so far, else None."""
+        if self._schedule is False:
+            sched = _steps.schedule(self.collective, self.algorithm, self.ctx, self.total,
+                                    self.counts, self.displs, self.msg.dtype.itemsize)
+            self._schedule = sched if sched is not None and self._matches(sched) else None
+        return self._schedule
+
+    def _matches(self, sched) -> bool:
+        for labels, issued in ((sched.sends, self.scounts), (sched.recvs, self.rcounts)):
+            if len(issued) > len(labels):
+                return False
+            if any(lab.count != c for lab, c in zip(labels, issued)):
+                return False
+        return True
+
+    def label_of(self, kind: str, k: int):
+        """The _steps.Label (step, phase, block, segment, count) of send/recv ``k``, or None."""
+        sched = self.schedule
+        if sched is None or k < 0:
+            return None
+        seq = sched.sends if kind == "send" else sched.recvs
+        return seq[k] if k < len(seq) else None
+
+    def _steps(self, kind: str):
+        sched = self.schedule
+        if sched is None:
+            return None
+        labels, n = (sched.sends, self.nsend) if kind == "send" else (sched.recvs, self.nrecv)
+        if n != len(labels):
+            return None
+        return len({lab.step for lab in labels})
+
+    # -- completion -----------------------------------------------------------
+    def completed(self, r: _Req) -> None:
+        tally = self.sent if r.kind == "send" else self.received
+        tally[0] += 1
+        tally[1] += r.nbytes
+        if r.kind == "recv":
+            self.last_recv = r.k
+        if self.events is not None:
+            self.events.append((r.kind, r.t0, r.done, r.peer, r.nbytes, r.kind, r.k))
+
+    def end(self, failed: bool) -> None:
+        """Hand counts and events to the recorders (also after an error)."""
+        t1 = perf_counter()
+        if self.recorders:
+            record = _traffic.CallTraffic(
+                self.label, self.seq, self.algorithm, self.sent[0], self.sent[1],
+                self.received[0], self.received[1],
+                self._steps("send"), self._steps("recv"))
+            for rec in self.recorders:
+                rec._add(record)
+        if self.events is not None:
+            for tr in self.tracers:
+                tr._add(self, self.t0, t1, failed)
+
+    # -- timeouts -------------------------------------------------------------
+    def expired(self, left, idle, phase):
+        """The CollectiveTimeout for requests ``left`` pending ``idle`` seconds."""
+        r = next((r for r in left if r.kind == "recv"), left[0])
+        peer = _peer_name(self.ctx, r.peer)
+        where = ""
+        lab = None if phase == "check" else self.label_of(r.kind, r.k)
+        if lab is not None:
+            where = f", step {lab.step} of {self.schedule.nsteps} ({lab.phase}"
+            if lab.block is not None:
+                where += f", block {lab.block} segment {lab.segment}"
+            where += ")"
+        if phase == "check":
+            doing = f"agreeing on the call fingerprint (MPICOLL_CHECK) with {peer}"
+        elif r.kind == "recv":
+            doing = f"waiting to receive {r.nbytes} bytes from {peer}{where}"
+        else:
+            doing = f"waiting for {peer} to receive {r.nbytes} bytes{where}"
+        more = len(left) - 1
+        also = f"; {more} more message(s) pending" if more else ""
+        what = f"{self.total} x {_check.dtype_label(self.msg)}"
+        msg = (
+            f"{self.label} #{self.seq} ({self.algorithm}, {what}) on rank {self.rank}: "
+            f"no progress for {idle:.3g} s (timeout {self.timeout:g} s) while {doing}{also}. "
+            f"{peer[0].upper()}{peer[1:]} may have skipped this call, called another collective, "
+            f"or be stuck or dead. This communicator cannot be used again; "
+            f"end the job with mpicoll.abort()"
+        )
+        setattr(self.ctx, _BROKEN, f"{self.label} #{self.seq} timed out on rank {self.rank}")
+        return CollectiveTimeout(
+            msg, collective=self.label, seq=self.seq, algorithm=self.algorithm, rank=self.rank,
+            peer=r.peer, phase="check" if phase == "check" else r.kind,
+            step=None if lab is None else lab.step, timeout=self.timeout)
+
+
+def _peer_name(ctx, peer) -> str:
+    """'rank 3', plus its MPI.COMM_WORLD rank when that differs."""
+    name = f"rank {peer}"
+    try:
+        world = MPI.Group.Translate_ranks(ctx.comm.Get_group(), [peer], MPI.COMM_WORLD.Get_group())[0]
+    except MPI.Exception:
+        return name
+    if world != peer and world != MPI.UNDEFINED:
+        name += f" (world rank {world})"
+    return name
+
+
+class ObservedChannel:
+    """Channel wrapper: counts, times and (with a timeout) polls every message."""
+
+    __slots__ = ("inner", "call", "account", "phase", "timed")
+
+    def __init__(self, inner, call: Call, account: bool = True, phase: str | None = None):
+        self.inner = inner
+        self.call = call
+        self.account = account
+        self.phase = phase
+        self.timed = call.events is not None
+
+    def isend(self, arr, dest):
+        c = self.call
+        t0 = perf_counter() if self.timed else 0.0
+        req = self.inner.isend(arr, dest)
+        k = c.nsend
+        n = len(arr)
+        if self.account:
+            c.nsend = k + 1
+            c.scounts.append(n)
+        return _Req(req, "send", dest, n * c.wire, k, t0)
+
+    def irecv(self, arr, source):
+        c = self.call
+        t0 = perf_counter() if self.timed else 0.0
+        req = self.inner.irecv(arr, source)
+        k = c.nrecv
+        n = len(arr)
+        if self.account:
+            c.nrecv = k + 1
+            c.rcounts.append(n)
+        return _Req(req, "recv", source, n * c.wire, k, t0)
+
+    def wait(self, r) -> None:
+        self._complete((r,))
+
+    def waitall(self, reqs) -> None:
+        if reqs:
+            self._complete(reqs)
+
+    def sendrecv(self, sendarr, dest, recvarr, source) -> None:
+        reqs = []
+        if recvarr is not None and len(recvarr):
+            reqs.append(self.irecv(recvarr, source))
+        if sendarr is not None and len(sendarr):
+            reqs.append(self.isend(sendarr, dest))
+        self.waitall(reqs)
+
+    def _complete(self, reqs) -> None:
+        c = self.call
+        if c.timeout is not None:
+            test = _timeout.tester(reqs, getattr(self.inner, "test", None))
+            if test is not None:
+                _timeout.wait(reqs, c.timeout, lambda left, idle: c.expired(left, idle, self.phase),
+                              test)
+        # the inner channel finishes the requests (host staging copies, ...);
+        # polled MPI requests are already complete and return at once
+        if len(reqs) == 1:
+            self.inner.wait(reqs[0].req)
+        else:
+            self.inner.waitall([r.req for r in reqs])
+        if not self.account:
+            return
+        now = perf_counter() if self.timed else 0.0
+        for r in reqs:
+            if r.done is None:
+                r.done = now
+            c.completed(r)
+
+
+class _TimedReducer:
+    """``red`` that records a "reduce" event per call (tracing only)."""
+
+    __slots__ = ("red", "call")
+
+    def __init__(self, red, call):
+        self.red = red
+        self.call = call
+
+    def __getattr__(self, name):
+        return getattr(self.red, name)
+
+    def __call__(self, a, b, out):
+        t0 = perf_counter()
+        self.red(a, b, out)
+        c = self.call
+        c.events.append(("reduce", t0, perf_counter(), None, len(out) * c.wire, "recv", c.last_recv))
+
+
+class _TimedBackend:
+    """Backend whose ``copy`` records a "copy" event (tracing only); the rest is forwarded."""
+
+    __slots__ = ("be", "call")
+
+    def __init__(self, be, call):
+        self.be = be
+        self.call = call
+
+    def __getattr__(self, name):
+        return getattr(self.be, name)
+
+    def copy(self, dst, src):
+        t0 = perf_counter()
+        self.be.copy(dst, src)
+        c = self.call
+        c.events.append(("copy", t0, perf_counter(), None, len(dst) * c.wire, None, -1))
