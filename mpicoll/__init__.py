@@ -11,6 +11,9 @@ from ._config import configure, options
 from ._cuda import cuda_aware_mpi
 from ._devices import bind_device
 from ._errors import CollectiveTimeout, MismatchError, MpicollError
+from ._timeout import abort
+from ._trace import trace
+from ._traffic import traffic
 
 __version__ = "0.1.0"
 
@@ -26,5 +29,8 @@ __all__ = [
     "CollectiveTimeout",
     "bind_device",
     "cuda_aware_mpi",
+    "abort",
+    "traffic",
+    "trace",
     "__version__",
 ]
