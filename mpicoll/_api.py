@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from . import _collectives, _select, _types
+from . import _collectives, _config, _select, _types
 from ._buffers import array_arg, as_counts, is_writable, msg_of_array
 from ._context import check_comm
 
@@ -44,7 +44,7 @@ def _rows(x):
     return x.shape[0], _prod(x.shape[1:])
 
 
-def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto"):
+def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None):
     """Reduce ``x`` elementwise over all ranks; every rank gets the result.
 
     Args:
@@ -54,6 +54,8 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto"):
         comm: intra-communicator (default ``MPI.COMM_WORLD``).
         out: array to write into (same shape and dtype); ``out is x`` reduces in place.
         algorithm: ``"auto"``, ``"ring"`` or ``"recursive_doubling"``.
+        timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
+            (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
 
     Returns:
         The reduced array (``out`` when given).
@@ -64,6 +66,7 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto"):
         y = mpicoll.allreduce(x)             # every rank: [6, 60]
     """
     comm = _comm(comm)
+    timeout = _config._check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("allreduce", algorithm)
     backend, x = array_arg(x, "x")
@@ -81,11 +84,12 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto"):
     if not in_place and x.size and backend.may_share_memory(x, out):
         raise ValueError("out: overlaps x; pass out=x to reduce in place")
     rmsg = msg_of_array(out, backend)
-    _collectives.run_allreduce(comm, None if in_place else smsg, rmsg, op, algorithm)
+    _collectives.run_allreduce(comm, None if in_place else smsg, rmsg, op, algorithm,
+                               timeout=timeout)
     return out
 
 
-def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto"):
+def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """Concatenate every rank's ``x`` along axis 0, in rank order, on every rank.
 
     Args:
@@ -98,6 +102,8 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto"):
         counts: rows contributed by each rank (an allgatherv); default: every
             rank contributes ``len(x)`` rows.
         algorithm: ``"auto"`` or ``"ring"``.
+        timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
+            (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
 
     Returns:
         The gathered array.
@@ -108,6 +114,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto"):
         y = mpicoll.allgather(x)             # every rank: [0, 0, 1, 1, 2, 2]
     """
     comm = _comm(comm)
+    timeout = _config._check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
     backend, x = array_arg(x, "x", c_order=True)
@@ -147,11 +154,12 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto"):
         edispls[r] = edispls[r - 1] + ecounts[r - 1]
     rmsg = msg_of_array(out, backend)
     smsg = None if in_place else msg_of_array(x, backend)
-    _collectives.run_allgather(comm, smsg, rmsg, ecounts, edispls, algorithm)
+    _collectives.run_allgather(comm, smsg, rmsg, ecounts, edispls, algorithm, timeout=timeout)
     return out
 
 
-def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto"):
+def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
+                   timeout=None):
     """Reduce ``x`` over all ranks and give rank r only its rows (block r along axis 0).
 
     Args:
@@ -164,6 +172,8 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         counts: rows per rank; default: ``len(x)`` split as numpy.array_split
             does (the first ``len(x) % size`` ranks get one row more).
         algorithm: ``"auto"``, ``"ring"`` or ``"recursive_doubling"``.
+        timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
+            (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
 
     Returns:
         This rank's reduced rows.
@@ -174,6 +184,7 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
     comm = _comm(comm)
+    timeout = _config._check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("reduce_scatter", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -209,8 +220,9 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     for r in range(1, size):
         edispls[r] = edispls[r - 1] + ecounts[r - 1]
     if in_place:
-        _collectives.run_reduce_scatter(comm, None, smsg, ecounts, edispls, op, algorithm)
+        _collectives.run_reduce_scatter(comm, None, smsg, ecounts, edispls, op, algorithm,
+                                        timeout=timeout)
     else:
         _collectives.run_reduce_scatter(comm, smsg, msg_of_array(result, backend),
-                                        ecounts, edispls, op, algorithm)
+                                        ecounts, edispls, op, algorithm, timeout=timeout)
     return result
