@@ -64,6 +64,8 @@ def is_writable(arr) -> bool:
 
 def _flat(arr):
     """1-D view in memory order of a contiguous array."""
+    if arr.ndim == 1:
+        return arr
     return arr.reshape(-1, order="A" if arr.flags.f_contiguous and not arr.flags.c_contiguous else "C")
 
 
@@ -243,14 +245,30 @@ def array_arg(x, argname, *, writable=False, c_order=False):
     if c_order and arr.ndim > 1 and not arr.flags.c_contiguous:
         raise ValueError(f"{argname}: expected a C-contiguous array, got a Fortran-ordered one")
     try:
-        _types.category_of_dtype(arr.dtype)
+        dtype_info(arr.dtype)
     except TypeError as exc:
         raise TypeError(f"{argname}: {exc}") from None
     return backend, arr
 
 
+_DTYPE_INFO: dict = {}
+
+
+def dtype_info(dtype):
+    """(category, wire datatype, name) of a NumPy dtype MPI can carry; TypeError otherwise.
+
+    Cached per dtype: ``str(dtype)`` alone costs microseconds, which matters
+    for small messages.
+    """
+    info = _DTYPE_INFO.get(dtype)
+    if info is None:
+        info = (_types.category_of_dtype(dtype), _types.wire_type(dtype), str(dtype))
+        _DTYPE_INFO[dtype] = info
+    return info
+
+
 def msg_of_array(arr, backend) -> Msg:
     """A Msg over an already checked array (all its elements, memory order)."""
     dtype = arr.dtype
-    return Msg(_flat(arr), dtype, _types.category_of_dtype(dtype), _types.wire_type(dtype),
-               str(dtype), backend)
+    category, mpitype, typename = dtype_info(dtype)
+    return Msg(_flat(arr), dtype, category, mpitype, typename, backend)
