@@ -72,6 +72,9 @@ class NumpyBackend:
     device = "cpu"
     ufuncs = _types.NUMPY_UFUNCS
 
+    def __init__(self):
+        self._reducers = {}
+
     @staticmethod
     def empty(n, dtype):
         return np.empty(n, dtype=dtype)
@@ -94,8 +97,15 @@ class NumpyBackend:
 
     def reducer(self, op, mpitype, category):
         name = _types.op_name(op)
-        ufunc = self.ufuncs.get(name) if category != "pair" else None
-        return Reducer(op, ufunc, mpitype, self)
+        if name is None:  # user-defined: not cached (a freed op's handle can be reused)
+            return Reducer(op, None, mpitype, self)
+        # predefined op on a predefined datatype: one Reducer per combination
+        key = (name, mpitype.handle, category)
+        red = self._reducers.get(key)
+        if red is None:
+            ufunc = self.ufuncs.get(name) if category != "pair" else None
+            red = self._reducers[key] = Reducer(op, ufunc, mpitype, self)
+        return red
 
     def channel(self, ctx, mpitype):
         from ._channel import Channel
