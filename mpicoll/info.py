@@ -52,7 +52,11 @@ def _cupy_and_gpus():
 
 def report() -> list[tuple[str, str]]:
     """[(label, value)] of this process's report (no MPI communication)."""
-    aware, reason = _cuda.cuda_aware_mpi()
+    try:
+        aware, reason = _cuda.cuda_aware_mpi()
+        decision = f"{'yes' if aware else 'no'} ({reason})"
+    except ValueError as exc:  # a malformed MPICOLL_CUDA_AWARE
+        decision = f"unknown ({exc})"
     major, minor = MPI.Get_version()
     cupy_version, gpus = _cupy_and_gpus()
     return [
@@ -63,7 +67,7 @@ def report() -> list[tuple[str, str]]:
         ("NumPy", np.__version__),
         ("CuPy", cupy_version),
         ("GPUs", gpus),
-        ("cuda-aware", f"{'yes' if aware else 'no'} ({reason})"),
+        ("cuda-aware", decision),
     ]
 
 
@@ -72,7 +76,11 @@ def _version(module: str) -> str:
 
 
 def main(argv=None, comm=None) -> int:
-    """Print the report on rank 0 of ``comm`` (default MPI.COMM_WORLD); returns 0."""
+    """Print the report on rank 0 of ``comm`` (default MPI.COMM_WORLD).
+
+    Returns 0, or 1 when the CUDA-aware setting cannot be read (malformed
+    ``MPICOLL_CUDA_AWARE``); the report says why.
+    """
     parser = argparse.ArgumentParser(prog="python -m mpicoll.info", description=__doc__.splitlines()[0])
     parser.parse_args(argv)
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -93,7 +101,7 @@ def main(argv=None, comm=None) -> int:
                 lines.append(f"  rank {rank} differs: {label} {value}")
     print("\n".join(lines))
     sys.stdout.flush()
-    return 0
+    return 1 if dict(mine)["cuda-aware"].startswith("unknown") else 0
 
 
 if __name__ == "__main__":

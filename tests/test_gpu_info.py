@@ -108,3 +108,13 @@ def test_cpu_work_never_imports_cupy(tmp_path):
     proc = _singleton(["-c", code], extra_path=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ok")
+
+
+def test_malformed_setting_is_reported(capsys, monkeypatch):
+    monkeypatch.setenv("MPICOLL_CUDA_AWARE", "maybe")
+    with mpicoll.options(cuda_aware=None):
+        rc = info.main([])
+    out = capsys.readouterr().out
+    if WORLD.rank == 0:
+        assert rc == 1
+        assert "cuda-aware: unknown (MPICOLL_CUDA_AWARE: expected 1/0" in out
