@@ -76,17 +76,28 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
             raise ValueError("out: expected a writable array for an in-place allreduce, got a read-only one")
         out = x
     elif out is None:
-        out = _new_out(backend, x, x.shape)
+        # same memory order as x: elements combine in memory order
+        out = _new_out(backend, x, x.shape[::-1]).T if _fortran(x) else _new_out(backend, x, x.shape)
     else:
         out = _check_out(out, backend, x, x.shape)
     smsg = msg_of_array(x, backend)
     _types.check_op_applies(op, smsg.category, smsg.typename)
     if not in_place and x.size and backend.may_share_memory(x, out):
         raise ValueError("out: overlaps x; pass out=x to reduce in place")
+    if not in_place and _fortran(x) and not _fortran(out):
+        # a Fortran-ordered x into a C-ordered out: reduce a C-ordered copy of x
+        xc = _new_out(backend, x, x.shape)
+        backend.copy(xc, x)
+        smsg = msg_of_array(xc, backend)
     rmsg = msg_of_array(out, backend)
     _collectives.run_allreduce(comm, None if in_place else smsg, rmsg, op, algorithm,
                                timeout=timeout)
     return out
+
+
+def _fortran(a) -> bool:
+    """Whether a contiguous array's memory order differs from C order."""
+    return a.ndim > 1 and not a.flags.c_contiguous
 
 
 def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
