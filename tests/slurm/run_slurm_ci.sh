@@ -19,9 +19,11 @@
 #   2. installs munge + Slurm 22.05 + PMIx from Debian if they are missing,
 #   3. starts, all under a fresh temporary directory and on free ports: a
 #      private munged (own key and socket), slurmctld, and two slurmd that
-#      play two nodes "n1" and "n2" (4 CPUs and 4 fake GPUs each: character
-#      devices made with mknod, so the GPU scripts' --gpus-per-node request
-#      is granted exactly as written),
+#      play two nodes "n1" and "n2", each in its own UTS and mount namespace
+#      (hostname = node name, an /etc/hosts that knows both, bind-mounted
+#      inside only), with 4 CPUs and 4 fake GPUs each (character devices
+#      made with mknod, so the GPU scripts' --gpus-per-node request is
+#      granted exactly as written),
 #   4. submits with `sbatch --wait` (inside `timeout`), one after the other:
 #        cpu-srun       cpu.sbatch as written (srun, full benchmark sweep)
 #        cpu-mpirun     cpu.sbatch with MPICOLL_LAUNCHER=mpirun
@@ -43,12 +45,21 @@
 #   MPICOLL_SLURM_CI_JOBSCRIPTS    directory with the three jobscripts;
 #                                  default: <repository>/jobscripts
 #   MPICOLL_SLURM_CI_JOBS          space-separated subset of the job names
+#   MPICOLL_SLURM_CI_BENCH_ARGS_MAIN  benchmark options in cpu-srun (default:
+#                                  the jobscript's own "-b 4K -e 64M -f 4")
 #   MPICOLL_SLURM_CI_BENCH_ARGS    benchmark sweep for all jobs but cpu-srun
 #                                  (default "-b 4K -e 256K -f 8")
-#   MPICOLL_SLURM_CI_JOB_TIMEOUT   seconds per `sbatch --wait` (default 360)
-#   MPICOLL_SLURM_CI_JOB_TIME      Slurm --time of each job in minutes (5)
+#   MPICOLL_SLURM_CI_VERIFY_ARGS_MAIN  mpicoll.verify options in cpu-srun
+#                                  (default "--quick")
+#   MPICOLL_SLURM_CI_VERIFY_ARGS   mpicoll.verify options in the other jobs
+#                                  (default "--quick --dtype float64,int32")
+#   MPICOLL_SLURM_CI_JOB_TIMEOUT   seconds per `sbatch --wait` (default 600)
+#   MPICOLL_SLURM_CI_JOB_TIME      Slurm --time of each job in minutes (10)
+#   MPICOLL_SLURM_CI_DEADLINE      seconds for the whole run (default 1500):
+#                                  jobs that would start later fail unrun
 #   MPICOLL_SLURM_CI_VERIFY_PASS   extended regex for verify's pass line
 #   MPICOLL_SLURM_CI_FAKE_GPUS=0   no fake GPUs: GPU jobs get --gpus-per-node=0
+#   MPICOLL_SLURM_CI_ONE_NODE=1    one node named after this host, no namespaces
 #   MPICOLL_SLURM_CI_KEEP=1        keep the temporary directory
 #   MPICOLL_SLURM_CI_ARTIFACTS=DIR copy job outputs and Slurm logs to DIR
 #   MPICOLL_SLURM_CI_NO_INSTALL=1  never run apt-get (fail if packages miss)
@@ -84,12 +95,19 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 SRC=$(cd "${MPICOLL_SLURM_CI_SRC:-$REPO}" && pwd)
 JOBSCRIPTS=$(cd "${MPICOLL_SLURM_CI_JOBSCRIPTS:-$REPO/jobscripts}" && pwd)
+BENCH_ARGS_MAIN=${MPICOLL_SLURM_CI_BENCH_ARGS_MAIN:--b 4K -e 64M -f 4}
 BENCH_ARGS_SHORT=${MPICOLL_SLURM_CI_BENCH_ARGS:--b 4K -e 256K -f 8}
-JOB_TIMEOUT=${MPICOLL_SLURM_CI_JOB_TIMEOUT:-360}
-JOB_TIME=${MPICOLL_SLURM_CI_JOB_TIME:-5}
-# verify prints a table and a verdict; any line saying pass/passed/PASS
-# (and no failing step: its exit status is checked too) is accepted.
-VERIFY_PASS=${MPICOLL_SLURM_CI_VERIFY_PASS:-([Pp][Aa][Ss][Ss]|[Aa]ll .*(ok|OK|good))}
+JOB_TIMEOUT=${MPICOLL_SLURM_CI_JOB_TIMEOUT:-600}
+JOB_TIME=${MPICOLL_SLURM_CI_JOB_TIME:-10}
+DEADLINE=${MPICOLL_SLURM_CI_DEADLINE:-1500}
+# mpicoll.verify ends with "PASS: all N checks agree with MPI's built-in
+# (...)" or "FAIL: K of N checks failed (...)".
+VERIFY_PASS=${MPICOLL_SLURM_CI_VERIFY_PASS:-^PASS: }
+# verify options: the first job runs every collective, type and op with
+# --quick counts (about 40 s at 4 ranks here); the other jobs, which test
+# launch paths, run a subset (about 10 s).
+VERIFY_ARGS_MAIN=${MPICOLL_SLURM_CI_VERIFY_ARGS_MAIN---quick}
+VERIFY_ARGS_SHORT=${MPICOLL_SLURM_CI_VERIFY_ARGS---quick --dtype float64,int32}
 ALL_JOBS="cpu-srun cpu-mpirun gpu-single multi-node wrong-mpi"
 JOBS=${MPICOLL_SLURM_CI_JOBS:-$ALL_JOBS}
 
@@ -97,7 +115,7 @@ JOBS=${MPICOLL_SLURM_CI_JOBS:-$ALL_JOBS}
 WORK=""            # temporary directory, removed at exit
 DAEMON_PIDS=()     # PIDs of the daemons started here, in start order
 DAEMON_NAMES=()
-JOB_IDS=()         # Slurm job ids submitted here
+BG_PID=""         # a long command (apt-get, sbatch --wait) run by run_wait
 FAILED=()          # names of failed checks / jobs
 PASSED=()
 
@@ -116,35 +134,77 @@ stop_pid() {  # stop_pid PID NAME: TERM, wait up to 10 s, then KILL
     wait "$pid" 2>/dev/null || true
 }
 
+# run_wait CMD...: run CMD in the background and wait for it, so that a
+# signal to this script is handled at once (bash defers traps while a
+# foreground command runs); cleanup stops CMD.
+run_wait() {
+    local rc=0
+    "$@" &
+    BG_PID=$!
+    wait "$BG_PID" || rc=$?
+    BG_PID=""
+    return "$rc"
+}
+
+# Processes whose environment names this run's slurm.conf: the jobs'
+# processes and slurmstepds of this private cluster, and nothing else.
+kill_cluster_leftovers() {
+    local f pid n=0
+    for f in /proc/[0-9]*/environ; do
+        pid=${f#/proc/}
+        pid=${pid%/environ}
+        [[ $pid != "$$" && $pid != "$BASHPID" ]] || continue
+        # (the process may be gone by now: ignore read errors)
+        if { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qxF "SLURM_CONF=$SLURM_CONF"; then
+            kill -KILL "$pid" 2>/dev/null && n=$((n + 1))
+        fi
+    done
+    ((n == 0)) || say "killed $n leftover process(es) of this cluster's jobs"
+}
+
 cleanup() {
     local rc=$? i
     set +e
     trap - EXIT INT TERM
+    [[ -z $BG_PID ]] || stop_pid "$BG_PID" "background command"
     # Jobs first (their processes belong to slurmstepd, not to us), while the
-    # controller still runs; then the daemons in reverse start order.
-    if ((${#JOB_IDS[@]} > 0)) && [[ -n ${SLURM_CONF:-} ]]; then
-        timeout 10 scancel "${JOB_IDS[@]}" 2>/dev/null
-        for ((i = 0; i < 20; i++)); do
-            [[ -z $(timeout 5 squeue -h -o %i 2>/dev/null) ]] && break
-            sleep 0.5
-        done
+    # controller still runs; every job of this private cluster is ours. Then
+    # the daemons in reverse start order, then any straggler of the jobs.
+    if [[ -n ${SLURM_CONF:-} && -e $SLURM_CONF ]] && ((${#DAEMON_PIDS[@]} > 1)); then
+        local ids
+        ids=$(timeout 5 squeue -h -o %A 2>/dev/null)
+        if [[ -n $ids ]]; then
+            # shellcheck disable=SC2086  # a list of job ids
+            timeout 10 scancel $ids 2>/dev/null
+            for ((i = 0; i < 40; i++)); do
+                [[ -z $(timeout 5 squeue -h -o %A 2>/dev/null) ]] && break
+                sleep 0.5
+            done
+        fi
     fi
     for ((i = ${#DAEMON_PIDS[@]} - 1; i >= 0; i--)); do
         stop_pid "${DAEMON_PIDS[i]}" "${DAEMON_NAMES[i]}"
     done
+    [[ -z ${SLURM_CONF:-} ]] || kill_cluster_leftovers
     if [[ -n $WORK && -d $WORK ]]; then
-        if [[ -n ${MPICOLL_SLURM_CI_ARTIFACTS:-} ]]; then
-            mkdir -p "$MPICOLL_SLURM_CI_ARTIFACTS" &&
-                cp -r "$WORK/out" "$WORK/log" "$WORK/etc" "$MPICOLL_SLURM_CI_ARTIFACTS/" 2>/dev/null &&
-                say "job outputs and Slurm logs copied to $MPICOLL_SLURM_CI_ARTIFACTS"
-        fi
-        if [[ ${MPICOLL_SLURM_CI_KEEP:-0} == 1 ]]; then
-            say "kept $WORK"
-        else
-            rm -rf "$WORK"
-        fi
+        ((ARTIFACTS_SAVED)) || save_artifacts
+        [[ ${MPICOLL_SLURM_CI_KEEP:-0} == 1 ]] || rm -rf "$WORK"
     fi
     exit "$rc"
+}
+
+ARTIFACTS_SAVED=0
+save_artifacts() {  # copy job outputs, Slurm logs and config where asked; say where
+    ARTIFACTS_SAVED=1
+    if [[ -n ${MPICOLL_SLURM_CI_ARTIFACTS:-} ]]; then
+        mkdir -p "$MPICOLL_SLURM_CI_ARTIFACTS" &&
+            cp -r "$WORK/out" "$WORK/log" "$WORK/etc" "$MPICOLL_SLURM_CI_ARTIFACTS/" 2>/dev/null &&
+            say "job outputs and Slurm logs copied to $MPICOLL_SLURM_CI_ARTIFACTS"
+    fi
+    if [[ ${MPICOLL_SLURM_CI_KEEP:-0} == 1 ]]; then
+        say "keeping $WORK (MPICOLL_SLURM_CI_KEEP=1)"
+    fi
+    return 0
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -186,9 +246,9 @@ if ((${#missing[@]} > 0)); then
     [[ ${MPICOLL_SLURM_CI_NO_INSTALL:-0} != 1 ]] || die "missing packages: ${missing[*]}"
     say "installing ${missing[*]} (apt-get)"
     export DEBIAN_FRONTEND=noninteractive
-    timeout 300 apt-get update -qq || die "apt-get update failed"
+    run_wait timeout 300 apt-get update -qq || die "apt-get update failed"
     # libpmix-dev: Slurm's pmix plugin dlopens the unversioned libpmix.so.
-    timeout 600 apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null ||
+    run_wait timeout 600 apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null ||
         die "apt-get install ${PACKAGES[*]} failed"
 fi
 for c in munged munge unmunge slurmctld slurmd sbatch srun squeue sinfo scontrol scancel setpriv; do
@@ -202,7 +262,7 @@ WORK=$(mktemp -d "$base/mpicoll-slurm.XXXXXX")
 # munged's socket path must fit in a sockaddr_un (108 bytes).
 if ((${#WORK} > 60)); then rm -rf "$WORK"; WORK=$(mktemp -d /tmp/mpicoll-slurm.XXXXXX); fi
 chmod 755 "$WORK"   # munged (user munge) must reach its socket directory
-mkdir -p "$WORK"/{etc,state,log,out,gpu,munge,spool/n1,spool/n2,tmp/n1,tmp/n2}
+mkdir -p "$WORK"/{etc,state,log,out,gpu,munge}
 say "work directory $WORK"
 
 # Free TCP ports outside the ephemeral range, so nothing else running (or a
@@ -259,7 +319,7 @@ chown -R munge:munge "$WORK/munge"
 chmod 0400 "$WORK/munge/munge.key"
 start_daemon munged setpriv --reuid=munge --regid=munge --init-groups \
     munged --foreground --socket="$MUNGE_SOCKET" --key-file="$WORK/munge/munge.key" \
-    --pid-file="$WORK/munge/munged.pid" --log-file="$WORK/log/munged.log" \
+    --pid-file="$WORK/munge/munged.pid" --log-file="$WORK/munge/munged.log" \
     --seed-file="$WORK/munge/munged.seed"
 munge_ok() { munge -S "$MUNGE_SOCKET" -n </dev/null | unmunge -S "$MUNGE_SOCKET"; }
 wait_for 15 munged munge_ok || { show_logs; die "munged did not start"; }
@@ -276,11 +336,33 @@ if [[ ${MPICOLL_SLURM_CI_FAKE_GPUS:-1} == 1 ]]; then
 fi
 
 HOST=${HOSTNAME%%.*}
+# Two nodes on one machine: each slurmd runs in its own UTS and mount
+# namespace, with its node name as hostname and an /etc/hosts (bind-mounted,
+# visible only inside) that resolves n1 -> 127.0.0.1 and n2 -> 127.0.0.2.
+# A node name that differs from the hostname breaks the PyPI Open MPI under
+# srun --mpi=pmix with 3 or more ranks per node (PMIx finds no local peers),
+# and MPICH's mpiexec must resolve node names. Without namespaces (unshare
+# not permitted) the cluster is one node named after this host.
+NODES=(n1 n2)
+if [[ ${MPICOLL_SLURM_CI_ONE_NODE:-0} == 1 ]]; then
+    NODES=("$HOST")
+elif ! unshare --uts --mount --propagation private true 2>/dev/null; then
+    say "unshare --uts --mount is not permitted here: a single node, multi-node job on 1 node"
+    NODES=("$HOST")
+fi
+{
+    cat /etc/hosts
+    echo "127.0.0.1 n1"
+    echo "127.0.0.2 n2"
+} >"$WORK/etc/hosts"
+NODE_LIST=$(IFS=,; echo "${NODES[*]}")
+for n in "${NODES[@]}"; do mkdir -p "$WORK/spool/$n" "$WORK/tmp/$n"; done
+
 export SLURM_CONF=$WORK/etc/slurm.conf
 GRES_NODE=""
 if ((FAKE_GPUS)); then
     GRES_NODE="Gres=gpu:4"
-    echo "NodeName=n[1-2] Name=gpu File=$WORK/gpu/nvidia[0-3]" >"$WORK/etc/gres.conf"
+    echo "NodeName=$NODE_LIST Name=gpu File=$WORK/gpu/nvidia[0-3]" >"$WORK/etc/gres.conf"
 fi
 # No systemd and no cgroups here: linuxproc process tracking, no task plugin.
 # CPUs=4 with config_overrides lets a 2-core machine run 4 tasks per node.
@@ -320,21 +402,36 @@ KillWait=5
 ReturnToService=2
 MpiDefault=none
 GresTypes=gpu
-NodeName=n1 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$N1_PORT CPUs=4 $GRES_NODE State=UNKNOWN
-NodeName=n2 NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$N2_PORT CPUs=4 $GRES_NODE State=UNKNOWN
-PartitionName=ci Nodes=n1,n2 Default=YES MaxTime=15 State=UP
+PartitionName=ci Nodes=$NODE_LIST Default=YES MaxTime=30 State=UP
 EOF
+if ((${#NODES[@]} == 2)); then
+    echo "NodeName=n1 NodeAddr=127.0.0.1 Port=$N1_PORT CPUs=4 $GRES_NODE State=UNKNOWN" >>"$SLURM_CONF"
+    echo "NodeName=n2 NodeAddr=127.0.0.2 Port=$N2_PORT CPUs=4 $GRES_NODE State=UNKNOWN" >>"$SLURM_CONF"
+else
+    echo "NodeName=$HOST NodeAddr=127.0.0.1 Port=$N1_PORT CPUs=4 $GRES_NODE State=UNKNOWN" >>"$SLURM_CONF"
+fi
 
 start_daemon slurmctld slurmctld -D -c -f "$SLURM_CONF"
 ctld_up() { scontrol ping | grep -q UP; }
 wait_for 30 slurmctld ctld_up || { show_logs; die "slurmctld did not come up"; }
 # PMIX_MCA_psec=native: the PyPI Open MPI's PMIx client otherwise prints a
 # security-plugin error per rank when Slurm's PMIx server uses munge.
-for n in n1 n2; do
-    start_daemon "slurmd-$n" env PMIX_MCA_psec=native slurmd -D -N "$n" -f "$SLURM_CONF"
+for n in "${NODES[@]}"; do
+    if ((${#NODES[@]} == 2)); then
+        # unshare and sh both exec: the recorded PID is slurmd's own.
+        # shellcheck disable=SC2016  # expanded by the inner sh
+        start_daemon "slurmd-$n" env PMIX_MCA_psec=native NODE="$n" HOSTS="$WORK/etc/hosts" \
+            unshare --uts --mount --propagation private sh -c \
+            'mount --bind "$HOSTS" /etc/hosts && hostname "$NODE" && exec slurmd -D -N "$NODE" -f "$SLURM_CONF"'
+    else
+        start_daemon "slurmd-$n" env PMIX_MCA_psec=native slurmd -D -N "$n" -f "$SLURM_CONF"
+    fi
 done
-nodes_idle() { [[ $(sinfo -h -N -o '%N %t' | sort -u | tr '\n' ' ') == "n1 idle n2 idle " ]]; }
-wait_for 30 "both nodes idle" nodes_idle || { sinfo -N; show_logs; die "slurmd nodes did not become idle"; }
+nodes_idle() {
+    [[ $(sinfo -h -N -o '%t' | sort -u) == idle &&
+        $(sinfo -h -N -o '%N' | sort -u | wc -l) == "${#NODES[@]}" ]]
+}
+wait_for 30 "all nodes idle" nodes_idle || { sinfo -N; show_logs; die "slurmd nodes did not become idle"; }
 say "cluster up: $(sinfo -h -N -o '%N:%t:%c cpus:%G' | sort -u | tr '\n' ' ')"
 
 # ---- 4. Jobs ------------------------------------------------------------------------
@@ -344,7 +441,7 @@ export MPICOLL_MPIRUN=$MPIRUN MPICOLL_MPIRUN_ARGS=$MPIRUN_ARGS
 # The PyPI MPIs refuse to run as root without these (Open MPI) - harmless for MPICH.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 unset MPICOLL_LAUNCHER MPICOLL_DEVICE MPICOLL_GPU_BIND MPICOLL_BENCH_ARGS MPICOLL_SRUN_ARGS \
-    MPICOLL_MODULES MPICOLL_PYTHON
+    MPICOLL_MODULES MPICOLL_PYTHON MPICOLL_VERIFY_ARGS
 
 # submit NAME SCRIPT [VAR=VALUE...] -- [SBATCH OPTIONS...]
 # Sets JOB_RC (sbatch --wait's exit status, 124 on timeout), JOB_OUT, JOB_SECS.
@@ -355,15 +452,22 @@ submit() {
     while (($# > 0)) && [[ $1 != -- ]]; do envs+=("$1"); shift; done
     (($# > 0)) && shift
     JOB_OUT=$WORK/out/$name.out
-    say "job $name: ${envs[*]:-} sbatch $* $(basename "$script")"
     JOB_RC=0
-    env ${envs[@]+"${envs[@]}"} timeout "$JOB_TIMEOUT" sbatch --wait --parsable \
+    # Never run past the deadline of the whole script.
+    local limit=$((DEADLINE - (SECONDS - T_START)))
+    ((limit < JOB_TIMEOUT)) || limit=$JOB_TIMEOUT
+    if ((limit < 30)); then
+        say "job $name: not submitted, only $limit s left before the ${DEADLINE} s deadline"
+        JOB_RC=125 JOB_SECS=0
+        return 0
+    fi
+    say "job $name: ${envs[*]:-} sbatch $* $(basename "$script")"
+    run_wait env ${envs[@]+"${envs[@]}"} timeout "$limit" sbatch --wait --parsable \
         --job-name="ci-$name" --output="$JOB_OUT" --chdir="$SRC" --time="$JOB_TIME" \
-        "$@" "$script" >"$WORK/out/$name.sbatch" 2>&1 || JOB_RC=$?
+        "$@" "$script" >"$WORK/out/$name.sbatch" 2>&1 </dev/null || JOB_RC=$?
     id=$(grep -Eo '^[0-9]+' "$WORK/out/$name.sbatch" | head -n 1 || true)
-    [[ -z $id ]] || JOB_IDS+=("$id")
     if ((JOB_RC == 124)); then
-        say "job $name: sbatch --wait timed out after $JOB_TIMEOUT s; cancelling job ${id:-?}"
+        say "job $name: sbatch --wait timed out after $limit s; cancelling job ${id:-?}"
         [[ -z $id ]] || timeout 10 scancel "$id" || true
     fi
     JOB_SECS=$((SECONDS - t0))
@@ -460,19 +564,21 @@ sweep_ends() {
 GPU_OPTS=()
 ((FAKE_GPUS)) || GPU_OPTS=(--gpus-per-node=0)
 read -r SHORT_FIRST SHORT_LAST < <(sweep_ends "$BENCH_ARGS_SHORT")
-read -r FULL_FIRST FULL_LAST < <(sweep_ends "-b 4K -e 64M -f 4")
+read -r FULL_FIRST FULL_LAST < <(sweep_ends "$BENCH_ARGS_MAIN")
 
 for job in $JOBS; do
     case $job in
         cpu-srun)
-            # The CPU script exactly as a user submits it: srun, full sweep.
-            submit "$job" "$JOBSCRIPTS/cpu.sbatch" --
+            # The CPU script as a user submits it: srun, the full benchmark
+            # sweep (verify with --quick counts, to keep CI short).
+            submit "$job" "$JOBSCRIPTS/cpu.sbatch" "MPICOLL_VERIFY_ARGS=$VERIFY_ARGS_MAIN" \
+                "MPICOLL_BENCH_ARGS=$BENCH_ARGS_MAIN" --
             check_good "$job" 4 "$FULL_FIRST" "$FULL_LAST"
             ;;
         cpu-mpirun)
             # The documented alternative: the MPI's own launcher in the allocation.
             submit "$job" "$JOBSCRIPTS/cpu.sbatch" MPICOLL_LAUNCHER=mpirun \
-                "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" --
+                "MPICOLL_VERIFY_ARGS=$VERIFY_ARGS_SHORT" "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" --
             check_good "$job" 4 "$SHORT_FIRST" "$SHORT_LAST"
             expect "launcher line shows $MPIRUN" has "$JOB_OUT" "launcher: $MPIRUN -n 4"
             ;;
@@ -480,20 +586,32 @@ for job in $JOBS; do
             # The single-node GPU script, CPU-only, with the env binding
             # wrapper (it runs whatever the device, so it can be checked here).
             submit "$job" "$JOBSCRIPTS/gpu_single_node.sbatch" MPICOLL_DEVICE=cpu \
-                MPICOLL_GPU_BIND=env "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" -- \
+                MPICOLL_GPU_BIND=env "MPICOLL_VERIFY_ARGS=$VERIFY_ARGS_SHORT" \
+                "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" -- \
                 ${GPU_OPTS[@]+"${GPU_OPTS[@]}"}
             check_good "$job" 4 "$SHORT_FIRST" "$SHORT_LAST"
             expect "each rank bound to its own GPU (CUDA_VISIBLE_DEVICES 0..3)" \
                 test "$(ranks_field "$JOB_OUT" gpu | sort | tr '\n' ' ')" == "0 1 2 3 "
             ;;
         multi-node)
-            # The multi-node script on the two nodes n1 and n2, 2 tasks each.
-            submit "$job" "$JOBSCRIPTS/multi_node.sbatch" MPICOLL_DEVICE=cpu \
-                "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" -- --ntasks-per-node=2 \
-                ${GPU_OPTS[@]+"${GPU_OPTS[@]}"}
+            # The multi-node script on the two nodes n1 and n2, 2 tasks each
+            # (on a one-node cluster: --nodes=1, 4 tasks).
+            if ((${#NODES[@]} == 2)); then
+                submit "$job" "$JOBSCRIPTS/multi_node.sbatch" MPICOLL_DEVICE=cpu \
+                    "MPICOLL_VERIFY_ARGS=$VERIFY_ARGS_SHORT" "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" -- --ntasks-per-node=2 \
+                    ${GPU_OPTS[@]+"${GPU_OPTS[@]}"}
+            else
+                submit "$job" "$JOBSCRIPTS/multi_node.sbatch" MPICOLL_DEVICE=cpu \
+                    "MPICOLL_VERIFY_ARGS=$VERIFY_ARGS_SHORT" "MPICOLL_BENCH_ARGS=$BENCH_ARGS_SHORT" -- --nodes=1 \
+                    ${GPU_OPTS[@]+"${GPU_OPTS[@]}"}
+            fi
             check_good "$job" 4 "$SHORT_FIRST" "$SHORT_LAST"
-            expect "ranks on both nodes n1 and n2" \
-                test "$(ranks_field "$JOB_OUT" node | sort -u | tr '\n' ' ')" == "n1 n2 "
+            if ((${#NODES[@]} == 2)); then
+                expect "ranks on both nodes n1 and n2" \
+                    test "$(ranks_field "$JOB_OUT" node | sort -u | tr '\n' ' ')" == "n1 n2 "
+                expect "2 ranks on each node" \
+                    test "$(ranks_field "$JOB_OUT" node | sort | uniq -c | awk '{print $1}' | tr '\n' ' ')" == "2 2 "
+            fi
             ;;
         wrong-mpi)
             # srun without an MPI plugin starts 4 one-rank jobs: the world-size
@@ -521,6 +639,7 @@ if ((${#FAILED[@]} > 0)); then
     show_logs
     say "FAILED: ${FAILED[*]}"
 fi
+save_artifacts
 say "total $((SECONDS - T_START)) s (Slurm $(slurmctld -V | awk '{print $2}'), $MPI_VERSION)"
 echo "slurm-ci: ${#PASSED[@]} passed, ${#FAILED[@]} failed"
 ((${#FAILED[@]} == 0))
