@@ -1,9 +1,9 @@
 """Run every example in examples/ under the MPI launcher at 1, 2 and 4 ranks.
 
 This file starts ``mpirun``/``mpiexec`` itself, so it runs under plain pytest
-(once), not under an MPI launcher; there it skips itself.  Each example checks
-its own result and exits non-zero when it is wrong; this test also checks
-what it prints.
+(once); under an MPI launcher tests/conftest.py does not collect it, and
+named explicitly it skips itself.  Each example checks its own result and
+exits non-zero when it is wrong; this test also checks what it prints.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _util
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,12 +28,8 @@ RANKS = (1, 2, 4)
 QUICK_ARGS = {"data_parallel": ("--steps", "100"), "zero_sharding": ("--params", "200003")}
 RUN_TIMEOUT = 120  # seconds per mpirun; a healthy run takes a few seconds
 
-# Variables an MPI launcher sets in the processes it starts: a world size > 1
-# here means pytest itself runs as an MPI rank.
-_WORLD_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
-
 pytestmark = pytest.mark.skipif(
-    any(int(os.environ.get(v, "1") or 1) > 1 for v in _WORLD_SIZE_VARS),
+    _util.under_launcher(),
     reason="starts mpirun itself: run this file with plain pytest, not under an MPI launcher",
 )
 
