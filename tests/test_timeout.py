@@ -1,0 +1,256 @@
+"""Timeouts instead of hangs (run under an MPI launcher at any rank count).
+
+A rank that skips a collective makes the others raise CollectiveTimeout
+within the timeout (plus a margin for a loaded machine), naming the call, the
+step and the peer waited on; the communicator is then refused.  A healthy
+collective under a timeout gives exactly the results it gives without one.
+Whole-job behaviour (the job ends, the message reaches stderr) is in
+tests/test_launch_timeout.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import _util
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll import _context, _timeout
+
+pytestmark = pytest.mark.timeout(90)
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+SKIPPER = 1
+T = 0.5          # timeout used here (seconds)
+MARGIN = 4.0     # allowed lateness on an oversubscribed, shared machine
+
+
+def data(n, dtype=np.float64):
+    return (np.arange(n) % 97 * (RANK + 1) + RANK).astype(dtype)
+
+
+def ref_allreduce(x, op=MPI.SUM):
+    out = np.empty_like(x)
+    WORLD.Allreduce(x, out, op)
+    return out
+
+
+# -- the polling loop on its own ----------------------------------------------------------
+class FakeReq:
+    """Completes ``after`` seconds after creation."""
+
+    def __init__(self, after, kind="recv"):
+        self.at = time.perf_counter() + after
+        self.kind = kind
+
+    def Test(self):
+        return time.perf_counter() >= self.at
+
+
+class Pending:
+    def __init__(self, req):
+        self.req, self.kind, self.done = req, req.kind, None
+
+
+def _expired(left, idle):
+    return mpicoll.CollectiveTimeout(f"{len(left)} left after {idle:.3f} s")
+
+
+def test_progress_restarts_the_deadline():
+    """Four completions 0.1 s apart never time out at 0.25 s, though they take 0.4 s."""
+    reqs = [Pending(FakeReq(0.1 * (i + 1))) for i in range(4)]
+    t0 = time.perf_counter()
+    _timeout.wait(reqs, 0.25, _expired, _timeout.tester(reqs))
+    assert time.perf_counter() - t0 >= 0.39
+    assert all(r.done is not None for r in reqs)
+    assert [r.done for r in reqs] == sorted(r.done for r in reqs)
+
+
+def test_stall_raises_after_timeout_without_progress():
+    reqs = [Pending(FakeReq(0.1)), Pending(FakeReq(60.0))]
+    t0 = time.perf_counter()
+    with pytest.raises(mpicoll.CollectiveTimeout, match=r"^1 left after 0\.2"):
+        _timeout.wait(reqs, 0.2, _expired, _timeout.tester(reqs))
+    elapsed = time.perf_counter() - t0
+    assert 0.29 <= elapsed < 0.3 + 0.2 + 1.0  # 0.1 s of progress + 0.2 s idle (+ slack)
+    assert reqs[0].done is not None and reqs[1].done is None
+
+
+def test_requests_that_cannot_be_polled():
+    class Opaque:
+        kind = "send"
+        req = object()
+        done = None
+
+    assert _timeout.tester([Opaque()]) is None
+    assert _timeout.tester([Opaque()], channel_test=lambda req: True) is not None
+
+
+# -- a rank that skips a collective ----------------------------------------------------------
+def _skip_one(comm, run):
+    """Rank SKIPPER skips ``run(comm)``; returns (exception or None, seconds) on the others."""
+    exc, elapsed = None, 0.0
+    if RANK != SKIPPER:
+        t0 = time.perf_counter()
+        try:
+            run(comm)
+        except mpicoll.CollectiveTimeout as e:
+            exc = e
+        elapsed = time.perf_counter() - t0
+    return exc, elapsed
+
+
+def _fresh_comm():
+    comm = WORLD.Dup()
+    mpicoll.allreduce(data(4), comm=comm)  # call #1: context created, all healthy
+    return comm
+
+
+def _discard(comm):
+    """Receive and drop the messages the timed-out call left unmatched, then free ``comm``.
+
+    Needed to run more tests in this job: MPICH reuses a freed communicator's
+    context id, so a stale message would be matched on a later communicator.
+    (A real job ends after a timeout: mpicoll.abort.)
+    """
+    WORLD.Barrier()
+    private = _context.context(comm).comm
+    status = MPI.Status()
+    quiet_until = time.perf_counter() + 0.3
+    while time.perf_counter() < quiet_until:
+        if private.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            buf = bytearray(status.Get_count(MPI.BYTE))
+            private.Recv([buf, MPI.BYTE], status.Get_source(), status.Get_tag())
+            quiet_until = time.perf_counter() + 0.3
+    WORLD.Barrier()
+    comm.Free()
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
+@pytest.mark.parametrize("collective, algorithm", [
+    ("allreduce", "ring"), ("allreduce", "recursive_doubling"),
+    ("allgather", "ring"), ("reduce_scatter", "ring"),
+])
+def test_skipped_call_times_out_on_the_others(collective, algorithm):
+    comm = _fresh_comm()
+    fn = getattr(mpicoll, collective)
+    x = data(8 * SIZE)  # small: eager sends, nothing left pending at the skipper
+
+    exc, elapsed = _skip_one(comm, lambda c: fn(x, comm=c, algorithm=algorithm, timeout=T))
+    problem = ""
+    if RANK != SKIPPER:
+        if exc is None:
+            problem = "no CollectiveTimeout"
+        else:
+            msg = str(exc)
+            for part in (f"{collective} #2 ({algorithm}, ", f"on rank {RANK}: no progress for ",
+                         f"(timeout {T:g} s)", f"rank {exc.peer}", "mpicoll.abort()"):
+                if part not in msg:
+                    problem += f"{part!r} missing from {msg!r}; "
+            if not T <= elapsed <= T + MARGIN:
+                problem += f"raised after {elapsed:.2f} s, expected {T} s"
+            if exc.seq != 2 or exc.collective != collective or exc.algorithm != algorithm:
+                problem += f"attributes {exc.seq} {exc.collective} {exc.algorithm}; "
+            if exc.phase not in ("send", "recv") or exc.rank != RANK or exc.timeout != T:
+                problem += f"attributes {exc.phase} {exc.rank} {exc.timeout}; "
+            if algorithm == "ring" and (exc.step is None or "step " not in msg):
+                problem += "no step named; "
+    peers = WORLD.allgather(None if exc is None else exc.peer)
+    _util.assert_all(WORLD, not problem, problem)
+    # somebody waits on the skipper itself
+    assert SKIPPER in peers
+
+    # the communicator is refused afterwards where it timed out, before any message
+    refused = ""
+    if RANK != SKIPPER:
+        try:
+            mpicoll.allreduce(data(4), comm=comm)
+            refused = "a call on the timed-out communicator was accepted"
+        except mpicoll.MpicollError as e:
+            if "communicator unusable" not in str(e) or f"#2 timed out on rank {RANK}" not in str(e):
+                refused = f"unexpected message: {e}"
+    _util.assert_all(WORLD, not refused, refused)
+    _discard(comm)
+    # and everything else still works
+    y = mpicoll.allreduce(data(10))
+    assert np.array_equal(y, ref_allreduce(data(10)))
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
+def test_skipped_call_times_out_in_the_check():
+    comm = _fresh_comm()
+    with mpicoll.options(check=True, timeout=T):
+        exc, elapsed = _skip_one(comm, lambda c: mpicoll.allreduce(data(3), comm=c))
+    problem = ""
+    if RANK != SKIPPER:
+        if exc is None:
+            problem = "no CollectiveTimeout"
+        elif exc.phase != "check" or "agreeing on the call fingerprint (MPICOLL_CHECK)" not in str(exc):
+            problem = f"not the check phase: {exc}"
+        elif not T <= elapsed <= T + MARGIN:
+            problem = f"raised after {elapsed:.2f} s"
+    _util.assert_all(WORLD, not problem, problem)
+    _discard(comm)
+
+
+# -- healthy collectives under a timeout ------------------------------------------------------
+@pytest.mark.parametrize("how", ["argument", "configure", "environment"])
+def test_healthy_calls_are_unchanged(how, monkeypatch):
+    """Polling moves the same data: many segments, every collective, both APIs."""
+    comm = WORLD.Dup()
+    _context.context(comm).segment_bytes = 256  # many segments per block
+    kw = {"timeout": 30.0} if how == "argument" else {}
+    if how == "environment":
+        monkeypatch.setenv("MPICOLL_TIMEOUT", "30")
+    previous = mpicoll.configure(timeout=30.0) if how == "configure" else None
+    try:
+        for n in (0, 1, SIZE + 1, 3001):
+            x = data(n)
+            for algo in ("ring", "recursive_doubling"):
+                y = mpicoll.allreduce(x, comm=comm, algorithm=algo, **kw)
+                assert np.array_equal(y, ref_allreduce(x)), (n, algo)
+        counts = [(r * 37) % 101 for r in range(SIZE)]
+        g = mpicoll.allgather(data(counts[RANK]), comm=comm, counts=counts, **kw)
+        assert np.array_equal(g, np.concatenate(WORLD.allgather(data(counts[RANK]))))
+        x = data(sum(counts))
+        r = mpicoll.reduce_scatter(x, comm=comm, counts=counts, **kw)
+        lo = sum(counts[:RANK])
+        assert np.array_equal(r, ref_allreduce(x)[lo: lo + counts[RANK]])
+        c = mpicoll.Comm(comm)
+        out = np.empty(500)
+        c.Allreduce(data(500), out)
+        assert np.array_equal(out, ref_allreduce(data(500)))
+    finally:
+        if previous is not None:
+            mpicoll.configure(**previous)
+        comm.Free()
+
+
+@pytest.mark.parametrize("value, exc", [(0, ValueError), (-1.0, ValueError), ("5", TypeError),
+                                        (True, TypeError)])
+def test_timeout_argument_is_checked(value, exc):
+    x = data(4)
+    before = x.copy()
+    with pytest.raises(exc, match="^timeout: expected"):
+        mpicoll.allreduce(x, timeout=value)
+    with pytest.raises(exc, match="^timeout: expected"):
+        mpicoll.configure(timeout=value)
+    assert np.array_equal(x, before)
+
+
+def test_bad_environment_value(monkeypatch):
+    monkeypatch.setenv("MPICOLL_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="MPICOLL_TIMEOUT: expected a number of seconds, got 'soon'"):
+        mpicoll.allreduce(data(4))
+
+
+def test_abort_checks_its_arguments_first():
+    """Wrong arguments raise instead of aborting the job."""
+    with pytest.raises(TypeError, match="^comm: expected an mpi4py.MPI.Comm, got str"):
+        mpicoll.abort("world")
+    with pytest.raises(TypeError, match="^errorcode: expected an int, got float"):
+        mpicoll.abort(errorcode=1.5)
