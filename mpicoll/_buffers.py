@@ -170,7 +170,7 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
         if datatype is None:
             dtype = arr.dtype
             try:
-                category = _types.category_of_dtype(dtype)
+                category = dtype_info(dtype)[0]
             except TypeError as exc:
                 raise TypeError(f"{argname}: {exc}") from None
         else:
@@ -197,8 +197,7 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
         mpitype = datatype
         typename = _types.datatype_name(datatype)
     else:
-        mpitype = _types.wire_type(dtype)
-        typename = str(dtype)
+        mpitype, typename = dtype_info(dtype)[1:]
 
     avail = len(arr)
     if counts is not None:
@@ -219,7 +218,9 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
             f"{argname}: count {count} at displacement {displ} exceeds the buffer's "
             f"{avail} elements"
         )
-    return Msg(arr[displ:displ + count], dtype, category, mpitype, typename, backend)
+    if displ or count != avail:
+        arr = arr[displ:displ + count]
+    return Msg(arr, dtype, category, mpitype, typename, backend)
 
 
 def check_same_type(smsg: Msg, rmsg: Msg) -> None:
