@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _types
+from ._channel import Channel
 
 
 class Reducer:
@@ -108,7 +109,6 @@ class NumpyBackend:
         return red
 
     def channel(self, ctx, mpitype):
-        from ._channel import Channel
         return Channel(ctx.comm, mpitype)
 
     @staticmethod
