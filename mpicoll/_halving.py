@@ -87,7 +87,9 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     pof2, rem = fold(n)
     edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
     acc = ctx.scratch(be, src.dtype, total, slot=300)
-    tmp = ctx.scratch(be, src.dtype, total, slot=301)
+    # largest incoming piece: the whole input for the fold, else the first kept half
+    half = edge[pof2 // 2]
+    tmp = ctx.scratch(be, src.dtype, total if rem else max(half, total - half), slot=301)
     cur = src
     if rank < 2 * rem:
         if rank % 2 == 0:

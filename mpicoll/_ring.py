@@ -168,13 +168,13 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     ``src`` holds the blocks laid out by ``counts``/``displs``.  In place,
     ``dst`` is the start of ``src``'s buffer; only ``dst`` is written.
 
-    Work memory: ``window`` receive segments and ``window`` send segments
-    (plus one block to stage the result in place when this rank's block does
-    not start at offset 0).  Every block is cut into the same number of
-    pieces (``split`` of its count; empty pieces still travel as empty
-    messages), so all ranks run one schedule: groups of ``2*window - 1``
-    pieces, step by step within a group.  See docs/performance.md for why
-    this cannot deadlock.
+    Work memory: ``window`` receive pieces and at most ``window`` send
+    pieces (plus one block to stage the result in place when this rank's
+    block does not start at offset 0); a piece is at most one segment.
+    Every block is cut into the same number of pieces (``split`` of its
+    count; empty pieces still travel as empty messages), so all ranks run one
+    schedule: groups of up to ``2*window - 1`` pieces, step by step within a
+    group.  See docs/performance.md for why this cannot deadlock.
     """
     n = ctx.size
     rank = ctx.rank
@@ -193,8 +193,11 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     nseg = -(-biggest // _segment_elems(ctx, dtype.itemsize))
     piece = -(-biggest // nseg)
     window = min(max(1, getattr(ctx, "window", DEFAULT_WINDOW)), 64)
-    nout = window
-    group = window + nout - 1  # < window + nout: the deadlock-freedom condition
+    # Pieces per group: up to 2*window - 1, so that window + nout send slots
+    # (nout <= window) satisfy the deadlock-freedom condition group < window + nout;
+    # short blocks need fewer send slots.
+    group = min(2 * window - 1, nseg)
+    nout = max(1, group - window + 1)
 
     def bounds(q):
         """Piece boundaries of the block at ring position q (nseg + 1 offsets)."""
