@@ -88,7 +88,7 @@ RECORD_FIELDS = (
     "collective", "algorithm", "selected", "nranks", "dtype", "op", "bytes", "count",
     "time_us", "algbw_gbps", "busbw_gbps", "wrong",
     "builtin_time_us", "builtin_algbw_gbps", "builtin_busbw_gbps", "builtin_wrong",
-    "ratio", "check_time_us", "check_overhead",
+    "ratio", "check_time_us", "check_overhead", "scratch_bytes", "peak_alloc_bytes",
     "device", "api", "warmup", "iters", "mpi_library", "mpi4py", "numpy", "date",
 )
 
@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NumPy arrays (cpu) or CuPy arrays (gpu) (default: cpu)")
     p.add_argument("--check-cost", action="store_true",
                    help="also time mpicoll with mpicoll.options(check=True) and report the overhead")
+    p.add_argument("--memory", action="store_true",
+                   help="also measure mpicoll's work memory per size: the scratch bytes its "
+                        "context holds and the tracemalloc peak during one call (fresh communicator)")
     p.add_argument("--json", metavar="PATH", help="write one record per measurement as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one row per measurement as CSV")
     p.add_argument("--plot", metavar="PATH.png",
@@ -416,6 +419,53 @@ class Case:
         # what "auto" (or MPICOLL_ALGORITHM) picks for this call; predefined ops commute
         self.selected = _select.choose(collective, algorithm, self.nbytes, n, True)[0]
 
+        def call_on(c):
+            """One mpicoll call of this case on communicator ``c`` (array API)."""
+            if collective == "allreduce":
+                mpicoll.allreduce(s, op, comm=c, out=om, algorithm=algo)
+            elif collective == "allgather":
+                mpicoll.allgather(s, comm=c, out=om, algorithm=algo)
+            else:
+                mpicoll.reduce_scatter(s, op, comm=c, out=om, algorithm=algo)
+            sync()
+
+        self.call_on = call_on
+
+
+def memory_probe(comm, case) -> tuple[int, int | None]:
+    """(scratch bytes held, tracemalloc peak bytes) of one call on a fresh communicator, max over ranks.
+
+    The fresh communicator gets a new mpicoll context, so the call allocates
+    its work arrays; what the context holds afterwards is what every later
+    call of that size reuses.  tracemalloc sees host (NumPy) allocations only:
+    the peak is None for device arrays.
+    """
+    import tracemalloc
+
+    from . import _context
+
+    dup = comm.Dup()
+    try:
+        ctx = _context.context(dup)  # created (collectively) before the measurement
+        started = not tracemalloc.is_tracing()
+        if started:
+            tracemalloc.start()
+        try:
+            dup.Barrier()
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            case.call_on(dup)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            if started:
+                tracemalloc.stop()
+        held = sum(int(a.nbytes) for a in getattr(ctx, "_scratch", {}).values())
+    finally:
+        dup.Free()
+    held = comm.allreduce(held, op=MPI.MAX)
+    peak = comm.allreduce(peak, op=MPI.MAX)
+    return held, (peak if isinstance(case.sbuf, np.ndarray) else None)
+
 
 def time_variants(comm, variants, warmup, iters, batch) -> dict:
     """Median over calls of the slowest rank's time (seconds), per variant; interleaved batches."""
@@ -479,6 +529,10 @@ def measure(comm, case, device, args, meta) -> dict:
         "check_time_us": t["check"] * 1e6 if "check" in t else None,
         "check_overhead": t["check"] / t["mpicoll"] if "check" in t and t["mpicoll"] > 0 else None,
     }
+    if args.memory:
+        rec["scratch_bytes"], rec["peak_alloc_bytes"] = memory_probe(comm, case)
+    else:
+        rec["scratch_bytes"] = rec["peak_alloc_bytes"] = None
     rec.update(meta)
     return rec
 
@@ -533,12 +587,32 @@ def _fmt_time(us, width=9):
     return f"{us:{width}.2f}"
 
 
+def _fmt_bytes(b, width):
+    return "N/A".rjust(width) if b is None else f"{b:{width}d}"
+
+
+# Optional column groups: (args attribute that turns it on, group title,
+# [(header, unit, width, record -> text)]).  A new per-size measurement adds
+# its option in build_parser(), its fields in measure() and RECORD_FIELDS,
+# and a group here.
+EXTRA_COLUMNS = (
+    ("check_cost", "with check", [
+        ("time", "(us)", 9, lambda r: _fmt_time(r["check_time_us"])),
+        ("ovh", "x", 5, lambda r: _fmt_num(r["check_overhead"], 5, 2)),
+    ]),
+    ("memory", "work memory", [
+        ("scratch", "(B)", 11, lambda r: _fmt_bytes(r["scratch_bytes"], 11)),
+        ("peak", "(B)", 11, lambda r: _fmt_bytes(r["peak_alloc_bytes"], 11)),
+    ]),
+)
+
+
 class Table:
     """The nccl-tests style text table on rank 0."""
 
     def __init__(self, out, args):
         self.out = out
-        self.check_cost = args.check_cost
+        self.extra = [(title, cols) for attr, title, cols in EXTRA_COLUMNS if getattr(args, attr)]
 
     def header(self, comm, args, meta, nodes):
         w = self.out.write
@@ -554,21 +628,28 @@ class Table:
           f"allgather and reduce_scatter (n-1)/n\n")
         w(f"# check {args.check}: #wrong = wrong elements over all ranks (mpicoll against the "
           f"built-in, the built-in against exact values)\n")
+        if args.memory:
+            w("# work memory: scratch = bytes mpicoll's context holds after one call on a fresh "
+              "communicator, peak = tracemalloc peak during that call (host allocations), "
+              "max over ranks\n")
 
     def section(self, collective, algorithm):
         w = self.out.write
-        extra_h1 = "     with check" if self.check_cost else ""
-        extra_h2 = "     time  ovh" if self.check_cost else ""
-        extra_h3 = "     (us)    x" if self.check_cost else ""
+        h1 = h2 = h3 = ""
+        for title, cols in self.extra:
+            span = sum(width + 1 for _, _, width, _ in cols)
+            h1 += title.rjust(span)
+            h2 += "".join(" " + name.rjust(width) for name, _, width, _ in cols)
+            h3 += "".join(" " + unit.rjust(width) for _, unit, width, _ in cols)
         w("#\n")
         w(f"# {collective}, algorithm {algorithm}\n")
-        w("#" + " " * 71 + "mpicoll" + " " * 24 + "MPI built-in" + extra_h1 + "\n")
+        w("#" + " " * 71 + "mpicoll" + " " * 24 + "MPI built-in" + " " * 7 + h1 + "\n")
         w(f"#{'size':>11} {'count':>12} {'type':>10} {'redop':>6} {'algorithm':>18} "
           f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
-          f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'ratio':>6}{extra_h2}\n")
+          f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'ratio':>6}{h2}\n")
         w(f"#{'(B)':>11} {'(elements)':>12} {'':>10} {'':>6} {'':>18} "
           f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} "
-          f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>6}{extra_h3}\n")
+          f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>6}{h3}\n")
 
     def row(self, rec):
         redop = rec["op"] if rec["collective"] != "allgather" else "none"
@@ -579,8 +660,8 @@ class Table:
                 f"{_fmt_time(rec['builtin_time_us'])} {_fmt_num(rec['builtin_algbw_gbps'], 7, 2)} "
                 f"{_fmt_num(rec['builtin_busbw_gbps'], 7, 2)} {_fmt_wrong(rec['builtin_wrong']):>6} "
                 f"{_fmt_num(rec['ratio'], 6, 2)}")
-        if self.check_cost:
-            line += f" {_fmt_time(rec['check_time_us'])} {_fmt_num(rec['check_overhead'], 4, 2)}"
+        for _, cols in self.extra:
+            line += "".join(" " + fmt(rec).rjust(width) for _, _, width, fmt in cols)
         self.out.write(line + "\n")
 
     def footer(self, records):

@@ -141,6 +141,24 @@ def test_check_cost_and_no_check():
 
 
 @pytest.mark.timeout(120)
+def test_memory_columns(shared_dir):
+    jpath = os.path.join(shared_dir, "m.json")
+    status, text = _run(["-C", "allreduce,reduce_scatter", "-a", "ring", "-b", "64K", "-e", "64K",
+                         "-n", "1", "-w", "0", "-q", "--memory", "--json", jpath])
+    assert status == 0
+    if WORLD.rank == 0:
+        assert "work memory" in text
+        recs = json.load(open(jpath))
+        for rec in recs:
+            assert rec["peak_alloc_bytes"] >= rec["scratch_bytes"] >= 0
+            row = [r for r in _rows(text) if r[4] == "ring"]
+            assert all(len(r) == 16 for r in row)
+        if WORLD.size > 1:
+            # the ring keeps at most 2 * window segments (1 MiB each by default)
+            assert all(0 < r["scratch_bytes"] <= 4 << 20 for r in recs)
+
+
+@pytest.mark.timeout(120)
 def test_wrong_results_are_counted(monkeypatch):
     """An algorithm that returns garbage must show in #wrong and the exit status."""
 
