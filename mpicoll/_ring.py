@@ -153,13 +153,18 @@ def allreduce(ctx, ch, be, red, src, dst):
     sends = [ch.isend(src[a:b], right) for a, b in _segments(*blk(p - 1), seg)]
     units = [(s, a, b) for s in range(n - 1) for a, b in _segments(*blk(p - 2 - s), seg)]
     last = n - 2
+    # The last ReduceScatter step completes block p segment by segment; each
+    # one starts the AllGather at once (its first step sends block p), so the
+    # AllGather overlaps the last reductions instead of waiting for them.
+    ag_sends = []
 
     def dest_of(step, a, b):
-        return dst[a:b], (sends if step < last else None)
+        return dst[a:b], (sends if step < last else ag_sends)
 
     _reduce_pipeline(ch, ctx, red, be, src, units, dest_of, dst.dtype)
+    # AllGather receives land in dst blocks that ReduceScatter sends may still read
     ch.waitall(sends)
-    _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block=p)
+    _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block=p, sent=ag_sends)
 
 
 def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
@@ -276,11 +281,12 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
     _allgather_ring(ctx, ch, dst, pc, pd, seg, first_block=ctx.ring_pos)
 
 
-def _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block):
+def _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block, sent=None):
     """Pass blocks (indexed by ring position) around the ring, segment by segment.
 
     Receives are posted directly into ``dst``; each received segment is
     forwarded to the right as soon as it arrives (except in the last step).
+    ``sent``: requests of the first block's segments, already sent by the caller.
     """
     n = ctx.size
     p = ctx.ring_pos
@@ -291,7 +297,10 @@ def _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block):
         q %= n
         return _segments(displs[q], counts[q], seg)
 
-    sends = [ch.isend(dst[a:b], right) for a, b in segs(first_block)]
+    if sent is None:
+        sends = [ch.isend(dst[a:b], right) for a, b in segs(first_block)]
+    else:
+        sends = sent
     units = [(s, a, b) for s in range(n - 1) for a, b in segs(first_block - 1 - s)]
     if units:
         window = min(max(getattr(ctx, "window", DEFAULT_WINDOW), 2), len(units))
