@@ -1,0 +1,67 @@
+"""A rank that raises, inside or outside a collective, ends the whole job under ``-m mpi4py``.
+
+Starts its own ``mpirun`` (plain pytest only).  ``mpirun python -m mpi4py
+script.py`` turns an uncaught exception into ``MPI_Abort``, so the ranks
+still waiting in mpicoll's collective are killed instead of hanging.  Two
+cases, no timeout set:
+
+inside   rank 1 raises FloatingPointError in the middle of a ring AllReduce
+         (NumPy set to raise on overflow there, while its reduction runs)
+outside  rank 1 raises before the AllReduce the others are already in
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import _util
+import pytest
+
+LIMIT = 120  # seconds: a hang fails the test here
+
+SCRIPT = r'''
+import sys
+import numpy as np
+import mpicoll
+from mpi4py import MPI
+
+where = sys.argv[1]
+comm = MPI.COMM_WORLD
+mpicoll.allreduce(np.ones(10))                 # everybody, healthy
+x = np.full(300000, 1e308)                     # overflows when added
+if comm.rank == 1:
+    if where == "outside":
+        raise RuntimeError("rank 1 gives up before the collective")
+    np.seterr(over="raise")                    # its ring reduction raises mid-call
+mpicoll.allreduce(x, algorithm="ring")
+print("NOT REACHED", comm.rank, flush=True)
+'''
+
+EXPECTED = {"inside": "FloatingPointError", "outside": "RuntimeError: rank 1 gives up"}
+
+
+@pytest.mark.timeout(LIMIT + 30)
+@pytest.mark.parametrize("where", ["inside", "outside"])
+def test_exception_on_one_rank_ends_the_job(tmp_path, where):
+    script = tmp_path / "crash.py"
+    script.write_text(SCRIPT)
+    cmd, env = _util.mpirun_cmd(3, ["-m", "mpi4py", script, where])
+    env.pop("MPICOLL_TIMEOUT", None)
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=_util.ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=LIMIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the job hung for {LIMIT} s:\n--- stdout\n{out}\n--- stderr\n{err}")
+    report = f"exit {proc.returncode} after {time.time() - t0:.1f} s\n--- stdout\n{out}\n--- stderr\n{err}"
+    assert proc.returncode != 0, report
+    assert "NOT REACHED" not in out, report
+    assert EXPECTED[where] in err, report
+    if where == "inside":  # it really was raised inside mpicoll's collective
+        assert "mpicoll/_collectives.py" in err, report

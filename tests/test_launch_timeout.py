@@ -1,0 +1,92 @@
+"""A rank that never joins a collective: with a timeout the whole job ends, with a message.
+
+Starts its own ``mpirun`` (plain pytest only; conftest.py leaves this file out
+under a launcher).  Rank 1 sleeps instead of calling an AllReduce the others
+call.  With ``MPICOLL_TIMEOUT`` (or ``timeout=``) the waiting ranks raise
+CollectiveTimeout after the timeout; under ``python -m mpi4py`` the uncaught
+exception aborts the job, and ``mpicoll.abort`` does the same from a handler.
+The job must end within the timeout plus a margin (far sooner than the
+sleeping rank would wake) and print the error on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import _util
+import pytest
+
+TIMEOUT = 2.0      # MPICOLL_TIMEOUT for the job
+MARGIN = 15.0      # job teardown on a loaded machine; the skipper sleeps far longer
+SLEEP = 300        # what rank 1 does instead of the collective
+LIMIT = 120        # kill the job (test failure) after this many seconds
+
+SCRIPT = r'''
+import sys, time
+import numpy as np
+import mpicoll
+from mpi4py import MPI
+
+mode = sys.argv[1]
+comm = MPI.COMM_WORLD
+x = np.arange(50000, dtype=np.float64) + comm.rank
+mpicoll.allreduce(x)                       # call #1: everybody
+comm.Barrier()
+print(f"READY {time.time():.6f}", flush=True)
+if comm.rank == 1:
+    time.sleep({sleep})                    # "stuck elsewhere": never calls #2
+elif mode == "uncaught":
+    mpicoll.allreduce(x)                   # MPICOLL_TIMEOUT from the environment
+else:
+    try:
+        mpicoll.allreduce(x, timeout={timeout})
+    except mpicoll.CollectiveTimeout as exc:
+        mpicoll.abort(message=str(exc))
+print("NOT REACHED", flush=True)
+'''
+
+
+def _run(tmp_path, mode):
+    script = tmp_path / "skip_one.py"
+    script.write_text(SCRIPT.replace("{sleep}", str(SLEEP)).replace("{timeout}", str(TIMEOUT)))
+    args = (["-m", "mpi4py"] if mode == "uncaught" else []) + [script, mode]
+    cmd, env = _util.mpirun_cmd(3, args)
+    if mode == "uncaught":
+        env["MPICOLL_TIMEOUT"] = str(TIMEOUT)
+    else:
+        env.pop("MPICOLL_TIMEOUT", None)
+    proc = subprocess.Popen(cmd, cwd=_util.ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=LIMIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the job did not end in {LIMIT} s:\n--- stdout\n{out}\n--- stderr\n{err}")
+    ended = time.time()
+    return proc.returncode, out, err, ended
+
+
+@pytest.mark.timeout(LIMIT + 30)
+@pytest.mark.parametrize("mode", ["uncaught", "abort"])
+def test_missing_rank_ends_job_within_timeout(tmp_path, mode):
+    rc, out, err, ended = _run(tmp_path, mode)
+    report = f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}"
+    ready = [float(line.split()[1]) for line in out.splitlines() if line.startswith("READY ")]
+    assert len(ready) == 3, report
+    assert rc != 0, report
+    assert "NOT REACHED" not in out, report
+    # the error names the call, the timeout and a peer
+    assert "allreduce #2 (" in err and "no progress for " in err, report
+    assert f"(timeout {TIMEOUT:g} s)" in err, report
+    assert re.search(r"waiting (to receive \d+ bytes from|for) rank \d", err), report
+    if mode == "uncaught":
+        assert "CollectiveTimeout" in err, report
+    else:
+        assert "mpicoll: rank " in err, report
+    waited = ended - max(ready)
+    assert TIMEOUT <= waited <= TIMEOUT + MARGIN, f"job ended {waited:.1f} s after the skip\n{report}"
