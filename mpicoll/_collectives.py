@@ -41,6 +41,9 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     commutative = True if red is None else red.commutative
     nbytes = total * msg.dtype.itemsize
     name, fn = _select.choose(collective, algorithm, nbytes, size, commutative)
+    if timeout is None:
+        timeout = _config.get("timeout")  # a bad MPICOLL_* value raises before anything starts
+    check = bool(_config.get("check"))
     ctx = _context.context(comm)
     _observe.check_usable(ctx)
     ctx.seq += 1
@@ -48,9 +51,6 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     run.name, run.fn, run.ctx = name, fn, ctx
     run.ch = msg.backend.channel(ctx, msg.mpitype)
     run.be, run.red = msg.backend, red
-    if timeout is None:
-        timeout = _config.get("timeout")
-    check = bool(_config.get("check"))
     call = _observe.begin(ctx, label or collective, collective, name, msg, total, counts, displs,
                           op, timeout, check)
     run.call = call
