@@ -120,6 +120,9 @@ def as_counts(obj, size, argname):
 
 def message(spec, argname, *, writable, comm_size=None) -> Msg:
     """Normalise one mpi4py-style buffer argument (not IN_PLACE)."""
+    if spec is MPI.IN_PLACE or spec is MPI.BOTTOM:
+        name = "MPI.IN_PLACE" if spec is MPI.IN_PLACE else "MPI.BOTTOM"
+        raise ValueError(f"{argname}: expected a buffer, got {name} (only sendbuf may be MPI.IN_PLACE)")
     datatype = None
     count = displ = None
     counts = displs = None
