@@ -7,13 +7,13 @@ The examples import this module as ``_common`` (``python examples/x.py`` puts
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll.verify import identical_across_ranks
 
 DEVICES = ("auto", "cpu", "gpu")
 
@@ -101,25 +101,9 @@ def print0(*args, comm=MPI.COMM_WORLD) -> None:
         print(*args, flush=True)
 
 
-def digest(a) -> str:
-    """Hash of an array's bytes, to compare results bitwise across ranks."""
-    return hashlib.sha256(np.ascontiguousarray(to_host(a)).tobytes()).hexdigest()
-
-
 def same_on_all_ranks(a, comm=MPI.COMM_WORLD) -> bool:
-    """True on every rank when ``a`` is bitwise identical on all ranks."""
-    return len(set(comm.allgather(digest(a)))) == 1
-
-
-def sum_tolerance(abs_sum, nranks: int, dtype) -> np.ndarray:
-    """Bound on |a - b| for two sums of ``nranks`` terms taken in different orders.
-
-    Each floating-point sum of n terms is within (n-1)*eps*sum|x| of the exact
-    sum (Higham, Accuracy and Stability, 2nd ed., eq. 4.4), so two of them are
-    within 2*(n-1)*eps*sum|x| of each other; ``abs_sum`` is sum|x| elementwise.
-    """
-    eps = np.finfo(dtype).eps
-    return 2 * max(nranks - 1, 0) * eps * np.asarray(abs_sum)
+    """True on every rank when ``a`` (NumPy or CuPy) is bitwise identical on all ranks."""
+    return identical_across_ranks(comm, to_host(a))
 
 
 def mismatch(got, ref, tol=0.0, name="result", reference="MPI's built-in"):
