@@ -33,7 +33,8 @@ def rank_data(n, dtype=np.int32, rank=RANK):
 
 def rank_sum(n, dtype=np.int32):
     """Sum over ranks of :func:`rank_data`."""
-    return sum(rank_data(n, np.float64, r) for r in range(SIZE)).astype(dtype)
+    wide = np.float64 if np.dtype(dtype).kind == "f" else np.int64
+    return sum(rank_data(n, wide, r) for r in range(SIZE)).astype(dtype)
 
 
 class DLPackOnly:
