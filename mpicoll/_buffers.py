@@ -101,6 +101,12 @@ def _as_datatype(obj, argname):
     raise TypeError(f"{argname}: expected an MPI.Datatype, got {type(obj).__name__}")
 
 
+def _sequence_pair(obj) -> bool:
+    """Whether ``obj`` is (counts, displs): a list/tuple of two sequences."""
+    return isinstance(obj, (list, tuple)) and len(obj) == 2 and all(
+        hasattr(v, "__len__") and not isinstance(v, (str, bytes)) for v in obj)
+
+
 def _as_count(obj, argname, what="count"):
     if isinstance(obj, bool) or not isinstance(obj, (int, np.integer)):
         raise TypeError(f"{argname}: expected an integer {what}, got {type(obj).__name__}")
@@ -145,7 +151,11 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
             displs = as_counts(rest[1], comm_size, argname)
         elif len(rest) == 1:
             c = rest[0]
-            if isinstance(c, (list, tuple)) and comm_size is not None and len(c) == comm_size:
+            if comm_size is not None and _sequence_pair(c):
+                # mpi4py's vector form [data, (counts, displs), datatype]
+                counts = as_counts(c[0], comm_size, argname)
+                displs = as_counts(c[1], comm_size, argname)
+            elif isinstance(c, (list, tuple)) and comm_size is not None and len(c) == comm_size:
                 counts = as_counts(c, comm_size, argname)
             elif isinstance(c, (list, tuple)):
                 if len(c) != 2:
