@@ -540,3 +540,40 @@ def test_every_algorithm_matches_mpi(tiny_comm, collective):
                     np.testing.assert_array_equal(out, ref, err_msg=f"{name} N={N}")
                 else:
                     np.testing.assert_allclose(out, ref, rtol=1e-6, err_msg=f"{name} N={N}")
+
+
+# --- pipelining parameters ----------------------------------------------------
+
+def test_tuning_from_environment():
+    from mpicoll._ring import DEFAULT_SEGMENT_BYTES, DEFAULT_WINDOW, parse_bytes, tuning
+
+    assert tuning({}) == (DEFAULT_SEGMENT_BYTES, DEFAULT_WINDOW)
+    assert tuning({"MPICOLL_SEGMENT_BYTES": "64K", "MPICOLL_WINDOW": "3"}) == (65536, 3)
+    assert tuning({"MPICOLL_SEGMENT_BYTES": " 2MiB ", "MPICOLL_WINDOW": ""}) == (2 << 20, DEFAULT_WINDOW)
+    assert parse_bytes("4096", "x") == 4096 and parse_bytes("1g", "x") == 1 << 30
+    for bad in ({"MPICOLL_SEGMENT_BYTES": "0"}, {"MPICOLL_SEGMENT_BYTES": "1.5M"},
+                {"MPICOLL_SEGMENT_BYTES": "big"}):
+        with pytest.raises(ValueError, match="MPICOLL_SEGMENT_BYTES"):
+            tuning(bad)
+    for bad in ("0", "65", "two"):
+        with pytest.raises(ValueError, match="MPICOLL_WINDOW"):
+            tuning({"MPICOLL_WINDOW": bad})
+
+
+@pytest.mark.timeout(60)
+def test_context_reads_tuning_once(monkeypatch):
+    monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "8K")
+    monkeypatch.setenv("MPICOLL_WINDOW", "3")
+    comm = WORLD.Dup()
+    try:
+        ctx = _context.context(comm)
+        assert (ctx.segment_bytes, ctx.window) == (8192, 3)
+        monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "1M")  # read at creation only
+        x = np.arange(10000, dtype=np.float64) + comm.rank
+        ref = np.empty_like(x)
+        comm.Allreduce(x, ref)
+        from mpicoll import allreduce
+        np.testing.assert_array_equal(allreduce(x, comm=comm, algorithm="ring"), ref)
+        assert _context.context(comm).segment_bytes == 8192
+    finally:
+        comm.Free()
