@@ -72,6 +72,13 @@ class _CheckChannel(Channel):
     def irecv(self, arr, source):
         return self.comm.Irecv([arr, self.mpitype], source, TAG)
 
+    def sendrecv(self, sendarr, dest, recvarr, source):
+        if sendarr is not None and recvarr is not None:
+            T = self.mpitype
+            self.comm.Sendrecv([sendarr, T], dest, TAG, [recvarr, T], source, TAG)
+        else:
+            Channel.sendrecv(self, sendarr, dest, recvarr, source)
+
 
 def dtype_label(msg) -> str:
     """The element type as ranks compare it: the dtype, or the MPI name where it says more."""
@@ -103,20 +110,36 @@ def _counts_hash(counts) -> int:
     return int.from_bytes(digest, "little") >> 2  # 62 bits: -h stays representable
 
 
+_STATIC: dict = {}  # (collective, dtype, op, algorithm) -> fingerprint with the rest zero
+
+
+def _slots() -> dict:
+    """Field -> index of its first word."""
+    out, at = {}, 0
+    for f, _, w in FIELDS:
+        out[f] = at
+        at += w
+    return out
+
+
+_SLOTS = _slots()
+
+
 def fingerprint(call) -> np.ndarray:
     """The :data:`WORDS` int64 words describing ``call`` (an _observe.Call)."""
-    values = {
-        "collective": call.label,
-        "call number": call.seq,
-        "dtype": dtype_label(call.msg),
-        "op": op_label(call.op),
-        "counts": _counts_hash(call.counts),
-        "count": call.total,
-        "algorithm": call.algorithm,
-    }
-    parts = [_text(values[f]) if kind == "text" else np.array([values[f]], dtype=np.int64)
-             for f, kind, _ in FIELDS]
-    return np.concatenate(parts)
+    texts = (call.label, dtype_label(call.msg), op_label(call.op), call.algorithm)
+    base = _STATIC.get(texts)
+    if base is None:
+        base = np.zeros(WORDS, dtype=np.int64)
+        for f, value in zip(("collective", "dtype", "op", "algorithm"), texts):
+            base[_SLOTS[f]: _SLOTS[f] + _TW] = _text(value)
+        if len(_STATIC) < 1024:
+            _STATIC[texts] = base
+    f = base.copy()
+    f[_SLOTS["call number"]] = call.seq
+    f[_SLOTS["counts"]] = _counts_hash(call.counts)
+    f[_SLOTS["count"]] = call.total
+    return f
 
 
 def _decode(words) -> dict:

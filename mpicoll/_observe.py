@@ -110,7 +110,9 @@ class Call:
                 self.events.append(("check", t0, perf_counter(), None, 0, None, -1))
 
     def wrap(self, ch, be, red):
-        """(channel, backend, reducer) the algorithm runs with."""
+        """(channel, backend, reducer) the algorithm runs with (unchanged for the check alone)."""
+        if self.timeout is None and not self.recorders and self.events is None:
+            return ch, be, red
         ch = ObservedChannel(ch, self)
         if self.events is not None:
             be = _TimedBackend(be, self)
@@ -197,12 +199,18 @@ class Call:
         more = len(left) - 1
         also = f"; {more} more message(s) pending" if more else ""
         what = f"{self.total} x {_check.dtype_label(self.msg)}"
+        Peer = peer[0].upper() + peer[1:]
+        if phase == "check":
+            why = (f"{Peer} has not joined the exchange: it may have skipped this call, be in a "
+                   f"collective on another communicator, or be stuck or dead")
+        else:
+            part = "sent its part" if r.kind == "recv" else "taken this message"
+            why = (f"{Peer} has not {part}: it, or a rank it waits for, may have skipped this call, "
+                   f"called another collective, or be stuck or dead")
         msg = (
             f"{self.label} #{self.seq} ({self.algorithm}, {what}) on rank {self.rank}: "
             f"no progress for {idle:.3g} s (timeout {self.timeout:g} s) while {doing}{also}. "
-            f"{peer[0].upper()}{peer[1:]} may have skipped this call, called another collective, "
-            f"or be stuck or dead. This communicator cannot be used again; "
-            f"end the job with mpicoll.abort()"
+            f"{why}. This communicator cannot be used again; end the job with mpicoll.abort()"
         )
         setattr(self.ctx, _BROKEN, f"{self.label} #{self.seq} timed out on rank {self.rank}")
         return CollectiveTimeout(
