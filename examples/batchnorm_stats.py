@@ -133,7 +133,7 @@ def main():
     s1, s2 = ex.to_host(sums[:CHANNELS]), ex.to_host(sums[CHANNELS:])
     onepass_var = s2 / count - (s1 / count) ** 2
     ex.print0(f"  average of per-rank means: max error {np.max(np.abs(ex.to_host(naive_mean) - ref_mean)):.3g}"
-              f" (batch sizes differ)")
+              f" (wrong whenever batch sizes differ)")
     ex.print0(f"  one-pass sum/sum-of-squares variance: error {np.max(np.abs(onepass_var - ref_var) / var_tol):.3g}"
               f" x the tolerance (cancellation, mean ~{OFFSET:g})")
     ex.finish(ok, f"synchronised batch-norm statistics on {size} rank(s) equal those of the "
