@@ -913,9 +913,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _gpu_arrays():
-    """(arrays, None) for CuPy, or (None, reason) when the GPU cannot be used."""
+    """(arrays, None) when CuPy and a GPU are usable here, else (None, reason). Local only."""
     import mpicoll
-    bind = getattr(mpicoll, "bind_device", None)
     try:
         import cupy
     except ImportError as exc:
@@ -925,9 +924,8 @@ def _gpu_arrays():
             return None, "CuPy sees no GPU"
     except Exception as exc:
         return None, f"CuPy cannot use a GPU ({exc})"
-    if bind is None:
+    if getattr(mpicoll, "bind_device", None) is None:
         return None, "this mpicoll has no mpicoll.bind_device(): GPU support is missing"
-    bind()
     return _CupyArrays(cupy), None
 
 
@@ -953,12 +951,15 @@ def main(argv=None) -> int:
     arrays = NUMPY_ARRAYS
     if device in ("gpu", "auto"):
         gpu, reason = _gpu_arrays()
-        ok = comm.allreduce(gpu is not None, op=MPI.LAND)
-        if ok:
+        reasons = comm.allgather(reason)  # every rank decides the same way
+        if gpu is not None and not any(reasons):
+            import mpicoll
+            mpicoll.bind_device(comm)  # collective
             arrays, device = gpu, "gpu"
         elif device == "gpu":
             if rank == 0:
-                sys.stderr.write(f"mpicoll.verify: --device gpu: {reason}\n")
+                bad = next(r for r, why in enumerate(reasons) if why)
+                sys.stderr.write(f"mpicoll.verify: --device gpu: rank {bad}: {reasons[bad]}\n")
             return 2
         else:
             device = "cpu"
