@@ -241,6 +241,7 @@ def test_reduce_scatter_uneven_recvcounts(algorithm):
 VECTOR_FORMS = {
     "[buf, counts, displs, T]": lambda y, c, d: [y, c, d, MPI.INT],
     "[buf, counts, displs]": lambda y, c, d: [y, c, d],
+    "[buf, (counts, displs), T]": lambda y, c, d: [y, (c, d), MPI.INT],
     "[buf, counts, T] (packed)": lambda y, c, d: [y, c, MPI.INT],
 }
 
