@@ -122,8 +122,8 @@ def main():
             steps = {c[2] for c in col}
             shown = max(steps) if None not in steps else "-"
             print(f"  {algo:>20} {mean:>10.4f} {max(c[1] for c in col):>9} {shown!s:>6}")
-        print(f"  (ring formula 2(n-1)/n = {2 * (n - 1) / n:.4f}; steps '-': no step "
-              f"schedule for that algorithm in mpicoll._steps)")
+        print(f"  (ring formula 2(n-1)/n = {2 * (n - 1) / n:.4f}; steps: rounds in which a "
+              f"rank sent, '-' where unknown)")
 
     ex.finish(ok, f"traffic of {n} rank(s) measured; means equal the ring formulas")
 

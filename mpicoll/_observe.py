@@ -87,6 +87,10 @@ class Call:
         self.nsend = self.nrecv = 0
         self.scounts: list[int] = []    # elements of each send / receive, in issue order
         self.rcounts: list[int] = []
+        self.round = -1                 # sendrecv calls so far (-1: none)
+        self.in_round = None            # index of the sendrecv being issued, else None
+        self.srounds: list = []         # round of each send / receive (None: outside sendrecv)
+        self.rrounds: list = []
         self.sent = [0, 0]              # messages, bytes completed
         self.received = [0, 0]
         self.events = [] if tracers else None
@@ -138,17 +142,29 @@ class Call:
         return True
 
     def label_of(self, kind: str, k: int):
-        """The _steps.Label (step, phase, block, segment, count) of send/recv ``k``, or None."""
+        """The _steps.Label (step, phase, block, segment, count) of send/recv ``k``, or None.
+
+        Algorithms without a schedule that exchange through ``sendrecv`` only
+        (one call per step) get the rank's own round number as the step.
+        """
+        if k < 0:
+            return None
         sched = self.schedule
-        if sched is None or k < 0:
+        if sched is None:
+            rounds, counts = (self.srounds, self.scounts) if kind == "send" else (self.rrounds,
+                                                                                  self.rcounts)
+            if k < len(rounds) and rounds[k] is not None:
+                return _steps.Label(rounds[k], "round", None, 0, counts[k])
             return None
         seq = sched.sends if kind == "send" else sched.recvs
         return seq[k] if k < len(seq) else None
 
     def _steps(self, kind: str):
+        """Distinct steps in which this rank sent (received) a message, or None if unknown."""
         sched = self.schedule
         if sched is None:
-            return None
+            rounds = self.srounds if kind == "send" else self.rrounds
+            return None if None in rounds else len(set(rounds))
         labels, n = (sched.sends, self.nsend) if kind == "send" else (sched.recvs, self.nrecv)
         if n != len(labels):
             return None
@@ -185,7 +201,9 @@ class Call:
         peer = _peer_name(self.ctx, r.peer)
         where = ""
         lab = None if phase == "check" else self.label_of(r.kind, r.k)
-        if lab is not None:
+        if lab is not None and self.schedule is None:
+            where = f", exchange round {lab.step} on this rank"
+        elif lab is not None:
             where = f", step {lab.step} of {self.schedule.nsteps} ({lab.phase}"
             if lab.block is not None:
                 where += f", block {lab.block} segment {lab.segment}"
@@ -252,6 +270,7 @@ class ObservedChannel:
         if self.account:
             c.nsend = k + 1
             c.scounts.append(n)
+            c.srounds.append(c.in_round)
         return _Req(req, "send", dest, n * c.wire, k, t0)
 
     def irecv(self, arr, source):
@@ -263,6 +282,7 @@ class ObservedChannel:
         if self.account:
             c.nrecv = k + 1
             c.rcounts.append(n)
+            c.rrounds.append(c.in_round)
         return _Req(req, "recv", source, n * c.wire, k, t0)
 
     def wait(self, r) -> None:
@@ -273,11 +293,19 @@ class ObservedChannel:
             self._complete(reqs)
 
     def sendrecv(self, sendarr, dest, recvarr, source) -> None:
+        c = self.call
         reqs = []
-        if recvarr is not None and len(recvarr):
-            reqs.append(self.irecv(recvarr, source))
-        if sendarr is not None and len(sendarr):
-            reqs.append(self.isend(sendarr, dest))
+        if self.account:
+            c.round += 1
+            c.in_round = c.round
+        try:
+            if recvarr is not None and len(recvarr):
+                reqs.append(self.irecv(recvarr, source))
+            if sendarr is not None and len(sendarr):
+                reqs.append(self.isend(sendarr, dest))
+        finally:
+            if self.account:
+                c.in_round = None
         self.waitall(reqs)
 
     def _complete(self, reqs) -> None:

@@ -19,9 +19,9 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 x = np.arange(5000, dtype=np.float64) + comm.rank
 mpicoll.allreduce(x, algorithm="ring")
-mpicoll.allgather(x[:10])
+mpicoll.allgather(x[:10], algorithm="ring")
 sub = comm.Split(comm.rank % 2, comm.rank)
-mpicoll.allreduce(x[:7], comm=sub)
+mpicoll.allreduce(x[:7], comm=sub, algorithm="recursive_doubling")
 sub.Free()
 print("done", comm.rank, flush=True)
 '''

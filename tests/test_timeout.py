@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _timeout
+from mpicoll import _context, _select, _timeout
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -132,9 +132,7 @@ def _discard(comm):
 
 @pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
 @pytest.mark.parametrize("collective, algorithm", [
-    ("allreduce", "ring"), ("allreduce", "recursive_doubling"),
-    ("allgather", "ring"), ("reduce_scatter", "ring"),
-])
+    (c, a) for c, table in _select.ALGORITHMS.items() for a in table])
 def test_skipped_call_times_out_on_the_others(collective, algorithm):
     comm = _fresh_comm()
     fn = getattr(mpicoll, collective)
@@ -159,6 +157,8 @@ def test_skipped_call_times_out_on_the_others(collective, algorithm):
                 problem += f"attributes {exc.phase} {exc.rank} {exc.timeout}; "
             if algorithm == "ring" and (exc.step is None or "step " not in msg):
                 problem += "no step named; "
+            if exc.step is None and algorithm != "ring" and "round" not in msg and "step" not in msg:
+                problem += "neither step nor round named; "
     peers = WORLD.allgather(None if exc is None else exc.peer)
     _util.assert_all(WORLD, not problem, problem)
     # somebody waits on the skipper itself

@@ -13,6 +13,9 @@ reduction starts after its own receive ended).
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 
 import _util
 import numpy as np
@@ -37,9 +40,16 @@ def comm():
 
 
 @pytest.fixture
-def path(tmp_path):
-    """One file name for all ranks (rank 0's temporary directory)."""
-    return WORLD.bcast(str(tmp_path / "trace.json") if RANK == 0 else None)
+def path():
+    """One file name for all ranks, in a directory rank 0 makes and removes.
+
+    (Not pytest's tmp_path: every rank's pytest would clean the same base directory.)
+    """
+    where = tempfile.mkdtemp(prefix="mpicoll-trace-") if RANK == 0 else None
+    yield WORLD.bcast(None if where is None else os.path.join(where, "trace.json"))
+    WORLD.Barrier()
+    if where is not None:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def run_calls(comm):

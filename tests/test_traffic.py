@@ -218,20 +218,25 @@ def test_nested_counters_and_nothing_outside(comm):
     assert inner.calls[0] == outer.calls[1]
 
 
-def test_algorithm_without_schedule_counts_but_has_no_steps(comm):
-    """Messages and bytes are always counted; steps only where _steps knows the schedule."""
-    unknown = [(coll, a) for coll, table in _select.ALGORITHMS.items() for a in table
-               if (coll, a) not in _steps.SCHEDULES and coll == "allgather"]
+def test_algorithms_without_schedule_count_rounds(comm):
+    """Messages and bytes are always counted; steps of sendrecv-only algorithms are their rounds."""
+    unknown = [a for a in _select.ALGORITHMS["allgather"] if ("allgather", a) not in _steps.SCHEDULES]
     if not unknown:
         pytest.skip("every allgather algorithm has a schedule")
-    algo = unknown[0][1]
-    counts = [4] * SIZE
-    with mpicoll.traffic() as t:
-        g = mpicoll.allgather(data(4), comm=comm, algorithm=algo)
-    assert np.array_equal(g, np.concatenate(WORLD.allgather(data(4))))
-    call = t.calls[0]
-    assert call.algorithm == algo and call.send_steps is None
-    # whatever the algorithm, every rank receives the others' blocks at least once
-    if SIZE > 1:
-        assert call.bytes_received >= (sum(counts) - 4) * 8
-    assert WORLD.allreduce(call.bytes_sent) == WORLD.allreduce(call.bytes_received)
+    problems = []
+    for algo in unknown:
+        with mpicoll.traffic() as t:
+            g = mpicoll.allgather(data(4), comm=comm, algorithm=algo)
+        if not np.array_equal(g, np.concatenate(WORLD.allgather(data(4)))):
+            problems.append(f"{algo}: wrong result")
+        call = t.calls[0]
+        if call.algorithm != algo or call.send_steps is None or call.recv_steps is None:
+            problems.append(f"{algo}: {call}")
+        # every rank receives the others' blocks at least once
+        if SIZE > 1 and call.bytes_received < (SIZE - 1) * 4 * 8:
+            problems.append(f"{algo}: received only {call.bytes_received} bytes")
+        if algo == "bruck" and call.send_steps != (SIZE - 1).bit_length():
+            problems.append(f"bruck: {call.send_steps} send steps, not ceil(log2 n)")
+        if WORLD.allreduce(call.bytes_sent) != WORLD.allreduce(call.bytes_received):
+            problems.append(f"{algo}: bytes sent and received differ over the ranks")
+    _util.assert_all(WORLD, not problems, "; ".join(problems))
