@@ -869,6 +869,17 @@ def _counts(size: int, quick: bool, itemsize: int) -> list[int]:
     return seen
 
 
+def _placements(quick: bool, k: int, j: int, cells: int) -> tuple[bool, ...]:
+    """In place and/or out of place for count k, algorithm j.
+
+    --quick alternates them over the (count, algorithm) grid, so each count
+    and each algorithm still runs both ways (given two or more of the other).
+    """
+    if not quick or cells < 2:
+        return (False, True)
+    return ((k + j) % 2 == 1,)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that prints only on rank 0 (every rank still exits the same way)."""
 
@@ -895,7 +906,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m mpicoll.verify",
         description="Check every mpicoll collective against MPI's built-in on this machine "
                     "(run under mpirun/srun; rank 0 prints). Exit status 0: all agree.")
-    p.add_argument("--quick", action="store_true", help="fewer counts (a short smoke test)")
+    p.add_argument("--quick", action="store_true",
+                   help="a short smoke test: fewer counts, in place and out of place alternating")
     p.add_argument("--collective", type=_csv(list(COLLECTIVES)), default=None,
                    help="comma-separated collectives (default: all)")
     p.add_argument("--dtype", type=_csv(type_names), default=None,
@@ -1006,10 +1018,10 @@ def main(argv=None) -> int:
                 max_abs = max_rel = 0.0
                 identical = True
                 bad = []
-                for count in counts:
+                for k, count in enumerate(counts):
                     prepared = prepare_case(comm, collective, info, opname, count)
-                    for in_place in (False, True):
-                        for algo in algos:
+                    for j, algo in enumerate(algos):
+                        for in_place in _placements(args.quick, k, j, len(counts) * len(algos)):
                             res = run_case(comm, collective, info, opname, count, in_place, algo,
                                            arrays=arrays, timeout=args.timeout, prepared=prepared)
                             cases += 1
