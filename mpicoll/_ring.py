@@ -269,24 +269,34 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
     ``src`` is this rank's block, or None when it is already in place in ``dst``.
     """
     rank = ctx.rank
-    own = dst[displs[rank]: displs[rank] + counts[rank]]
-    if src is not None:
-        be.copy(own, src)
+    lo = displs[rank]
+    own = dst[lo: lo + counts[rank]]
     if ctx.size == 1:
+        if src is not None:
+            be.copy(own, src)
         return
-    order = ctx.ring
     seg = _segment_elems(ctx, dst.dtype.itemsize)
-    pc = [counts[r] for r in order]
-    pd = [displs[r] for r in order]
-    _allgather_ring(ctx, ch, dst, pc, pd, seg, first_block=ctx.ring_pos)
+    pc = [counts[r] for r in ctx.ring]
+    pd = [displs[r] for r in ctx.ring]
+    if src is None:
+        _allgather_ring(ctx, ch, dst, pc, pd, seg, first_block=ctx.ring_pos)
+        return
+    # Out of place: send this rank's block from src and post the first receives,
+    # then copy the block into dst while the neighbours already move data.
+    right = ctx.ring[(ctx.ring_pos + 1) % ctx.size]
+    sent = [ch.isend(src[a - lo: b - lo], right) for a, b in _segments(lo, counts[rank], seg)]
+    _allgather_ring(ctx, ch, dst, pc, pd, seg, first_block=ctx.ring_pos, sent=sent,
+                    after_post=lambda: be.copy(own, src))
 
 
-def _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block, sent=None):
+def _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block, sent=None, after_post=None):
     """Pass blocks (indexed by ring position) around the ring, segment by segment.
 
     Receives are posted directly into ``dst``; each received segment is
     forwarded to the right as soon as it arrives (except in the last step).
-    ``sent``: requests of the first block's segments, already sent by the caller.
+    ``sent``: requests of the first block's segments, already sent by the caller;
+    ``after_post``: called once the first receives are posted (local work that
+    can overlap the first transfers).
     """
     n = ctx.size
     p = ctx.ring_pos
@@ -302,9 +312,14 @@ def _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block, sent=None):
     else:
         sends = sent
     units = [(s, a, b) for s in range(n - 1) for a, b in segs(first_block - 1 - s)]
-    if units:
+    if not units:
+        if after_post is not None:
+            after_post()
+    else:
         window = min(max(getattr(ctx, "window", DEFAULT_WINDOW), 2), len(units))
         rreqs = [ch.irecv(dst[a:b], left) for _, a, b in units[:window]]
+        if after_post is not None:
+            after_post()
         last = n - 2
         for i, (step, a, b) in enumerate(units):
             ch.wait(rreqs[i % window])
