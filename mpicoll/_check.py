@@ -125,20 +125,26 @@ def _slots() -> dict:
 _SLOTS = _slots()
 
 
+_SEQ, _HASH, _COUNT = _SLOTS["call number"], _SLOTS["counts"], _SLOTS["count"]
+
+
 def fingerprint(call) -> np.ndarray:
     """The :data:`WORDS` int64 words describing ``call`` (an _observe.Call)."""
-    texts = (call.label, dtype_label(call.msg), op_label(call.op), call.algorithm)
-    base = _STATIC.get(texts)
+    msg, op = call.msg, call.op
+    key = (call.label, msg.dtype, msg.category, msg.typename, None if op is None else op.handle,
+           call.algorithm)
+    base = _STATIC.get(key)
     if base is None:
+        texts = (call.label, dtype_label(msg), op_label(op), call.algorithm)
         base = np.zeros(WORDS, dtype=np.int64)
         for f, value in zip(("collective", "dtype", "op", "algorithm"), texts):
             base[_SLOTS[f]: _SLOTS[f] + _TW] = _text(value)
-        if len(_STATIC) < 1024:
-            _STATIC[texts] = base
+        if len(_STATIC) < 1024 and (op is None or _types.op_name(op) is not None):
+            _STATIC[key] = base  # (a user op's handle may be reused after it is freed)
     f = base.copy()
-    f[_SLOTS["call number"]] = call.seq
-    f[_SLOTS["counts"]] = _counts_hash(call.counts)
-    f[_SLOTS["count"]] = call.total
+    f[_SEQ] = call.seq
+    f[_HASH] = _counts_hash(call.counts)
+    f[_COUNT] = call.total
     return f
 
 
@@ -162,7 +168,7 @@ def agree(call, ch) -> None:
     out = np.empty_like(both)
     red = NUMPY.reducer(MPI.MIN, MPI.INT64_T, "integer")
     _recursive.allreduce(ctx, ch, NUMPY, red, both, out)
-    if np.array_equal(out[:WORDS], -out[WORDS:]):
+    if np.count_nonzero(out[:WORDS] + out[WORDS:]) == 0:  # min == max in every field
         return
     # Every rank got the same minima and maxima, so all take this path together.
     n = ctx.size
