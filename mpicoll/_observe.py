@@ -41,11 +41,10 @@ def check_usable(ctx) -> None:
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
     """A :class:`Call` for this collective, or None when nothing observes it."""
     tracers = _trace.active()
-    recorders = tuple(_traffic._active)
-    if timeout is None and not check and not tracers and not recorders:
+    if timeout is None and not check and not tracers and not _traffic._active:
         return None
     return Call(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout,
-                recorders, tracers)
+                tuple(_traffic._active), tracers)
 
 
 class _Req:

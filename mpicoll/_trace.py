@@ -23,9 +23,9 @@ receives in flight), because trace viewers need the slices of one thread to
 nest.  Clocks are aligned to rank 0's by a ping-pong at save time where they
 differ by more than the round-trip time.
 
-``MPICOLL_TRACE=path.json`` traces the whole run and saves at exit (if some
-rank does not reach the exit within :data:`EXIT_WAIT_S`, each rank writes its
-own ``path.json.rank<R>`` instead).
+``MPICOLL_TRACE=path.json`` (read at the first collective) traces the whole
+run and saves at exit (if some rank does not reach the exit within
+:data:`EXIT_WAIT_S`, each rank writes its own ``path.json.rank<R>`` instead).
 """
 
 from __future__ import annotations
@@ -51,21 +51,24 @@ FIELDS = ("phase", "start", "end", "collective", "call", "algorithm", "step", "s
           "block", "segment", "peer", "bytes")
 
 _active: list = []
-_env_traces: dict = {}
+_env_trace: list = []  # [Trace or None] once MPICOLL_TRACE has been read
 
 
 def active() -> tuple:
-    """The traces that record the current call (``with trace()`` blocks and MPICOLL_TRACE)."""
-    path = os.environ.get(ENV)
-    if path:
-        tr = _env_traces.get(path)
-        if tr is None:
-            tr = _env_traces[path] = Trace()
+    """The traces that record the current call (``with trace()`` blocks and MPICOLL_TRACE).
+
+    MPICOLL_TRACE is read at the first collective of the process.
+    """
+    if not _env_trace:
+        path = os.environ.get(ENV, "").strip()
+        tr = Trace() if path else None
+        if tr is not None:
             atexit.register(_save_at_exit, tr, path)
-        if not _active:
-            return (tr,)
-        return (tr, *_active)
-    return tuple(_active)
+        _env_trace.append(tr)
+    env = _env_trace[0]
+    if env is None:
+        return tuple(_active)
+    return (env, *_active)
 
 
 class Trace:
