@@ -17,9 +17,8 @@ take effect immediately.
 from __future__ import annotations
 
 import contextlib
-import os
 
-from ._context import env_flag
+from ._context import env_flag, env_value
 
 _ENV = {
     "check": "MPICOLL_CHECK",
@@ -82,7 +81,7 @@ def get(name: str):
     if value is not _UNSET:
         return value
     var = _ENV[name]
-    raw = os.environ.get(var)
+    raw = env_value(var)
     if raw is None or raw.strip() == "":
         return None
     if name in ("check", "cuda_aware"):
