@@ -1,19 +1,20 @@
 """Algorithm registry and automatic selection.
 
-``algorithm="auto"`` picks from :data:`THRESHOLDS` by collective, message size
-in bytes (the whole array each rank contributes to AllReduce / ReduceScatter,
-the whole gathered array for AllGather) and op.  The environment variable
-``MPICOLL_ALGORITHM`` replaces "auto" by a named algorithm where that
-algorithm applies (a ring cannot keep a non-commutative op's rank order, so
-such calls stay on "auto").  An explicit ``algorithm=`` argument is obeyed or
-refused with ValueError.
+``algorithm="auto"`` picks from :data:`THRESHOLDS` by collective, message
+size in bytes (the whole array each rank contributes to AllReduce /
+ReduceScatter, the whole gathered array for AllGather), whether the rank
+count is a power of two, and op: non-commutative ops always go to an
+order-preserving algorithm (:data:`ORDER_PRESERVING`).  The environment
+variable ``MPICOLL_ALGORITHM`` replaces "auto" by a named algorithm where
+that algorithm exists for the collective and applies to the op (so such
+calls with a non-commutative op stay on "auto").  An explicit
+``algorithm=`` argument is obeyed or refused with ValueError.
 """
 
 from __future__ import annotations
 
-import os
-
 from . import _bruck, _halving, _recursive, _ring
+from ._context import env_value
 
 ALGORITHMS = {
     "allreduce": {
@@ -36,12 +37,29 @@ ALGORITHMS = {
 # Algorithms that keep rank order and so accept non-commutative ops.
 ORDER_PRESERVING = {"recursive_doubling"}
 
-# (collective) -> [(max bytes inclusive, algorithm)], first match wins; the
-# last entry must have None (no limit).  Measured with python -m mpicoll.bench.
+# "auto": the first row of the collective whose size limit holds (max bytes,
+# inclusive; None: no limit) gives the algorithm, one for power-of-two rank
+# counts and one for the others.  Chosen from python -m mpicoll.bench -a all
+# on a 2-core machine (2 ranks: measured crossovers; 3-4 ranks oversubscribed:
+# too noisy to separate the algorithms, so the rank-count columns follow the
+# step and volume counts in docs/performance.md, which has the commands and
+# tables).
+#
+#   collective        max bytes   power-of-two ranks    other rank counts
 THRESHOLDS = {
-    "allreduce": [(16 << 10, "recursive_doubling"), (None, "ring")],
-    "reduce_scatter": [(4 << 10, "recursive_doubling"), (None, "ring")],
-    "allgather": [(None, "ring")],
+    "allreduce": (
+        (256 << 10, "recursive_doubling", "recursive_doubling"),
+        (2 << 20, "rabenseifner", "ring"),
+        (None, "ring", "ring"),
+    ),
+    "reduce_scatter": (
+        (1 << 20, "recursive_halving", "recursive_halving"),
+        (None, "ring", "ring"),
+    ),
+    "allgather": (
+        (1 << 20, "recursive_doubling", "bruck"),
+        (None, "ring", "ring"),
+    ),
 }
 
 
@@ -63,7 +81,8 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
     """(name, function) of the algorithm to run; ValueError if it cannot run this op."""
     table = ALGORITHMS[collective]
     if algorithm == "auto":
-        env = os.environ.get("MPICOLL_ALGORITHM", "").strip()
+        env = env_value("MPICOLL_ALGORITHM")
+        env = env.strip() if env else None
         if env and env != "auto":
             if env not in table and not any(env in t for t in ALGORITHMS.values()):
                 raise ValueError(
@@ -75,8 +94,10 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
         if not commutative:
             name = next(a for a in table if a in ORDER_PRESERVING)
             return name, table[name]
-        for limit, name in THRESHOLDS[collective]:
+        pof2 = nranks & (nranks - 1) == 0
+        for limit, if_pof2, otherwise in THRESHOLDS[collective]:
             if limit is None or nbytes <= limit:
+                name = if_pof2 if pof2 else otherwise
                 return name, table[name]
     if not commutative and algorithm not in ORDER_PRESERVING and collective != "allgather":
         raise ValueError(

@@ -577,3 +577,39 @@ def test_context_reads_tuning_once(monkeypatch):
         assert _context.context(comm).segment_bytes == 8192
     finally:
         comm.Free()
+
+
+# --- automatic selection ------------------------------------------------------
+
+def test_threshold_table_is_well_formed():
+    for collective, rows in _select.THRESHOLDS.items():
+        limits = [r[0] for r in rows]
+        assert limits[-1] is None and all(a < b for a, b in zip(limits[:-2], limits[1:-1]))
+        for _, pof2, other in rows:
+            assert pof2 in _select.ALGORITHMS[collective] and other in _select.ALGORITHMS[collective]
+
+
+def test_auto_follows_the_table(monkeypatch):
+    monkeypatch.delenv("MPICOLL_ALGORITHM", raising=False)
+    for collective, rows in _select.THRESHOLDS.items():
+        lo = 0
+        for limit, pof2, other in rows:
+            for nbytes in {lo, (limit if limit is not None else lo + (1 << 30))}:
+                assert _select.choose(collective, "auto", nbytes, 4)[0] == pof2
+                assert _select.choose(collective, "auto", nbytes, 6)[0] == other
+            lo = (limit or 0) + 1
+    # non-commutative ops: always an order-preserving algorithm
+    for collective in ("allreduce", "reduce_scatter"):
+        for nbytes in (8, 1 << 30):
+            name = _select.choose(collective, "auto", nbytes, 5, commutative=False)[0]
+            assert name in _select.ORDER_PRESERVING
+
+
+def test_environment_override(monkeypatch):
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "ring")
+    assert _select.choose("allreduce", "auto", 8, 4)[0] == "ring"
+    assert _select.choose("allreduce", "auto", 8, 4, commutative=False)[0] == "recursive_doubling"
+    assert _select.choose("allreduce", "rabenseifner", 8, 4)[0] == "rabenseifner"  # explicit wins
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "bruck")  # AllGather only: others stay on auto
+    assert _select.choose("allgather", "auto", 1 << 30, 4)[0] == "bruck"
+    assert _select.choose("allreduce", "auto", 1 << 30, 4)[0] == "ring"
