@@ -33,8 +33,8 @@ def check_usable(ctx) -> None:
     why = getattr(ctx, _BROKEN, None)
     if why is not None:
         raise MpicollError(
-            f"communicator unusable: {why}; messages of that call may still be in flight. "
-            f"Free it and use another one, or end the job with mpicoll.abort()"
+            f"communicator unusable: {why}; messages of that call may still be in flight, "
+            f"so end the job with mpicoll.abort() (see docs/reliability.md)"
         )
 
 
@@ -239,10 +239,14 @@ class Call:
 def _peer_name(ctx, peer) -> str:
     """'rank 3', plus its MPI.COMM_WORLD rank when that differs."""
     name = f"rank {peer}"
+    mine, world_group = ctx.comm.Get_group(), MPI.COMM_WORLD.Get_group()
     try:
-        world = MPI.Group.Translate_ranks(ctx.comm.Get_group(), [peer], MPI.COMM_WORLD.Get_group())[0]
+        world = MPI.Group.Translate_ranks(mine, [peer], world_group)[0]
     except MPI.Exception:
         return name
+    finally:
+        mine.Free()
+        world_group.Free()
     if world != peer and world != MPI.UNDEFINED:
         name += f" (world rank {world})"
     return name
