@@ -992,7 +992,7 @@ def main(argv=None) -> int:
             return 2
 
     import mpicoll
-    lib = MPI.Get_library_version().strip().splitlines()[0].strip()
+    lib = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0].strip()
     say(f"mpicoll.verify {mpicoll.__version__}: {size} rank(s), {lib}")
     say(f"mpi4py {__import__('mpi4py').__version__}, numpy {np.__version__}, "
         f"buffers: {arrays.name} ({device}), {'quick' if args.quick else 'full'} counts")

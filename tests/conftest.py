@@ -43,7 +43,7 @@ def _cupy_status() -> str:
 def pytest_report_header(config):
     import mpi4py
 
-    lib = MPI.Get_library_version().strip().splitlines()[0].strip()
+    lib = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0].strip()
     major, minor = MPI.Get_version()
     return [
         f"MPI: {lib} (MPI standard {major}.{minor})",

@@ -45,14 +45,19 @@ RUN_TIMEOUT=${MPICOLL_RUN_TIMEOUT:-600}
 TEST_TIMEOUT=${MPICOLL_TEST_TIMEOUT:-120}
 command -v "$PY" >/dev/null || { echo "run_tests.sh: no '$PY' on PATH (activate the venv)" >&2; exit 2; }
 
-library=$("$PY" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])" 2>&1) \
+library=$("$PY" -c "from mpi4py import MPI; print(MPI.Get_library_version().replace(chr(0), '').strip().splitlines()[0].strip())" 2>&1) \
     || { echo "run_tests.sh: mpi4py does not load: $library" >&2; exit 2; }
+case "$library" in
+    *"Open MPI"*) detected=openmpi ;;
+    *MPICH*|*"Intel(R) MPI"*) detected=mpich ;;
+    *) detected="" ;;
+esac
 if [ -z "$flavour" ]; then
-    case "$library" in
-        *"Open MPI"*) flavour=openmpi ;;
-        *MPICH*|*"Intel(R) MPI"*) flavour=mpich ;;
-        *) echo "run_tests.sh: unknown MPI '$library'; pass --mpi openmpi|mpich" >&2; exit 2 ;;
-    esac
+    flavour=$detected
+    [ -n "$flavour" ] || { echo "run_tests.sh: unknown MPI '$library'; pass --mpi openmpi|mpich" >&2; exit 2; }
+elif [ -n "$detected" ] && [ "$detected" != "$flavour" ]; then
+    echo "run_tests.sh: --mpi $flavour, but $PY's mpi4py uses $library (activate the other venv)" >&2
+    exit 2
 fi
 
 # The launcher next to the python (a venv's MPI wheel) first, then PATH.
@@ -126,6 +131,7 @@ run_pytest() {
         result=$(tally "$prefix" 1 "$rc")
     else
         # rank 0 writes to the terminal, the others to $prefix.rank<r>.log
+        # shellcheck disable=SC2016  # expanded by the bash each rank runs
         MPICOLL_TEST_SUMMARY=$prefix MPICOLL_TEST_LOG=$prefix timeout -k 10 "$RUN_TIMEOUT" \
             "$launcher" -n "$nranks" "${launch_opts[@]}" bash -c '
                 r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-0}}}
