@@ -101,11 +101,6 @@ class TypeInfo:
         """The mpi4py buffer spec for ``arr`` holding this type."""
         return arr if self.datatype is None else [arr, self.datatype]
 
-    @property
-    def wire(self):
-        """MPI datatype that carries this type on the wire (float16: 16-bit words)."""
-        return self.datatype if self.datatype is not None else _types.wire_type(self.dtype)
-
     def __str__(self):
         return self.name
 
@@ -329,6 +324,11 @@ def _abs_metric(x, opname):
 
 
 def _wire_or_none(info_dtype, datatype):
+    """The MPI datatype MPI's own reductions see the elements as, or None.
+
+    float16 has none: mpicoll moves it as 16-bit words, which MPI would
+    reduce as integers.
+    """
     if datatype is not None:
         return datatype
     dtype = np.dtype(info_dtype)
