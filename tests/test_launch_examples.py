@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("allreduce", "allgather", "reduce_scatter", "data_parallel", "zero_sharding",
-            "batchnorm_stats")
+            "batchnorm_stats", "traffic")
 RANKS = (1, 2, 4)
 # Smaller problems than the examples' defaults where those dominate the run
 # time on oversubscribed ranks; every code path is still taken.
