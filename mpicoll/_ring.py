@@ -102,12 +102,16 @@ def _segment_elems(ctx, itemsize: int) -> int:
     return max(1, getattr(ctx, "segment_bytes", DEFAULT_SEGMENT_BYTES) // max(itemsize, 1))
 
 
-def _reduce_pipeline(ch, ctx, red, be, src, units, dest_of, dtype):
-    """Receive ``units`` from the left, reduce each into its destination, forward.
+def _reduce_pipeline(ch, ctx, red, be, src, dst, units, last, sends, ag_sends):
+    """AllReduce's ReduceScatter phase: receive ``units`` from the left, reduce, forward.
 
-    units    [(step, a, b)]: element ranges of ``src`` whose partials arrive in order
-    dest_of  dest_of(step, a, b) -> (dest, sendlist): where ``slot op src[a:b]`` goes,
-             and the list to append its forwarding send to (None: not forwarded)
+    units  [(step, a, b)]: element ranges whose partials arrive in this order;
+           ``dst[a:b] = partial op src[a:b]``, then sent on (to ``sends`` below
+           step ``last``, to ``ag_sends`` at step ``last``: AllGather's first step).
+    Out of place a partial is received straight into ``dst[a:b]`` (each range
+    is received once and read by no send before it is reduced), so no work
+    memory is needed; in place ``dst`` still holds the input there and
+    partials go through ``window`` work slots.
     """
     if not units:
         return
@@ -115,22 +119,26 @@ def _reduce_pipeline(ch, ctx, red, be, src, units, dest_of, dtype):
     p = ctx.ring_pos
     left = ctx.ring[(p - 1) % n]
     right = ctx.ring[(p + 1) % n]
-    seg = max(b - a for _, a, b in units)
-    window = min(getattr(ctx, "window", DEFAULT_WINDOW), len(units))
-    slots = [ctx.scratch(be, dtype, seg, slot=k) for k in range(window)]
-    rreqs = [ch.irecv(slots[k][: b - a], left) for k, (_, a, b) in enumerate(units[:window])]
     nunits = len(units)
+    window = min(getattr(ctx, "window", DEFAULT_WINDOW), nunits)
+    direct = src is not dst
+    if direct:
+        slots = None
+        rreqs = [ch.irecv(dst[a:b], left) for _, a, b in units[:window]]
+    else:
+        seg = max(b - a for _, a, b in units)
+        slots = [ctx.scratch(be, dst.dtype, seg, slot=k) for k in range(window)]
+        rreqs = [ch.irecv(slots[k][: b - a], left) for k, (_, a, b) in enumerate(units[:window])]
     for i, (step, a, b) in enumerate(units):
         k = i % window
         ch.wait(rreqs[k])
-        dest, sendlist = dest_of(step, a, b)
-        red(slots[k][: b - a], src[a:b], dest)
+        dest = dst[a:b]
+        red(dest if direct else slots[k][: b - a], src[a:b], dest)
         j = i + window
         if j < nunits:
             _, a2, b2 = units[j]
-            rreqs[k] = ch.irecv(slots[k][: b2 - a2], left)
-        if sendlist is not None:
-            sendlist.append(ch.isend(dest, right))
+            rreqs[k] = ch.irecv(dst[a2:b2] if direct else slots[k][: b2 - a2], left)
+        (sends if step < last else ag_sends).append(ch.isend(dest, right))
 
 
 def allreduce(ctx, ch, be, red, src, dst):
@@ -152,16 +160,11 @@ def allreduce(ctx, ch, be, red, src, dst):
 
     sends = [ch.isend(src[a:b], right) for a, b in _segments(*blk(p - 1), seg)]
     units = [(s, a, b) for s in range(n - 1) for a, b in _segments(*blk(p - 2 - s), seg)]
-    last = n - 2
     # The last ReduceScatter step completes block p segment by segment; each
     # one starts the AllGather at once (its first step sends block p), so the
     # AllGather overlaps the last reductions instead of waiting for them.
     ag_sends = []
-
-    def dest_of(step, a, b):
-        return dst[a:b], (sends if step < last else ag_sends)
-
-    _reduce_pipeline(ch, ctx, red, be, src, units, dest_of, dst.dtype)
+    _reduce_pipeline(ch, ctx, red, be, src, dst, units, n - 2, sends, ag_sends)
     # AllGather receives land in dst blocks that ReduceScatter sends may still read
     ch.waitall(sends)
     _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block=p, sent=ag_sends)
@@ -174,8 +177,9 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     ``dst`` is the start of ``src``'s buffer; only ``dst`` is written.
 
     Work memory: ``window`` receive pieces and at most ``window`` send
-    pieces (plus one block to stage the result in place when this rank's
-    block does not start at offset 0); a piece is at most one segment.
+    pieces, a piece being at most one segment (none with 2 ranks out of
+    place: the last step receives into ``dst``), plus in place one block to
+    stage the result when this rank's block does not start at offset 0.
     Every block is cut into the same number of pieces (``split`` of its
     count; empty pieces still travel as empty messages), so all ranks run one
     schedule: groups of up to ``2*window - 1`` pieces, step by step within a
@@ -225,16 +229,28 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     # In place the result may only go to dst when that cannot overwrite input
     # still to be read or sent: dst is src's first ``mine`` elements, which is
     # this rank's own block only if the block starts at 0.
+    in_place = _shares_memory(src, dst)
     stage = None
-    if _shares_memory(src, dst) and own != 0:
+    if in_place and own != 0:
         stage = ctx.scratch(be, dtype, mine, slot=120)
     out = dst if stage is None else stage
-    slots = [ctx.scratch(be, dtype, piece, slot=k) for k in range(window)]
-    outs = [ctx.scratch(be, dtype, piece, slot=110 + k) for k in range(nout)]
-    out_req = [None] * nout
-    sends = []
     nunits = len(units)
-    rreqs = [ch.irecv(slots[k][: b - a], left) for k, (_, a, b) in enumerate(units[:window])]
+    # Out of place, last-step partials are received straight into dst and
+    # reduced there; only forwarded partials (n > 2) need work slots.
+    direct = not in_place
+    nslots = min(window, nunits) if (n > 2 or not direct) else 0
+    slots = [ctx.scratch(be, dtype, piece, slot=k) for k in range(nslots)]
+    outs = [ctx.scratch(be, dtype, piece, slot=110 + k) for k in range(nout if n > 2 else 0)]
+    out_req = [None] * len(outs)
+    sends = []
+
+    def target(i):
+        step, a, b = units[i]
+        if direct and step == last:
+            return out[a - own: b - own]
+        return slots[i % window][: b - a]
+
+    rreqs = [ch.irecv(target(i), left) for i in range(min(window, nunits))]
     o = 0
     for i in range(nunits):
         step, a, b = units[i]
@@ -243,7 +259,7 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
             sends.extend(ch.isend(src[x:y], right) for x, y in pieces)
         k = i % window
         ch.wait(rreqs[k])
-        incoming = slots[k][: b - a]
+        incoming = target(i)
         if step == last:
             red(incoming, src[a:b], out[a - own: b - own])
         else:
@@ -256,8 +272,7 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
             out_req[j] = ch.isend(dest, right)
         nxt = i + window
         if nxt < nunits:
-            _, a2, b2 = units[nxt]
-            rreqs[k] = ch.irecv(slots[k][: b2 - a2], left)
+            rreqs[k] = ch.irecv(target(nxt), left)
     ch.waitall(sends + [r for r in out_req if r is not None])
     if stage is not None:
         be.copy(dst, stage)
