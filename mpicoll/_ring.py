@@ -30,6 +30,9 @@ Pipelining
     ReduceScatter forwards partials from ``window`` send slots, reused once
     their sends complete; it processes segments in groups (see
     :func:`reduce_scatter`) so that this bounded memory cannot deadlock.
+    The AllGather reduces nothing, so it moves pieces of
+    ``AG_SEGMENT_FACTOR`` segments: fewer messages, and every link is busy at
+    every step anyway.
 
 Tuning
     ``MPICOLL_SEGMENT_BYTES`` (bytes, suffixes K/M/G) and ``MPICOLL_WINDOW``
@@ -49,6 +52,8 @@ import os
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_WINDOW = 2
+# The ring AllGather (nothing to reduce) moves pieces of this many segments.
+AG_SEGMENT_FACTOR = 16
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -290,7 +295,9 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
         if src is not None:
             be.copy(own, src)
         return
-    seg = _segment_elems(ctx, dst.dtype.itemsize)
+    # Nothing is reduced on the way, so small pieces only add messages: the
+    # AllGather moves pieces of AG_SEGMENT_FACTOR segments.
+    seg = AG_SEGMENT_FACTOR * _segment_elems(ctx, dst.dtype.itemsize)
     pc = [counts[r] for r in ctx.ring]
     pd = [displs[r] for r in ctx.ring]
     if src is None:
