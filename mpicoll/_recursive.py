@@ -129,15 +129,11 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
     n, rank = ctx.size, ctx.rank
     own_lo = displs[rank]
     own = dst[own_lo: own_lo + counts[rank]]
-    packed = is_packed(counts, displs)
-    pof2, rem = fold(n)
-    # Out of place, a rank whose new block is its own block sends it from src in
-    # the first exchange and copies it into dst while that exchange is in flight.
-    deferred = src is not None and packed and n > 1 and rank >= 2 * rem
-    if src is not None and not deferred:
+    if src is not None:
         be.copy(own, src)
     if n == 1:
         return
+    packed = is_packed(counts, displs)
     total = sum(counts)
     if packed:
         work = dst
@@ -148,6 +144,7 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
     start = [0] * (n + 1)
     for r in range(n):
         start[r + 1] = start[r] + counts[r]
+    pof2, rem = fold(n)
     # New block i: the blocks of the real ranks new rank i stands for.
     edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
     if rank < 2 * rem:
@@ -164,17 +161,8 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
         peer = real_rank(newpeer, rem)
         mine = newrank & ~(mask - 1)
         theirs = newpeer & ~(mask - 1)
-        incoming = work[edge[theirs]: edge[theirs + mask]]
-        if deferred:
-            # same messages as sendrecv (empty halves skipped), own block from src
-            reqs = [ch.irecv(incoming, peer)] if len(incoming) else []
-            if len(src):
-                reqs.append(ch.isend(src, peer))
-            be.copy(own, src)
-            ch.waitall(reqs)
-            deferred = False
-        else:
-            ch.sendrecv(work[edge[mine]: edge[mine + mask]], peer, incoming, peer)
+        ch.sendrecv(work[edge[mine]: edge[mine + mask]], peer,
+                    work[edge[theirs]: edge[theirs + mask]], peer)
         mask <<= 1
     if rank < 2 * rem:
         ch.sendrecv(work[:total], rank - 1, None, None)
