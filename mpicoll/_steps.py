@@ -80,7 +80,7 @@ def ring_allgather(ctx, total, counts, displs, itemsize):
     n = ctx.size
     if n == 1:
         return EMPTY
-    seg = _ring._segment_elems(ctx, itemsize)
+    seg = _ring.AG_SEGMENT_FACTOR * _ring._segment_elems(ctx, itemsize)  # as _ring.allgather
     sends, recvs = [], []
     _ring_pass(ctx, sends, recvs, counts, lambda q: ctx.ring[q], 0, "allgather", 0, 1, seg)
     return Schedule(sends, recvs, n - 1)
