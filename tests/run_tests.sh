@@ -79,7 +79,7 @@ fi
 if [ "$quick" = 1 ]; then ranks=(2 4); else ranks=(1 2 3 4 5); fi
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-tests.XXXXXX")
 trap 'rm -rf "$logdir"' EXIT
-pytest_opts=(-q -p no:cacheprovider --timeout="$TEST_TIMEOUT" --timeout-method=thread)
+pytest_opts=(-p no:cacheprovider --timeout="$TEST_TIMEOUT" --timeout-method=thread)
 # shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
 extra=(${MPICOLL_TEST_ARGS:-})
 
