@@ -613,3 +613,106 @@ def test_environment_override(monkeypatch):
     monkeypatch.setenv("MPICOLL_ALGORITHM", "bruck")  # AllGather only: others stay on auto
     assert _select.choose("allgather", "auto", 1 << 30, 4)[0] == "bruck"
     assert _select.choose("allreduce", "auto", 1 << 30, 4)[0] == "ring"
+
+
+# --- the AllReduce fast path (plain NumPy arrays) -------------------------------
+
+def _spy_general(monkeypatch):
+    from mpicoll import _collectives
+    calls = []
+    real = _collectives.run_allreduce
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_collectives, "run_allreduce", spy)
+    return calls
+
+
+@pytest.mark.timeout(60)
+def test_fast_path_takes_plain_calls_and_matches_mpi(monkeypatch):
+    import mpicoll
+    general = _spy_general(monkeypatch)
+    comm = mpicoll.Comm(WORLD)
+    rank = WORLD.rank
+    for shape in ((), (1,), (7,), (3, 5), (0,), (1000,)):
+        for dtype, op in ((np.int32, MPI.SUM), (np.float64, MPI.MAX), (np.uint8, MPI.BXOR),
+                          (np.bool_, MPI.LOR), (np.complex64, MPI.PROD)):
+            x = np.array(np.arange(int(np.prod(shape))).reshape(shape) + rank, dtype=dtype)
+            ref = np.empty_like(x)
+            WORLD.Allreduce(x, ref, op)
+            np.testing.assert_array_equal(mpicoll.allreduce(x, op), ref)
+            out = np.empty_like(x)
+            assert mpicoll.allreduce(x, op, out=out) is out
+            np.testing.assert_array_equal(out, ref)
+            y = x.copy()
+            mpicoll.allreduce(y, op, out=y)
+            np.testing.assert_array_equal(y, ref)
+            out[...] = 0
+            comm.Allreduce(x, out, op)
+            np.testing.assert_array_equal(out, ref)
+            y = x.copy()
+            comm.Allreduce(MPI.IN_PLACE, y, op)
+            np.testing.assert_array_equal(y, ref)
+    assert general == []  # every call above took the fast path
+
+
+@pytest.mark.timeout(60)
+def test_fast_path_declines_everything_else(monkeypatch):
+    import mpicoll
+    from mpicoll import _fastpath
+    x = np.arange(6.0).reshape(2, 3)
+    ro = x.copy()
+    ro.flags.writeable = False
+    declined = [
+        (np.asfortranarray(x), None, MPI.SUM, "auto", None),    # Fortran order
+        (x[:, ::2], None, MPI.SUM, "auto", None),                # not contiguous
+        ([1.0, 2.0], None, MPI.SUM, "auto", None),               # not an array
+        (x, np.empty((2, 3), np.float32), MPI.SUM, "auto", None),  # dtype differs
+        (x, np.empty(6), MPI.SUM, "auto", None),                 # shape differs
+        (x, ro, MPI.SUM, "auto", None),                          # read-only out
+        (ro, ro, MPI.SUM, "auto", None),                         # read-only, in place
+        (x, x.reshape(6), MPI.SUM, "auto", None),                # overlapping out
+        (x, None, MPI.BAND, "auto", None),                       # op does not apply
+        (x, None, MPI.MINLOC, "auto", None),                     # pair op
+        (x, None, "sum", "auto", None),                          # not an MPI.Op
+        (x, None, MPI.SUM, "bruck", None),                       # not an AllReduce algorithm
+        (x, None, MPI.SUM, "auto", 5.0),                         # timeout
+        (x.astype(">f8"), None, MPI.SUM, "auto", None),          # non-native byte order
+    ]
+    for args in declined:
+        assert _fastpath.allreduce(None, *args[:1], *args[1:]) is NotImplemented, args
+    y = np.empty_like(x)
+    assert _fastpath.comm_allreduce(WORLD, [x, MPI.DOUBLE], y, MPI.SUM, "auto") is NotImplemented
+    assert _fastpath.comm_allreduce(WORLD, x, [y, MPI.DOUBLE], MPI.SUM, "auto") is NotImplemented
+    assert _fastpath.comm_allreduce(WORLD, x, np.empty(5), MPI.SUM, "auto") is NotImplemented
+    # anything observing the call: the general path sets it up
+    with mpicoll.options(check=True):
+        assert _fastpath.allreduce(None, x, None, MPI.SUM, "auto", None) is NotImplemented
+    with mpicoll.traffic():
+        assert _fastpath.allreduce(None, x, None, MPI.SUM, "auto", None) is NotImplemented
+    with mpicoll.options(timeout=30.0):
+        assert _fastpath.allreduce(None, x, None, MPI.SUM, "auto", None) is NotImplemented
+
+
+@pytest.mark.timeout(60)
+def test_fast_and_general_paths_mix_across_ranks():
+    """Ranks on different paths in one call agree on algorithm and call number."""
+    import mpicoll
+    comm = WORLD.Dup()
+    try:
+        ctx = _context.context(comm)
+        for N in (1, 100, 100000):
+            x = np.arange(N, dtype=np.float64) + WORLD.rank
+            ref = np.empty_like(x)
+            comm.Allreduce(x, ref)
+            seq = ctx.seq
+            # a timeout is observed, so odd ranks take the general path
+            got = mpicoll.allreduce(x, comm=comm, timeout=60.0 if WORLD.rank % 2 else None)
+            assert ctx.seq == seq + 1
+            np.testing.assert_array_equal(got, ref)
+        with mpicoll.options(check=True):  # fingerprints agree whatever path each rank took before
+            mpicoll.allreduce(np.ones(3), comm=comm)
+    finally:
+        comm.Free()
