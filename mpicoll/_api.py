@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from . import _collectives, _config, _select, _types
+from . import _collectives, _config, _fastpath, _select, _types
 from ._buffers import array_arg, as_counts, is_writable, msg_of_array
 from ._context import check_comm
 
@@ -65,6 +65,9 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         x = np.array([rank, 10 * rank])      # rank r: [r, 10r]
         y = mpicoll.allreduce(x)             # every rank: [6, 60]
     """
+    fast = _fastpath.allreduce(comm, x, out, op, algorithm, timeout)  # plain NumPy case
+    if fast is not NotImplemented:
+        return fast
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _types.check_op(op)
