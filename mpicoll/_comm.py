@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from . import _collectives, _select, _types
+from . import _collectives, _fastpath, _select, _types
 from ._buffers import as_counts, check_same_type, is_in_place, message
 from ._context import check_comm
 
@@ -61,6 +61,8 @@ class Comm(MPI.Intracomm):
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
+        if _fastpath.comm_allreduce(self, sendbuf, recvbuf, op, self._algo("allreduce")) is None:
+            return  # plain NumPy buffers: done on the fast path
         _types.check_op(op)
         rmsg = message(recvbuf, "recvbuf", writable=True)
         smsg = None
