@@ -36,6 +36,8 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     ``total`` is the element count selection and the fingerprint use: the
     array reduced (AllReduce), the whole input (ReduceScatter) or the whole
     output (AllGather).  ``label`` names the call where it is not ``collective``.
+    Plain NumPy AllReduce calls with nothing observing them skip this (see
+    :mod:`mpicoll._fastpath`, which must take the same decisions).
     """
     size = comm.Get_size()
     commutative = True if red is None else red.commutative
