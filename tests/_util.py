@@ -23,6 +23,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -239,3 +240,21 @@ def mpirun_cmd(nranks: int, args, launch=None) -> tuple[list[str], dict]:
         cmd.append("--oversubscribe")
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return cmd + [sys.executable, *map(str, args)], env
+
+
+def run_job(cmd, env, limit: float) -> subprocess.CompletedProcess:
+    """Run a launcher command in a session of its own; on ``limit`` seconds kill the job and fail.
+
+    Killing the process group ends every rank the launcher started, so a
+    hung job cannot outlive the test.
+    """
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {limit} s\n"
+                    f"--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

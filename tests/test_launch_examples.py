@@ -8,10 +8,7 @@ exits non-zero when it is wrong; this test also checks what it prints.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,62 +31,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _flavour(launcher: str) -> str | None:
-    """"openmpi" or "mpich" from the launcher's --version text, None if unknown."""
-    try:
-        text = subprocess.run([launcher, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if re.search(r"Open MPI|OpenRTE|PRRTE", text):
-        return "openmpi"
-    if re.search(r"HYDRA|MPICH|Intel\(R\) MPI", text):
-        return "mpich"
-    return None
-
-
-def _find_launcher():
-    """(path, flavour): mpirun/mpiexec next to sys.executable (the venv's MPI) first, then PATH."""
-    here = Path(sys.executable).parent
-    candidates = [str(here / name) for name in ("mpirun", "mpiexec")]
-    candidates += [shutil.which(name) for name in ("mpirun", "mpiexec")]
-    for path in candidates:
-        if path and os.access(path, os.X_OK):
-            flavour = _flavour(path)
-            if flavour:
-                return path, flavour
-    return None, None
-
-
 @pytest.fixture(scope="module")
 def launcher():
-    path, flavour = _find_launcher()
-    if path is None:
-        pytest.skip("no Open MPI or MPICH mpirun/mpiexec next to the Python or on PATH")
-    return path, flavour
+    return _util.launcher()
 
 
 def run_example(launcher, name: str, nranks: int, *args: str) -> subprocess.CompletedProcess:
     """Run examples/<name>.py on ``nranks`` ranks; kill the whole job on timeout."""
-    path, flavour = launcher
-    cmd = [path, "-n", str(nranks)]
-    # A copy of Python's environment, not the C-level one: an MPI singleton
-    # initialised in this process may have added launcher variables there.
-    env = dict(os.environ)
-    if flavour == "openmpi":
-        cmd.append("--oversubscribe")
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd += [sys.executable, str(ROOT / "examples" / f"{name}.py"), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {RUN_TIMEOUT} s\n"
-                    f"--- stdout\n{out}\n--- stderr\n{err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    cmd, env = _util.mpirun_cmd(nranks, [ROOT / "examples" / f"{name}.py", *args], launch=launcher)
+    return _util.run_job(cmd, env, RUN_TIMEOUT)
 
 
 def _describe(res) -> str:

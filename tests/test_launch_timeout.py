@@ -11,10 +11,7 @@ sleeping rank would wake) and print the error on stderr.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import time
 
 import _util
@@ -59,16 +56,9 @@ def _run(tmp_path, mode):
         env["MPICOLL_TIMEOUT"] = str(TIMEOUT)
     else:
         env.pop("MPICOLL_TIMEOUT", None)
-    proc = subprocess.Popen(cmd, cwd=_util.ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the job did not end in {LIMIT} s:\n--- stdout\n{out}\n--- stderr\n{err}")
+    res = _util.run_job(cmd, env, LIMIT)
     ended = time.time()
-    return proc.returncode, out, err, ended
+    return res.returncode, res.stdout, res.stderr, ended
 
 
 @pytest.mark.timeout(LIMIT + 30)
