@@ -27,12 +27,12 @@ from mpi4py import MPI
 from . import _config, _context, _observe, _select, _trace, _traffic, _types
 from ._backend import NUMPY
 from ._buffers import dtype_info
-from ._channel import Channel
 
 # predefined op object -> name (identity: a copy such as MPI.Op(MPI.SUM) takes the general path)
 _OPS = {id(getattr(MPI, name)): name for name in _types.OP_CATEGORIES if name not in ("MINLOC", "MAXLOC")}
 _OP_OBJECTS = [getattr(MPI, name) for name in _types.OP_CATEGORIES]  # keeps the ids valid
 _ALLREDUCE = _select.ALGORITHMS["allreduce"]
+_WORLD = MPI.COMM_WORLD
 _ndarray = np.ndarray
 _may_share_memory = np.may_share_memory
 
@@ -73,22 +73,39 @@ def comm_allreduce(comm, sendbuf, recvbuf, op, algorithm):
     return None if _run(comm, x, recvbuf, in_place, op, algorithm, None) else NotImplemented
 
 
+_PLAN: dict = {}  # (id(op), dtype) -> (mpitype, Reducer), or None: not the plain case
+
+
+def _plan(op, dtype):
+    """The wire type and reducer for a predefined op on a dtype, or None."""
+    key = (id(op), dtype)
+    try:
+        return _PLAN[key]
+    except KeyError:
+        pass
+    plan = None
+    name = _OPS.get(id(op))
+    if name is not None:
+        try:
+            category, mpitype, _ = dtype_info(dtype)
+        except TypeError:
+            category = None
+        if category in _types.OP_CATEGORIES[name]:
+            plan = (mpitype, NUMPY.reducer(op, mpitype, category))
+    _PLAN[key] = plan
+    return plan
+
+
 def _run(comm, x, out, in_place, op, algorithm, timeout) -> bool:
     """Run the AllReduce if the rest of the plain-case conditions hold; False if not.
 
     Errors the general path would raise for these (valid) arguments, such as a
     bad ``MPICOLL_*`` value, are raised in the same order it raises them.
     """
-    name = _OPS.get(id(op))
-    if name is None or timeout is not None:
+    plan = _plan(op, x.dtype) if timeout is None else None
+    if plan is None or not (algorithm == "auto" or algorithm in _ALLREDUCE):
         return False
-    try:
-        category, mpitype, _ = dtype_info(x.dtype)
-    except TypeError:
-        return False
-    if category not in _types.OP_CATEGORIES[name] or not (algorithm == "auto" or algorithm in _ALLREDUCE):
-        return False
-    comm = _context.check_comm(MPI.COMM_WORLD if comm is None else comm)
+    comm = _WORLD if comm is None else _context.check_comm(comm)
     algo, fn = _select.choose("allreduce", algorithm, x.nbytes, comm.Get_size(), True)
     if (_config.get("timeout") is not None or _config.get("check")
             or _trace.active() or _traffic._active):
@@ -96,7 +113,19 @@ def _run(comm, x, out, in_place, op, algorithm, timeout) -> bool:
     ctx = _context.context(comm)
     _observe.check_usable(ctx)
     ctx.seq += 1
+    mpitype, red = plan
     src = x if x.ndim == 1 else x.reshape(-1)
     dst = src if in_place else (out if out.ndim == 1 else out.reshape(-1))
-    fn(ctx, Channel(ctx.comm, mpitype), NUMPY, NUMPY.reducer(op, mpitype, category), src, dst)
+    fn(ctx, _channel(ctx, mpitype), NUMPY, red, src, dst)
     return True
+
+
+def _channel(ctx, mpitype):
+    """The host channel for ``mpitype`` on ``ctx``, made once per context."""
+    chans = ctx.__dict__.get("_fast_channels")
+    if chans is None:
+        chans = ctx.__dict__["_fast_channels"] = {}
+    ch = chans.get(mpitype.handle)
+    if ch is None:
+        ch = chans[mpitype.handle] = NUMPY.channel(ctx, mpitype)
+    return ch
