@@ -620,13 +620,14 @@ def test_environment_override(monkeypatch):
 def _spy_general(monkeypatch):
     from mpicoll import _collectives
     calls = []
-    real = _collectives.run_allreduce
+    for name in ("run_allreduce", "run_allgather", "run_reduce_scatter"):
+        real = getattr(_collectives, name)
 
-    def spy(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
 
-    monkeypatch.setattr(_collectives, "run_allreduce", spy)
+        monkeypatch.setattr(_collectives, name, spy)
     return calls
 
 
@@ -635,26 +636,60 @@ def test_fast_path_takes_plain_calls_and_matches_mpi(monkeypatch):
     import mpicoll
     general = _spy_general(monkeypatch)
     comm = mpicoll.Comm(WORLD)
-    rank = WORLD.rank
+    rank, n = WORLD.rank, WORLD.size
+
+    def same(got, want):  # floating products differ in rounding with the order of operands
+        if got.dtype.kind in "fc":
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+        else:
+            np.testing.assert_array_equal(got, want)
+
     for shape in ((), (1,), (7,), (3, 5), (0,), (1000,)):
         for dtype, op in ((np.int32, MPI.SUM), (np.float64, MPI.MAX), (np.uint8, MPI.BXOR),
                           (np.bool_, MPI.LOR), (np.complex64, MPI.PROD)):
             x = np.array(np.arange(int(np.prod(shape))).reshape(shape) + rank, dtype=dtype)
             ref = np.empty_like(x)
             WORLD.Allreduce(x, ref, op)
-            np.testing.assert_array_equal(mpicoll.allreduce(x, op), ref)
+            same(mpicoll.allreduce(x, op), ref)
             out = np.empty_like(x)
             assert mpicoll.allreduce(x, op, out=out) is out
-            np.testing.assert_array_equal(out, ref)
+            same(out, ref)
             y = x.copy()
             mpicoll.allreduce(y, op, out=y)
-            np.testing.assert_array_equal(y, ref)
+            same(y, ref)
             out[...] = 0
             comm.Allreduce(x, out, op)
-            np.testing.assert_array_equal(out, ref)
+            same(out, ref)
             y = x.copy()
             comm.Allreduce(MPI.IN_PLACE, y, op)
-            np.testing.assert_array_equal(y, ref)
+            same(y, ref)
+            # AllGather: array function and Comm (also in place)
+            gathered = np.empty((n * x.size,), dtype)
+            WORLD.Allgather(x.reshape(-1), gathered)
+            got = mpicoll.allgather(x)
+            same(got.reshape(-1), gathered)
+            assert got.shape == ((n * shape[0],) + shape[1:] if shape else (n,))
+            g = np.empty_like(gathered)
+            comm.Allgather(x, g)
+            same(g, gathered)
+            g = np.zeros_like(gathered)
+            g[rank * x.size:(rank + 1) * x.size] = x.reshape(-1)
+            comm.Allgather(MPI.IN_PLACE, g)
+            same(g, gathered)
+            # ReduceScatter: array function (array_split rows) and Comm block form
+            if shape:
+                full = np.empty(x.shape, dtype)
+                WORLD.Allreduce(x, full, op)
+                same(mpicoll.reduce_scatter(x, op),
+                                              np.array_split(full, n)[rank])
+            xs = np.array(np.arange(3 * n) * (rank + 1), dtype=dtype)
+            full = np.empty_like(xs)
+            WORLD.Allreduce(xs, full, op)
+            r = np.empty(3, dtype)
+            comm.Reduce_scatter_block(xs, r, op)
+            same(r, full[3 * rank: 3 * rank + 3])
+            comm.Reduce_scatter_block(MPI.IN_PLACE, xs, op)
+            same(xs[:3], full[3 * rank: 3 * rank + 3])
     assert general == []  # every call above took the fast path
 
 
@@ -683,6 +718,19 @@ def test_fast_path_declines_everything_else(monkeypatch):
     ]
     for args in declined:
         assert _fastpath.allreduce(None, *args[:1], *args[1:]) is NotImplemented, args
+    n = WORLD.size
+    assert _fastpath.allgather(None, x, None, [2] * n, "auto", None) is NotImplemented  # counts
+    assert _fastpath.allgather(None, x, x, None, "auto", None) is NotImplemented  # in place
+    assert _fastpath.allgather(None, x, np.empty(6 * n + 1), None, "auto", None) is NotImplemented
+    assert _fastpath.allgather(None, np.asfortranarray(x), None, None, "auto", None) is NotImplemented
+    assert _fastpath.reduce_scatter(None, x, None, MPI.SUM, [0] * n, "auto", None) is NotImplemented
+    assert _fastpath.reduce_scatter(None, x, x, MPI.SUM, None, "auto", None) is NotImplemented
+    assert _fastpath.reduce_scatter(None, np.float64(1.0), None, MPI.SUM, None, "auto", None) \
+        is NotImplemented
+    assert _fastpath.reduce_scatter(None, x, None, MPI.LAND, None, "auto", None) is NotImplemented
+    assert _fastpath.comm_allgather(WORLD, x, np.empty(6 * n + 1), "auto") is NotImplemented
+    assert _fastpath.comm_allgather(WORLD, [x, MPI.DOUBLE], np.empty(6 * n), "auto") is NotImplemented
+    assert _fastpath.comm_reduce_scatter_block(WORLD, x, np.empty(5), MPI.SUM, "auto") is NotImplemented
     y = np.empty_like(x)
     assert _fastpath.comm_allreduce(WORLD, [x, MPI.DOUBLE], y, MPI.SUM, "auto") is NotImplemented
     assert _fastpath.comm_allreduce(WORLD, x, [y, MPI.DOUBLE], MPI.SUM, "auto") is NotImplemented
