@@ -127,6 +127,9 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         x = np.full(2, rank)                 # rank r: [r, r]
         y = mpicoll.allgather(x)             # every rank: [0, 0, 1, 1, 2, 2]
     """
+    fast = _fastpath.allgather(comm, x, out, counts, algorithm, timeout)  # plain NumPy case
+    if fast is not NotImplemented:
+        return fast
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
@@ -197,6 +200,9 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         x = np.arange(4) + 10 * rank         # rank 0: [0,1,2,3]  rank 1: [10,11,12,13]
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
+    fast = _fastpath.reduce_scatter(comm, x, out, op, counts, algorithm, timeout)  # plain NumPy case
+    if fast is not NotImplemented:
+        return fast
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _types.check_op(op)
