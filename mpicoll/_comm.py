@@ -79,6 +79,8 @@ class Comm(MPI.Intracomm):
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
+        if _fastpath.comm_allgather(self, sendbuf, recvbuf, self._algo("allgather")) is None:
+            return  # plain NumPy buffers: done on the fast path
         size = self.Get_size()
         rmsg, per = _block_message(recvbuf, size)
         smsg = None
@@ -121,6 +123,9 @@ class Comm(MPI.Intracomm):
         and receives the result in its first ``count`` elements; a bare buffer
         means count = len(recvbuf) / size, ``[buf, count, type]`` states it.
         """
+        if _fastpath.comm_reduce_scatter_block(self, sendbuf, recvbuf, op,
+                                               self._algo("reduce_scatter")) is None:
+            return  # plain NumPy buffers: done on the fast path
         _types.check_op(op)
         size = self.Get_size()
         if is_in_place(sendbuf):
