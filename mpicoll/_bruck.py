@@ -11,7 +11,10 @@ rank counts that are not powers of two, at the price of two local copies.
 
 from __future__ import annotations
 
+from ._workmem import scoped
 
+
+@scoped
 def allgather(ctx, ch, be, src, dst, counts, displs):
     """Bruck AllGather(v): block r of ``dst`` (``counts[r]`` at ``displs[r]``) from rank r.
 
@@ -30,7 +33,7 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
     total = at[n]
     if total == 0:
         return
-    work = ctx.scratch(be, dst.dtype, total, slot=320)
+    work = ctx.work.take(dst.dtype, total, "bruck: rotated blocks")
     be.copy(work[: at[1]], own)
     d = 1
     while d < n:

@@ -1,4 +1,4 @@
-"""Per-communicator state: the library's private duplicate, call counter, scratch.
+"""Per-communicator state: the library's private duplicate, call counter, work memory.
 
 The state is cached on the user's communicator as an MPI attribute, so it is
 created once (on the first collective, collectively), shared by every
@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 
 from mpi4py import MPI
+
+from ._workmem import WorkMemory
 
 _KEYVAL = None
 
@@ -28,32 +30,15 @@ class Context:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.seq = 0  # collectives started on this communicator
-        self._scratch: dict = {}
+        self.work = WorkMemory()  # algorithms' work arrays, by purpose (see _workmem)
         from . import _ring, _topology
         # pipelining of the ring algorithms (MPICOLL_SEGMENT_BYTES, MPICOLL_WINDOW)
         self.segment_bytes, self.window = _ring.tuning()
         self.ring = _topology.ring_order(self)
         self.ring_pos = self.ring.index(self.rank)
 
-    def scratch(self, backend, dtype, n: int, slot: int = 0):
-        """A reusable 1-D work array of ``n`` elements (contents undefined).
-
-        One array is kept per (backend, dtype, slot) and grown on demand, so
-        repeated calls of one size allocate nothing.
-        """
-        key = (backend.name, dtype, slot)
-        buf = self._scratch.get(key)
-        if buf is None or len(buf) < n:
-            buf = backend.empty(max(n, 1), dtype)
-            self._scratch[key] = buf
-        return buf[:n]
-
-    def release_scratch(self) -> None:
-        """Drop the cached work arrays (they are reallocated when needed)."""
-        self._scratch.clear()
-
     def free(self) -> None:
-        self._scratch.clear()
+        self.work = WorkMemory()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from ._recursive import fold, is_packed, new_rank, real_rank
 from ._ring import split
+from ._workmem import scoped
 
 
 def _halve(ch, red, rank, newrank, pof2, rem, cur, acc, tmp, edge):
@@ -60,6 +61,7 @@ def _halve(ch, red, rank, newrank, pof2, rem, cur, acc, tmp, edge):
     return cur
 
 
+@scoped
 def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     """Recursive halving ReduceScatter: ``dst`` gets this rank's block (``counts[rank]``).
 
@@ -73,7 +75,7 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
         return
     total = sum(counts)
     if not is_packed(counts, displs):
-        packed = ctx.scratch(be, src.dtype, total, slot=302)
+        packed = ctx.work.take(src.dtype, total, "recursive halving: packed input")
         at = 0
         for c, d in zip(counts, displs):
             be.copy(packed[at: at + c], src[d: d + c])
@@ -86,10 +88,11 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
         start[r + 1] = start[r] + counts[r]
     pof2, rem = fold(n)
     edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
-    acc = ctx.scratch(be, src.dtype, total, slot=300)
+    acc = ctx.work.take(src.dtype, total, "recursive halving: reduced halves")
     # largest incoming piece: the whole input for the fold, else the first kept half
     half = edge[pof2 // 2]
-    tmp = ctx.scratch(be, src.dtype, total if rem else max(half, total - half), slot=301)
+    tmp = ctx.work.take(src.dtype, total if rem else max(half, total - half),
+                        "recursive halving: incoming half")
     cur = src
     if rank < 2 * rem:
         if rank % 2 == 0:
@@ -105,6 +108,7 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     be.copy(dst, cur[start[rank]: start[rank] + mine])
 
 
+@scoped
 def allreduce(ctx, ch, be, red, src, dst):
     """Rabenseifner AllReduce: recursive halving ReduceScatter + recursive doubling AllGather."""
     n, rank = ctx.size, ctx.rank
@@ -118,7 +122,8 @@ def allreduce(ctx, ch, be, red, src, dst):
     edge = displs + [N]
     # largest incoming piece: the whole array for the fold, else the first kept half
     half = edge[pof2 // 2]
-    tmp = ctx.scratch(be, dst.dtype, N if rem else max(half, N - half), slot=310)
+    tmp = ctx.work.take(dst.dtype, N if rem else max(half, N - half),
+                        "rabenseifner: incoming half")
     cur = src
     if rank < 2 * rem:
         if rank % 2 == 0:

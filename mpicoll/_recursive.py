@@ -23,6 +23,8 @@ exchange and one reduction, with no copies.
 
 from __future__ import annotations
 
+from ._workmem import scoped
+
 
 def fold(n: int):
     """(pof2, rem): largest power of two <= n, and n - pof2."""
@@ -42,6 +44,7 @@ def real_rank(newrank: int, rem: int) -> int:
     return newrank * 2 + 1 if newrank < rem else newrank + rem
 
 
+@scoped
 def allreduce(ctx, ch, be, red, src, dst):
     """Recursive-doubling AllReduce of 1-D arrays ``src`` -> ``dst`` (``src is dst``: in place)."""
     n, rank = ctx.size, ctx.rank
@@ -51,7 +54,7 @@ def allreduce(ctx, ch, be, red, src, dst):
             be.copy(dst, src)
         return
     pof2, rem = fold(n)
-    tmp = ctx.scratch(be, dst.dtype, N, slot=200)
+    tmp = ctx.work.take(dst.dtype, N, "recursive doubling: incoming partial")
     cur = src  # array holding this rank's partial result; src is never written
     if rank < 2 * rem:
         if rank % 2 == 0:
@@ -94,6 +97,7 @@ def allreduce(ctx, ch, be, red, src, dst):
         be.copy(dst, cur)
 
 
+@scoped
 def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     """ReduceScatter as a recursive-doubling AllReduce of the whole input.
 
@@ -102,7 +106,7 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     recursive halving cannot keep.
     """
     total = max((d + c for c, d in zip(counts, displs)), default=0)
-    full = ctx.scratch(be, src.dtype, total, slot=201)
+    full = ctx.work.take(src.dtype, total, "recursive doubling reduce_scatter: whole result")
     allreduce(ctx, ch, be, red, src[:total], full)
     own = displs[ctx.rank]
     be.copy(dst, full[own: own + counts[ctx.rank]])
@@ -118,6 +122,7 @@ def is_packed(counts, displs) -> bool:
     return True
 
 
+@scoped
 def allgather(ctx, ch, be, src, dst, counts, displs):
     """Recursive-doubling AllGather(v) (any rank count, via the fold).
 
@@ -138,7 +143,7 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
     if packed:
         work = dst
     else:
-        work = ctx.scratch(be, dst.dtype, total, slot=210)
+        work = ctx.work.take(dst.dtype, total, "recursive doubling allgather: packed blocks")
         at = sum(counts[:rank])
         be.copy(work[at: at + counts[rank]], own)
     start = [0] * (n + 1)

@@ -23,7 +23,8 @@ AllGather (n-1 steps)
 
 Pipelining
     Blocks are cut into segments of ``seg`` elements.  Receives are posted
-    ``window`` segments ahead into a small ring of work slots, so while one
+    ``window`` segments ahead into a small ring of work slots (work memory
+    from the context's arena, see _workmem), so while one
     segment is reduced the next ones are already arriving; a reduced segment
     is forwarded to the right at once.  AllReduce needs only ``window``
     segments of work memory: partials live in the output buffer.
@@ -49,6 +50,8 @@ _select.
 from __future__ import annotations
 
 import os
+
+from ._workmem import scoped
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_WINDOW = 2
@@ -132,7 +135,7 @@ def _reduce_pipeline(ch, ctx, red, be, src, dst, units, last, sends, ag_sends):
         rreqs = [ch.irecv(dst[a:b], left) for _, a, b in units[:window]]
     else:
         seg = max(b - a for _, a, b in units)
-        slots = [ctx.scratch(be, dst.dtype, seg, slot=k) for k in range(window)]
+        slots = [ctx.work.take(dst.dtype, seg, "ring allreduce: receive slot") for _ in range(window)]
         rreqs = [ch.irecv(slots[k][: b - a], left) for k, (_, a, b) in enumerate(units[:window])]
     for i, (step, a, b) in enumerate(units):
         k = i % window
@@ -146,6 +149,7 @@ def _reduce_pipeline(ch, ctx, red, be, src, dst, units, last, sends, ag_sends):
         (sends if step < last else ag_sends).append(ch.isend(dest, right))
 
 
+@scoped
 def allreduce(ctx, ch, be, red, src, dst):
     """Ring AllReduce of 1-D arrays ``src`` -> ``dst`` (``src is dst``: in place)."""
     n = ctx.size
@@ -175,6 +179,7 @@ def allreduce(ctx, ch, be, red, src, dst):
     _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block=p, sent=ag_sends)
 
 
+@scoped
 def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     """Ring ReduceScatter: ``dst`` (``counts[rank]`` elements) gets this rank's block.
 
@@ -237,15 +242,16 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     in_place = _shares_memory(src, dst)
     stage = None
     if in_place and own != 0:
-        stage = ctx.scratch(be, dtype, mine, slot=120)
+        stage = ctx.work.take(dtype, mine, "ring reduce_scatter: in-place result")
     out = dst if stage is None else stage
     nunits = len(units)
     # Out of place, last-step partials are received straight into dst and
     # reduced there; only forwarded partials (n > 2) need work slots.
     direct = not in_place
     nslots = min(window, nunits) if (n > 2 or not direct) else 0
-    slots = [ctx.scratch(be, dtype, piece, slot=k) for k in range(nslots)]
-    outs = [ctx.scratch(be, dtype, piece, slot=110 + k) for k in range(nout if n > 2 else 0)]
+    slots = [ctx.work.take(dtype, piece, "ring reduce_scatter: receive slot") for _ in range(nslots)]
+    outs = [ctx.work.take(dtype, piece, "ring reduce_scatter: partial to forward")
+            for _ in range(nout if n > 2 else 0)]
     out_req = [None] * len(outs)
     sends = []
 

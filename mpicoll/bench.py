@@ -459,7 +459,7 @@ def memory_probe(comm, case) -> tuple[int, int | None]:
         finally:
             if started:
                 tracemalloc.stop()
-        held = sum(int(a.nbytes) for a in getattr(ctx, "_scratch", {}).values())
+        held = ctx.work.nbytes
     finally:
         dup.Free()
     held = comm.allreduce(held, op=MPI.MAX)

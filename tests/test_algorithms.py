@@ -30,6 +30,7 @@ from mpicoll import _context, _select
 from mpicoll._backend import NUMPY
 from mpicoll._channel import Channel
 from mpicoll._ring import split
+from mpicoll._workmem import WorkMemory
 
 WORLD = MPI.COMM_WORLD
 
@@ -164,19 +165,18 @@ class FakeCtx:
         self.segment_bytes = segment_bytes
         self.window = window
         self.seq = 0
-        self._scratch = {}
+        self.work = _GarbageWork()
         self.rng = rng
-        self.scratch_elems = 0
 
-    def scratch(self, backend, dtype, n, slot=0):
-        key = (backend.name, dtype, slot)
-        buf = self._scratch.get(key)
-        if buf is None or len(buf) < n:
-            buf = backend.empty(max(n, 1), dtype)
-            self._scratch[key] = buf
-        self.scratch_elems = sum(len(b) for b in self._scratch.values())
-        view = buf[:n]
-        view[...] = 1e300 if dtype.kind == "f" else -12345  # garbage
+
+class _GarbageWork(WorkMemory):
+    """The context's arena, filling every work array with garbage when it is handed out."""
+
+    __slots__ = ()
+
+    def take(self, dtype, n, purpose):
+        view = super().take(dtype, n, purpose)
+        view[...] = 1e300 if dtype.kind == "f" else -12345
         return view
 
 
@@ -456,7 +456,7 @@ def test_ring_reduce_scatter_memory_is_bounded():
     res, _ = _run(n, body)
     np.testing.assert_array_equal(res[1], _reduce_all(inputs, "sum")[per: 2 * per])
     for ctx in ctxs:
-        assert ctx.scratch_elems == 2 * win * seg_elems
+        assert ctx.work.nbytes == 2 * win * seg_elems * 8
 
 
 def test_harness_detects_deadlock_and_early_reuse():
