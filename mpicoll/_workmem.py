@@ -44,13 +44,17 @@ class WorkMemory:
             the benchmark read it: a repeated call must not add any).
     """
 
-    __slots__ = ("_blocks", "_top", "_need", "_scopes", "allocations")
+    __slots__ = ("_blocks", "_top", "_need", "_taken", "_backends", "_extra", "_short",
+                 "allocations")
 
     def __init__(self):
         self._blocks: dict = {}   # (backend name, dtype) -> 1-D array
         self._top: dict = {}      # key -> elements taken by the open scopes
-        self._need: dict = {}     # key -> most elements one call took
-        self._scopes: list = []   # open scopes, innermost last
+        self._need: dict = {}     # key -> most elements one call took, where the array was short
+        self._taken: list = []    # (purpose, key, start, end) of the open scopes' regions, in order
+        self._backends: list = [] # the backend of each open scope, innermost last
+        self._extra: list = []    # arrays of takes that did not fit, kept to the end of the call
+        self._short = False       # a take of the current call did not fit its array
         self.allocations = 0
 
     @property
@@ -59,7 +63,7 @@ class WorkMemory:
         return sum(int(arr.nbytes) for arr in self._blocks.values())
 
     def scope(self, backend) -> _Scope:
-        """A context manager for one algorithm call on ``backend`` (nests)."""
+        """A context manager for one algorithm call on ``backend`` (nests); see :func:`scoped`."""
         return _Scope(self, backend)
 
     def take(self, dtype, n: int, purpose: str):
@@ -68,37 +72,41 @@ class WorkMemory:
         Disjoint from every other array taken in the open scopes; valid until
         the innermost open scope closes.
         """
-        if not self._scopes:
+        if not self._backends:
             raise RuntimeError(f"work memory for {purpose!r} taken outside a work-memory scope")
-        scope = self._scopes[-1]
-        be = scope.backend
-        key = (be.name, dtype)
-        top = self._top.get(key, 0)
-        end = top + n
-        self._top[key] = end
-        if end > self._need.get(key, 0):
-            self._need[key] = end
-        scope.taken.append((purpose, key, top, end))
+        key = (self._backends[-1].name, dtype)
+        tops = self._top
+        top = tops.get(key, 0)
+        end = tops[key] = top + n
+        self._taken.append((purpose, key, top, end))
         block = self._blocks.get(key)
         if block is not None and end <= len(block):
             return block[top:end]
+        return self._take_short(key, top, end)
+
+    def _take_short(self, key, top, end):
+        """``take`` where the arena's array is missing or too short."""
+        self._short = True
+        if end > self._need.get(key, 0):
+            self._need[key] = end
+        be, dtype, n = self._backends[-1], key[1], end - top
         if top == 0:
             # nothing of this kind is live: replace the arena's array by one that fits
-            block = self._blocks[key] = None
+            self._blocks[key] = None
             block = self._blocks[key] = self._alloc(be, max(n, 1), dtype)
             return block[:n]
         # live regions below: a separate array for the rest of this call
         arr = self._alloc(be, max(n, 1), dtype)
-        scope.extra.append(arr)
+        self._extra.append(arr)
         return arr[:n]
 
     def live(self) -> list:
         """(purpose, dtype, elements) of every region of the open scopes, oldest first."""
-        return [(p, key[1], end - top) for s in self._scopes for p, key, top, end in s.taken]
+        return [(p, key[1], end - top) for p, key, top, end in self._taken]
 
     def release(self) -> None:
         """Drop the arena's arrays (reallocated when needed); not while a scope is open."""
-        if self._scopes:
+        if self._backends:
             raise RuntimeError("work memory released while a call is using it")
         self._blocks.clear()
         self._need.clear()
@@ -106,6 +114,26 @@ class WorkMemory:
     def _alloc(self, be, n, dtype):
         self.allocations += 1
         return be.empty(n, dtype)
+
+    def _enter(self, backend) -> int:
+        """Open a scope; returns its mark (regions taken before it)."""
+        self._backends.append(backend)
+        return len(self._taken)
+
+    def _exit(self, mark: int) -> None:
+        """Close the innermost scope: give back the regions taken since ``mark``."""
+        taken = self._taken
+        if len(taken) > mark:
+            tops = self._top
+            for _, key, top, _ in reversed(taken[mark:]):
+                tops[key] = top
+            del taken[mark:]
+        be = self._backends.pop()
+        if not self._backends:
+            self._extra.clear()
+            if self._short:
+                self._short = False
+                self._grow(be)
 
     def _grow(self, be) -> None:
         """The outermost scope on ``be`` closed: grow its arrays to what the largest call took."""
@@ -117,31 +145,19 @@ class WorkMemory:
 
 
 class _Scope:
-    """One open use of the arena (one algorithm call); see :meth:`WorkMemory.scope`."""
+    """``with mem.scope(backend):`` -- one algorithm call's use of the arena."""
 
-    __slots__ = ("mem", "backend", "taken", "extra", "marks")
+    __slots__ = ("mem", "backend", "mark")
 
     def __init__(self, mem: WorkMemory, backend):
-        self.mem = mem
-        self.backend = backend
-        self.taken: list = []
-        self.extra: list = []
-        self.marks = None
+        self.mem, self.backend, self.mark = mem, backend, None
 
     def __enter__(self):
-        mem = self.mem
-        self.marks = dict(mem._top)
-        mem._scopes.append(self)
+        self.mark = self.mem._enter(self.backend)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        mem = self.mem
-        mem._scopes.pop()
-        mem._top = self.marks
-        self.taken.clear()
-        self.extra.clear()
-        if not mem._scopes:
-            mem._grow(self.backend)
+        self.mem._exit(self.mark)
         return False
 
 
@@ -150,7 +166,11 @@ def scoped(fn):
 
     @functools.wraps(fn)
     def run(ctx, ch, be, *args):
-        with ctx.work.scope(be):
+        mem = ctx.work
+        mark = mem._enter(be)
+        try:
             return fn(ctx, ch, be, *args)
+        finally:
+            mem._exit(mark)
 
     return run
