@@ -1,11 +1,23 @@
-"""Array functions: ``allreduce``, ``allgather``, ``reduce_scatter`` on whole arrays."""
+"""Array functions: ``allreduce``, ``allgather``, ``reduce_scatter`` on whole arrays.
+
+Rules common to the three functions:
+
+* Logical order.  Elements are combined and gathered by index, whatever the
+  memory layout of ``x`` and ``out`` on each rank (C or Fortran order,
+  strided views; ranks may differ).  The algorithms move C-ordered memory: a
+  C-contiguous array is used as it is, any other layout through a C-ordered
+  copy.
+* In place by memory.  ``out`` viewing exactly the memory of ``x`` (the same
+  object, another object over the same buffer) is the in-place form; an
+  ``out`` overlapping ``x`` in part is a ValueError.
+"""
 
 from __future__ import annotations
 
 from mpi4py import MPI
 
 from . import _collectives, _config, _fastpath, _select, _types
-from ._buffers import array_arg, as_counts, is_writable, msg_of_array
+from ._buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
 from ._context import check_comm
 
 
@@ -24,17 +36,47 @@ def _prod(shape):
     return n
 
 
-def _check_out(out, backend, x, shape, argname="out"):
-    obackend, out = array_arg(out, argname, writable=True, c_order=True)
+def _check_out(out, backend, x, shape, what):
+    """(out array, in place) for an ``out=`` argument; in place when it is ``x``'s memory exactly.
+
+    ``out`` may be another object over the same memory as ``x`` (a
+    ``memoryview`` of it, the same ``bytearray`` converted again): the memory,
+    not the object, makes the call in place.  Any other overlap is a ValueError.
+    """
+    obackend, out = array_arg(out, "out")
+    in_place = obackend is backend and same_memory(x, out)
+    if not is_writable(out):
+        if in_place:
+            raise ValueError(f"out: expected a writable array for an in-place {what}, got a read-only one")
+        raise ValueError("out: expected a writable buffer, got a read-only one")
+    if in_place:
+        return out, True
     if obackend is not backend:
-        raise TypeError(
-            f"{argname}: expected a {backend.name} array like x, got a {obackend.name} array"
-        )
+        raise TypeError(f"out: expected a {backend.name} array like x, got a {obackend.name} array")
     if out.dtype != x.dtype:
-        raise TypeError(f"{argname}: expected dtype {x.dtype} like x, got {out.dtype}")
+        raise TypeError(f"out: expected dtype {x.dtype} like x, got {out.dtype}")
     if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"{argname}: expected shape {tuple(shape)}, got {tuple(out.shape)}")
-    return out
+        raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(out.shape)}")
+    if overlaps(backend, x, out):
+        raise ValueError(
+            f"out: overlaps x; pass out=x (the same memory) for an in-place {what}, "
+            f"or an out that does not overlap x"
+        )
+    return out, False
+
+
+def _c_order(backend, a, fill=True):
+    """``a`` itself if C-contiguous, else a new C-ordered array (a copy of ``a`` if ``fill``).
+
+    The algorithms see an array's elements in memory order; a C-ordered array
+    puts them in logical order, which is the order the ranks agree on.
+    """
+    if a.flags.c_contiguous:
+        return a
+    tmp = _new_out(backend, a, tuple(a.shape))
+    if fill:
+        backend.copy(tmp, a)
+    return tmp
 
 
 def _rows(x):
@@ -48,17 +90,20 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
     """Reduce ``x`` elementwise over all ranks; every rank gets the result.
 
     Args:
-        x: array (NumPy, CuPy, or any DLPack/buffer object) of the same shape on every rank.
+        x: array (NumPy, CuPy, or any DLPack/buffer object) of the same shape on every
+            rank, any memory layout: elements combine by index.
         op: an ``MPI.Op`` (SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR
             or a user op from ``MPI.Op.Create``).
         comm: intra-communicator (default ``MPI.COMM_WORLD``).
-        out: array to write into (same shape and dtype); ``out is x`` reduces in place.
+        out: array to write into (same shape and dtype, any layout).  ``out=x``, or
+            any object over exactly ``x``'s memory, reduces in place.
         algorithm: ``"auto"``, ``"ring"`` or ``"recursive_doubling"``.
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
 
     Returns:
-        The reduced array (``out`` when given).
+        The reduced array: ``out`` when given, else a new array in ``x``'s
+        memory order (C unless ``x`` is Fortran-ordered).
 
     Example (4 ranks)::
 
@@ -73,46 +118,44 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
     _types.check_op(op)
     _select.check_algorithm("allreduce", algorithm)
     backend, x = array_arg(x, "x")
-    in_place = out is x
-    if in_place:
-        if not is_writable(x):
-            raise ValueError("out: expected a writable array for an in-place allreduce, got a read-only one")
-        out = x
-    elif out is None:
-        # same memory order as x: elements combine in memory order
+    if out is None:
+        # same memory order as x (C unless x is Fortran-ordered)
         out = _new_out(backend, x, x.shape[::-1]).T if _fortran(x) else _new_out(backend, x, x.shape)
+        in_place = False
     else:
-        out = _check_out(out, backend, x, x.shape)
-    smsg = msg_of_array(x, backend)
-    _types.check_op_applies(op, smsg.category, smsg.typename)
-    if not in_place and x.size and backend.may_share_memory(x, out):
-        raise ValueError("out: overlaps x; pass out=x to reduce in place")
-    if not in_place and _fortran(x) and not _fortran(out):
-        # a Fortran-ordered x into a C-ordered out: reduce a C-ordered copy of x
-        xc = _new_out(backend, x, x.shape)
-        backend.copy(xc, x)
-        smsg = msg_of_array(xc, backend)
-    rmsg = msg_of_array(out, backend)
-    _collectives.run_allreduce(comm, None if in_place else smsg, rmsg, op, algorithm,
-                               timeout=timeout)
+        out, in_place = _check_out(out, backend, x, x.shape, "allreduce")
+    category, _, typename = dtype_info(x.dtype)
+    _types.check_op_applies(op, category, typename)
+    # every rank reduces its elements in logical (C) order, whatever its layout
+    if in_place:
+        work = _c_order(backend, x)
+        _collectives.run_allreduce(comm, None, msg_of_array(work, backend), op, algorithm,
+                                   timeout=timeout)
+    else:
+        work = _c_order(backend, out, fill=False)
+        _collectives.run_allreduce(comm, msg_of_array(_c_order(backend, x), backend),
+                                   msg_of_array(work, backend), op, algorithm, timeout=timeout)
+    if work is not out:
+        backend.copy(out, work)
     return out
 
 
 def _fortran(a) -> bool:
-    """Whether a contiguous array's memory order differs from C order."""
-    return a.ndim > 1 and not a.flags.c_contiguous
+    """Whether an array is Fortran-ordered and not also C-ordered."""
+    return a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous
 
 
 def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """Concatenate every rank's ``x`` along axis 0, in rank order, on every rank.
 
     Args:
-        x: array; rank r contributes ``counts[r]`` rows (all rows have the same shape).
-            A 0-d array counts as one row of one element.
+        x: array of any memory layout; rank r contributes ``counts[r]`` rows (all
+            rows have the same shape).  A 0-d array counts as one row of one element.
         comm: intra-communicator (default ``MPI.COMM_WORLD``).
-        out: array of shape ``(sum(counts), *x.shape[1:])`` to write into.
-            ``out is x`` means in place: ``x`` is already the full output
-            and holds this rank's rows at their place.
+        out: array of shape ``(sum(counts), *x.shape[1:])``, any layout, to write into.
+            ``out=x`` (or another object over exactly ``x``'s memory) means in
+            place: ``x`` is already the full output and holds this rank's rows
+            at their place.
         counts: rows contributed by each rank (an allgatherv); default: every
             rank contributes ``len(x)`` rows.
         algorithm: ``"auto"`` or ``"ring"``.
@@ -120,7 +163,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
 
     Returns:
-        The gathered array.
+        The gathered array (``out`` when given, else a new C-ordered array).
 
     Example (3 ranks)::
 
@@ -134,8 +177,11 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
     timeout = _config._check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
-    backend, x = array_arg(x, "x", c_order=True)
-    in_place = out is x
+    backend, x = array_arg(x, "x")
+    in_place = False
+    if out is not None:
+        obackend, oarr = array_arg(out, "out")
+        in_place = obackend is backend and same_memory(x, oarr)
     xrows, rowsize = _rows(x)
     trailing = tuple(x.shape[1:])
     if counts is None:
@@ -153,25 +199,27 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
             raise ValueError(f"counts: counts[{rank}] is {counts[rank]} but x has {xrows} rows")
     total = sum(counts)
     shape = (total,) + trailing if x.ndim else (total,)
-    if in_place:
-        if not is_writable(x):
-            raise ValueError("out: expected a writable array for an in-place allgather, got a read-only one")
-        if tuple(x.shape) != shape:
-            raise ValueError(f"out: expected shape {shape} for an in-place allgather, got {tuple(x.shape)}")
-        out = x
-    elif out is None:
+    if out is None:
         out = _new_out(backend, x, shape)
     else:
-        out = _check_out(out, backend, x, shape)
-        if x.size and backend.may_share_memory(x, out):
-            raise ValueError("out: overlaps x; pass out=x for an in-place allgather")
+        out, in_place = _check_out(out, backend, x, shape, "allgather")
+        if in_place and tuple(x.shape) != shape:
+            raise ValueError(f"out: expected shape {shape} for an in-place allgather, got {tuple(x.shape)}")
     ecounts = [c * rowsize for c in counts]
     edispls = [0] * size
     for r in range(1, size):
         edispls[r] = edispls[r - 1] + ecounts[r - 1]
-    rmsg = msg_of_array(out, backend)
-    smsg = None if in_place else msg_of_array(x, backend)
-    _collectives.run_allgather(comm, smsg, rmsg, ecounts, edispls, algorithm, timeout=timeout)
+    # rows in logical (C) order on every rank, whatever its layout
+    if in_place:
+        work = _c_order(backend, out)
+        smsg = None
+    else:
+        work = _c_order(backend, out, fill=False)
+        smsg = msg_of_array(_c_order(backend, x), backend)
+    _collectives.run_allgather(comm, smsg, msg_of_array(work, backend), ecounts, edispls,
+                               algorithm, timeout=timeout)
+    if work is not out:
+        backend.copy(out, work)
     return out
 
 
@@ -180,12 +228,14 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     """Reduce ``x`` over all ranks and give rank r only its rows (block r along axis 0).
 
     Args:
-        x: array with at least one dimension, the same shape on every rank.
+        x: array with at least one dimension, the same shape on every rank, any
+            memory layout.
         op: an ``MPI.Op`` as for :func:`allreduce`.
         comm: intra-communicator (default ``MPI.COMM_WORLD``).
-        out: array of shape ``(counts[rank], *x.shape[1:])``.  ``out is x``
-            reduces in place: the result goes to ``x[:counts[rank]]``, the rest
-            of ``x`` is left as it was, and that view is returned.
+        out: array of shape ``(counts[rank], *x.shape[1:])``, any layout.  ``out=x``
+            (or another object over exactly ``x``'s memory) reduces in place: the
+            result goes to ``x[:counts[rank]]``, the rest of ``x`` is left as it
+            was, and that view is returned.
         counts: rows per rank; default: ``len(x)`` split as numpy.array_split
             does (the first ``len(x) % size`` ranks get one row more).
         algorithm: ``"auto"``, ``"ring"`` or ``"recursive_doubling"``.
@@ -193,7 +243,7 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
 
     Returns:
-        This rank's reduced rows.
+        This rank's reduced rows (``out`` when given, else a new C-ordered array).
 
     Example (2 ranks)::
 
@@ -208,7 +258,7 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     _types.check_op(op)
     _select.check_algorithm("reduce_scatter", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
-    backend, x = array_arg(x, "x", c_order=True)
+    backend, x = array_arg(x, "x")
     if x.ndim == 0:
         raise ValueError("x: expected an array with at least one dimension, got a 0-d array")
     xrows, rowsize = _rows(x)
@@ -220,29 +270,29 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         if sum(counts) != xrows:
             raise ValueError(f"counts: sum(counts) is {sum(counts)} but x has {xrows} rows")
     shape = (counts[rank],) + tuple(x.shape[1:])
-    in_place = out is x
-    smsg = msg_of_array(x, backend)
-    _types.check_op_applies(op, smsg.category, smsg.typename)
-    if in_place:
-        if not is_writable(x):
-            raise ValueError(
-                "out: expected a writable array for an in-place reduce_scatter, got a read-only one"
-            )
-        result = x[: counts[rank]]
-    elif out is None:
-        result = _new_out(backend, x, shape)
+    category, _, typename = dtype_info(x.dtype)
+    _types.check_op_applies(op, category, typename)
+    if out is None:
+        result, in_place = _new_out(backend, x, shape), False
     else:
-        result = _check_out(out, backend, x, shape)
-        if result.size and x.size and backend.may_share_memory(x, result):
-            raise ValueError("out: overlaps x; pass out=x to reduce in place")
+        result, in_place = _check_out(out, backend, x, shape, "reduce_scatter")
     ecounts = [c * rowsize for c in counts]
     edispls = [0] * size
     for r in range(1, size):
         edispls[r] = edispls[r - 1] + ecounts[r - 1]
+    # rows in logical (C) order on every rank, whatever its layout
+    src = _c_order(backend, x)
     if in_place:
-        _collectives.run_reduce_scatter(comm, None, smsg, ecounts, edispls, op, algorithm,
-                                        timeout=timeout)
-    else:
-        _collectives.run_reduce_scatter(comm, smsg, msg_of_array(result, backend),
-                                        ecounts, edispls, op, algorithm, timeout=timeout)
+        # the input is the whole of x; the result goes to its first rows
+        _collectives.run_reduce_scatter(comm, None, msg_of_array(src, backend), ecounts, edispls,
+                                        op, algorithm, timeout=timeout)
+        result = x[: counts[rank]]
+        if src is not x:
+            backend.copy(result, src[: counts[rank]])
+        return result
+    work = _c_order(backend, result, fill=False)
+    _collectives.run_reduce_scatter(comm, msg_of_array(src, backend), msg_of_array(work, backend),
+                                    ecounts, edispls, op, algorithm, timeout=timeout)
+    if work is not result:
+        backend.copy(result, work)
     return result

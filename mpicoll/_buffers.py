@@ -250,19 +250,59 @@ def check_same_type(smsg: Msg, rmsg: Msg) -> None:
         )
 
 
-def array_arg(x, argname, *, writable=False, c_order=False):
-    """(backend, array) for an array-function argument, with the same checks."""
+def array_arg(x, argname, *, writable=False):
+    """(backend, array) for an array-function argument, of any memory layout.
+
+    The array functions work in logical (C) element order whatever the
+    layout, so unlike a message buffer the array need not be contiguous.
+    """
     if isinstance(x, (list, tuple, int, float, complex, bool)) or x is None:
         raise TypeError(f"{argname}: expected an array, got {type(x).__name__}")
     backend, arr = _to_array(x, argname)
-    _check_layout(arr, argname, writable)
-    if c_order and arr.ndim > 1 and not arr.flags.c_contiguous:
-        raise ValueError(f"{argname}: expected a C-contiguous array, got a Fortran-ordered one")
+    if writable and not is_writable(arr):
+        raise ValueError(f"{argname}: expected a writable array, got a read-only one")
     try:
         dtype_info(arr.dtype)
     except TypeError as exc:
         raise TypeError(f"{argname}: {exc}") from None
     return backend, arr
+
+
+def _memory(a):
+    """(address, shape, strides, type) of an array's elements: equal for views of the same ones."""
+    iface = getattr(a, "__array_interface__", None)
+    if iface is None:
+        iface = a.__cuda_array_interface__
+    shape = tuple(iface["shape"])
+    strides = iface.get("strides")
+    if strides is None:  # C-contiguous
+        strides, step = [], a.dtype.itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= n
+        strides = strides[::-1]
+    return iface["data"][0], shape, tuple(strides), iface["typestr"]
+
+
+def same_memory(a, b) -> bool:
+    """Whether two arrays (one backend) view exactly the same elements the same way.
+
+    This, not object identity, is what makes a call in place: ``out`` may be
+    another object over ``x``'s memory (a ``memoryview`` of a ``bytearray``,
+    the same array converted twice).
+    """
+    if a is b:
+        return True
+    return _memory(a) == _memory(b)
+
+
+def overlaps(backend, a, b) -> bool:
+    """Whether two arrays of ``backend`` share any element (exactly, for NumPy)."""
+    if not (a.size and b.size):
+        return False
+    if backend is _backend.NUMPY:
+        return bool(np.shares_memory(a, b))
+    return bool(backend.may_share_memory(a, b))
 
 
 _DTYPE_INFO: dict = {}

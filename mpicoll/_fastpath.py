@@ -7,9 +7,10 @@ spends about 110 Python calls, 15 us there, before and around it.  The
 functions here accept only the plain case and take the same decisions in
 about a third of the calls:
 
-* NumPy arrays (exactly ``numpy.ndarray``), C-contiguous, of a dtype MPI
-  carries, the output writable, the same dtype, the sizes the call needs,
-  input and output not overlapping (or the call's in-place form);
+* NumPy arrays (exactly ``numpy.ndarray``), C-contiguous (logical order is
+  memory order), of a dtype MPI carries, the output writable, the same dtype,
+  the sizes the call needs, input and output not overlapping (or, for the
+  array AllReduce, the same memory: in place, as the general path decides);
 * the default block layout (no ``counts``), a predefined op object
   (``MPI.SUM`` & co.) that applies to the dtype;
 * no check, timeout, trace or traffic counter active for the call.
@@ -28,7 +29,7 @@ from mpi4py import MPI
 
 from . import _config, _context, _observe, _select, _trace, _traffic, _types
 from ._backend import NUMPY
-from ._buffers import dtype_info
+from ._buffers import dtype_info, same_memory
 from ._ring import split
 
 # predefined op object -> name (identity: a copy such as MPI.Op(MPI.SUM) takes the general path)
@@ -153,9 +154,13 @@ def allreduce(comm, x, out, op, algorithm, timeout):
     if in_place:
         if not x.flags.writeable:
             return NotImplemented
-    elif out is not None and (not _plain(out, True) or out.dtype != x.dtype or out.shape != x.shape
-                              or (x.size and _may_share_memory(x, out))):
-        return NotImplemented
+    elif out is not None:
+        if not _plain(out, True) or out.dtype != x.dtype or out.shape != x.shape:
+            return NotImplemented
+        if x.size and _may_share_memory(x, out):
+            if not same_memory(x, out):
+                return NotImplemented  # partial overlap: the general path says why
+            in_place = True  # in place is a matter of memory, not of objects
     plan = _plan(op, x.dtype)
     if plan is None or not _ok("allreduce", algorithm):
         return NotImplemented
