@@ -13,10 +13,10 @@ Why two live uses cannot alias
     the regions taken before it (a bump pointer that only moves up while the
     scope is open).  Scopes nest: an algorithm built on another one (a
     ReduceScatter made of an AllReduce) opens the inner scope above the
-    outer one's regions, and closing it gives back only its own.  The outer
-    scope may not take while an inner one is open (RuntimeError), so the
-    regions of every open scope are pairwise disjoint, however many buffers
-    a call asks for.
+    outer one's regions, and closing it gives back only its own.  A take
+    always goes to the innermost open scope, and a scope closes before its
+    caller continues, so the regions of all open scopes are pairwise
+    disjoint, however many buffers a call asks for.
 
 Storage
     One 1-D array per (backend, dtype), reused by every call.  A take that
@@ -26,9 +26,9 @@ Storage
     grows to what the call needed.  A repeated call of one signature then
     allocates nothing.  ``backend.empty(n, dtype)`` is the only allocation.
 
-After a failed call (a timeout, a mismatch) receives may still be pending
-into the arena; such a context is marked unusable (see _observe), so no
-later call on it reuses that memory.
+After a call that timed out, receives may still be pending into the arena;
+such a context is marked unusable (see _observe), so no later call on it
+reuses that memory.
 """
 
 from __future__ import annotations
