@@ -59,6 +59,52 @@ class Comm(MPI.Intracomm):
         algo = getattr(self, "_algorithm", "auto")
         return algo if algo in _select.ALGORITHMS[collective] else "auto"
 
+    # -- communicators made from this one keep its forced algorithm ----------------
+    # mpi4py builds the result of Dup/Clone/Idup as ``type(self).__new__`` without
+    # ``__init__`` and the result of Split/Create as a plain Intracomm; both lose
+    # the algorithm, so every method that makes an intra-communicator hands its
+    # result to _derived.
+
+    def _derived(self, new):
+        """``new`` as an mpicoll.Comm with this communicator's algorithm (COMM_NULL as is)."""
+        if new == MPI.COMM_NULL:
+            return new
+        if not isinstance(new, Comm):
+            new = MPI.Intracomm.__new__(Comm, new)
+        new._algorithm = getattr(self, "_algorithm", "auto")
+        return new
+
+    def Dup(self, info=None):
+        return self._derived(super().Dup(info))
+
+    def Dup_with_info(self, info):
+        return self._derived(super().Dup_with_info(info))
+
+    def Clone(self):
+        return self._derived(super().Clone())
+
+    def Idup(self, info=None):
+        comm, request = super().Idup(info)  # already a Comm; its handle is set on completion
+        comm._algorithm = getattr(self, "_algorithm", "auto")
+        return comm, request
+
+    def Idup_with_info(self, info):
+        comm, request = super().Idup_with_info(info)
+        comm._algorithm = getattr(self, "_algorithm", "auto")
+        return comm, request
+
+    def Split(self, color=0, key=0):
+        return self._derived(super().Split(color, key))
+
+    def Split_type(self, split_type, key=0, info=MPI.INFO_NULL):
+        return self._derived(super().Split_type(split_type, key, info))
+
+    def Create(self, group):
+        return self._derived(super().Create(group))
+
+    def Create_group(self, group, tag=0):
+        return self._derived(super().Create_group(group, tag))
+
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
         if _fastpath.comm_allreduce(self, sendbuf, recvbuf, op, self._algo("allreduce")) is None:
