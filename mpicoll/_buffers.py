@@ -25,14 +25,16 @@ from . import _backend, _types
 
 class Msg:
     __slots__ = ("array", "dtype", "category", "mpitype", "typename", "backend",
-                 "counts", "displs")
+                 "counts", "displs", "optype")
 
     def __init__(self, array, dtype, category, mpitype, typename, backend,
-                 counts=None, displs=None):
+                 counts=None, displs=None, optype=None):
         self.array = array        # 1-D view, exactly the message's elements
         self.dtype = dtype
         self.category = category
-        self.mpitype = mpitype    # datatype used on the wire and for Reduce_local
+        self.mpitype = mpitype    # datatype used on the wire
+        # datatype handed to user-defined ops: the one mpi4py would pass for this spec
+        self.optype = optype or mpitype
         self.typename = typename  # for messages: "float64", "MPI.INT", ...
         self.backend = backend
         self.counts = counts      # vector specs only
@@ -206,11 +208,13 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
     if datatype is not None and category != "pair":
         mpitype = _types.wire_type(dtype) or datatype
         typename = _types.datatype_name(datatype)
+        optype = datatype
     elif datatype is not None:
-        mpitype = datatype
+        mpitype = optype = datatype
         typename = _types.datatype_name(datatype)
     else:
         mpitype, typename = dtype_info(dtype)[1:]
+        optype = _types.natural_type(dtype)
 
     avail = len(arr)
     if counts is not None:
@@ -222,7 +226,7 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
                 f"{argname}: counts and displacements need {need} elements, "
                 f"the buffer holds {avail}"
             )
-        return Msg(arr, dtype, category, mpitype, typename, backend, counts, displs)
+        return Msg(arr, dtype, category, mpitype, typename, backend, counts, displs, optype)
     displ = displ or 0
     if count is None:
         count = avail - displ if displ <= avail else -1
@@ -233,7 +237,7 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
         )
     if displ or count != avail:
         arr = arr[displ:displ + count]
-    return Msg(arr, dtype, category, mpitype, typename, backend)
+    return Msg(arr, dtype, category, mpitype, typename, backend, optype=optype)
 
 
 def check_same_type(smsg: Msg, rmsg: Msg) -> None:
@@ -285,4 +289,5 @@ def msg_of_array(arr, backend) -> Msg:
     """A Msg over an already checked array (all its elements, memory order)."""
     dtype = arr.dtype
     category, mpitype, typename = dtype_info(dtype)
-    return Msg(_flat(arr), dtype, category, mpitype, typename, backend)
+    return Msg(_flat(arr), dtype, category, mpitype, typename, backend,
+               optype=_types.natural_type(dtype))

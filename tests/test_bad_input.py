@@ -392,8 +392,9 @@ def _spec_errors(arg):
     """Bad mpi4py message specs; ``kw[arg]`` is a float64 array of the right size."""
     return [
         ("unknown typecode", TypeError, rf"^{arg}: unknown typecode 'zz'", lambda kw, fx: [kw[arg], "zz"]),
-        ("typecode of no MPI type", TypeError, rf"^{arg}: unknown typecode 'e'",
-         lambda kw, fx: [kw[arg].view(np.float16), "e"]),
+        ("typecode of a non-numeric MPI type", TypeError,
+         r"^datatype: expected a predefined numeric MPI datatype, got MPI\.CHAR",
+         lambda kw, fx: [kw[arg], "c"]),
         ("count and no datatype, beyond the buffer", ValueError,
          rf"^{arg}: count 1000000 at displacement 0 exceeds the buffer's \d+ elements",
          lambda kw, fx: [kw[arg], 10 ** 6]),
