@@ -128,7 +128,8 @@ class Comm(MPI.Intracomm):
         if _fastpath.comm_allgather(self, sendbuf, recvbuf, self._algo("allgather")) is None:
             return  # plain NumPy buffers: done on the fast path
         size = self.Get_size()
-        rmsg, per = _block_message(recvbuf, size)
+        rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
+        per = rmsg.count // size
         smsg = None
         if not is_in_place(sendbuf):
             smsg = message(sendbuf, "sendbuf", writable=False)
@@ -143,11 +144,15 @@ class Comm(MPI.Intracomm):
         _collectives.run_allgather(self, smsg, rmsg, counts, displs, self._algo("allgather"))
 
     def Allgatherv(self, sendbuf, recvbuf):
-        """Gather ``counts[r]`` elements from each rank r (``recvbuf`` = [buf, counts, displs, type])."""
+        """Gather ``counts[r]`` elements from each rank r into ``recvbuf``.
+
+        ``recvbuf`` is any mpi4py vector spec: ``[buf, counts, displs, T]``,
+        ``[buf, counts]``, ``[buf, (counts, displs), T]``, ``[buf, count, T]``
+        (the same count from every rank), a bare buffer (split as evenly as
+        possible), with None for what is inferred.
+        """
         size, rank = self.Get_size(), self.Get_rank()
-        rmsg = message(recvbuf, "recvbuf", writable=True, comm_size=size)
-        if rmsg.counts is None:
-            raise ValueError("recvbuf: expected [buf, counts, displs, datatype] with one count per rank")
+        rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size, vector=True)
         smsg = None
         if not is_in_place(sendbuf):
             smsg = message(sendbuf, "sendbuf", writable=False)
@@ -168,6 +173,7 @@ class Comm(MPI.Intracomm):
         In place (``sendbuf=MPI.IN_PLACE``), ``recvbuf`` holds the whole input
         and receives the result in its first ``count`` elements; a bare buffer
         means count = len(recvbuf) / size, ``[buf, count, type]`` states it.
+        As in mpi4py, a count given in a ``sendbuf`` spec is also per rank.
         """
         if _fastpath.comm_reduce_scatter_block(self, sendbuf, recvbuf, op,
                                                self._algo("reduce_scatter")) is None:
@@ -175,12 +181,14 @@ class Comm(MPI.Intracomm):
         _types.check_op(op)
         size = self.Get_size()
         if is_in_place(sendbuf):
-            rmsg, per = _block_message(recvbuf, size)
+            rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
+            per = rmsg.count // size
             smsg = None
         else:
             rmsg = message(recvbuf, "recvbuf", writable=True)
             per = rmsg.count
-            smsg = message(sendbuf, "sendbuf", writable=False)
+            # as in mpi4py, a count in the send spec is per rank (block)
+            smsg = message(sendbuf, "sendbuf", writable=False, blocks=size)
             check_same_type(smsg, rmsg)
             if smsg.count != per * size:
                 raise ValueError(
@@ -234,28 +242,6 @@ def _check_rs_counts(scount, rcount, counts, rank):
         raise ValueError(f"mismatch in send count {scount} and sum(counts) {sum(counts)}")
     if rcount != counts[rank]:
         raise ValueError(f"mismatch in receive count {rcount} and counts[{rank}] {counts[rank]}")
-
-
-def _block_message(recvbuf, size):
-    """recvbuf of a block collective: an explicit count is per rank, else len/size."""
-    explicit = isinstance(recvbuf, (list, tuple)) and len(recvbuf) == 3
-    rmsg = message(recvbuf, "recvbuf", writable=True)
-    if explicit:
-        per = rmsg.count
-        rmsg = _widen(recvbuf, rmsg, per * size)
-        return rmsg, per
-    if rmsg.count % size:
-        raise ValueError(
-            f"recvbuf: holds {rmsg.count} elements, not a multiple of the {size} ranks"
-        )
-    return rmsg, rmsg.count // size
-
-
-def _widen(recvbuf, rmsg, total):
-    """Re-read a [buf, count, type] spec as ``total`` elements (count is per rank)."""
-    data, count, datatype = recvbuf
-    displ = count[1] if isinstance(count, (list, tuple)) else 0
-    return message([data, (total, displ), datatype], "recvbuf", writable=True)
 
 
 def _check_disjoint(counts, displs):
