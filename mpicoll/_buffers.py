@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import _backend, _types
+from . import _backend, _dlpack, _types
 
 
 class Msg:
@@ -79,11 +79,14 @@ def _to_array(obj, argname):
         )
     try:
         return backend, backend.asarray(obj)
-    except TypeError:
+    except TypeError as exc:
+        detail = f" ({exc})" if str(exc) else ""
         raise TypeError(
             f"{argname}: expected a buffer (buffer protocol, DLPack or CUDA array interface), "
-            f"got {type(obj).__name__}"
+            f"got {type(obj).__name__}{detail}"
         ) from None
+    except ValueError as exc:
+        raise ValueError(f"{argname}: {exc}") from None
 
 
 # Python objects that cannot be the data of a message (they hold no buffer).
@@ -279,6 +282,8 @@ def message(spec, argname, *, writable, blocks=0, vector=False) -> Msg:
     else:
         backend, arr = _to_array(data, argname)
         _check_layout(arr, argname, writable)
+        if datatype is None and _dlpack.is_raw(arr):
+            datatype = MPI.BYTE  # a DLPack type mpi4py moves as bytes (bfloat16, lanes, ...)
         if datatype is None:
             dtype = arr.dtype
             try:
