@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
 from . import _collectives, _fastpath, _select, _types
-from ._buffers import as_counts, check_same_type, is_in_place, message
+from ._backend import NUMPY
+from ._buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
 from ._context import check_comm
 
 
@@ -205,8 +207,45 @@ class Comm(MPI.Intracomm):
         """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
 
         Without ``recvcounts`` each rank's receive count is its ``recvbuf``
-        length, exchanged among the ranks first (as mpi4py does).
+        length, exchanged among the ranks first (as mpi4py does).  Each rank's
+        verdict on its own arguments travels with its count, so every rank
+        raises if any rank's arguments are bad (none is left waiting).
         """
+        size, rank = self.Get_size(), self.Get_rank()
+        if recvcounts is not None or is_in_place(sendbuf):
+            smsg, rmsg, counts = self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op)
+        else:
+            error = None
+            try:
+                smsg, rmsg, _ = self._reduce_scatter_args(sendbuf, recvbuf, None, op)
+                mine = (rmsg.count, smsg.count, 0)
+            except (TypeError, ValueError) as exc:
+                error, mine = exc, (0, 0, 1)
+            table = _exchange(self, mine, "reduce_scatter.recvcounts")
+            if error is not None:
+                raise error
+            refused = [r for r, (_, _, bad) in enumerate(table) if bad]
+            if refused:
+                raise ValueError(
+                    f"Reduce_scatter: rank(s) {refused} refused their arguments (the error is "
+                    f"raised there); nothing was sent"
+                )
+            counts = tuple(rcount for rcount, _, _ in table)
+            _check_rs_counts(smsg.count, rmsg.count, counts, rank)
+            total = sum(counts)
+            for r, (_, scount, _) in enumerate(table):
+                if scount != total:
+                    raise ValueError(
+                        f"mismatch in send count {scount} and sum(counts) {total} on rank {r}"
+                    )
+        displs = [0] * size
+        for r in range(1, size):
+            displs[r] = displs[r - 1] + counts[r - 1]
+        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
+                                        self._algo("reduce_scatter"))
+
+    def _reduce_scatter_args(self, sendbuf, recvbuf, recvcounts, op):
+        """(smsg or None, rmsg, counts or None) of a Reduce_scatter call, checked locally."""
         _types.check_op(op)
         size, rank = self.Get_size(), self.Get_rank()
         rmsg = message(recvbuf, "recvbuf", writable=True)
@@ -227,14 +266,17 @@ class Comm(MPI.Intracomm):
             if counts is not None:
                 _check_rs_counts(smsg.count, rmsg.count, counts, rank)
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
-        if counts is None:
-            counts = _collectives.exchange_counts(self, rmsg.count)
-            _check_rs_counts(smsg.count, rmsg.count, counts, rank)
-        displs = [0] * size
-        for r in range(1, size):
-            displs[r] = displs[r - 1] + counts[r - 1]
-        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
-                                        self._algo("reduce_scatter"))
+        return smsg, rmsg, counts
+
+
+def _exchange(comm, values, label):
+    """Every rank's tuple of ints ``values`` (metadata, one allgather on mpicoll's channel)."""
+    size, k = comm.Get_size(), len(values)
+    out = np.zeros(size * k, dtype=np.int64)
+    mine = np.array(values, dtype=np.int64)
+    _collectives.run_allgather(comm, msg_of_array(mine, NUMPY), msg_of_array(out, NUMPY),
+                               [k] * size, [k * r for r in range(size)], label=label)
+    return [tuple(int(v) for v in out[k * r:k * r + k]) for r in range(size)]
 
 
 def _check_rs_counts(scount, rcount, counts, rank):
