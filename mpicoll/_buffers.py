@@ -349,6 +349,9 @@ def array_arg(x, argname, *, writable=False, c_order=False):
     if isinstance(x, (list, tuple, int, float, complex, bool)) or x is None:
         raise TypeError(f"{argname}: expected an array, got {type(x).__name__}")
     backend, arr = _to_array(x, argname)
+    if _dlpack.is_raw(arr):
+        raise TypeError(f"{argname}: expected an array of a NumPy dtype, got a DLPack tensor "
+                        f"of type {_dlpack.raw_type(arr)}")
     _check_layout(arr, argname, writable)
     if c_order and arr.ndim > 1 and not arr.flags.c_contiguous:
         raise ValueError(f"{argname}: expected a C-contiguous array, got a Fortran-ordered one")

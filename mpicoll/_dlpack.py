@@ -99,7 +99,7 @@ class _Owner:
     def __init__(self, capsule, interface, raw):
         self.capsule = capsule
         self.__array_interface__ = interface
-        self.raw = raw
+        self.raw = raw  # the DLPack (code, bits, lanes) of a tensor moved as bytes, else None
 
 
 def _capsule(obj):
@@ -165,15 +165,14 @@ def asarray(obj) -> np.ndarray:
     else:
         strides = None if estrides is None else tuple(s * dtype.itemsize for s in estrides)
     address = (t.data or 0) + int(t.byte_offset)
-    if nelems == 0 or not address:
-        arr = np.empty(shape, dtype)
-        arr.flags.writeable = not readonly
-        return arr
+    keep = capsule
+    if nelems == 0 or not address:  # no memory to view (NULL is allowed): a stand-in address
+        stand_in = np.empty(1, np.uint8)
+        keep, address, strides = (capsule, stand_in), stand_in.ctypes.data, None
     interface = {"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
                  "data": (address, readonly)}
-    if dtype.fields is None and dtype.kind == "b":
-        interface["typestr"] = "|b1"
-    return np.asarray(_Owner(capsule, interface, raw))
+    dltype = (int(t.dtype.code), int(t.dtype.bits), int(t.dtype.lanes)) if raw else None
+    return np.asarray(_Owner(keep, interface, dltype))
 
 
 def _contiguous(shape, strides) -> bool:
@@ -192,4 +191,10 @@ def _contiguous(shape, strides) -> bool:
 def is_raw(arr) -> bool:
     """Whether ``arr`` holds a DLPack tensor mpi4py would move as MPI.BYTE."""
     owner = getattr(arr, "base", None)
-    return isinstance(owner, _Owner) and owner.raw
+    return isinstance(owner, _Owner) and bool(owner.raw)
+
+
+def raw_type(arr) -> str:
+    """The DLPack type of a raw tensor, for messages: "(code 4, bits 16, lanes 1)"."""
+    code, bits, lanes = arr.base.raw
+    return f"(code {code}, bits {bits}, lanes {lanes})"

@@ -248,3 +248,23 @@ def test_dlpack_deleter_runs_once_when_done():
     ok = len(DELETED) == 2 and not _LIVE  # the send and the receive tensor, once each
     ok = ok and np.array_equal(y, sum(data(4, "d", r) for r in range(SIZE)))
     _util.assert_all(WORLD, ok, f"deleted {len(DELETED)}, live {len(_LIVE)}, {y}")
+
+
+def test_dlpack_bytes_type_with_an_empty_rank():
+    """Allgatherv of a bfloat16 tensor where rank 0 sends nothing: every rank moves MPI.BYTE."""
+    counts = [0] + [2 * (r + 1) for r in range(1, SIZE)]  # bytes
+    x = (np.arange(counts[RANK]) + 10 * RANK).astype(np.uint8)
+    mine = np.zeros(sum(counts), np.uint8)
+    theirs = mine.copy()
+    COMM.Allgatherv(RawTensor(x, 4, 16), [RawTensor(mine, 4, 16), counts])
+    WORLD.Allgatherv(RawTensor(x, 4, 16), [RawTensor(theirs, 4, 16), counts])
+    _util.assert_all(WORLD, np.array_equal(mine, theirs), f"{mine} != {theirs}")
+
+
+def test_dlpack_bytes_type_refused_by_array_functions():
+    """The array functions need a NumPy dtype: a bfloat16 tensor is a TypeError naming its type."""
+    x = np.zeros(4, np.uint16)
+    with pytest.raises(TypeError, match=r"^x: expected an array of a NumPy dtype, got a DLPack "
+                                        r"tensor of type \(code 4, bits 16, lanes 1\)"):
+        mpicoll.allreduce(RawTensor(x, 4, 16))
+    WORLD.Barrier()
