@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _types
+from . import _dlpack, _types
 from ._channel import Channel
 
 
@@ -117,7 +117,11 @@ class NumpyBackend:
 
     @staticmethod
     def asarray(obj):
-        """A 1-D-or-more NumPy view of a host buffer (buffer protocol or DLPack)."""
+        """A 1-D-or-more NumPy view of a host buffer (buffer protocol, else DLPack).
+
+        The buffer protocol wins where an object has both, as in mpi4py; DLPack
+        tensors are read as mpi4py reads them (see :mod:`mpicoll._dlpack`).
+        """
         if isinstance(obj, np.ndarray):
             return obj
         try:
@@ -125,7 +129,7 @@ class NumpyBackend:
         except TypeError:
             pass
         if hasattr(obj, "__dlpack__"):
-            return np.from_dlpack(obj)
+            return _dlpack.asarray(obj)
         raise TypeError
 
 

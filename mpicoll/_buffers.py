@@ -4,15 +4,13 @@ A :class:`Msg` is what the algorithms need: a 1-D array view of the data in
 its backend (NumPy or a device backend), the element dtype, its category for
 op checks, the MPI datatype that carries it, and a printable type name.
 
-Accepted specs follow mpi4py (``Comm.Allreduce`` & co.):
-
-* ``buf``                          any buffer-protocol, DLPack or CUDA-array object
-* ``[buf, datatype]``              datatype an ``MPI.Datatype`` or a typecode str
-* ``[buf, count, datatype]``       the first ``count`` elements
-* ``[buf, (count, displ), datatype]``
-* ``[buf, counts, displs, datatype]``  vector form (``Allgatherv``)
-* ``[None, datatype]``             an empty message
-* ``MPI.IN_PLACE`` / ``None``      in place, where the collective allows it
+Accepted specs are mpi4py's, with mpi4py's meaning (see :func:`message`):
+a buffer-protocol, DLPack or CUDA-array object, or ``[buf, count, displ,
+datatype]`` with any of count, displ, datatype left out or None, count and
+displ also as a ``(count, displ)`` pair; ``Allgatherv``'s receive spec takes
+per-rank counts and displacements there.  ``[None, datatype]`` is an empty
+message; ``MPI.IN_PLACE`` / ``None`` as sendbuf means in place where the
+collective allows it.
 """
 
 from __future__ import annotations
@@ -20,19 +18,21 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import _backend, _types
+from . import _backend, _dlpack, _types
 
 
 class Msg:
     __slots__ = ("array", "dtype", "category", "mpitype", "typename", "backend",
-                 "counts", "displs")
+                 "counts", "displs", "optype")
 
     def __init__(self, array, dtype, category, mpitype, typename, backend,
-                 counts=None, displs=None):
+                 counts=None, displs=None, optype=None):
         self.array = array        # 1-D view, exactly the message's elements
         self.dtype = dtype
         self.category = category
-        self.mpitype = mpitype    # datatype used on the wire and for Reduce_local
+        self.mpitype = mpitype    # datatype used on the wire
+        # datatype handed to user-defined ops: the one mpi4py would pass for this spec
+        self.optype = optype or mpitype
         self.typename = typename  # for messages: "float64", "MPI.INT", ...
         self.backend = backend
         self.counts = counts      # vector specs only
@@ -79,11 +79,14 @@ def _to_array(obj, argname):
         )
     try:
         return backend, backend.asarray(obj)
-    except TypeError:
+    except TypeError as exc:
+        detail = f" ({exc})" if str(exc) else ""
         raise TypeError(
             f"{argname}: expected a buffer (buffer protocol, DLPack or CUDA array interface), "
-            f"got {type(obj).__name__}"
+            f"got {type(obj).__name__}{detail}"
         ) from None
+    except ValueError as exc:
+        raise ValueError(f"{argname}: {exc}") from None
 
 
 # Python objects that cannot be the data of a message (they hold no buffer).
@@ -98,13 +101,10 @@ def _as_datatype(obj, argname):
             return _types.datatype_of_typecode(obj)
         except (KeyError, TypeError, ValueError):
             raise TypeError(f"{argname}: unknown typecode {obj!r}") from None
-    raise TypeError(f"{argname}: expected an MPI.Datatype, got {type(obj).__name__}")
-
-
-def _sequence_pair(obj) -> bool:
-    """Whether ``obj`` is (counts, displs): a list/tuple of two sequences."""
-    return isinstance(obj, (list, tuple)) and len(obj) == 2 and all(
-        hasattr(v, "__len__") and not isinstance(v, (str, bytes)) for v in obj)
+    raise TypeError(
+        f"{argname}: expected an MPI.Datatype or a typecode string as the datatype, "
+        f"got {type(obj).__name__}"
+    )
 
 
 def _as_count(obj, argname, what="count"):
@@ -115,23 +115,62 @@ def _as_count(obj, argname, what="count"):
     return int(obj)
 
 
-def as_counts(obj, size, argname):
+def as_counts(obj, size, argname, what="count"):
     """A tuple of ``size`` non-negative ints."""
     if isinstance(obj, (str, bytes)) or not hasattr(obj, "__len__"):
         raise TypeError(f"{argname}: expected a sequence of {size} integers, got {type(obj).__name__}")
     if len(obj) != size:
         raise ValueError(f"{argname}: expected {size} entries (one per rank), got {len(obj)}")
-    return tuple(_as_count(c, argname) for c in obj)
+    return tuple(_as_count(c, argname, what) for c in obj)
 
 
-def message(spec, argname, *, writable, comm_size=None) -> Msg:
-    """Normalise one mpi4py-style buffer argument (not IN_PLACE)."""
-    if spec is MPI.IN_PLACE or spec is MPI.BOTTOM:
-        name = "MPI.IN_PLACE" if spec is MPI.IN_PLACE else "MPI.BOTTOM"
-        raise ValueError(f"{argname}: expected a buffer, got {name} (only sendbuf may be MPI.IN_PLACE)")
-    datatype = None
-    count = displ = None
-    counts = displs = None
+# --- mpi4py message specs ------------------------------------------------------------
+# The grammar is mpi4py's (src/mpi4py/MPI.src/msgbuffer.pxi, message_simple and
+# message_vector), item for item, so every spec mpi4py accepts means the same here:
+#
+#   buf                                  a buffer (buffer protocol, DLPack, CUDA array)
+#   [buf, T]                             T an MPI.Datatype or a typecode string
+#   [buf, count]  [buf, (count, displ)]  no T: the buffer's own type
+#   [buf, count, T]  [buf, (count, displ), T]
+#   [buf, count, displ, T]
+#
+# count, displ and T may each be None (inferred).  In the vector form (Allgatherv's
+# recvbuf) count is counts and displ displs: an integer (the same count for every
+# rank; displs: a stride), a sequence of one per rank, or None (counts: the buffer
+# split as evenly as possible; displs: packed); only a *tuple* is read as
+# (counts, displs), a list is the counts.  Unlike mpi4py (which leaves it to MPI),
+# every count and displacement is checked against the buffer.  One extension: a
+# vector spec [buf, counts, displs] (three items, no datatype) is read as such.
+
+
+def _has_buffer(obj) -> bool:
+    """Whether ``obj`` exposes the buffer protocol (checked first, as mpi4py does)."""
+    if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview)):
+        return True
+    if isinstance(obj, (list, tuple, str)) or obj is None:
+        return False
+    try:
+        memoryview(obj).release()
+    except TypeError:
+        return False
+    return True
+
+
+def _is_datatype(obj) -> bool:
+    return isinstance(obj, (MPI.Datatype, str))
+
+
+def _split_pair(obj, argname, vector):
+    if len(obj) != 2:
+        what = "(counts, displs)" if vector else "(count, displ)"
+        raise ValueError(f"{argname}: expected {what}, got {len(obj)} items")
+    return obj[0], obj[1]
+
+
+def _unpack(spec, argname, vector):
+    """(data, count, displ, datatype) of a spec, as mpi4py unpacks it (None: not given)."""
+    if _has_buffer(spec):
+        return spec, None, None, None
     if isinstance(spec, (list, tuple)):
         if spec and isinstance(spec[0], _NOT_DATA):
             # a list of numbers is not a message: its first item must hold the data
@@ -139,47 +178,112 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
                 f"{argname}: expected a buffer or a [buffer, ...] message, got a "
                 f"{type(spec).__name__} of {type(spec[0]).__name__}"
             )
-        if not 1 <= len(spec) <= 4:
-            raise ValueError(f"{argname}: expected [data, (count,) datatype], got {len(spec)} items")
-        data, rest = spec[0], list(spec[1:])
-        if rest and isinstance(rest[-1], (MPI.Datatype, str)):
-            datatype = _as_datatype(rest.pop(), argname)
-        if len(rest) == 2:
-            if comm_size is None:
-                raise ValueError(f"{argname}: per-rank counts and displacements are not allowed here")
-            counts = as_counts(rest[0], comm_size, argname)
-            displs = as_counts(rest[1], comm_size, argname)
-        elif len(rest) == 1:
-            c = rest[0]
-            if comm_size is not None and _sequence_pair(c):
-                # mpi4py's vector form [data, (counts, displs), datatype]
-                counts = as_counts(c[0], comm_size, argname)
-                displs = as_counts(c[1], comm_size, argname)
-            elif isinstance(c, (list, tuple)) and comm_size is not None and len(c) == comm_size:
-                counts = as_counts(c, comm_size, argname)
-            elif isinstance(c, (list, tuple)):
-                if len(c) != 2:
-                    raise ValueError(f"{argname}: expected (count, displ), got {len(c)} items")
-                count = _as_count(c[0], argname)
-                displ = _as_count(c[1], argname, "displacement")
-            elif c is not None:
-                count = _as_count(c, argname)
-        elif rest:
-            raise ValueError(f"{argname}: expected [data, count, datatype], got {len(spec)} items")
+        pair = tuple if vector else (list, tuple)
+        count = displ = datatype = None
+        if len(spec) == 2:
+            data, count = spec
+            if _is_datatype(count):
+                count, datatype = None, count
+            elif isinstance(count, pair):
+                count, displ = _split_pair(count, argname, vector)
+        elif len(spec) == 3:
+            data, count, datatype = spec
+            if isinstance(count, pair):
+                count, displ = _split_pair(count, argname, vector)
+            elif vector and not (_is_datatype(datatype) or datatype is None):
+                # mpicoll's extension, kept: [buf, counts, displs] (mpi4py refuses it)
+                displ, datatype = datatype, None
+        elif len(spec) == 4:
+            data, count, displ, datatype = spec
+        else:
+            raise ValueError(
+                f"{argname}: expected a buffer or a list/tuple of 2 to 4 items "
+                f"[data, count, displ, datatype], got {len(spec)} item(s)"
+            )
+        return data, count, displ, datatype
+    if hasattr(spec, "__dlpack__") or hasattr(spec, "__cuda_array_interface__"):
+        return spec, None, None, None
+    raise TypeError(
+        f"{argname}: expected a buffer (buffer protocol, DLPack or CUDA array interface) "
+        f"or a [buffer, ...] list/tuple, got {type(spec).__name__}"
+    )
+
+
+def _region(avail, count, displ, blocks, argname):
+    """(start, elements, per block) of a simple spec over ``avail`` elements."""
+    displ = 0 if displ is None else _as_count(displ, argname, "displacement")
+    if count is None and displ > avail:
+        raise ValueError(f"{argname}: displacement {displ} exceeds the buffer's {avail} elements")
+    if count is None:
+        left = avail - displ
+        if blocks > 1 and left % blocks:
+            raise ValueError(
+                f"{argname}: holds {left} elements, not a multiple of the {blocks} ranks"
+            )
+        per = left // max(blocks, 1)
     else:
-        data = spec
+        per = _as_count(count, argname)
+    total = per * max(blocks, 1)
+    if displ + total > avail:
+        ranks = f" ({per} per rank, {blocks} ranks)" if blocks > 1 else ""
+        raise ValueError(
+            f"{argname}: count {per} at displacement {displ} exceeds the buffer's "
+            f"{avail} elements{ranks}"
+        )
+    return displ, total
+
+
+def _vector_layout(avail, counts, displs, blocks, argname):
+    """(counts, displs) tuples of a vector spec, as mpi4py fills them in."""
+    if counts is None:
+        counts = tuple(avail // blocks + (avail % blocks > i) for i in range(blocks))
+    elif isinstance(counts, (int, np.integer)) and not isinstance(counts, bool):
+        counts = (_as_count(counts, argname),) * blocks
+    else:
+        counts = as_counts(counts, blocks, argname)
+    if displs is None:
+        displs = tuple(np.cumsum((0,) + counts[:-1]).tolist())
+    elif isinstance(displs, (int, np.integer)) and not isinstance(displs, bool):
+        stride = _as_count(displs, argname, "displacement")
+        displs = tuple(stride * i for i in range(blocks))
+    else:
+        displs = as_counts(displs, blocks, argname, "displacement")
+    need = max((d + c for c, d in zip(counts, displs)), default=0)
+    if need > avail:
+        raise ValueError(
+            f"{argname}: counts {list(counts)} at displacements {list(displs)} need "
+            f"{need} elements, the buffer holds {avail}"
+        )
+    return counts, displs
+
+
+def message(spec, argname, *, writable, blocks=0, vector=False) -> Msg:
+    """Normalise one mpi4py-style buffer argument (not IN_PLACE).
+
+    ``blocks``: the number of equal blocks the buffer holds (a block collective's
+    ``recvbuf``): an inferred count is the buffer's elements over ``blocks``, a
+    given count is per block, and the message covers ``count * blocks``
+    elements.  ``vector``: ``Allgatherv``'s receive spec (``blocks`` ranks), whose
+    Msg is the whole buffer with ``counts`` and ``displs``.
+    """
+    if spec is MPI.IN_PLACE or spec is MPI.BOTTOM:
+        name = "MPI.IN_PLACE" if spec is MPI.IN_PLACE else "MPI.BOTTOM"
+        raise ValueError(f"{argname}: expected a buffer, got {name} (only sendbuf may be MPI.IN_PLACE)")
+    data, count, displ, datatype = _unpack(spec, argname, vector)
+    if datatype is not None:
+        datatype = _as_datatype(datatype, argname)
 
     if data is None:
         if datatype is None:
             raise TypeError(f"{argname}: an empty message [None, datatype] needs a datatype")
-        if (count or 0) != 0 or (counts is not None and any(counts)):
-            raise ValueError(f"{argname}: got no data but a count of {count}")
         dtype, category = _types.dtype_of_datatype(datatype)
         backend = _backend.NUMPY
         arr = np.empty(0, dtype=dtype)
     else:
         backend, arr = _to_array(data, argname)
         _check_layout(arr, argname, writable)
+        if datatype is None and _dlpack.is_raw(arr):
+            datatype = MPI.BYTE  # a DLPack type mpi4py moves as bytes (bfloat16, lanes, ...)
         if datatype is None:
             dtype = arr.dtype
             try:
@@ -206,34 +310,24 @@ def message(spec, argname, *, writable, comm_size=None) -> Msg:
     if datatype is not None and category != "pair":
         mpitype = _types.wire_type(dtype) or datatype
         typename = _types.datatype_name(datatype)
+        optype = datatype
     elif datatype is not None:
-        mpitype = datatype
+        mpitype = optype = datatype
         typename = _types.datatype_name(datatype)
     else:
         mpitype, typename = dtype_info(dtype)[1:]
+        optype = _types.natural_type(dtype)
 
     avail = len(arr)
-    if counts is not None:
-        if displs is None:
-            displs = tuple(np.cumsum((0,) + counts[:-1]).tolist())
-        need = max((d + c for c, d in zip(counts, displs)), default=0)
-        if need > avail:
-            raise ValueError(
-                f"{argname}: counts and displacements need {need} elements, "
-                f"the buffer holds {avail}"
-            )
-        return Msg(arr, dtype, category, mpitype, typename, backend, counts, displs)
-    displ = displ or 0
-    if count is None:
-        count = avail - displ if displ <= avail else -1
-    if displ + count > avail or count < 0:
-        raise ValueError(
-            f"{argname}: count {count} at displacement {displ} exceeds the buffer's "
-            f"{avail} elements"
-        )
-    if displ or count != avail:
-        arr = arr[displ:displ + count]
-    return Msg(arr, dtype, category, mpitype, typename, backend)
+    if vector:
+        counts, displs = _vector_layout(avail, count, displ, blocks, argname)
+        return Msg(arr, dtype, category, mpitype, typename, backend, counts, displs, optype)
+    if data is None and count is not None and _as_count(count, argname):
+        raise ValueError(f"{argname}: got no data but a count of {count}")
+    start, total = _region(avail, count, displ, blocks, argname)
+    if start or total != avail:
+        arr = arr[start:start + total]
+    return Msg(arr, dtype, category, mpitype, typename, backend, optype=optype)
 
 
 def check_same_type(smsg: Msg, rmsg: Msg) -> None:
@@ -259,6 +353,9 @@ def array_arg(x, argname, *, writable=False):
     if isinstance(x, (list, tuple, int, float, complex, bool)) or x is None:
         raise TypeError(f"{argname}: expected an array, got {type(x).__name__}")
     backend, arr = _to_array(x, argname)
+    if _dlpack.is_raw(arr):
+        raise TypeError(f"{argname}: expected an array of a NumPy dtype, got a DLPack tensor "
+                        f"of type {_dlpack.raw_type(arr)}")
     if writable and not is_writable(arr):
         raise ValueError(f"{argname}: expected a writable array, got a read-only one")
     try:
@@ -325,4 +422,5 @@ def msg_of_array(arr, backend) -> Msg:
     """A Msg over an already checked array (all its elements, memory order)."""
     dtype = arr.dtype
     category, mpitype, typename = dtype_info(dtype)
-    return Msg(_flat(arr), dtype, category, mpitype, typename, backend)
+    return Msg(_flat(arr), dtype, category, mpitype, typename, backend,
+               optype=_types.natural_type(dtype))

@@ -68,7 +68,8 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
 
 
 def reducer(msg, op):
-    return msg.backend.reducer(op, msg.mpitype, msg.category)
+    # msg.optype: user-defined ops see the datatype mpi4py would pass, not the wire type
+    return msg.backend.reducer(op, msg.optype, msg.category)
 
 
 def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
 from . import _collectives, _fastpath, _select, _types
-from ._buffers import as_counts, check_same_type, is_in_place, message
+from ._backend import NUMPY
+from ._buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
 from ._context import check_comm
 
 
@@ -59,6 +61,52 @@ class Comm(MPI.Intracomm):
         algo = getattr(self, "_algorithm", "auto")
         return algo if algo in _select.ALGORITHMS[collective] else "auto"
 
+    # -- communicators made from this one keep its forced algorithm ----------------
+    # mpi4py builds the result of Dup/Clone/Idup as ``type(self).__new__`` without
+    # ``__init__`` and the result of Split/Create as a plain Intracomm; both lose
+    # the algorithm, so every method that makes an intra-communicator hands its
+    # result to _derived.
+
+    def _derived(self, new):
+        """``new`` as an mpicoll.Comm with this communicator's algorithm (COMM_NULL as is)."""
+        if new == MPI.COMM_NULL:
+            return new
+        if not isinstance(new, Comm):
+            new = MPI.Intracomm.__new__(Comm, new)
+        new._algorithm = getattr(self, "_algorithm", "auto")
+        return new
+
+    def Dup(self, info=None):
+        return self._derived(super().Dup(info))
+
+    def Dup_with_info(self, info):
+        return self._derived(super().Dup_with_info(info))
+
+    def Clone(self):
+        return self._derived(super().Clone())
+
+    def Idup(self, info=None):
+        comm, request = super().Idup(info)  # already a Comm; its handle is set on completion
+        comm._algorithm = getattr(self, "_algorithm", "auto")
+        return comm, request
+
+    def Idup_with_info(self, info):
+        comm, request = super().Idup_with_info(info)
+        comm._algorithm = getattr(self, "_algorithm", "auto")
+        return comm, request
+
+    def Split(self, color=0, key=0):
+        return self._derived(super().Split(color, key))
+
+    def Split_type(self, split_type, key=0, info=MPI.INFO_NULL):
+        return self._derived(super().Split_type(split_type, key, info))
+
+    def Create(self, group):
+        return self._derived(super().Create(group))
+
+    def Create_group(self, group, tag=0):
+        return self._derived(super().Create_group(group, tag))
+
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
         if _fastpath.comm_allreduce(self, sendbuf, recvbuf, op, self._algo("allreduce")) is None:
@@ -82,7 +130,8 @@ class Comm(MPI.Intracomm):
         if _fastpath.comm_allgather(self, sendbuf, recvbuf, self._algo("allgather")) is None:
             return  # plain NumPy buffers: done on the fast path
         size = self.Get_size()
-        rmsg, per = _block_message(recvbuf, size)
+        rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
+        per = rmsg.count // size
         smsg = None
         if not is_in_place(sendbuf):
             smsg = message(sendbuf, "sendbuf", writable=False)
@@ -97,11 +146,15 @@ class Comm(MPI.Intracomm):
         _collectives.run_allgather(self, smsg, rmsg, counts, displs, self._algo("allgather"))
 
     def Allgatherv(self, sendbuf, recvbuf):
-        """Gather ``counts[r]`` elements from each rank r (``recvbuf`` = [buf, counts, displs, type])."""
+        """Gather ``counts[r]`` elements from each rank r into ``recvbuf``.
+
+        ``recvbuf`` is any mpi4py vector spec: ``[buf, counts, displs, T]``,
+        ``[buf, counts]``, ``[buf, (counts, displs), T]``, ``[buf, count, T]``
+        (the same count from every rank), a bare buffer (split as evenly as
+        possible), with None for what is inferred.
+        """
         size, rank = self.Get_size(), self.Get_rank()
-        rmsg = message(recvbuf, "recvbuf", writable=True, comm_size=size)
-        if rmsg.counts is None:
-            raise ValueError("recvbuf: expected [buf, counts, displs, datatype] with one count per rank")
+        rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size, vector=True)
         smsg = None
         if not is_in_place(sendbuf):
             smsg = message(sendbuf, "sendbuf", writable=False)
@@ -122,6 +175,7 @@ class Comm(MPI.Intracomm):
         In place (``sendbuf=MPI.IN_PLACE``), ``recvbuf`` holds the whole input
         and receives the result in its first ``count`` elements; a bare buffer
         means count = len(recvbuf) / size, ``[buf, count, type]`` states it.
+        As in mpi4py, a count given in a ``sendbuf`` spec is also per rank.
         """
         if _fastpath.comm_reduce_scatter_block(self, sendbuf, recvbuf, op,
                                                self._algo("reduce_scatter")) is None:
@@ -129,12 +183,14 @@ class Comm(MPI.Intracomm):
         _types.check_op(op)
         size = self.Get_size()
         if is_in_place(sendbuf):
-            rmsg, per = _block_message(recvbuf, size)
+            rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
+            per = rmsg.count // size
             smsg = None
         else:
             rmsg = message(recvbuf, "recvbuf", writable=True)
             per = rmsg.count
-            smsg = message(sendbuf, "sendbuf", writable=False)
+            # as in mpi4py, a count in the send spec is per rank (block)
+            smsg = message(sendbuf, "sendbuf", writable=False, blocks=size)
             check_same_type(smsg, rmsg)
             if smsg.count != per * size:
                 raise ValueError(
@@ -151,8 +207,45 @@ class Comm(MPI.Intracomm):
         """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
 
         Without ``recvcounts`` each rank's receive count is its ``recvbuf``
-        length, exchanged among the ranks first (as mpi4py does).
+        length, exchanged among the ranks first (as mpi4py does).  Each rank's
+        verdict on its own arguments travels with its count, so every rank
+        raises if any rank's arguments are bad (none is left waiting).
         """
+        size, rank = self.Get_size(), self.Get_rank()
+        if recvcounts is not None or is_in_place(sendbuf):
+            smsg, rmsg, counts = self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op)
+        else:
+            error = None
+            try:
+                smsg, rmsg, _ = self._reduce_scatter_args(sendbuf, recvbuf, None, op)
+                mine = (rmsg.count, smsg.count, 0)
+            except (TypeError, ValueError) as exc:
+                error, mine = exc, (0, 0, 1)
+            table = _exchange(self, mine, "reduce_scatter.recvcounts")
+            if error is not None:
+                raise error
+            refused = [r for r, (_, _, bad) in enumerate(table) if bad]
+            if refused:
+                raise ValueError(
+                    f"Reduce_scatter: rank(s) {refused} refused their arguments (the error is "
+                    f"raised there); nothing was sent"
+                )
+            counts = tuple(rcount for rcount, _, _ in table)
+            _check_rs_counts(smsg.count, rmsg.count, counts, rank)
+            total = sum(counts)
+            for r, (_, scount, _) in enumerate(table):
+                if scount != total:
+                    raise ValueError(
+                        f"mismatch in send count {scount} and sum(counts) {total} on rank {r}"
+                    )
+        displs = [0] * size
+        for r in range(1, size):
+            displs[r] = displs[r - 1] + counts[r - 1]
+        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
+                                        self._algo("reduce_scatter"))
+
+    def _reduce_scatter_args(self, sendbuf, recvbuf, recvcounts, op):
+        """(smsg or None, rmsg, counts or None) of a Reduce_scatter call, checked locally."""
         _types.check_op(op)
         size, rank = self.Get_size(), self.Get_rank()
         rmsg = message(recvbuf, "recvbuf", writable=True)
@@ -173,14 +266,17 @@ class Comm(MPI.Intracomm):
             if counts is not None:
                 _check_rs_counts(smsg.count, rmsg.count, counts, rank)
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
-        if counts is None:
-            counts = _collectives.exchange_counts(self, rmsg.count)
-            _check_rs_counts(smsg.count, rmsg.count, counts, rank)
-        displs = [0] * size
-        for r in range(1, size):
-            displs[r] = displs[r - 1] + counts[r - 1]
-        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
-                                        self._algo("reduce_scatter"))
+        return smsg, rmsg, counts
+
+
+def _exchange(comm, values, label):
+    """Every rank's tuple of ints ``values`` (metadata, one allgather on mpicoll's channel)."""
+    size, k = comm.Get_size(), len(values)
+    out = np.zeros(size * k, dtype=np.int64)
+    mine = np.array(values, dtype=np.int64)
+    _collectives.run_allgather(comm, msg_of_array(mine, NUMPY), msg_of_array(out, NUMPY),
+                               [k] * size, [k * r for r in range(size)], label=label)
+    return [tuple(int(v) for v in out[k * r:k * r + k]) for r in range(size)]
 
 
 def _check_rs_counts(scount, rcount, counts, rank):
@@ -188,28 +284,6 @@ def _check_rs_counts(scount, rcount, counts, rank):
         raise ValueError(f"mismatch in send count {scount} and sum(counts) {sum(counts)}")
     if rcount != counts[rank]:
         raise ValueError(f"mismatch in receive count {rcount} and counts[{rank}] {counts[rank]}")
-
-
-def _block_message(recvbuf, size):
-    """recvbuf of a block collective: an explicit count is per rank, else len/size."""
-    explicit = isinstance(recvbuf, (list, tuple)) and len(recvbuf) == 3
-    rmsg = message(recvbuf, "recvbuf", writable=True)
-    if explicit:
-        per = rmsg.count
-        rmsg = _widen(recvbuf, rmsg, per * size)
-        return rmsg, per
-    if rmsg.count % size:
-        raise ValueError(
-            f"recvbuf: holds {rmsg.count} elements, not a multiple of the {size} ranks"
-        )
-    return rmsg, rmsg.count // size
-
-
-def _widen(recvbuf, rmsg, total):
-    """Re-read a [buf, count, type] spec as ``total`` elements (count is per rank)."""
-    data, count, datatype = recvbuf
-    displ = count[1] if isinstance(count, (list, tuple)) else 0
-    return message([data, (total, displ), datatype], "recvbuf", writable=True)
 
 
 def _check_disjoint(counts, displs):

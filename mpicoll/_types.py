@@ -17,7 +17,10 @@ pair        MINLOC MAXLOC            (MPI.FLOAT_INT, MPI.DOUBLE_INT, ...)
 float16 counts as floating: MPI has no standard half-precision datatype, so
 mpicoll moves it as 16-bit words (``MPI.UINT16_T``) and reduces it locally.
 User-defined ops (``MPI.Op.Create``) apply to every datatype; they are
-applied with ``Op.Reduce_local`` on the message's MPI datatype.
+applied with ``Op.Reduce_local`` on the datatype mpi4py would hand them for
+the same buffer (:func:`natural_type`, or the datatype the caller gave), never
+on the wire type: an op on a float16 buffer sees ``MPI.SHORT_FLOAT`` (Open
+MPI) or ``MPIX_C_FLOAT16`` (MPICH), not ``MPI.UINT16_T``.
 """
 
 from __future__ import annotations
@@ -121,6 +124,33 @@ def wire_type(dtype: np.dtype) -> MPI.Datatype | None:
 
 _NATIVE = "<" if np.little_endian else ">"
 
+_NATURAL: dict = {}
+
+
+def natural_type(dtype: np.dtype) -> MPI.Datatype | None:
+    """The datatype mpi4py gives a buffer of ``dtype`` (``MPI.SHORT_FLOAT`` for float16, ...).
+
+    mpi4py maps the buffer's format character through its type table: an int64
+    array travels as ``MPI.LONG``, a float16 one as ``MPI.SHORT_FLOAT`` (Open MPI)
+    or ``MPIX_C_FLOAT16`` (MPICH).  This is the datatype user-defined ops are
+    handed, whatever type mpicoll moves the data as.  None when mpi4py has no
+    datatype for it (or the MPI library lacks that type).
+    """
+    key = (dtype.char, dtype.byteorder)  # not dtype: int64 'l' == longlong 'q' as dtypes
+    try:
+        return _NATURAL[key]
+    except KeyError:
+        pass
+    datatype = None
+    if wire_type(dtype) is not None:
+        fmt = memoryview(np.empty(0, dtype)).format.lstrip("@=<>!")
+        datatype = MPI._typedict.get(fmt)
+        if datatype is not None and (datatype == MPI.DATATYPE_NULL
+                                     or datatype.Get_size() != dtype.itemsize):
+            datatype = None
+    _NATURAL[key] = datatype
+    return datatype
+
 
 def datatype_name(datatype: MPI.Datatype) -> str:
     name = datatype.Get_name() or "derived datatype"
@@ -188,9 +218,8 @@ def check_op_applies(op: MPI.Op, category: str, typename: str) -> None:
 
 
 def datatype_of_typecode(code: str) -> MPI.Datatype:
-    """The predefined MPI datatype for a NumPy/array typecode such as 'i' or 'f8'."""
-    dtype = np.dtype(code)
-    datatype = wire_type(dtype)
-    if datatype is None or dtype.kind == "f" and dtype.itemsize == 2:
+    """The MPI datatype mpi4py gives a typecode such as 'i', 'e' or 'f8' (KeyError if none)."""
+    datatype = MPI._typedict.get(code)
+    if datatype is None or datatype == MPI.DATATYPE_NULL:
         raise KeyError(code)
     return datatype

@@ -7,6 +7,8 @@ method even on an ``mpicoll.Comm``).
 
 from __future__ import annotations
 
+import re
+
 import _util
 import numpy as np
 import pytest
@@ -465,3 +467,44 @@ def test_noncommutative_op_ignores_env_override(user_ops, monkeypatch):
     f = rank_data(SIZE + 2, np.float64)
     g = mpicoll.allreduce(f, user_ops["left"])
     _util.assert_all(WORLD, np.array_equal(g, rank_data(SIZE + 2, np.float64, rank=0)), f"{g}")
+
+
+# ---------------------------------------------------------------------------
+# Reduce_scatter without recvcounts: bad arguments on one rank stop every rank
+# ---------------------------------------------------------------------------
+
+
+def _rs_one_rank_bad(bad_rank, kind):
+    x = rank_data(2 * SIZE, np.float64)
+    y = np.zeros(2)
+    if RANK == bad_rank and kind == "read-only recvbuf":
+        y.flags.writeable = False
+    if RANK == bad_rank and kind == "send count":
+        x = rank_data(2 * SIZE + 1, np.float64)
+    return x, y
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["read-only recvbuf", "send count"])
+def test_reduce_scatter_exchange_refuses_on_every_rank(kind):
+    """One rank's bad Reduce_scatter (counts exchanged) raises on every rank; nobody waits."""
+    bad_rank = SIZE - 1
+    x, y = _rs_one_rank_bad(bad_rank, kind)
+    try:
+        COMM.Reduce_scatter(x, y)
+        raised = None
+    except ValueError as exc:
+        raised = str(exc)
+    if kind == "read-only recvbuf":
+        want = (r"recvbuf: expected a writable buffer" if RANK == bad_rank
+                else rf"rank\(s\) \[{bad_rank}\] refused their arguments")
+    else:
+        want = (rf"mismatch in send count {2 * SIZE + 1} and sum\(counts\) {2 * SIZE}"
+                if RANK == bad_rank else
+                rf"mismatch in send count {2 * SIZE + 1} and sum\(counts\) {2 * SIZE} on rank")
+    ok = raised is not None and re.search(want, raised) is not None
+    # the communicator still works: a good call after the refused one
+    x, y = rank_data(2 * SIZE, np.float64), np.zeros(2)
+    COMM.Reduce_scatter(x, y)
+    ok = ok and np.array_equal(y, rank_sum(2 * SIZE, np.float64)[2 * RANK:2 * RANK + 2])
+    _util.assert_all(WORLD, ok, f"raised {raised!r}, want {want!r}; then {y}")

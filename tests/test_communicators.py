@@ -146,3 +146,56 @@ def test_reversed_split_rank_order(comms):
     comm = comms["split_reversed"]
     g = mpicoll.allgather(np.array([RANK], np.int32), comm=comm)
     _util.assert_all(WORLD, np.array_equal(g, np.arange(SIZE)[::-1]), f"{g}")
+
+
+def _derived_comms(parent):
+    """Every intra-communicator an mpicoll.Comm can make, by method (collective)."""
+    made = {
+        "Dup": parent.Dup(),
+        "Dup(info)": parent.Dup(MPI.INFO_NULL),
+        "Dup_with_info": parent.Dup_with_info(MPI.INFO_NULL),
+        "Clone": parent.Clone(),
+        "Split": parent.Split(0, SIZE - RANK),
+        "Split_type": parent.Split_type(MPI.COMM_TYPE_SHARED, RANK),
+        "Create": parent.Create(parent.Get_group()),
+        "Create_group": parent.Create_group(parent.Get_group()),
+    }
+    for name, method in (("Idup", parent.Idup), ("Idup_with_info", parent.Idup_with_info)):
+        comm, req = method() if name == "Idup" else method(MPI.INFO_NULL)
+        req.Wait()
+        made[name] = comm
+    return made
+
+
+def test_derived_communicators_keep_the_forced_algorithm():
+    """Dup/Clone/Idup/Split/Create/... of Comm(algorithm="ring") are mpicoll.Comm running ring."""
+    parent = mpicoll.Comm(WORLD.Dup(), algorithm="ring")
+    made = _derived_comms(parent)
+    bad = []
+    for name, comm in made.items():
+        if not isinstance(comm, mpicoll.Comm):
+            bad.append(f"{name}: {type(comm).__name__}")
+            continue
+        n, r = comm.Get_size(), comm.Get_rank()
+        y = np.empty(3)
+        with mpicoll.trace() as tr:
+            comm.Allreduce(np.arange(3.0) + r, y)
+        algos = {e["algorithm"] for e in tr.events if e["phase"] == "collective"}
+        if algos != {"ring"}:
+            bad.append(f"{name}: ran {sorted(algos)}")
+        if not np.array_equal(y, n * np.arange(3.0) + n * (n - 1) / 2):
+            bad.append(f"{name}: {y}")
+    for comm in made.values():
+        comm.Free()
+    parent.Free()
+    _util.assert_all(WORLD, not bad, "; ".join(bad))
+
+
+def test_derived_null_communicator_is_comm_null():
+    """Split with MPI.UNDEFINED gives MPI.COMM_NULL, as mpi4py does."""
+    parent = mpicoll.Comm(WORLD, algorithm="ring")
+    sub = parent.Split(MPI.UNDEFINED if RANK == 0 else 1, RANK)
+    ok = (sub == MPI.COMM_NULL) if RANK == 0 else isinstance(sub, mpicoll.Comm)
+    if sub != MPI.COMM_NULL:
+        sub.Free()
+    _util.assert_all(WORLD, ok, f"{type(sub).__name__}")
