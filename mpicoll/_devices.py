@@ -143,7 +143,9 @@ class CupyRuntime:
         return int(self._rt.getDevice())
 
     def use_device(self, index: int) -> None:
+        """Make ``index`` current and create its CUDA context now (``cudaFree(0)``)."""
         self.xp.cuda.Device(index).use()
+        self._rt.free(0)
 
 
 class DeviceReducer(_backend.Reducer):
@@ -319,7 +321,7 @@ def _bind(comm, get_runtime) -> int:
         local.Free()
     if sorted(h for h in hints if h is not None) == list(range(lsize)):
         lrank = hints[lrank]
-    failure = None
+    failure, device = None, None
     try:
         rt = get_runtime()
         count = rt.device_count()
@@ -331,6 +333,16 @@ def _bind(comm, get_runtime) -> int:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         failure = ("bind_device: no GPU visible to this rank"
                    + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""))
+    if failure is None:
+        # Creating the CUDA context can fail on one rank only (exclusive-process
+        # compute mode, a MIG instance or the memory taken): it happens here,
+        # before the ranks agree, so that failure reaches every rank too.
+        device = lrank % count
+        try:
+            rt.use_device(device)
+        except Exception as exc:
+            failure = (f"bind_device: cannot create a CUDA context on device {device} "
+                       f"({type(exc).__name__}: {exc})")
     # Every rank learns whether any failed, so none is left waiting in a later collective.
     failures = comm.allgather(failure)
     if failure is not None:
@@ -338,8 +350,6 @@ def _bind(comm, get_runtime) -> int:
     for rank, text in enumerate(failures):
         if text is not None:
             raise MpicollError(f"bind_device: failed on rank {rank}: {text}")
-    device = lrank % count
-    rt.use_device(device)
     return device
 
 

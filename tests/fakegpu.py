@@ -218,12 +218,15 @@ class FakeRuntime:
         copies: "lazy" or "eager" for streams made with ``new_stream``.
         slow_queries: the first query of each event answers "not yet".
         devices: how many fake GPUs are visible.
+        context_error: ``use_device`` raises RuntimeError with this text (a CUDA
+            context that cannot be created: exclusive-process mode, MIG, memory).
     """
 
     name = "fakegpu"
     version = "0.0-fake"
 
-    def __init__(self, compute="lazy", copies="lazy", slow_queries=True, devices=1):
+    def __init__(self, compute="lazy", copies="lazy", slow_queries=True, devices=1,
+                 context_error=None):
         self.log = []
         self.copies_eager = copies == "eager"
         self.slow_queries = slow_queries
@@ -231,6 +234,7 @@ class FakeRuntime:
         self.current = self.null
         self.pinned_buffers = []
         self.devices = devices
+        self.context_error = context_error
         self.device = 0
         self._streams = 0
         self.xp = FakeXp(self)
@@ -332,6 +336,8 @@ class FakeRuntime:
     def use_device(self, index):
         if not 0 <= index < self.devices:
             raise ValueError(f"invalid device {index}")
+        if self.context_error is not None:
+            raise RuntimeError(self.context_error)
         self.device = index
 
 
