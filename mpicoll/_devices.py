@@ -186,6 +186,7 @@ class DeviceBackend:
         self._rt = None
         self.name = name
         self.launches = 0  # device kernels/copies queued by mpicoll (for DirectChannel)
+        self._open = None  # (ctx, key, stream) of the call in progress, for finish()
 
     @property
     def rt(self):
@@ -231,12 +232,23 @@ class DeviceBackend:
         return bool(self.rt.xp.may_share_memory(a, b))
 
     def prepare(self):
-        """Nothing to do here: the device channels order every transfer after the
-        work that produced its buffer (see _staging's stream contract)."""
+        """Nothing more to do here: :meth:`channel` ordered this call after the
+        previous one on the context, and the device channels order every
+        transfer after the work that produced its buffer (see _staging)."""
 
     def finish(self):
-        """Nothing to do here: results are ready for the compute stream when the
-        last receive is waited for (staging makes that stream wait on the copy)."""
+        """Mark the end of this call's device work on its context (see :meth:`channel`).
+
+        Results are ready for the compute stream when the last receive is
+        waited for (staging makes that stream wait on the copy), so an event
+        recorded on it now follows every use of the context's device memory.
+        """
+        opened = self._open
+        if opened is None:
+            return
+        self._open = None
+        ctx, key, stream = opened
+        ctx.__dict__.setdefault("_device_done", {})[key] = self.rt.record(stream)
 
     def reducer(self, op, mpitype, category):
         name = _types.op_name(op)
@@ -250,10 +262,23 @@ class DeviceBackend:
         return _backend.NUMPY.channel(ctx, mpitype)
 
     def channel(self, ctx, mpitype):
-        """DirectChannel when MPI is CUDA-aware, else StagingChannel (see _cuda)."""
+        """DirectChannel when MPI is CUDA-aware, else StagingChannel (see _cuda).
+
+        Called once at the start of each call: the device work memory of
+        ``ctx`` (scratch slots) is shared by every call on it, whatever the
+        caller's stream, so the compute stream first waits for the event that
+        the previous call on ``ctx`` recorded at its end (:meth:`finish`).  (On
+        the same stream that wait is a no-op; it is queued anyway, as stream
+        objects cannot be compared reliably.)
+        """
         rt = self.rt
         inner = self.host_channel(ctx, mpitype)
         stream = rt.current_stream()
+        key = (self.name, rt.current_device())
+        previous = ctx.__dict__.get("_device_done", {}).get(key)
+        if previous is not None:
+            rt.wait_event(stream, previous)
+        self._open = (ctx, key, stream)
         if _cuda.cuda_aware_mpi().aware:
             return _staging.DirectChannel(inner, self, stream)
         return _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
