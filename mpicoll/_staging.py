@@ -48,7 +48,18 @@ from ._channel import Channel
 QUEUED, COPYING, POSTED, DONE = range(4)
 
 DEFAULT_SEND_BUFFERS = 4
+DEFAULT_RECV_BUFFERS = 8  # beyond this, a receive waits for a buffer's copy rather than allocate
 _MIN_PINNED = 1 << 16
+
+
+def _completed(reqs) -> set:
+    """Indices of the complete requests in ``reqs`` (one ``Testsome``, which frees them).
+
+    A request completed earlier (by ``Waitany`` in :meth:`StagingChannel.waitall`)
+    is already ``MPI.REQUEST_NULL``, which ``Testsome`` does not report: it counts too.
+    """
+    MPI.Request.Testsome(reqs)
+    return {i for i, req in enumerate(reqs) if req == MPI.REQUEST_NULL}
 
 
 class DirectChannel:
@@ -99,6 +110,8 @@ class StagingPool:
         self.d2h_stream = rt.new_stream()
         self.h2d_stream = rt.new_stream()
         self.max_send = max_send
+        self.max_recv = DEFAULT_RECV_BUFFERS
+        self._recv_count = 0
         self._send_free: list = []
         self._send_count = 0
         self._recv_free: list = []  # [(buffer, event of the H2D copy reading it, or None)]
@@ -130,17 +143,22 @@ class StagingPool:
         self._send_free.append(buf)
 
     def take_recv(self, nbytes):
-        """A receive buffer of at least ``nbytes`` that no copy reads any more."""
+        """A receive buffer of at least ``nbytes`` that no copy reads any more.
+
+        A free one whose host-to-device copy has run; else a new one, up to
+        ``max_recv``; only beyond that does the host wait for the oldest copy.
+        """
         rt = self.rt
         for i, (buf, event) in enumerate(self._recv_free):
             if len(buf) >= nbytes and (event is None or rt.done(event)):
                 del self._recv_free[i]
                 return buf
-        if self._recv_free:
+        if self._recv_free and self._recv_count >= self.max_recv:
             buf, event = self._recv_free.pop(0)
             if event is not None:
                 rt.event_synchronize(event)
             return self._fit(buf, nbytes)
+        self._recv_count += 1
         return self._alloc(nbytes)
 
     def give_recv(self, buf, event):
@@ -199,7 +217,7 @@ class StagingChannel:
     def isend(self, arr, dest):
         send = _Send(self, arr, dest, self.rt.record(self.stream))
         self._queue.append(send)
-        self._progress(block_copies=False)
+        self._progress()
         return send
 
     def irecv(self, arr, source):
@@ -214,44 +232,53 @@ class StagingChannel:
         self.waitall((req,))
 
     def waitall(self, reqs):
+        """Advance copies and MPI together until ``reqs`` are complete.
+
+        Both are polled (``Testsome`` on the MPI requests, queries of the
+        copy events); the host blocks only when one of them alone is left to
+        wait for: in ``Waitany`` when no device-to-host copy is pending, in
+        the copy's event when no MPI transfer is.
+        """
         pending = [r for r in reqs if r.state != DONE]
         while pending:
-            self._progress(block_copies=True)
+            moved = self._progress()
             pending = [r for r in pending if r.state != DONE]
-            if not pending:
-                return
-            # Nothing more can happen here until MPI completes a transfer:
-            # one of ours, or a send whose buffer a queued send is waiting for.
+            if not pending or moved:
+                continue
             mpi = [r.req for r in self._recvs] + [s.req for s in self._posted]
-            MPI.Request.Waitany(mpi)
+            head = self._queue[0] if self._queue and self._queue[0].state == COPYING else None
+            if head is None and mpi:
+                MPI.Request.Waitany(mpi)  # only MPI can move: a transfer of ours, or a send
+            elif head is not None and not mpi:  # whose buffer a queued send waits for
+                self.rt.event_synchronize(head.copied)
+            # both outstanding: poll again
 
     sendrecv = Channel.sendrecv
 
     def test(self, req) -> bool:
         """Advance without blocking; True when ``req`` is complete."""
         if req.state != DONE:
-            self._progress(block_copies=False)
+            self._progress()
         return req.state == DONE
 
     # -- progress ----------------------------------------------------------
 
-    def _progress(self, block_copies):
-        """Do all work that needs no remote progress (``block_copies``: wait for D2H copies too)."""
-        self._land_received()
-        self._reap_sends()
-        self._start_copies()
-        self._post_copied(block_copies)
-        # With block_copies, no copy is left unposted: a send still queued is
-        # waiting for a buffer held by a posted send, which MPI will complete.
+    def _progress(self) -> int:
+        """Do all work that needs no waiting; how many steps moved (0: nothing could)."""
+        return (self._land_received() + self._reap_sends() + self._start_copies()
+                + self._post_copied())
 
     def _land_received(self):
         """Queue the host-to-device copy of every receive MPI has completed."""
         if not self._recvs:
-            return
+            return 0
         rt, pool = self.rt, self.pool
+        done = _completed([r.req for r in self._recvs])
+        if not done:
+            return 0
         still = []
-        for r in self._recvs:
-            if not r.req.Test():
+        for i, r in enumerate(self._recvs):
+            if i not in done:
                 still.append(r)
                 continue
             rt.wait_event(pool.h2d_stream, r.free)
@@ -262,29 +289,35 @@ class StagingChannel:
             pool.give_recv(r.buf, landed)
             r.state = DONE
         self._recvs = still
+        return len(done)
 
     def _reap_sends(self):
         if not self._posted:
-            return
+            return 0
+        done = _completed([s.req for s in self._posted])
+        if not done:
+            return 0
         still = []
-        for s in self._posted:
-            if s.req.Test():
+        for i, s in enumerate(self._posted):
+            if i in done:
                 self.pool.give_send(s.buf)
                 s.state = DONE
             else:
                 still.append(s)
         self._posted = still
+        return len(done)
 
     def _start_copies(self):
         """Start device-to-host copies of queued sends, in order, while send buffers are free."""
         rt, pool = self.rt, self.pool
+        started = 0
         for s in self._queue:
             if s.state != QUEUED:
                 continue
             nbytes = s.arr.nbytes
             buf = pool.take_send(nbytes)
             if buf is None:
-                return
+                break
             s.buf = buf
             s.host = buf[:nbytes].view(s.arr.dtype)
             rt.wait_event(pool.d2h_stream, s.ready)
@@ -292,17 +325,20 @@ class StagingChannel:
                 rt.d2h(s.host, s.arr, pool.d2h_stream)
             s.copied = rt.record(pool.d2h_stream)
             s.state = COPYING
+            started += 1
+        return started
 
-    def _post_copied(self, block):
+    def _post_copied(self):
         """Hand sends whose copy finished to MPI, in isend order."""
         rt, queue = self.rt, self._queue
+        posted = 0
         while queue and queue[0].state == COPYING:
             s = queue[0]
             if not rt.done(s.copied):
-                if not block:
-                    return
-                rt.event_synchronize(s.copied)
+                break
             queue.popleft()
             s.req = self.inner.isend(s.host, s.dest)
             s.state = POSTED
             self._posted.append(s)
+            posted += 1
+        return posted

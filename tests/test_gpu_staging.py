@@ -1,0 +1,65 @@
+"""The staging pipeline on the fake GPU: copies and MPI progress together; AllGather forwarding.
+
+Issue 11, items 4 and 5.  The fake runtime logs every copy and event wait and
+the recording channel every MPI call, so these tests check *how* the staging
+channel moves data, besides the results (test_gpu_fake checks those on every
+case).
+"""
+
+from __future__ import annotations
+
+import _util
+import fakegpu
+import gpucases
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll import _context
+
+WORLD = MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = WORLD.Dup()
+    _context.context(c).segment_bytes = 256
+    yield c
+    c.Free()
+
+
+def _device(rt):
+    return gpucases.Device(make=lambda h: fakegpu.produce(rt, h),
+                           empty=lambda n, dtype: rt.xp.empty(n, dtype), get=lambda x: x.get())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_no_copy_wait_while_mpi_can_progress(comm, collective):
+    """The host never blocks on a device-to-host copy while an MPI transfer of the call is
+    incomplete: it polls both and blocks only when just one of them is left (item 4)."""
+    if comm.size == 1:
+        pytest.skip("no messages on one rank")
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy", query_lag=4)  # slow copies
+    rt = be.rt
+    blocked = []
+    sync = rt.event_synchronize
+
+    def event_synchronize(event):
+        if event.stream.name != "compute" and not event.complete:
+            blocked.append((event.stream.name, fakegpu.mpi_outstanding(rt)))
+        sync(event)
+
+    rt.event_synchronize = event_synchronize
+    problems = []
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=False, timeout=None):
+        for algorithm in sorted(gpucases._select.ALGORITHMS[collective]):
+            op = None if collective == "allgather" else "SUM"
+            case = (40 * comm.size + 3, op, "float64", "fn", False, algorithm)
+            problem = gpucases.RUNNERS[collective](comm, _device(rt), case)
+            if problem:
+                problems.append(problem)
+    bad = [b for b in blocked if b[1] > 0]
+    if bad:
+        problems.append(f"{len(bad)} blocking copy waits with MPI requests outstanding, e.g. {bad[:3]}")
+    _util.assert_all(comm, not problems, "; ".join(problems))
