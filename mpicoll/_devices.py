@@ -160,6 +160,7 @@ class DeviceReducer(_backend.Reducer):
     def __call__(self, a, b, out):
         be = self.backend
         be.launches += 1
+        be.writes(out)
         if self.ufunc is not None:
             self.ufunc(a, b, out=out)
             return
@@ -187,6 +188,7 @@ class DeviceBackend:
         self.name = name
         self.launches = 0  # device kernels/copies queued by mpicoll (for DirectChannel)
         self._open = None  # (ctx, key, stream) of the call in progress, for finish()
+        self._staging = None  # the StagingChannel of the call in progress (see writes())
 
     @property
     def rt(self):
@@ -226,7 +228,15 @@ class DeviceBackend:
 
     def copy(self, dst, src):
         self.launches += 1
+        self.writes(dst)
         self.rt.xp.copyto(dst, src)
+
+    def writes(self, out):
+        """mpicoll queues device work writing ``out``: the staging channel of this call
+        must not forward data that landed there from its pinned buffer any more."""
+        ch = self._staging
+        if ch is not None:
+            ch.forget(out)
 
     def may_share_memory(self, a, b):
         return bool(self.rt.xp.may_share_memory(a, b))
@@ -247,6 +257,9 @@ class DeviceBackend:
         if opened is None:
             return
         self._open = None
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
         ctx, key, stream = opened
         ctx.__dict__.setdefault("_device_done", {})[key] = self.rt.record(stream)
 
@@ -280,8 +293,10 @@ class DeviceBackend:
             rt.wait_event(stream, previous)
         self._open = (ctx, key, stream)
         if _cuda.cuda_aware_mpi().aware:
+            self._staging = None
             return _staging.DirectChannel(inner, self, stream)
-        return _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
+        self._staging = _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
+        return self._staging
 
     def staging_pool(self, ctx):
         """The pinned buffers and copy streams kept for ``ctx`` on the current device."""

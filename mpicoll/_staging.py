@@ -50,6 +50,7 @@ QUEUED, COPYING, POSTED, DONE = range(4)
 DEFAULT_SEND_BUFFERS = 4
 DEFAULT_RECV_BUFFERS = 8  # beyond this, a receive waits for a buffer's copy rather than allocate
 _MIN_PINNED = 1 << 16
+KEEP_LANDED = 2  # landed receive buffers kept for forwarding, besides those in use
 
 
 def _completed(reqs) -> set:
@@ -60,6 +61,11 @@ def _completed(reqs) -> set:
     """
     MPI.Request.Testsome(reqs)
     return {i for i, req in enumerate(reqs) if req == MPI.REQUEST_NULL}
+
+
+def _address(arr) -> int:
+    """The device address of ``arr``'s first element."""
+    return arr.__cuda_array_interface__["data"][0]
 
 
 class DirectChannel:
@@ -175,7 +181,7 @@ class _Request:
 
 
 class _Send(_Request):
-    __slots__ = ("ch", "arr", "dest", "ready", "buf", "host", "copied", "req", "state")
+    __slots__ = ("ch", "arr", "dest", "ready", "buf", "host", "copied", "req", "state", "landed")
 
     def __init__(self, ch, arr, dest, ready):
         self.ch = ch
@@ -183,7 +189,22 @@ class _Send(_Request):
         self.dest = dest
         self.ready = ready  # event on the compute stream after the work producing arr
         self.buf = self.host = self.copied = self.req = None
+        self.landed = None  # the _Landed receive buffer a forwarded send reads
         self.state = QUEUED
+
+
+class _Landed:
+    """A receive's pinned buffer kept after landing, so the data can be forwarded from it."""
+
+    __slots__ = ("ptr", "nbytes", "buf", "event", "users", "dropped")
+
+    def __init__(self, ptr, nbytes, buf, event):
+        self.ptr = ptr          # device address and size of the array the data landed in
+        self.nbytes = nbytes
+        self.buf = buf
+        self.event = event      # the host-to-device copy reading buf
+        self.users = 0          # forwarded sends still reading buf
+        self.dropped = False    # no longer forwardable: buf goes back when users reach 0
 
 
 class _Recv(_Request):
@@ -211,16 +232,31 @@ class StagingChannel:
         self._queue: deque = deque()  # sends QUEUED or COPYING, in isend order
         self._posted: list = []       # sends handed to MPI, not yet complete
         self._recvs: list = []        # receives not yet copied to the device
+        self._landed: list = []       # _Landed buffers, oldest first (see forget())
+        self._forwarding = 0          # forwarded sends in flight (at most pool.max_send)
 
     # -- the channel interface ---------------------------------------------
 
     def isend(self, arr, dest):
-        send = _Send(self, arr, dest, self.rt.record(self.stream))
+        send = _Send(self, arr, dest, None)
+        landed = self._landed_holding(arr)
+        if landed is not None and self._forwarding < self.pool.max_send:
+            # Data that arrived here and was not changed since: send it from the
+            # pinned buffer it arrived in, no device-to-host copy (AllGather).
+            off = _address(arr) - landed.ptr
+            send.host = landed.buf[off: off + arr.nbytes].view(arr.dtype)
+            send.landed = landed
+            landed.users += 1
+            self._forwarding += 1
+            send.state = COPYING
+        else:
+            send.ready = self.rt.record(self.stream)
         self._queue.append(send)
         self._progress()
         return send
 
     def irecv(self, arr, source):
+        self.forget(arr)  # its landed data is about to be overwritten
         free = self.rt.record(self.stream)
         buf = self.pool.take_recv(arr.nbytes)
         host = buf[: arr.nbytes].view(arr.dtype)
@@ -286,7 +322,10 @@ class StagingChannel:
                 rt.h2d(r.arr, r.host, pool.h2d_stream)
             landed = rt.record(pool.h2d_stream)
             rt.wait_event(self.stream, landed)
-            pool.give_recv(r.buf, landed)
+            if r.arr.nbytes:
+                self._keep_landed(_Landed(_address(r.arr), r.arr.nbytes, r.buf, landed))
+            else:
+                pool.give_recv(r.buf, landed)
             r.state = DONE
         self._recvs = still
         return len(done)
@@ -300,7 +339,12 @@ class StagingChannel:
         still = []
         for i, s in enumerate(self._posted):
             if i in done:
-                self.pool.give_send(s.buf)
+                if s.landed is None:
+                    self.pool.give_send(s.buf)
+                else:
+                    self._forwarding -= 1
+                    s.landed.users -= 1
+                    self._release_if_unused(s.landed)
                 s.state = DONE
             else:
                 still.append(s)
@@ -334,7 +378,7 @@ class StagingChannel:
         posted = 0
         while queue and queue[0].state == COPYING:
             s = queue[0]
-            if not rt.done(s.copied):
+            if s.copied is not None and not rt.done(s.copied):
                 break
             queue.popleft()
             s.req = self.inner.isend(s.host, s.dest)
@@ -342,3 +386,46 @@ class StagingChannel:
             self._posted.append(s)
             posted += 1
         return posted
+
+    # -- forwarding from landed receive buffers ----------------------------
+
+    def _keep_landed(self, landed):
+        self.forget_range(landed.ptr, landed.nbytes)
+        self._landed.append(landed)
+        # a forward follows its receive within the algorithm's window: keep a few
+        unused = [e for e in self._landed if e.users == 0]
+        for old in unused[: max(0, len(unused) - KEEP_LANDED)]:
+            self._drop(old)
+
+    def _landed_holding(self, arr):
+        """The landed buffer whose data ``arr`` (device) holds unchanged, or None."""
+        if not self._landed or not arr.nbytes:
+            return None
+        ptr = _address(arr)
+        for e in reversed(self._landed):
+            if e.ptr <= ptr and ptr + arr.nbytes <= e.ptr + e.nbytes:
+                return e
+        return None
+
+    def forget(self, arr):
+        """Device work is about to write ``arr``: data landed there can no longer be forwarded."""
+        if self._landed and arr.nbytes:
+            self.forget_range(_address(arr), arr.nbytes)
+
+    def forget_range(self, ptr, nbytes):
+        for e in [e for e in self._landed if e.ptr < ptr + nbytes and ptr < e.ptr + e.nbytes]:
+            self._drop(e)
+
+    def _drop(self, landed):
+        self._landed.remove(landed)
+        landed.dropped = True
+        self._release_if_unused(landed)
+
+    def _release_if_unused(self, landed):
+        if landed.dropped and landed.users == 0:
+            self.pool.give_recv(landed.buf, landed.event)
+
+    def close(self):
+        """The call is over (every request complete): give back the kept receive buffers."""
+        for e in list(self._landed):
+            self._drop(e)

@@ -63,3 +63,39 @@ def test_no_copy_wait_while_mpi_can_progress(comm, collective):
     if bad:
         problems.append(f"{len(bad)} blocking copy waits with MPI requests outstanding, e.g. {bad[:3]}")
     _util.assert_all(comm, not problems, "; ".join(problems))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
+    """Ring AllGather on the staging path copies only this rank's own block device-to-host:
+    blocks received are forwarded from the pinned buffer they arrived in (item 5)."""
+    if comm.size < 3:
+        pytest.skip("the ring forwards blocks only at 3 ranks or more")
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    rt = be.rt
+    n = 1500  # elements per rank: several ring pieces of AG_SEGMENT_FACTOR * 256 bytes
+    calls = 5
+    problems = []
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=False, timeout=None):
+        pool = be.staging_pool(_context.context(comm))
+        d2h = pool.d2h_stream.name
+        for k in range(calls):
+            start = len(rt.log)
+            case = (n, None, "float64", "fn", in_place, "ring")
+            counts = [(n + 2 * r) % (n + 3) for r in range(comm.size)]  # as gpucases.run_allgather
+            problem = gpucases.RUNNERS["allgather"](comm, _device(rt), case)
+            if problem:
+                problems.append(problem)
+            log = rt.log[start:]
+            copies = sum(1 for e in log if e == ("queue", d2h, "d2h"))
+            sends = sum(1 for e in log if e[0] == "mpi isend")
+            seg = mpicoll._ring.AG_SEGMENT_FACTOR * _context.context(comm).segment_bytes // 8
+            own = -(-counts[comm.rank] // seg)
+            if copies != own:
+                problems.append(f"call {k}: {copies} device-to-host copies for {sends} sends; "
+                                f"expected {own} (this rank's own pieces only)")
+    limit = pool.max_send + pool.max_recv
+    if len(rt.pinned_buffers) > limit:
+        problems.append(f"{len(rt.pinned_buffers)} pinned allocations in {calls} calls > {limit}")
+    _util.assert_all(comm, not problems, "; ".join(problems[:4]))
