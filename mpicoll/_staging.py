@@ -63,6 +63,11 @@ def _completed(reqs) -> set:
     return {i for i, req in enumerate(reqs) if req == MPI.REQUEST_NULL}
 
 
+def _round(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 256 (alignment of a second array in a buffer)."""
+    return (nbytes + 255) & ~255
+
+
 def _address(arr) -> int:
     """The device address of ``arr``'s first element."""
     return arr.__cuda_array_interface__["data"][0]
@@ -122,6 +127,7 @@ class StagingPool:
         self._send_count = 0
         self._recv_free: list = []  # [(buffer, event of the H2D copy reading it, or None)]
         self.allocated = 0          # pinned bytes held
+        self._whole = None          # whole-array staging buffer (see _devices.WholeStage)
 
     def _alloc(self, nbytes):
         size = _MIN_PINNED
@@ -135,6 +141,15 @@ class StagingPool:
             return buf
         self.allocated -= len(buf)
         return self._alloc(nbytes)
+
+    def whole(self, nbytes):
+        """The pinned buffer of whole-array staging (one per context and device, grown)."""
+        buf = self._whole
+        if buf is None or len(buf) < nbytes:
+            if buf is not None:
+                self.allocated -= len(buf)
+            buf = self._whole = self._alloc(nbytes)
+        return buf
 
     def take_send(self, nbytes):
         """A free send buffer of at least ``nbytes``, or None when all are in use."""

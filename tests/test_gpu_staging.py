@@ -1,6 +1,7 @@
-"""The staging pipeline on the fake GPU: copies and MPI progress together; AllGather forwarding.
+"""The staging pipeline on the fake GPU: copies and MPI progress together; AllGather
+forwarding; small calls staged whole; device-aware "auto".
 
-Issue 11, items 4 and 5.  The fake runtime logs every copy and event wait and
+Issue 11, items 4, 5 and 6.  The fake runtime logs every copy and event wait and
 the recording channel every MPI call, so these tests check *how* the staging
 channel moves data, besides the results (test_gpu_fake checks those on every
 case).
@@ -15,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context
+from mpicoll import _context, _devices, _select
 
 WORLD = MPI.COMM_WORLD
 
@@ -26,6 +27,12 @@ def comm():
     _context.context(c).segment_bytes = 256
     yield c
     c.Free()
+
+
+@pytest.fixture(autouse=True)
+def per_step_staging(monkeypatch):
+    """Stage every message (these small cases would otherwise be staged whole)."""
+    monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 0)
 
 
 def _device(rt):
@@ -99,3 +106,45 @@ def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
     if len(rt.pinned_buffers) > limit:
         problems.append(f"{len(rt.pinned_buffers)} pinned allocations in {calls} calls > {limit}")
     _util.assert_all(comm, not problems, "; ".join(problems[:4]))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_small_calls_staged_whole_once(comm, collective, in_place, monkeypatch):
+    """Below STAGE_WHOLE_BYTES a staged call copies its array to the host once, runs the host
+    algorithm, and copies the result back once, whatever the algorithm's steps (item 6)."""
+    monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 1 << 20)
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    rt = be.rt
+    problems = []
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=False, timeout=None):
+        for algorithm in ["auto", *sorted(_select.ALGORITHMS[collective])]:
+            op = None if collective == "allgather" else "SUM"
+            case = (40 * comm.size + 3, op, "float64", "fn", in_place, algorithm)
+            start = len(rt.log)
+            problem = gpucases.RUNNERS[collective](comm, _device(rt), case)
+            if problem:
+                problems.append(problem)
+            queued = [e[2] for e in rt.log[start:] if e[0] == "queue"]
+            copies = (queued.count("d2h"), queued.count("h2d"))
+            if copies != (1, 1):
+                problems.append(f"{algorithm}: {copies[0]} device-to-host and {copies[1]} "
+                                f"host-to-device copies, expected 1 and 1")
+    _util.assert_all(comm, not problems, "; ".join(problems[:4]))
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_auto_on_staged_device_arrays_takes_the_ring(collective):
+    """Device arrays staged per message: "auto" takes the ring, whose copies are per segment,
+    where the host table would take a whole-array algorithm (item 6)."""
+    for nranks in (2, 3, 4, 8):
+        for nbytes in (1 << 10, 200 << 10, 300 << 10, 600 << 10):
+            assert _select.choose(collective, "auto", nbytes, nranks, staged=True)[0] == "ring"
+    assert _select.choose("allreduce", "auto", 300 << 10, 4)[0] == "rabenseifner"  # host table
+    # explicit choices and non-commutative ops are unchanged
+    assert _select.choose(collective, "recursive_doubling", 1 << 10, 4, staged=True)[0] == \
+        "recursive_doubling"
+    if collective != "allgather":
+        assert _select.choose(collective, "auto", 1 << 10, 4, False, staged=True)[0] == \
+            "recursive_doubling"

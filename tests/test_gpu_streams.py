@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context
+from mpicoll import _context, _devices
 
 WORLD = MPI.COMM_WORLD
 
@@ -56,11 +56,13 @@ CASES = [(c, a) for c in ("reduce_scatter", "allreduce", "allgather")
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("transport", ["staging", "direct"])
+@pytest.mark.parametrize("transport", ["staging", "direct", "whole"])
 @pytest.mark.parametrize("collective, algorithm", CASES)
-def test_alternating_streams(comm, transport, collective, algorithm):
+def test_alternating_streams(comm, transport, collective, algorithm, monkeypatch):
     """In-place calls on stream A, B, A, B of one communicator, inputs from queued producers,
     results read only at the end: every result right (issue 11 item 1)."""
+    # staging per message, or the whole array once (see _devices.WholeStage)
+    monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 1 << 30 if transport == "whole" else 0)
     be = fakegpu.fake_backend(compute="lazy", copies="lazy")
     rt = be.rt
     a, b = rt.new_stream(), rt.new_stream()
