@@ -19,7 +19,15 @@ from . import _config, _context, _observe, _select
 class _Run:
     """One call: the algorithm and what it runs with; ``with`` closes the observation."""
 
-    __slots__ = ("name", "fn", "ctx", "ch", "be", "red", "call")
+    __slots__ = ("name", "fn", "ctx", "ch", "be", "red", "call", "stage")
+
+    def enter(self, src, dst):
+        """The arrays the algorithm runs on: host copies when the call is staged whole."""
+        return (src, dst) if self.stage is None else self.stage.enter(src, dst)
+
+    def leave(self):
+        if self.stage is not None:
+            self.stage.leave()
 
     def __enter__(self):
         return self
@@ -42,7 +50,9 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     size = comm.Get_size()
     commutative = True if red is None else red.commutative
     nbytes = total * msg.dtype.itemsize
-    name, fn = _select.choose(collective, algorithm, nbytes, size, commutative)
+    per_step = getattr(msg.backend, "stages_per_step", None)  # device arrays (see _select)
+    name, fn = _select.choose(collective, algorithm, nbytes, size, commutative,
+                              staged=per_step is not None and per_step(nbytes))
     if timeout is None:
         timeout = _config.get("timeout")  # a bad MPICOLL_* value raises before anything starts
     check = bool(_config.get("check"))
@@ -51,8 +61,15 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     ctx.seq += 1
     run = _Run()
     run.name, run.fn, run.ctx = name, fn, ctx
-    run.ch = msg.backend.channel(ctx, msg.mpitype)
-    run.be, run.red = msg.backend, red
+    # small device calls on the staging path run the host algorithm on one
+    # pinned copy (see _devices.WholeStage)
+    whole = getattr(msg.backend, "whole_stage", None)
+    run.stage = None if whole is None else whole(ctx, nbytes, msg, op if red is not None else None)
+    if run.stage is not None:
+        run.ch, run.be, red = run.stage.channel, run.stage.backend, run.stage.reducer
+    else:
+        run.ch, run.be = msg.backend.channel(ctx, msg.mpitype), msg.backend
+    run.red = red
     call = _observe.begin(ctx, label or collective, collective, name, msg, total, counts, displs,
                           op, timeout, check)
     run.call = call
@@ -79,8 +96,9 @@ def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None):
     run = _launch(comm, "allreduce", algorithm, rmsg, rmsg.count, red=red, op=op, timeout=timeout)
     with run:
         be.prepare()
-        src = rmsg.array if smsg is None else smsg.array
-        run.fn(run.ctx, run.ch, run.be, run.red, src, rmsg.array)
+        src, dst = run.enter(rmsg.array if smsg is None else smsg.array, rmsg.array)
+        run.fn(run.ctx, run.ch, run.be, run.red, src, dst)
+        run.leave()
         be.finish()
     return run.name
 
@@ -102,7 +120,9 @@ def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *
             dst = rmsg.array[: counts[rank]]
         else:
             src, dst = smsg.array, rmsg.array
+        src, dst = run.enter(src, dst)
         run.fn(run.ctx, run.ch, run.be, run.red, src, dst, counts, displs)
+        run.leave()
         be.finish()
     return run.name
 
@@ -115,8 +135,9 @@ def run_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeout
                   timeout=timeout, label=label)
     with run:
         be.prepare()
-        run.fn(run.ctx, run.ch, run.be, None if smsg is None else smsg.array, rmsg.array,
-               counts, displs)
+        src, dst = run.enter(None if smsg is None else smsg.array, rmsg.array)
+        run.fn(run.ctx, run.ch, run.be, src, dst, counts, displs)
+        run.leave()
         be.finish()
     return run.name
 

@@ -39,6 +39,15 @@ _DEVICE_DTYPES = frozenset(np.dtype(t) for t in (
     np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
 ))
 
+# Calls moving at most this many bytes per rank (the size "auto" selects by) on
+# the staging path copy their arrays to pinned host memory once, run the host
+# algorithm there and copy the result back once (WholeStage), instead of
+# staging every step.  Not yet measured on a GPU (no device run so far): set
+# at the largest size for which "auto" picks a whole-array algorithm
+# (recursive doubling, Bruck, Rabenseifner's small range); the device check's
+# benchmark measures both sides of it.  Tests set it to 0 to stage per step.
+STAGE_WHOLE_BYTES = 512 << 10
+
 _INSTALL_HINT = "install CuPy: pip install 'mpicoll[cuda12]' (CUDA 12) or 'mpicoll[cuda13]' (CUDA 13)"
 
 
@@ -143,7 +152,9 @@ class CupyRuntime:
         return int(self._rt.getDevice())
 
     def use_device(self, index: int) -> None:
+        """Make ``index`` current and create its CUDA context now (``cudaFree(0)``)."""
         self.xp.cuda.Device(index).use()
+        self._rt.free(0)
 
 
 class DeviceReducer(_backend.Reducer):
@@ -158,6 +169,7 @@ class DeviceReducer(_backend.Reducer):
     def __call__(self, a, b, out):
         be = self.backend
         be.launches += 1
+        be.writes(out)
         if self.ufunc is not None:
             self.ufunc(a, b, out=out)
             return
@@ -184,6 +196,8 @@ class DeviceBackend:
         self._rt = None
         self.name = name
         self.launches = 0  # device kernels/copies queued by mpicoll (for DirectChannel)
+        self._open = None  # (ctx, key, stream) of the call in progress, for finish()
+        self._staging = None  # the StagingChannel of the call in progress (see writes())
 
     @property
     def rt(self):
@@ -223,18 +237,40 @@ class DeviceBackend:
 
     def copy(self, dst, src):
         self.launches += 1
+        self.writes(dst)
         self.rt.xp.copyto(dst, src)
+
+    def writes(self, out):
+        """mpicoll queues device work writing ``out``: the staging channel of this call
+        must not forward data that landed there from its pinned buffer any more."""
+        ch = self._staging
+        if ch is not None:
+            ch.forget(out)
 
     def may_share_memory(self, a, b):
         return bool(self.rt.xp.may_share_memory(a, b))
 
     def prepare(self):
-        """Nothing to do here: the device channels order every transfer after the
-        work that produced its buffer (see _staging's stream contract)."""
+        """Nothing more to do here: :meth:`channel` ordered this call after the
+        previous one on the context, and the device channels order every
+        transfer after the work that produced its buffer (see _staging)."""
 
     def finish(self):
-        """Nothing to do here: results are ready for the compute stream when the
-        last receive is waited for (staging makes that stream wait on the copy)."""
+        """Mark the end of this call's device work on its context (see :meth:`channel`).
+
+        Results are ready for the compute stream when the last receive is
+        waited for (staging makes that stream wait on the copy), so an event
+        recorded on it now follows every use of the context's device memory.
+        """
+        opened = self._open
+        if opened is None:
+            return
+        self._open = None
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        ctx, key, stream = opened
+        ctx.__dict__.setdefault("_device_done", {})[key] = self.rt.record(stream)
 
     def reducer(self, op, mpitype, category):
         name = _types.op_name(op)
@@ -248,13 +284,49 @@ class DeviceBackend:
         return _backend.NUMPY.channel(ctx, mpitype)
 
     def channel(self, ctx, mpitype):
-        """DirectChannel when MPI is CUDA-aware, else StagingChannel (see _cuda)."""
-        rt = self.rt
+        """DirectChannel when MPI is CUDA-aware, else StagingChannel (see _cuda).
+
+        Called once at the start of each call: the device work memory of
+        ``ctx`` (scratch slots) is shared by every call on it, whatever the
+        caller's stream, so the compute stream first waits for the event that
+        the previous call on ``ctx`` recorded at its end (:meth:`finish`).  (On
+        the same stream that wait is a no-op; it is queued anyway, as stream
+        objects cannot be compared reliably.)
+        """
         inner = self.host_channel(ctx, mpitype)
-        stream = rt.current_stream()
+        stream = self._begin(ctx)
         if _cuda.cuda_aware_mpi().aware:
+            self._staging = None
             return _staging.DirectChannel(inner, self, stream)
-        return _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
+        self._staging = _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
+        return self._staging
+
+    def _begin(self, ctx):
+        """Order this call after the previous one on ``ctx`` (see :meth:`channel`); its stream."""
+        rt = self.rt
+        stream = rt.current_stream()
+        key = (self.name, rt.current_device())
+        previous = ctx.__dict__.get("_device_done", {}).get(key)
+        if previous is not None:
+            rt.wait_event(stream, previous)
+        self._open = (ctx, key, stream)
+        self._staging = None
+        return stream
+
+    def stages_per_step(self, nbytes) -> bool:
+        """True when a call of ``nbytes`` stages every message through host memory."""
+        return nbytes > STAGE_WHOLE_BYTES and not _cuda.cuda_aware_mpi().aware
+
+    def whole_stage(self, ctx, nbytes, msg, op):
+        """A :class:`WholeStage` for a call of ``nbytes`` on the staging path, else None.
+
+        Small calls on the staging path (not CUDA-aware, at most
+        :data:`STAGE_WHOLE_BYTES`) run the host algorithm on one pinned copy
+        of their arrays instead of staging every step.
+        """
+        if nbytes > STAGE_WHOLE_BYTES or _cuda.cuda_aware_mpi().aware:
+            return None
+        return WholeStage(self, ctx, msg, op)
 
     def staging_pool(self, ctx):
         """The pinned buffers and copy streams kept for ``ctx`` on the current device."""
@@ -264,6 +336,58 @@ class DeviceBackend:
         if pool is None:
             pool = pools[key] = _staging.StagingPool(self.rt)
         return pool
+
+
+class WholeStage:
+    """One call's arrays copied to pinned host memory once, the host algorithm run there.
+
+    ``channel``, ``backend`` and ``reducer`` are the host ones the algorithm
+    runs with; :meth:`enter` copies the input device-to-host (after the work
+    that produced it, on the compute stream) and waits for that one copy;
+    :meth:`leave` queues the one host-to-device copy of the result on the
+    compute stream, so it is ready there when the call returns.  The pinned
+    buffer is the context's (:meth:`StagingPool.whole`); the next call reuses
+    it only after this call's copy, as it is ordered after this call's end
+    event (:meth:`DeviceBackend.finish`).
+    """
+
+    def __init__(self, be, ctx, msg, op):
+        self.be = be
+        self.stream = be._begin(ctx)
+        self.pool = be.staging_pool(ctx)
+        self.channel = be.host_channel(ctx, msg.mpitype)
+        self.backend = _backend.NUMPY
+        self.reducer = None if op is None else _backend.NUMPY.reducer(op, msg.mpitype, msg.category)
+        self._out = None
+
+    def enter(self, src, dst):
+        """Host arrays (pinned) standing for ``src`` (None: in place) and ``dst``."""
+        rt, stream = self.be.rt, self.stream
+        prefix = src is not None and dst.nbytes <= src.nbytes and (
+            src.nbytes == 0 or _staging._address(src) == _staging._address(dst))
+        sbytes = 0 if src is None or prefix else _staging._round(src.nbytes)
+        buf = self.pool.whole(sbytes + max(src.nbytes if prefix else dst.nbytes, 1))
+        if prefix:  # in place: dst is the start of src (AllReduce, ReduceScatter)
+            hsrc = buf[: src.nbytes].view(src.dtype)
+            hdst = hsrc if src is dst else hsrc[: dst.size]  # the algorithms test "src is dst"
+            copy_in = (hsrc, src)
+        else:
+            hsrc = None if src is None else buf[: src.nbytes].view(src.dtype)
+            hdst = buf[sbytes: sbytes + dst.nbytes].view(dst.dtype)
+            copy_in = (hdst, dst) if src is None else (hsrc, src)  # AllGather in place: all of dst
+        if copy_in[1].nbytes:
+            rt.d2h(copy_in[0], copy_in[1], stream)
+            rt.event_synchronize(rt.record(stream))
+        self._out = (dst, hdst)
+        return hsrc, hdst
+
+    def leave(self):
+        """Queue the copy of the result back to the device (on the compute stream)."""
+        dst, hdst = self._out
+        self._out = None
+        if dst.nbytes:
+            self.be.launches += 1
+            self.be.rt.h2d(dst, hdst, self.stream)
 
 
 CUPY = DeviceBackend(CupyRuntime, "cupy")
@@ -319,7 +443,7 @@ def _bind(comm, get_runtime) -> int:
         local.Free()
     if sorted(h for h in hints if h is not None) == list(range(lsize)):
         lrank = hints[lrank]
-    failure = None
+    failure, device = None, None
     try:
         rt = get_runtime()
         count = rt.device_count()
@@ -331,6 +455,16 @@ def _bind(comm, get_runtime) -> int:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         failure = ("bind_device: no GPU visible to this rank"
                    + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""))
+    if failure is None:
+        # Creating the CUDA context can fail on one rank only (exclusive-process
+        # compute mode, a MIG instance or the memory taken): it happens here,
+        # before the ranks agree, so that failure reaches every rank too.
+        device = lrank % count
+        try:
+            rt.use_device(device)
+        except Exception as exc:
+            failure = (f"bind_device: cannot create a CUDA context on device {device} "
+                       f"({type(exc).__name__}: {exc})")
     # Every rank learns whether any failed, so none is left waiting in a later collective.
     failures = comm.allgather(failure)
     if failure is not None:
@@ -338,8 +472,6 @@ def _bind(comm, get_runtime) -> int:
     for rank, text in enumerate(failures):
         if text is not None:
             raise MpicollError(f"bind_device: failed on rank {rank}: {text}")
-    device = lrank % count
-    rt.use_device(device)
     return device
 
 

@@ -77,8 +77,17 @@ def check_algorithm(collective: str, algorithm, argname: str = "algorithm") -> N
         )
 
 
-def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutative: bool = True):
-    """(name, function) of the algorithm to run; ValueError if it cannot run this op."""
+def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutative: bool = True,
+           staged: bool = False):
+    """(name, function) of the algorithm to run; ValueError if it cannot run this op.
+
+    ``staged``: device arrays whose every message is staged through host
+    memory (see _devices.DeviceBackend.stages_per_step).  "auto" then takes
+    the ring, whose copies are per segment and overlap the transfers; the
+    other algorithms send whole arrays or halves, one staged copy per step.
+    (Small device calls are not staged per step: they run the host table on
+    one host copy.)
+    """
     table = ALGORITHMS[collective]
     if algorithm == "auto":
         env = env_value("MPICOLL_ALGORITHM")
@@ -94,6 +103,8 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
         if not commutative:
             name = next(a for a in table if a in ORDER_PRESERVING)
             return name, table[name]
+        if staged:
+            return "ring", table["ring"]
         pof2 = nranks & (nranks - 1) == 0
         for limit, if_pof2, otherwise in THRESHOLDS[collective]:
             if limit is None or nbytes <= limit:

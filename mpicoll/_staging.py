@@ -48,7 +48,29 @@ from ._channel import Channel
 QUEUED, COPYING, POSTED, DONE = range(4)
 
 DEFAULT_SEND_BUFFERS = 4
+DEFAULT_RECV_BUFFERS = 8  # beyond this, a receive waits for a buffer's copy rather than allocate
 _MIN_PINNED = 1 << 16
+KEEP_LANDED = 2  # landed receive buffers kept for forwarding, besides those in use
+
+
+def _completed(reqs) -> set:
+    """Indices of the complete requests in ``reqs`` (one ``Testsome``, which frees them).
+
+    A request completed earlier (by ``Waitany`` in :meth:`StagingChannel.waitall`)
+    is already ``MPI.REQUEST_NULL``, which ``Testsome`` does not report: it counts too.
+    """
+    MPI.Request.Testsome(reqs)
+    return {i for i, req in enumerate(reqs) if req == MPI.REQUEST_NULL}
+
+
+def _round(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 256 (alignment of a second array in a buffer)."""
+    return (nbytes + 255) & ~255
+
+
+def _address(arr) -> int:
+    """The device address of ``arr``'s first element."""
+    return arr.__cuda_array_interface__["data"][0]
 
 
 class DirectChannel:
@@ -99,10 +121,13 @@ class StagingPool:
         self.d2h_stream = rt.new_stream()
         self.h2d_stream = rt.new_stream()
         self.max_send = max_send
+        self.max_recv = DEFAULT_RECV_BUFFERS
+        self._recv_count = 0
         self._send_free: list = []
         self._send_count = 0
         self._recv_free: list = []  # [(buffer, event of the H2D copy reading it, or None)]
         self.allocated = 0          # pinned bytes held
+        self._whole = None          # whole-array staging buffer (see _devices.WholeStage)
 
     def _alloc(self, nbytes):
         size = _MIN_PINNED
@@ -117,6 +142,15 @@ class StagingPool:
         self.allocated -= len(buf)
         return self._alloc(nbytes)
 
+    def whole(self, nbytes):
+        """The pinned buffer of whole-array staging (one per context and device, grown)."""
+        buf = self._whole
+        if buf is None or len(buf) < nbytes:
+            if buf is not None:
+                self.allocated -= len(buf)
+            buf = self._whole = self._alloc(nbytes)
+        return buf
+
     def take_send(self, nbytes):
         """A free send buffer of at least ``nbytes``, or None when all are in use."""
         if self._send_free:
@@ -130,17 +164,22 @@ class StagingPool:
         self._send_free.append(buf)
 
     def take_recv(self, nbytes):
-        """A receive buffer of at least ``nbytes`` that no copy reads any more."""
+        """A receive buffer of at least ``nbytes`` that no copy reads any more.
+
+        A free one whose host-to-device copy has run; else a new one, up to
+        ``max_recv``; only beyond that does the host wait for the oldest copy.
+        """
         rt = self.rt
         for i, (buf, event) in enumerate(self._recv_free):
             if len(buf) >= nbytes and (event is None or rt.done(event)):
                 del self._recv_free[i]
                 return buf
-        if self._recv_free:
+        if self._recv_free and self._recv_count >= self.max_recv:
             buf, event = self._recv_free.pop(0)
             if event is not None:
                 rt.event_synchronize(event)
             return self._fit(buf, nbytes)
+        self._recv_count += 1
         return self._alloc(nbytes)
 
     def give_recv(self, buf, event):
@@ -157,7 +196,7 @@ class _Request:
 
 
 class _Send(_Request):
-    __slots__ = ("ch", "arr", "dest", "ready", "buf", "host", "copied", "req", "state")
+    __slots__ = ("ch", "arr", "dest", "ready", "buf", "host", "copied", "req", "state", "landed")
 
     def __init__(self, ch, arr, dest, ready):
         self.ch = ch
@@ -165,7 +204,22 @@ class _Send(_Request):
         self.dest = dest
         self.ready = ready  # event on the compute stream after the work producing arr
         self.buf = self.host = self.copied = self.req = None
+        self.landed = None  # the _Landed receive buffer a forwarded send reads
         self.state = QUEUED
+
+
+class _Landed:
+    """A receive's pinned buffer kept after landing, so the data can be forwarded from it."""
+
+    __slots__ = ("ptr", "nbytes", "buf", "event", "users", "dropped")
+
+    def __init__(self, ptr, nbytes, buf, event):
+        self.ptr = ptr          # device address and size of the array the data landed in
+        self.nbytes = nbytes
+        self.buf = buf
+        self.event = event      # the host-to-device copy reading buf
+        self.users = 0          # forwarded sends still reading buf
+        self.dropped = False    # no longer forwardable: buf goes back when users reach 0
 
 
 class _Recv(_Request):
@@ -193,16 +247,31 @@ class StagingChannel:
         self._queue: deque = deque()  # sends QUEUED or COPYING, in isend order
         self._posted: list = []       # sends handed to MPI, not yet complete
         self._recvs: list = []        # receives not yet copied to the device
+        self._landed: list = []       # _Landed buffers, oldest first (see forget())
+        self._forwarding = 0          # forwarded sends in flight (at most pool.max_send)
 
     # -- the channel interface ---------------------------------------------
 
     def isend(self, arr, dest):
-        send = _Send(self, arr, dest, self.rt.record(self.stream))
+        send = _Send(self, arr, dest, None)
+        landed = self._landed_holding(arr)
+        if landed is not None and self._forwarding < self.pool.max_send:
+            # Data that arrived here and was not changed since: send it from the
+            # pinned buffer it arrived in, no device-to-host copy (AllGather).
+            off = _address(arr) - landed.ptr
+            send.host = landed.buf[off: off + arr.nbytes].view(arr.dtype)
+            send.landed = landed
+            landed.users += 1
+            self._forwarding += 1
+            send.state = COPYING
+        else:
+            send.ready = self.rt.record(self.stream)
         self._queue.append(send)
-        self._progress(block_copies=False)
+        self._progress()
         return send
 
     def irecv(self, arr, source):
+        self.forget(arr)  # its landed data is about to be overwritten
         free = self.rt.record(self.stream)
         buf = self.pool.take_recv(arr.nbytes)
         host = buf[: arr.nbytes].view(arr.dtype)
@@ -214,44 +283,53 @@ class StagingChannel:
         self.waitall((req,))
 
     def waitall(self, reqs):
+        """Advance copies and MPI together until ``reqs`` are complete.
+
+        Both are polled (``Testsome`` on the MPI requests, queries of the
+        copy events); the host blocks only when one of them alone is left to
+        wait for: in ``Waitany`` when no device-to-host copy is pending, in
+        the copy's event when no MPI transfer is.
+        """
         pending = [r for r in reqs if r.state != DONE]
         while pending:
-            self._progress(block_copies=True)
+            moved = self._progress()
             pending = [r for r in pending if r.state != DONE]
-            if not pending:
-                return
-            # Nothing more can happen here until MPI completes a transfer:
-            # one of ours, or a send whose buffer a queued send is waiting for.
+            if not pending or moved:
+                continue
             mpi = [r.req for r in self._recvs] + [s.req for s in self._posted]
-            MPI.Request.Waitany(mpi)
+            head = self._queue[0] if self._queue and self._queue[0].state == COPYING else None
+            if head is None and mpi:
+                MPI.Request.Waitany(mpi)  # only MPI can move: a transfer of ours, or a send
+            elif head is not None and not mpi:  # whose buffer a queued send waits for
+                self.rt.event_synchronize(head.copied)
+            # both outstanding: poll again
 
     sendrecv = Channel.sendrecv
 
     def test(self, req) -> bool:
         """Advance without blocking; True when ``req`` is complete."""
         if req.state != DONE:
-            self._progress(block_copies=False)
+            self._progress()
         return req.state == DONE
 
     # -- progress ----------------------------------------------------------
 
-    def _progress(self, block_copies):
-        """Do all work that needs no remote progress (``block_copies``: wait for D2H copies too)."""
-        self._land_received()
-        self._reap_sends()
-        self._start_copies()
-        self._post_copied(block_copies)
-        # With block_copies, no copy is left unposted: a send still queued is
-        # waiting for a buffer held by a posted send, which MPI will complete.
+    def _progress(self) -> int:
+        """Do all work that needs no waiting; how many steps moved (0: nothing could)."""
+        return (self._land_received() + self._reap_sends() + self._start_copies()
+                + self._post_copied())
 
     def _land_received(self):
         """Queue the host-to-device copy of every receive MPI has completed."""
         if not self._recvs:
-            return
+            return 0
         rt, pool = self.rt, self.pool
+        done = _completed([r.req for r in self._recvs])
+        if not done:
+            return 0
         still = []
-        for r in self._recvs:
-            if not r.req.Test():
+        for i, r in enumerate(self._recvs):
+            if i not in done:
                 still.append(r)
                 continue
             rt.wait_event(pool.h2d_stream, r.free)
@@ -259,32 +337,46 @@ class StagingChannel:
                 rt.h2d(r.arr, r.host, pool.h2d_stream)
             landed = rt.record(pool.h2d_stream)
             rt.wait_event(self.stream, landed)
-            pool.give_recv(r.buf, landed)
+            if r.arr.nbytes:
+                self._keep_landed(_Landed(_address(r.arr), r.arr.nbytes, r.buf, landed))
+            else:
+                pool.give_recv(r.buf, landed)
             r.state = DONE
         self._recvs = still
+        return len(done)
 
     def _reap_sends(self):
         if not self._posted:
-            return
+            return 0
+        done = _completed([s.req for s in self._posted])
+        if not done:
+            return 0
         still = []
-        for s in self._posted:
-            if s.req.Test():
-                self.pool.give_send(s.buf)
+        for i, s in enumerate(self._posted):
+            if i in done:
+                if s.landed is None:
+                    self.pool.give_send(s.buf)
+                else:
+                    self._forwarding -= 1
+                    s.landed.users -= 1
+                    self._release_if_unused(s.landed)
                 s.state = DONE
             else:
                 still.append(s)
         self._posted = still
+        return len(done)
 
     def _start_copies(self):
         """Start device-to-host copies of queued sends, in order, while send buffers are free."""
         rt, pool = self.rt, self.pool
+        started = 0
         for s in self._queue:
             if s.state != QUEUED:
                 continue
             nbytes = s.arr.nbytes
             buf = pool.take_send(nbytes)
             if buf is None:
-                return
+                break
             s.buf = buf
             s.host = buf[:nbytes].view(s.arr.dtype)
             rt.wait_event(pool.d2h_stream, s.ready)
@@ -292,17 +384,63 @@ class StagingChannel:
                 rt.d2h(s.host, s.arr, pool.d2h_stream)
             s.copied = rt.record(pool.d2h_stream)
             s.state = COPYING
+            started += 1
+        return started
 
-    def _post_copied(self, block):
+    def _post_copied(self):
         """Hand sends whose copy finished to MPI, in isend order."""
         rt, queue = self.rt, self._queue
+        posted = 0
         while queue and queue[0].state == COPYING:
             s = queue[0]
-            if not rt.done(s.copied):
-                if not block:
-                    return
-                rt.event_synchronize(s.copied)
+            if s.copied is not None and not rt.done(s.copied):
+                break
             queue.popleft()
             s.req = self.inner.isend(s.host, s.dest)
             s.state = POSTED
             self._posted.append(s)
+            posted += 1
+        return posted
+
+    # -- forwarding from landed receive buffers ----------------------------
+
+    def _keep_landed(self, landed):
+        self.forget_range(landed.ptr, landed.nbytes)
+        self._landed.append(landed)
+        # a forward follows its receive within the algorithm's window: keep a few
+        unused = [e for e in self._landed if e.users == 0]
+        for old in unused[: max(0, len(unused) - KEEP_LANDED)]:
+            self._drop(old)
+
+    def _landed_holding(self, arr):
+        """The landed buffer whose data ``arr`` (device) holds unchanged, or None."""
+        if not self._landed or not arr.nbytes:
+            return None
+        ptr = _address(arr)
+        for e in reversed(self._landed):
+            if e.ptr <= ptr and ptr + arr.nbytes <= e.ptr + e.nbytes:
+                return e
+        return None
+
+    def forget(self, arr):
+        """Device work is about to write ``arr``: data landed there can no longer be forwarded."""
+        if self._landed and arr.nbytes:
+            self.forget_range(_address(arr), arr.nbytes)
+
+    def forget_range(self, ptr, nbytes):
+        for e in [e for e in self._landed if e.ptr < ptr + nbytes and ptr < e.ptr + e.nbytes]:
+            self._drop(e)
+
+    def _drop(self, landed):
+        self._landed.remove(landed)
+        landed.dropped = True
+        self._release_if_unused(landed)
+
+    def _release_if_unused(self, landed):
+        if landed.dropped and landed.users == 0:
+            self.pool.give_recv(landed.buf, landed.event)
+
+    def close(self):
+        """The call is over (every request complete): give back the kept receive buffers."""
+        for e in list(self._landed):
+            self._drop(e)

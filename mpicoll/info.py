@@ -10,6 +10,10 @@ versions of mpi4py, NumPy and CuPy ("not installed" without it), the GPUs this
 process sees ("none" without them), and ``cuda-aware: yes|no (how it was
 decided)``: whether mpicoll hands device buffers straight to MPI or stages
 them through host memory (see docs/gpu.md).
+
+``--probe`` adds one line, ``probe: passed|failed (...)``: one device
+``Sendrecv`` tried in a child process (see :func:`mpicoll._cuda.probe_transfer`),
+on rank 0 only; it exits 1 when the probe contradicts a "yes".
 """
 
 from __future__ import annotations
@@ -82,7 +86,9 @@ def main(argv=None, comm=None) -> int:
     ``MPICOLL_CUDA_AWARE``); the report says why.
     """
     parser = argparse.ArgumentParser(prog="python -m mpicoll.info", description=__doc__.splitlines()[0])
-    parser.parse_args(argv)
+    parser.add_argument("--probe", action="store_true",
+                        help="also try one device Sendrecv in a child process (needs CuPy and a GPU)")
+    args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD if comm is None else comm
     mine = report()
     everyone = comm.gather(mine, root=0)
@@ -99,9 +105,16 @@ def main(argv=None, comm=None) -> int:
         for (label, value), (_, mine_value) in zip(theirs, mine):
             if value != mine_value:
                 lines.append(f"  rank {rank} differs: {label} {value}")
+    status = 1 if dict(mine)["cuda-aware"].startswith("unknown") else 0
+    if args.probe:
+        ok, text = _cuda.probe_transfer()
+        lines.append(f"probe: {'passed' if ok else 'failed'} ({text})")
+        if not ok and dict(mine)["cuda-aware"].startswith("yes"):
+            lines.append("probe: contradicts cuda-aware: yes; set MPICOLL_CUDA_AWARE=0 to stage")
+            status = 1
     print("\n".join(lines))
     sys.stdout.flush()
-    return 1 if dict(mine)["cuda-aware"].startswith("unknown") else 0
+    return status
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ import contextlib
 import itertools
 
 import numpy as np
+from mpi4py import MPI
 
-from mpicoll import _backend, _devices
+from mpicoll import _backend, _channel, _devices
 
 POISON = 0xA7
 _names = itertools.count()
@@ -217,20 +218,29 @@ class FakeRuntime:
         compute: "lazy" or "eager" for the default (caller's) stream.
         copies: "lazy" or "eager" for streams made with ``new_stream``.
         slow_queries: the first query of each event answers "not yet".
+        query_lag: the first ``query_lag`` queries of each event answer "not
+            yet" (default 1 with ``slow_queries``, else 0): work that takes a
+            while, so a caller that blocks on it instead of polling shows up.
         devices: how many fake GPUs are visible.
+        context_error: ``use_device`` raises RuntimeError with this text (a CUDA
+            context that cannot be created: exclusive-process mode, MIG, memory).
     """
 
     name = "fakegpu"
     version = "0.0-fake"
 
-    def __init__(self, compute="lazy", copies="lazy", slow_queries=True, devices=1):
+    def __init__(self, compute="lazy", copies="lazy", slow_queries=True, devices=1,
+                 context_error=None, query_lag=None):
         self.log = []
         self.copies_eager = copies == "eager"
         self.slow_queries = slow_queries
+        self.query_lag = (1 if slow_queries else 0) if query_lag is None else query_lag
         self.null = FakeStream(self, "compute", eager=compute == "eager")
         self.current = self.null
         self.pinned_buffers = []
+        self.mpi_requests = []  # MPI requests of the RecordingChannel (see mpi_outstanding)
         self.devices = devices
+        self.context_error = context_error
         self.device = 0
         self._streams = 0
         self.xp = FakeXp(self)
@@ -280,7 +290,7 @@ class FakeRuntime:
 
     def done(self, event):
         event.queries += 1
-        if self.slow_queries and event.queries == 1 and not event.complete:
+        if event.queries <= self.query_lag and not event.complete:
             return False
         event.stream.run_until(event.pos)
         self.log.append(("event done", event.stream.name))
@@ -332,6 +342,8 @@ class FakeRuntime:
     def use_device(self, index):
         if not 0 <= index < self.devices:
             raise ValueError(f"invalid device {index}")
+        if self.context_error is not None:
+            raise RuntimeError(self.context_error)
         self.device = index
 
 
@@ -344,17 +356,26 @@ class RecordingChannel:
 
     def isend(self, arr, dest):
         self.rt.log.append(("mpi isend", dest, arr))
-        return self.inner.isend(arr, dest)
+        return self._keep(self.inner.isend(arr, dest))
 
     def irecv(self, arr, source):
         self.rt.log.append(("mpi irecv", source, arr))
-        return self.inner.irecv(arr, source)
+        return self._keep(self.inner.irecv(arr, source))
+
+    def _keep(self, req):
+        """Remember ``req`` in the runtime's ``mpi_requests`` (for :func:`mpi_outstanding`)."""
+        reqs = self.rt.mpi_requests
+        reqs[:] = [r for r in reqs if r != MPI.REQUEST_NULL]
+        reqs.append(req)
+        return req
 
     def wait(self, req):
         self.inner.wait(req)
 
     def waitall(self, reqs):
         self.inner.waitall(reqs)
+
+    sendrecv = _channel.Channel.sendrecv  # whole-array staging runs host algorithms on it
 
 
 class FakeBackend(_devices.DeviceBackend):
@@ -395,3 +416,8 @@ def produce(rt, host):
 def peek(x):
     """The bytes a device array holds right now, without running queued work."""
     return x._h.copy()
+
+
+def mpi_outstanding(rt) -> int:
+    """How many MPI requests of mpicoll's channel are incomplete now (without completing any)."""
+    return sum(1 for r in rt.mpi_requests if r != MPI.REQUEST_NULL and not r.Get_status())

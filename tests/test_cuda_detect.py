@@ -179,3 +179,87 @@ def test_maps_parsing(tmp_path):
     assert _cuda._mapped_mpi_paths(str(maps)) == ["/opt/mpi/lib/libmpi.so.40.30.0",
                                                   "/usr/lib/libmpich.so.12"]
     assert _cuda._mapped_mpi_paths(str(tmp_path / "missing")) == []
+
+
+# -- Open MPI's "yes" checked against its other evidence (issue 11 item 3) ----------------
+
+UCX_NO_CUDA = ("/opt/ompi/lib/libmpi.so.40", "/opt/ucx/lib/libucp.so.0", "/opt/ucx/lib/libuct.so.0",
+               "/opt/ucx/lib/ucx/libuct_ib.so.0")
+UCX_CUDA = UCX_NO_CUDA + ("/opt/ucx/lib/ucx/libuct_cuda.so.0",)
+
+
+def _open_mpi_yes(evidence, environ=None):
+    lib = FakeLib(MPIX_Query_cuda_support=query_cuda(1))
+    return _cuda.probe([("/opt/ompi/lib/libmpi.so.40", lib)], "Open MPI 5.0.5", environ or {}, evidence)
+
+
+def test_open_mpi_yes_without_ucx_cuda_transport_is_no():
+    """The accelerator component says 1, but UCX loaded no CUDA transport: staging (a false yes)."""
+    aware, reason = _open_mpi_yes(_cuda.Evidence(built_with_cuda=True, mapped=UCX_NO_CUDA))
+    assert not aware
+    assert "no libuct_cuda" in reason and "MPIX_Query_cuda_support() returned 1" in reason
+
+
+def test_open_mpi_yes_but_built_without_cuda_is_no():
+    aware, reason = _open_mpi_yes(_cuda.Evidence(built_with_cuda=False, mapped=UCX_CUDA))
+    assert not aware and "mpi_built_with_cuda_support:false" in reason
+
+
+def test_open_mpi_yes_with_ucx_tls_without_cuda_is_no():
+    aware, reason = _open_mpi_yes(_cuda.Evidence(True, UCX_CUDA), {"UCX_TLS": "rc,sm,self"})
+    assert not aware and "UCX_TLS=rc,sm,self" in reason
+
+
+def test_open_mpi_yes_with_evidence_is_yes_and_says_why():
+    aware, reason = _open_mpi_yes(_cuda.Evidence(True, UCX_CUDA), {"UCX_TLS": "rc,cuda_copy,cuda_ipc"})
+    assert aware
+    assert "mpi_built_with_cuda_support:true" in reason and "libuct_cuda" in reason
+
+
+def test_open_mpi_yes_without_ucx_is_yes():
+    """ob1 with the smcuda BTL (no UCX loaded): the query and the build decide."""
+    aware, reason = _open_mpi_yes(_cuda.Evidence(True, ("/opt/ompi/lib/libmpi.so.40",)))
+    assert aware and "mpi_built_with_cuda_support:true" in reason
+
+
+def test_this_process_evidence_is_gathered():
+    """The evidence of this process: its mapped objects include the MPI library."""
+    libs = _cuda._loaded_mpi_libraries()
+    ev = _cuda._evidence(libs)
+    if os.path.exists("/proc/self/maps"):
+        assert any(os.path.basename(p).startswith("libmpi") for p in ev.mapped)
+    assert ev.built_with_cuda in (None, False, True)
+
+
+# -- the opt-in device Sendrecv probe (child process) --------------------------------------
+
+def test_probe_transfer_crash_is_no():
+    ok, text = _cuda.probe_transfer(code="import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert not ok and "crashed (SIGSEGV)" in text
+
+
+def test_probe_transfer_wrong_data_is_no():
+    ok, text = _cuda.probe_transfer(code="raise SystemExit('wrong data')")
+    assert not ok and "failed (exit 1): wrong data" in text
+
+
+def test_probe_transfer_hang_is_no():
+    ok, text = _cuda.probe_transfer(code="import time; time.sleep(30)", timeout=1)
+    assert not ok and "hung" in text
+
+
+def test_probe_transfer_fake_device_sendrecv_passes():
+    """The child's MPI Sendrecv of a CUDA-array-interface buffer (fake GPU: host memory)."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        f"import sys; sys.path[:0] = [{tests!r}, {os.path.dirname(tests)!r}]\n"
+        "import numpy as np, fakegpu\n"
+        "from mpi4py import MPI\n"
+        "rt = fakegpu.FakeRuntime()\n"
+        "a = rt.xp.asarray(np.arange(1000.0)); b = rt.xp.asarray(np.zeros(1000))\n"
+        "MPI.COMM_SELF.Sendrecv([a, MPI.DOUBLE], 0, 7, [b, MPI.DOUBLE], 0, 7)\n"
+        "assert np.array_equal(b.get(), np.arange(1000.0))\n"
+        "print('ok')\n"
+    )
+    ok, text = _cuda.probe_transfer(code=code, timeout=120)
+    assert ok, text

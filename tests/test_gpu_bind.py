@@ -92,3 +92,24 @@ def test_real_bind_device():
         return
     dev = mpicoll.bind_device()
     assert 0 <= dev < count and cupy.cuda.runtime.getDevice() == dev
+
+
+def test_context_failure_on_one_rank_fails_all(no_hints):
+    """A CUDA context that cannot be created on one rank (exclusive mode, MIG, memory) fails all.
+
+    Before the fix the context was created after the ranks agreed, so only
+    that rank raised and the others returned, to wait for it in their next
+    collective.
+    """
+    error = "cudaErrorDevicesUnavailable: all CUDA-capable devices are busy or unavailable"
+    rt = fakegpu.FakeRuntime(devices=1, context_error=error if WORLD.rank == WORLD.size - 1 else None)
+    last = WORLD.size - 1
+    expected = "cannot create a CUDA context on device 0" if WORLD.rank == last else f"failed on rank {last}"
+    outcome = "returned"
+    try:
+        _devices._bind(WORLD, lambda: rt)
+    except Exception as exc:  # caught on every rank, so the check below is collective
+        outcome = f"{type(exc).__name__}: {exc}"
+    outcomes = WORLD.allgather(outcome)
+    assert all(o.startswith("MpicollError: ") for o in outcomes), outcomes
+    assert expected in outcome and "devices are busy" in outcomes[last]

@@ -86,12 +86,15 @@ def comm():
     c.Free()
 
 
-@pytest.fixture(params=["staging", "direct"])
-def transport(request):
+@pytest.fixture(params=["whole", "staging", "direct"])
+def transport(request, monkeypatch):
+    """Staging of small calls as one whole-array copy, staging per message, or direct."""
     if request.param == "direct":
         why = _direct_reason()
         if why:
             pytest.skip(why)
+    if request.param == "staging":
+        monkeypatch.setattr(mpicoll._devices, "STAGE_WHOLE_BYTES", 0)
     with mpicoll.options(cuda_aware=request.param == "direct"):
         yield request.param
 

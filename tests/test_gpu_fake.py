@@ -2,7 +2,8 @@
 
 Runs under any number of ranks (``mpirun -n N python -m pytest tests/test_gpu_fake.py``).
 Both transports are covered: host staging (``cuda_aware=False``: pinned
-buffers, copy streams, events) and direct (``cuda_aware=True``: the fake
+buffers, copy streams, events), per message or of the whole array once
+(small calls, see _devices.WholeStage), and direct (``cuda_aware=True``: the fake
 arrays' CUDA array interface points at host memory, so mpi4py hands their
 pointers to MPI as a CUDA-aware MPI would get them).  The fake streams run
 queued work only when forced, so a missing synchronisation shows up as
@@ -20,12 +21,14 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _staging
+from mpicoll import _context, _devices, _staging
 
 WORLD = MPI.COMM_WORLD
 
 # (transport, fake stream behaviour, MPICOLL timeout: polling waits)
 SETUPS = {
+    "whole-lazy": ("whole", dict(compute="lazy", copies="lazy"), None),
+    "whole-eager": ("whole", dict(compute="eager", copies="eager", slow_queries=False), 60.0),
     "staging-lazy": ("staging", dict(compute="lazy", copies="lazy"), None),
     "staging-fastcopy": ("staging", dict(compute="lazy", copies="eager"), 60.0),
     "staging-eager": ("staging", dict(compute="eager", copies="eager", slow_queries=False), None),
@@ -44,9 +47,17 @@ def comm():
     c.Free()
 
 
+@pytest.fixture(autouse=True)
+def per_step_staging(monkeypatch):
+    """Stage every message (the small cases here would otherwise be staged whole)."""
+    monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 0)
+
+
 @pytest.fixture(params=sorted(SETUPS))
-def gpu(request, comm):
+def gpu(request, comm, monkeypatch):
     transport, streams, timeout = SETUPS[request.param]
+    if transport == "whole":  # small calls: one host copy, the host algorithm
+        monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 1 << 30)
     be = fakegpu.fake_backend(**streams)
     with fakegpu.registered(be), mpicoll.options(cuda_aware=transport == "direct", timeout=timeout):
         yield be

@@ -118,3 +118,33 @@ def test_malformed_setting_is_reported(capsys, monkeypatch):
     if WORLD.rank == 0:
         assert rc == 1
         assert "cuda-aware: unknown (MPICOLL_CUDA_AWARE: expected 1/0" in out
+
+
+def test_probe_contradicting_yes_fails(capsys, monkeypatch):
+    """--probe: one device Sendrecv in a child; a failure under "yes" is reported, exit 1."""
+    from mpicoll import _cuda
+    monkeypatch.setattr(_cuda, "probe_transfer", lambda: (False, "the device Sendrecv probe crashed (SIGSEGV)"))
+    monkeypatch.setenv("MPICOLL_CUDA_AWARE", "1")
+    with mpicoll.options(cuda_aware=None):
+        rc = info.main(["--probe"])
+    out = capsys.readouterr().out
+    if WORLD.rank == 0:
+        assert rc == 1
+        assert "probe: failed (the device Sendrecv probe crashed (SIGSEGV))" in out
+        assert "contradicts cuda-aware: yes" in out
+    else:
+        assert rc == 0 and out == ""
+
+
+def test_probe_runs_a_child(capsys, monkeypatch):
+    """The real probe: without CuPy the child fails to import it, and says so."""
+    monkeypatch.delenv("MPICOLL_CUDA_AWARE", raising=False)
+    with mpicoll.options(cuda_aware=False):
+        rc = info.main(["--probe"])
+    out = capsys.readouterr().out
+    if WORLD.rank != 0:
+        return
+    assert rc == 0
+    line = next(line for line in out.splitlines() if line.startswith("probe: "))
+    if _cupy_state() == "not installed":
+        assert "failed" in line and "cupy" in line

