@@ -43,7 +43,7 @@ from collections import deque
 
 from mpi4py import MPI
 
-from ._channel import Channel
+from ._channel import Channel, mpi_requests
 
 QUEUED, COPYING, POSTED, DONE = range(4)
 
@@ -223,7 +223,7 @@ class StagingChannel:
             # Nothing more can happen here until MPI completes a transfer:
             # one of ours, or a send whose buffer a queued send is waiting for.
             mpi = [r.req for r in self._recvs] + [s.req for s in self._posted]
-            MPI.Request.Waitany(mpi)
+            MPI.Request.Waitany(mpi_requests(mpi))  # (a large message's pieces)
 
     sendrecv = Channel.sendrecv
 
