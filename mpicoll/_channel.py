@@ -8,6 +8,16 @@ collective, so no per-message tags are needed.
 Algorithms only call ``isend``, ``irecv``, ``wait``, ``waitall`` and
 ``sendrecv``.  Other modules wrap or replace this class (host staging for GPU
 buffers, timeouts, traffic accounting, traces) without touching algorithms.
+
+A message longer than :data:`PIECE_BYTES` travels as consecutive pieces of
+at most that size (one ``Isend``/``Irecv`` each, all posted at once, so MPI
+moves them back to back), and its request is a :class:`Pieces`.  The cut
+depends only on the element count and the datatype, which both ends of a
+message share, so sender and receiver cut identically whatever each rank's
+options.  It is what lets a timeout bound silence rather than message size:
+a polling wait (_timeout) sees a completion at least every piece, however
+large the message (a request of one huge message gives no sign of progress
+until all of it has arrived).
 """
 
 from __future__ import annotations
@@ -15,29 +25,82 @@ from __future__ import annotations
 from mpi4py import MPI
 
 TAG = 0
+PIECE_BYTES = 1 << 20  # largest single MPI message of a channel
+
+
+class Pieces:
+    """The requests of one message sent or received in pieces (mpi4py-like ``Test``/``Wait``)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def Test(self) -> bool:
+        return MPI.Request.Testall(self.parts)
+
+    def Wait(self) -> None:
+        MPI.Request.Waitall(self.parts)
+
+    def Cancel(self) -> None:
+        for part in self.parts:
+            if part != MPI.REQUEST_NULL:
+                part.Cancel()
+
+
+def mpi_requests(reqs) -> list:
+    """The MPI requests behind channel requests (the parts of every :class:`Pieces`)."""
+    out = []
+    for r in reqs:
+        if type(r) is Pieces:
+            out.extend(r.parts)
+        else:
+            out.append(r)
+    return out
+
+
+def is_null(req) -> bool:
+    """Whether a channel request has completed and been freed (every part, for :class:`Pieces`)."""
+    if type(req) is Pieces:
+        return all(part == MPI.REQUEST_NULL for part in req.parts)
+    return req == MPI.REQUEST_NULL
+
+
+def piece_elems(mpitype) -> int:
+    """Elements of ``mpitype`` per piece: a function of the datatype only."""
+    return max(1, PIECE_BYTES // max(mpitype.Get_extent()[1], 1))
 
 
 class Channel:
     """Host-memory transport: arrays go straight to ``Isend``/``Irecv``."""
 
-    __slots__ = ("comm", "mpitype")
+    __slots__ = ("comm", "mpitype", "piece")
 
     def __init__(self, comm, mpitype):
         self.comm = comm
         self.mpitype = mpitype
+        self.piece = piece_elems(mpitype)
 
     def isend(self, arr, dest):
-        return self.comm.Isend([arr, self.mpitype], dest, TAG)
+        T, n, step = self.mpitype, len(arr), self.piece
+        if n <= step:
+            return self.comm.Isend([arr, T], dest, TAG)
+        return Pieces([self.comm.Isend([arr[a: a + step], T], dest, TAG)
+                       for a in range(0, n, step)])
 
     def irecv(self, arr, source):
-        return self.comm.Irecv([arr, self.mpitype], source, TAG)
+        T, n, step = self.mpitype, len(arr), self.piece
+        if n <= step:
+            return self.comm.Irecv([arr, T], source, TAG)
+        return Pieces([self.comm.Irecv([arr[a: a + step], T], source, TAG)
+                       for a in range(0, n, step)])
 
     def wait(self, req):
         req.Wait()
 
     def waitall(self, reqs):
         if reqs:
-            MPI.Request.Waitall(reqs)
+            MPI.Request.Waitall(mpi_requests(reqs))
 
     def sendrecv(self, sendarr, dest, recvarr, source):
         """Send ``sendarr`` to ``dest`` while receiving ``recvarr`` from ``source``.
@@ -46,7 +109,7 @@ class Channel:
         """
         recv = recvarr is not None and len(recvarr)
         send = sendarr is not None and len(sendarr)
-        if recv and send and type(self) is Channel:
+        if recv and send and type(self) is Channel and max(recv, send) <= self.piece:
             # one MPI call instead of three (small messages are latency-bound);
             # subclasses and borrowers of this method may stage, tag or observe
             # messages in isend/irecv, so they take the general path

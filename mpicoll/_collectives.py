@@ -13,7 +13,7 @@ payload message and runs the algorithm on an observed channel.
 
 from __future__ import annotations
 
-from . import _config, _context, _observe, _select
+from . import _check, _config, _context, _observe, _select
 
 
 class _Run:
@@ -56,7 +56,10 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     if timeout is None:
         timeout = _config.get("timeout")  # a bad MPICOLL_* value raises before anything starts
     check = bool(_config.get("check"))
-    ctx = _context.context(comm)
+    label = label or collective
+    # the first call on comm sets it up, under the call's timeout
+    ctx = _context.context(comm, timeout, lambda: (
+        f"{label} #1 ({name}, {total} x {_check.dtype_label(msg)})", label, name))
     _observe.check_usable(ctx)
     ctx.seq += 1
     run = _Run()
@@ -70,7 +73,7 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     else:
         run.ch, run.be = msg.backend.channel(ctx, msg.mpitype), msg.backend
     run.red = red
-    call = _observe.begin(ctx, label or collective, collective, name, msg, total, counts, displs,
+    call = _observe.begin(ctx, label, collective, name, msg, total, counts, displs,
                           op, timeout, check)
     run.call = call
     if call is not None:

@@ -4,38 +4,158 @@ The state is cached on the user's communicator as an MPI attribute, so it is
 created once (on the first collective, collectively), shared by every
 ``mpicoll.Comm`` wrapping the same communicator, and freed together with the
 user's communicator (``comm.Free()`` runs the attribute's delete callback).
+
+Set-up (:class:`Context`), in this order:
+
+1. every option it reads (``MPICOLL_SEGMENT_BYTES``, ``MPICOLL_WINDOW``,
+   ``MPICOLL_FAKE_NODES``) is parsed; a bad value raises before any MPI call;
+2. ``Idup`` of the user's communicator;
+3. with more than one rank: ``Ibarrier`` on the duplicate (only for the real
+   node membership: after it every rank is known to be in the set-up, so the
+   blocking ``Split_type`` that follows cannot wait for a missing rank), then
+   ``Iallgather`` of the node labels, which gives the ring order.
+
+Each request is waited for with the call's timeout (the poller of
+:mod:`_timeout`; no timeout: ``Wait``), so a rank that never reaches its
+first collective on a communicator makes the others raise
+:class:`~mpicoll.CollectiveTimeout` instead of hanging.  After such a timeout
+the user's communicator still has mpicoll's ``Idup`` (or the duplicate its
+exchange) pending, and MPI matches collectives in order: any later collective
+on it, mpicoll's or the user's, could pair with that one.  So the
+communicator is marked unusable (every later mpicoll call raises
+``MpicollError``), and the duplicate, which MPI forbids freeing while its
+creation or exchange is pending, is kept and freed as soon as those complete
+(checked at every later set-up and when the user's communicator is freed).
+A set-up that fails otherwise frees what it created and caches nothing.
 """
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 from mpi4py import MPI
 
+from . import _timeout
+from ._errors import CollectiveTimeout, MpicollError
 from ._workmem import WorkMemory
 
 _KEYVAL = None
+
+# (duplicate, [requests]) of set-ups that timed out: freed once the requests complete
+_ABANDONED: list = []
 
 
 def _delete_state(comm, keyval, state):
     state.free()
 
 
-class Context:
-    """What mpicoll keeps for one user communicator."""
+def _reap() -> None:
+    """Free the duplicates of timed-out set-ups whose pending requests have completed."""
+    if MPI.Is_finalized():
+        return
+    for entry in list(_ABANDONED):
+        dup, reqs = entry
+        if MPI.Request.Testall(reqs):
+            _ABANDONED.remove(entry)
+            if dup != MPI.COMM_NULL:
+                dup.Free()
 
-    def __init__(self, comm: MPI.Intracomm):
-        self.comm = comm.Dup()
-        self.comm.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+
+class _Step:
+    """A set-up request as :func:`_timeout.wait` polls it."""
+
+    __slots__ = ("req", "kind", "done")
+
+    def __init__(self, req):
+        self.req = req
+        self.kind = "setup"
+        self.done = None
+
+
+class _Unusable:
+    """Cached in place of a Context whose set-up timed out: refuses every later call."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def free(self) -> None:
+        _reap()
+
+
+class Context:
+    """What mpicoll keeps for one user communicator.
+
+    Args:
+        comm: the user's communicator.
+        timeout: seconds each set-up step may wait without progress (None: wait).
+        describe: ``describe() -> (call, collective, algorithm)`` for a timeout:
+            how the call that triggered the set-up names itself in the message
+            (``"allreduce #1 (ring, 100 x float64)"``) and the exception's
+            attributes; None: "collective #1".
+    """
+
+    def __init__(self, comm: MPI.Intracomm, timeout: float | None = None, describe=None):
+        from . import _ring, _topology
+        # 1. every option first: a bad value raises before any MPI call
+        # (pipelining of the ring algorithms: MPICOLL_SEGMENT_BYTES, MPICOLL_WINDOW)
+        self.segment_bytes, self.window = _ring.tuning()
+        fake = _topology.fake_labels()
         self.seq = 0  # collectives started on this communicator
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see _workmem)
-        from . import _ring, _topology
-        # pipelining of the ring algorithms (MPICOLL_SEGMENT_BYTES, MPICOLL_WINDOW)
-        self.segment_bytes, self.window = _ring.tuning()
-        self.ring = _topology.ring_order(self)
+        self.comm = MPI.COMM_NULL
+        self._timeout, self._describe = timeout, describe
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        _reap()
+        # 2. the private duplicate
+        dup, req = comm.Idup()
+        pending = [req]
+        try:
+            self._wait(pending, "duplicating the communicator (MPI_Comm_idup)")
+            dup.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
+            # 3. the ring order
+            labels = np.zeros(self.size, dtype=np.int64)
+            if self.size > 1:
+                if fake is None:
+                    pending = [dup.Ibarrier()]
+                    self._wait(pending, "waiting for every rank to reach the set-up (MPI_Ibarrier)")
+                mine = np.array([_topology.node_label(dup, fake)], dtype=np.int64)
+                pending = [dup.Iallgather(mine, labels)]
+                self._wait(pending, "exchanging node labels (MPI_Iallgather)")
+        except BaseException:
+            if MPI.Request.Testall(pending):
+                dup.Free()
+            else:
+                _ABANDONED.append((dup, pending))
+            raise
+        del self._timeout, self._describe
+        self.comm = dup
+        self.ring = _topology.ring_from_nodes(labels.tolist())
         self.ring_pos = self.ring.index(self.rank)
+
+    def _wait(self, pending: list, step: str) -> None:
+        """Complete the set-up requests ``pending``; CollectiveTimeout after the call's timeout."""
+        if self._timeout is None:
+            MPI.Request.Waitall(pending)
+            return
+        steps = [_Step(r) for r in pending]
+        _timeout.wait(steps, self._timeout, lambda left, idle: self._expired(step, idle),
+                      _timeout.tester(steps))
+
+    def _expired(self, step: str, idle: float) -> CollectiveTimeout:
+        call, collective, algorithm = ("collective #1", None, None) if self._describe is None \
+            else self._describe()
+        msg = (
+            f"{call} on rank {self.rank}: no progress for {idle:.3g} s "
+            f"(timeout {self._timeout:g} s) while setting up mpicoll on this communicator, "
+            f"{step}. Some rank has not joined the set-up: it may have skipped this call, "
+            f"called a collective on another communicator, or be stuck or dead. This "
+            f"communicator cannot be used again; end the job with mpicoll.abort()"
+        )
+        return CollectiveTimeout(msg, collective=collective, seq=1, algorithm=algorithm,
+                                 rank=self.rank, peer=None, phase="setup", step=None,
+                                 timeout=self._timeout)
 
     def free(self) -> None:
         self.work = WorkMemory()
@@ -56,15 +176,29 @@ def check_comm(comm, argname: str = "comm") -> MPI.Intracomm:
     return comm
 
 
-def context(comm: MPI.Intracomm) -> Context:
-    """The cached state of ``comm``; the first call on a communicator is collective."""
+def context(comm: MPI.Intracomm, timeout: float | None = None, describe=None) -> Context:
+    """The cached state of ``comm``; the first call on a communicator is collective.
+
+    The other arguments only matter for that first call (see :class:`Context`).
+    MpicollError if an earlier set-up on ``comm`` timed out.
+    """
     global _KEYVAL
     if _KEYVAL is None:
         _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_state)
     state = comm.Get_attr(_KEYVAL)
     if state is None:
-        state = Context(comm)
+        try:
+            state = Context(comm, timeout, describe)
+        except CollectiveTimeout as exc:
+            comm.Set_attr(_KEYVAL, _Unusable(f"{exc.collective or 'a collective'} #1 timed out "
+                                             f"on rank {exc.rank} while setting it up"))
+            raise
         comm.Set_attr(_KEYVAL, state)
+    elif type(state) is _Unusable:
+        raise MpicollError(
+            f"communicator unusable: {state.why}; mpicoll's set-up collectives may still be "
+            f"pending on it, so end the job with mpicoll.abort() (see docs/reliability.md)"
+        )
     return state
 
 

@@ -31,8 +31,9 @@ class CollectiveTimeout(MpicollError, TimeoutError):
 
     Attributes: ``collective``, ``seq`` (call number), ``algorithm``, ``rank``
     (this rank), ``peer`` (the rank waited on, None if unknown), ``phase``
-    ("send", "recv" or "check"), ``step`` (algorithm step, None if unknown),
-    ``timeout`` (seconds).  The communicator is unusable afterwards.
+    ("send", "recv", "check", or "setup": creating mpicoll's state for the
+    communicator on its first call), ``step`` (algorithm step, None if
+    unknown), ``timeout`` (seconds).  The communicator is unusable afterwards.
     """
 
     def __init__(self, message: str, *, collective=None, seq=None, algorithm=None, rank=None,

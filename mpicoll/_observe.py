@@ -22,7 +22,7 @@ from time import perf_counter
 
 from mpi4py import MPI
 
-from . import _check, _steps, _timeout, _trace, _traffic
+from . import _channel, _check, _steps, _timeout, _trace, _traffic
 from ._errors import CollectiveTimeout, MpicollError
 
 _BROKEN = "mpicoll_unusable"  # Context attribute set after a timeout
@@ -94,6 +94,8 @@ class Call:
         self.received = [0, 0]
         self.events = [] if tracers else None
         self.last_recv = -1
+        self.windowed: list = []        # _timeout.Windowed messages still moving (timeout only)
+        self.lanes: dict = {}           # (kind, peer) -> Windowed messages not fully posted
         self._schedule = False
         self.t0 = perf_counter()
 
@@ -255,7 +257,7 @@ def _peer_name(ctx, peer) -> str:
 class ObservedChannel:
     """Channel wrapper: counts, times and (with a timeout) polls every message."""
 
-    __slots__ = ("inner", "call", "account", "phase", "timed")
+    __slots__ = ("inner", "call", "account", "phase", "timed", "piece")
 
     def __init__(self, inner, call: Call, account: bool = True, phase: str | None = None):
         self.inner = inner
@@ -263,11 +265,27 @@ class ObservedChannel:
         self.account = account
         self.phase = phase
         self.timed = call.events is not None
+        # with a timeout, payload messages longer than a piece move windowed (_timeout.Windowed)
+        self.piece = (_channel.piece_elems(call.msg.mpitype)
+                      if call.timeout is not None and account else None)
+
+    def _post(self, post, arr, peer, kind):
+        if self.piece is None:
+            return post(arr, peer)
+        lanes = self.call.lanes
+        lane = lanes.get((kind, peer))
+        if len(arr) <= self.piece and not lane:
+            return post(arr, peer)
+        if lane is None:
+            lane = lanes[(kind, peer)] = []
+        w = _timeout.Windowed(post, arr, peer, self.piece, kind, lane)
+        self.call.windowed.append(w)
+        return w
 
     def isend(self, arr, dest):
         c = self.call
         t0 = perf_counter() if self.timed else 0.0
-        req = self.inner.isend(arr, dest)
+        req = self._post(self.inner.isend, arr, dest, "send")
         k = c.nsend
         n = len(arr)
         if self.account:
@@ -279,7 +297,7 @@ class ObservedChannel:
     def irecv(self, arr, source):
         c = self.call
         t0 = perf_counter() if self.timed else 0.0
-        req = self.inner.irecv(arr, source)
+        req = self._post(self.inner.irecv, arr, source, "recv")
         k = c.nrecv
         n = len(arr)
         if self.account:
@@ -338,16 +356,22 @@ class ObservedChannel:
     def _complete(self, reqs) -> None:
         c = self.call
         if c.timeout is not None:
-            test = _timeout.tester(reqs, getattr(self.inner, "test", None))
+            test = _timeout.tester(reqs, getattr(self.inner, "test", None), c.windowed)
             if test is not None:
                 _timeout.wait(reqs, c.timeout, lambda left, idle: c.expired(left, idle, self.phase),
                               test)
         # the inner channel finishes the requests (host staging copies, ...);
         # polled MPI requests are already complete and return at once
-        if len(reqs) == 1:
-            self.inner.wait(reqs[0].req)
+        inner = []
+        for r in reqs:
+            if type(r.req) is _timeout.Windowed:
+                inner.extend(r.req.posted)
+            else:
+                inner.append(r.req)
+        if len(inner) == 1:
+            self.inner.wait(inner[0])
         else:
-            self.inner.waitall([r.req for r in reqs])
+            self.inner.waitall(inner)
         if not self.account:
             return
         now = perf_counter() if self.timed else 0.0

@@ -43,7 +43,7 @@ from collections import deque
 
 from mpi4py import MPI
 
-from ._channel import Channel
+from ._channel import Channel, is_null, mpi_requests
 
 QUEUED, COPYING, POSTED, DONE = range(4)
 
@@ -59,8 +59,8 @@ def _completed(reqs) -> set:
     A request completed earlier (by ``Waitany`` in :meth:`StagingChannel.waitall`)
     is already ``MPI.REQUEST_NULL``, which ``Testsome`` does not report: it counts too.
     """
-    MPI.Request.Testsome(reqs)
-    return {i for i, req in enumerate(reqs) if req == MPI.REQUEST_NULL}
+    MPI.Request.Testsome(mpi_requests(reqs))
+    return {i for i, req in enumerate(reqs) if is_null(req)}
 
 
 def _round(nbytes: int) -> int:
@@ -299,7 +299,7 @@ class StagingChannel:
             mpi = [r.req for r in self._recvs] + [s.req for s in self._posted]
             head = self._queue[0] if self._queue and self._queue[0].state == COPYING else None
             if head is None and mpi:
-                MPI.Request.Waitany(mpi)  # only MPI can move: a transfer of ours, or a send
+                MPI.Request.Waitany(mpi_requests(mpi))  # only MPI can move: a transfer of ours, or a send
             elif head is not None and not mpi:  # whose buffer a queued send waits for
                 self.rt.event_synchronize(head.copied)
             # both outstanding: poll again

@@ -4,8 +4,11 @@ With a timeout set (``MPICOLL_TIMEOUT``, ``configure(timeout=...)`` or a
 per-call ``timeout=``), the channel of a collective does not block in
 ``MPI_Wait``: it polls its requests with ``Test``/``Testsome`` and raises
 :class:`~mpicoll.CollectiveTimeout` when none of them completes for that many
-seconds.  The deadline restarts at every completed request, so a long but
-progressing collective never times out.
+seconds.  The deadline restarts at every completed request, and at every
+completed piece of a message the channel cut into pieces
+(:class:`mpicoll._channel.Pieces`), so the time between deadlines is bounded
+by the piece size, not the message size: a long but progressing collective
+never times out.
 
 Polling spins for :data:`SPIN_S` after each completion (as ``MPI_Wait``
 itself would) and then sleeps between polls, doubling the pause up to
@@ -21,34 +24,138 @@ from typing import NoReturn
 
 from mpi4py import MPI
 
+from ._channel import Pieces
+
 SPIN_S = 2e-3        # poll without pausing this long after the last progress
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = 1e-3
 CANCEL_WAIT_S = 0.1  # how long to wait for a cancelled receive to complete
 
 
-def _test_all_mpi(left):
-    """Indices of completed requests among ``left`` (all MPI.Request)."""
-    reqs = [r.req for r in left]
-    done = MPI.Request.Testsome(reqs)
-    return range(len(left)) if done is None else done
+WINDOW = 4  # pieces of one message in flight at a time (see Windowed)
 
 
-def tester(pending, channel_test=None):
-    """How to poll ``pending``: a function left -> indices of completed entries, or None.
+def _test_requests(reqs, channel_test=None) -> list:
+    """Indices of the completed requests among ``reqs`` (inner channel requests)."""
+    if channel_test is not None:
+        return [i for i, q in enumerate(reqs) if channel_test(q)]
+    if all(type(q) is MPI.Request for q in reqs):
+        done = MPI.Request.Testsome(reqs)
+        return range(len(reqs)) if done is None else done
+    return [i for i, q in enumerate(reqs) if q.Test()]
+
+
+def _pollable(req) -> bool:
+    return isinstance(req, (MPI.Request, Pieces)) or hasattr(req, "Test")
+
+
+class Windowed:
+    """A message a polling wait moves in pieces, at most :data:`WINDOW` of them in flight.
+
+    The pieces are those the channel itself would cut (:func:`_channel.piece_elems`,
+    a function of the datatype only), each handed to the inner channel as a
+    message of its own, so the peer may post the whole message at once or
+    windowed: they match either way.  With every piece of a large message
+    posted at once, MPI (Open MPI's shared-memory transport, for one) moves
+    them side by side and they all complete near the end; a window makes them
+    complete one after another, so a waiting rank sees progress at least every
+    piece.
+
+    MPI matches the messages between two ranks in the order they are posted,
+    so pieces must be posted in message order: the messages to (from) one
+    peer form a *lane* (a list, oldest first), and only the lane's first
+    message posts; it leaves the lane once all its pieces are posted.  A
+    message issued while its lane is busy, even a small one, joins the lane.
+    :meth:`advance` posts the next pieces as earlier ones complete; the
+    polling wait advances every windowed message of a call at each poll, so a
+    message nobody is waiting for yet still moves.
+    """
+
+    __slots__ = ("post", "arr", "peer", "bounds", "lane", "kind", "inflight", "posted")
+
+    def __init__(self, post, arr, peer, step: int, kind: str, lane: list):
+        self.post = post        # the inner channel's isend or irecv
+        self.arr = arr
+        self.peer = peer
+        self.kind = kind
+        n = len(arr)
+        # (start, stop) of the pieces not posted yet, last first (an empty message is one piece)
+        self.bounds = [(a, min(a + step, n)) for a in range(0, n, step)][::-1] or [(0, 0)]
+        self.inflight: list = []
+        self.posted: list = []  # every inner request, for the inner channel's final wait
+        self.lane = lane
+        lane.append(self)
+        _fill(lane)
+
+    @property
+    def finished(self) -> bool:
+        return not self.inflight and not self.bounds
+
+    def advance(self, channel_test=None) -> bool:
+        """Test the pieces in flight and post the next ones; True if any completed."""
+        done = set(_test_requests(self.inflight, channel_test)) if self.inflight else ()
+        if done:
+            self.inflight = [q for i, q in enumerate(self.inflight) if i not in done]
+        _fill(self.lane)
+        return bool(done)
+
+    def Cancel(self) -> None:
+        """Cancel the pieces in flight (receives only); the rest are never posted."""
+        self.bounds = []
+        for q in self.inflight:
+            if isinstance(q, (MPI.Request, Pieces)) and q != MPI.REQUEST_NULL:
+                q.Cancel()
+
+    def Test(self) -> bool:
+        return all(q.Test() for q in self.inflight)
+
+
+def _fill(lane: list) -> None:
+    """Post pieces of the lane's first messages, in order, up to WINDOW in flight each."""
+    while lane:
+        w = lane[0]
+        while w.bounds and len(w.inflight) < WINDOW:
+            a, b = w.bounds.pop()
+            req = w.post(w.arr[a:b], w.peer)
+            w.inflight.append(req)
+            w.posted.append(req)
+        if w.bounds:
+            return
+        lane.pop(0)
+
+
+def tester(pending, channel_test=None, windowed=None):
+    """How to poll ``pending``: a function left -> (indices of completed entries, progress), or None.
 
     ``channel_test(req) -> bool`` is the inner channel's own non-blocking test
     (a channel whose requests are not MPI requests, e.g. host staging of device
     buffers, provides one to make progress); otherwise requests are tested with
-    ``Testsome`` or their ``Test()`` method.  None: the requests cannot be polled.
+    ``Testsome`` (MPI requests) or their ``Test()`` method.  ``windowed``: a
+    list of every :class:`Windowed` message still moving (entries of
+    ``pending`` may be some of them); each poll advances them all, and any
+    piece that completes counts as progress.  None: the requests cannot be polled.
     """
-    if channel_test is not None:
-        return lambda left: [i for i, r in enumerate(left) if channel_test(r.req)]
-    if all(isinstance(r.req, MPI.Request) for r in pending):
-        return _test_all_mpi
-    if all(hasattr(r.req, "Test") for r in pending):
-        return lambda left: [i for i, r in enumerate(left) if r.req.Test()]
-    return None
+    if channel_test is None and not all(
+            _pollable(r.req) or isinstance(r.req, Windowed) for r in pending):
+        return None
+    windowed = [] if windowed is None else windowed
+
+    def run(left):
+        progress = False
+        if windowed:
+            for w in windowed:
+                progress |= w.advance(channel_test)
+            windowed[:] = [w for w in windowed if not w.finished]
+        plain = [i for i, r in enumerate(left) if type(r.req) is not Windowed]
+        done = []
+        if plain:
+            got = _test_requests([left[i].req for i in plain], channel_test)
+            done = [plain[j] for j in got]
+            progress |= bool(done)
+        if len(plain) < len(left):
+            done += [i for i, r in enumerate(left) if type(r.req) is Windowed and r.req.finished]
+        return done, progress
+    return run
 
 
 def wait(pending, timeout: float, expired, test, clock=time.perf_counter) -> None:
@@ -60,7 +167,7 @@ def wait(pending, timeout: float, expired, test, clock=time.perf_counter) -> Non
         timeout: seconds without any completion before giving up.
         expired: ``expired(left, idle)`` returns the exception to raise for the
             requests still pending after ``idle`` seconds without progress.
-        test: from :func:`tester`.
+        test: from :func:`tester`; any completion it reports restarts the deadline.
     """
     left = [r for r in pending if r.done is None]
     if not left:
@@ -68,9 +175,10 @@ def wait(pending, timeout: float, expired, test, clock=time.perf_counter) -> Non
     last = clock()
     pause = 0.0
     while True:
-        done = test(left)
+        done, progress = test(left)
         now = clock()
-        if done:
+        if done or progress:
+            # (a windowed message may have completed while another wait polled it)
             for i in done:
                 left[i].done = now
             left = [r for r in left if r.done is None]
@@ -90,7 +198,8 @@ def wait(pending, timeout: float, expired, test, clock=time.perf_counter) -> Non
 
 def _cancel(left) -> None:
     """Cancel pending receives (MPI-4 deprecates cancelling sends: they are left)."""
-    recvs = [r.req for r in left if r.kind == "recv" and isinstance(r.req, MPI.Request)]
+    recvs = [r.req for r in left
+             if r.kind == "recv" and isinstance(r.req, (MPI.Request, Pieces, Windowed))]
     for req in recvs:
         try:
             req.Cancel()

@@ -2,8 +2,9 @@
 
 A ring link between two nodes is slower than one inside a node, and every
 link carries the same traffic, so the ring should cross node boundaries as
-few times as possible: once per node.  :func:`ring_order` finds each rank's
-node (``Split_type(COMM_TYPE_SHARED)``) and orders the ranks by (node, rank),
+few times as possible: once per node.  :func:`node_label` finds each rank's
+node (``Split_type(COMM_TYPE_SHARED)``); the context set-up (mpicoll._context)
+gathers the labels and :func:`ring_from_nodes` orders the ranks by (node, rank),
 nodes in the order of their lowest rank.  With ranks placed in blocks this is
 the identity; with ranks placed round-robin (rank r on node r % k) it puts
 each node's ranks next to each other instead of crossing nodes at every hop.
@@ -71,27 +72,36 @@ def crossings(ring, nodes) -> int:
     return sum(nodes[ring[p]] != nodes[ring[(p + 1) % n]] for p in range(n)) if n > 1 else 0
 
 
-def node_ids(comm: MPI.Intracomm) -> list[int]:
-    """Node label of every rank of ``comm`` (collective over ``comm``)."""
-    spec = os.environ.get("MPICOLL_FAKE_NODES", "").strip()
-    if spec:
-        world = MPI.COMM_WORLD
-        mine = parse_fake_nodes(spec, world.Get_size())[world.Get_rank()]
-    else:
-        shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
-            # label a node by the lowest rank of comm on it
-            mine = shared.bcast(comm.Get_rank(), root=0)
-        finally:
-            shared.Free()
-    return comm.allgather(mine)
+def fake_labels() -> list[int] | None:
+    """Node label of every COMM_WORLD rank from ``MPICOLL_FAKE_NODES``, None if unset.
 
-
-def ring_order(ctx) -> list[int]:
-    """Ranks in ring order; position p sends to p+1 and receives from p-1.
-
-    Called once per communicator, collectively, when its context is created.
+    Sends nothing (a bad value raises before any message, see _context).
     """
-    if ctx.size == 1:
-        return [0]
-    return ring_from_nodes(node_ids(ctx.comm))
+    spec = os.environ.get("MPICOLL_FAKE_NODES", "").strip()
+    if not spec:
+        return None
+    return parse_fake_nodes(spec, MPI.COMM_WORLD.Get_size())
+
+
+def node_label(comm: MPI.Intracomm, fake: list[int] | None) -> int:
+    """This rank's node label: ``fake`` (by COMM_WORLD rank), else the lowest rank of ``comm`` on its node.
+
+    Without ``fake`` this calls ``Split_type(COMM_TYPE_SHARED)``, a blocking
+    collective over ``comm``: call it only when every rank is known to have
+    reached it (the context set-up first completes an ``Ibarrier``).
+    """
+    if fake is not None:
+        return fake[MPI.COMM_WORLD.Get_rank()]
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)  # key 0: ordered by rank in comm
+    group, shared_group = comm.Get_group(), shared.Get_group()
+    try:
+        return MPI.Group.Translate_ranks(shared_group, [0], group)[0]
+    finally:
+        group.Free()
+        shared_group.Free()
+        shared.Free()
+
+
+def node_ids(comm: MPI.Intracomm) -> list[int]:
+    """Node label of every rank of ``comm`` (blocking collective over ``comm``)."""
+    return comm.allgather(node_label(comm, fake_labels()))

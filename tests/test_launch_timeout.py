@@ -81,3 +81,49 @@ def test_missing_rank_ends_job_within_timeout(tmp_path, mode):
         assert "mpicoll: rank " in err, report
     waited = ended - max(ready)
     assert TIMEOUT <= waited <= TIMEOUT + MARGIN, f"job ended {waited:.1f} s after the skip\n{report}"
+
+
+# -- a rank missing from the FIRST call on a communicator (mpicoll's set-up) -------------------
+# The first collective on a communicator creates mpicoll's state for it (Idup, the ring
+# order exchange).  Rank 1 either never calls ("never") or calls its first collective on a
+# different fresh communicator ("other"); the READY stamp is printed before the first call.
+FIRST_SCRIPT = r'''
+import sys, time
+import numpy as np
+import mpicoll
+from mpi4py import MPI
+
+mode = sys.argv[1]
+world = MPI.COMM_WORLD
+other = world.Dup()                        # fresh: no mpicoll call on it yet
+x = np.arange(50000, dtype=np.float64) + world.rank
+world.Barrier()
+print(f"READY {time.time():.6f}", flush=True)
+if world.rank == 1 and mode == "never":
+    time.sleep({sleep})                    # never reaches its first collective
+elif world.rank == 1:
+    mpicoll.allreduce(x, comm=other)       # first call on another fresh communicator
+else:
+    mpicoll.allreduce(x)                   # first mpicoll call on COMM_WORLD
+print("NOT REACHED", flush=True)
+'''
+
+
+@pytest.mark.timeout(LIMIT + 30)
+@pytest.mark.parametrize("mode", ["never", "other"])
+def test_missing_rank_at_first_call_ends_job_within_timeout(tmp_path, mode):
+    script = tmp_path / "first_call.py"
+    script.write_text(FIRST_SCRIPT.replace("{sleep}", str(SLEEP)))
+    cmd, env = _util.mpirun_cmd(3, ["-m", "mpi4py", script, mode])
+    env["MPICOLL_TIMEOUT"] = str(TIMEOUT)
+    res = _util.run_job(cmd, env, LIMIT)
+    waited = time.time() - max([float(t) for t in re.findall(r"READY (\d+\.\d{6})", res.stdout)]
+                               or [0.0])
+    report = f"exit {res.returncode}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
+    assert len(re.findall(r"READY \d", res.stdout)) == 3, report
+    assert res.returncode != 0 and "NOT REACHED" not in res.stdout, report
+    err = res.stderr
+    assert "CollectiveTimeout" in err and "allreduce #1 (" in err, report
+    assert "while setting up mpicoll on this communicator" in err, report
+    assert f"(timeout {TIMEOUT:g} s)" in err, report
+    assert TIMEOUT <= waited <= TIMEOUT + MARGIN, f"job ended {waited:.1f} s after READY\n{report}"

@@ -254,3 +254,59 @@ def test_abort_checks_its_arguments_first():
         mpicoll.abort("world")
     with pytest.raises(TypeError, match="^errorcode: expected an int, got float"):
         mpicoll.abort(errorcode=1.5)
+
+
+# -- a healthy transfer much longer than the timeout ----------------------------------------
+# The timeout bounds silence, not the call: messages are cut into pieces (_channel.Pieces),
+# each completion restarts the deadline.  Before, a non-ring algorithm sent a whole array
+# as one message and timed out while data was moving.  Power-of-two rank counts only: at
+# other counts the fold step of some algorithms waits, by design, while a peer reduces a
+# whole array locally, which is silence (docs/reliability.md).
+LONG_N = 16_000_000  # float64 per rank: 128 MB
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(SIZE < 2 or SIZE & (SIZE - 1), reason="needs a power-of-two rank count > 1")
+@pytest.mark.parametrize("collective, algorithm", [
+    (c, a) for c, table in _select.ALGORITHMS.items() for a in table])
+def test_healthy_transfer_longer_than_timeout(collective, algorithm):
+    """Every algorithm moves 128 MB per rank under a timeout of ~1/4 of the call's time.
+
+    The call is timed here first (under a long timeout: polled as in the test),
+    so the timeout scales with this machine's speed and load (a whole-array
+    message, as the algorithms other than the ring send, takes longer).
+    """
+    comm = WORLD.Dup()
+    x = data(LONG_N)
+    if collective == "allgather":
+        x = x[: LONG_N // SIZE]
+    fn = getattr(mpicoll, collective)
+    fn(x, comm=comm, algorithm=algorithm, timeout=120.0)  # warm-up (set-up, page faults)
+    WORLD.Barrier()
+    t0 = time.perf_counter()
+    fn(x, comm=comm, algorithm=algorithm, timeout=120.0)
+    timeout = min(max(WORLD.allreduce(time.perf_counter() - t0, op=MPI.MAX) / 4, 0.2), 5.0)
+    exc, got = None, None
+    WORLD.Barrier()  # (a rank arriving late is silence, not what this tests)
+    t0 = time.perf_counter()
+    try:
+        got = fn(x, comm=comm, algorithm=algorithm, timeout=timeout)
+    except mpicoll.MpicollError as e:
+        exc = e
+    elapsed = WORLD.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    if collective == "allreduce":
+        ref = ref_allreduce(x)
+    elif collective == "reduce_scatter":
+        ref = np.array_split(ref_allreduce(x), SIZE)[RANK]
+    else:
+        ref = np.concatenate(WORLD.allgather(x))
+    ok = exc is None and np.array_equal(got, ref)
+    if WORLD.allreduce(not ok):
+        _discard(comm)  # (drop what the failed call left in flight)
+    else:
+        comm.Free()
+    _util.assert_all(WORLD, ok, f"{algorithm} {collective} under timeout={timeout:.2f} s "
+                                f"(call took {elapsed:.2f} s): {exc or 'wrong result'}")
+    if elapsed < 1.5 * timeout:  # (the same on every rank)
+        pytest.skip(f"the call took {elapsed:.2f} s, under 1.5 times the timeout {timeout:.2f} s: "
+                    f"too fast here to show anything")
