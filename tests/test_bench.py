@@ -258,6 +258,19 @@ def test_wrong_results_are_counted(monkeypatch):
         assert "FAILED" in text
 
 
+@pytest.mark.timeout(120)
+def test_op_in_any_case(shared_dir):
+    """-o PROD and -o prod are the same op (verify takes SUM, bench took only sum)."""
+    jpath = os.path.join(shared_dir, "op.json")
+    status, text = _run(["-C", "allreduce,reduce_scatter", "-o", "PROD", "-d", "int32", "-b", "64",
+                         "-e", "64", "-n", "1", "-w", "0", "-q", "--json", jpath])
+    assert status == 0, text
+    if WORLD.rank == 0:
+        assert [r[3] for r in _rows(text)] == ["prod", "prod"]
+        assert [(r["op"], r["wrong"], r["builtin_wrong"]) for r in json.load(open(jpath))] \
+            == [("prod", 0, 0)] * 2
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-C", "bogus"], "-C/--collective"),
     (["-b", "1M", "-e", "1K"], "larger than"),
@@ -266,6 +279,8 @@ def test_wrong_results_are_counted(monkeypatch):
     (["-C", "allreduce", "-a", "bruck"], "not an algorithm of allreduce"),
     (["-d", "float32", "-o", "band", "-C", "allreduce"], "BAND does not apply"),
     (["-d", "float16"], "invalid choice"),
+    (["-o", "minloc"], "argument -o/--op: invalid choice: 'minloc'"),
+    (["-o", "Band", "-d", "float64", "-C", "reduce_scatter"], "MPI.BAND does not apply"),
 ])
 def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
