@@ -223,3 +223,14 @@ def datatype_of_typecode(code: str) -> MPI.Datatype:
     if datatype is None or datatype == MPI.DATATYPE_NULL:
         raise KeyError(code)
     return datatype
+
+
+def predefined_op(name: str) -> MPI.Op:
+    """The predefined reduction op called ``name``, in any case ("sum" or "SUM": ``MPI.SUM``).
+
+    The command-line tools' ``--op`` lookup; ValueError naming the choices otherwise.
+    """
+    key = name.strip().upper() if isinstance(name, str) else None
+    if key not in OP_CATEGORIES:
+        raise ValueError(f"expected one of {', '.join(OP_CATEGORIES)} (any case), got {name!r}")
+    return getattr(MPI, key)

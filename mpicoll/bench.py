@@ -63,16 +63,9 @@ BUSBW_FACTOR = {
     "reduce_scatter": lambda n: (n - 1) / n,
 }
 
-OPS = {
-    "sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
-    "land": MPI.LAND, "lor": MPI.LOR, "lxor": MPI.LXOR,
-    "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR,
-}
-_OP_UFUNC = {
-    "sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
-    "land": np.logical_and, "lor": np.logical_or, "lxor": np.logical_xor,
-    "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
-}
+# -o/--op choices: the predefined ops with a NumPy ufunc for the exact expected
+# values (_types' tables), named in lower case as nccl-tests does; any case is accepted.
+OPS = tuple(name.lower() for name in _types.NUMPY_UFUNCS)
 
 # types MPI's built-in collectives reduce natively (float16 has no MPI type)
 DTYPES = {
@@ -122,6 +115,14 @@ def _nonnegative_int(text):
     return value
 
 
+def _op(text):
+    """argparse type: an op name in any case, as bench names it ("SUM" -> "sum")."""
+    try:
+        return _types.op_name(_types.predefined_op(text)).lower()
+    except ValueError:
+        return text  # argparse's choices check names the valid ones
+
+
 def _factor(text):
     try:
         value = float(text)
@@ -149,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multiply the size by this factor between steps (default: 2)")
     p.add_argument("-d", "--datatype", default="float32", choices=sorted(DTYPES),
                    help="element type (default: float32)")
-    p.add_argument("-o", "--op", default="sum", choices=sorted(OPS),
-                   help="reduction operation (default: sum)")
+    p.add_argument("-o", "--op", type=_op, default="sum", choices=OPS,
+                   help="reduction operation, any case (default: sum)")
     p.add_argument("-w", "--warmup_iters", type=_nonnegative_int, default=5,
                    help="untimed calls of each implementation per size (default: 5)")
     p.add_argument("-n", "--iters", type=_positive_int, default=20,
@@ -201,7 +202,7 @@ def _check_args(parser, args):
     category = _types.category_of_dtype(args.dtype)
     if any(c != "allgather" for c in args.collectives):
         try:
-            _types.check_op_applies(OPS[args.op], category, str(args.dtype))
+            _types.check_op_applies(_types.predefined_op(args.op), category, str(args.dtype))
         except TypeError as exc:
             parser.error(f"-o/--op: {exc}".replace("op: ", ""))
     if args.plot:
@@ -246,7 +247,7 @@ def expected(collective, nranks, count, dtype, op, rank):
     if collective == "allgather":
         per = count // nranks
         return np.concatenate([rank_data(r, nranks, per, dtype, op) for r in range(nranks)])
-    ufunc = _OP_UFUNC[op]
+    ufunc = _types.NUMPY_UFUNCS[op.upper()]
     acc = rank_data(0, nranks, count, dtype, op)
     for r in range(1, nranks):
         acc = ufunc(acc, rank_data(r, nranks, count, dtype, op)).astype(dtype, copy=False)
@@ -367,7 +368,7 @@ class Case:
         self.count, self.nbytes = count, count * item
         self.dtype = dtype
         op_name = args.op
-        op = OPS[op_name]
+        op = _types.predefined_op(op_name)
         if collective == "allreduce":
             host_in = rank_data(rank, n, count, dtype, op_name)
             out_len = count

@@ -4,7 +4,9 @@ Every collective runs through mpicoll (each registered algorithm, in place and
 out of place) and the same rank-asymmetric input runs through MPI's built-in
 collective on the same communicator.  Rank 0 prints one row per (collective,
 dtype, op) and a closing PASS/FAIL line; every rank exits with the same status
-(0: all agree, 1: some case failed).
+(0: all agree, 1: some case failed, 2: a bad option, or options that select
+nothing to check, refused before any collective runs).  Op names are
+case-insensitive (``--op sum`` or ``--op SUM``).
 
 The data, reference and tolerance helpers below are also what mpicoll's own
 test suite uses, so the tool and the tests judge results the same way.
@@ -65,8 +67,7 @@ __all__ = [
 # Types and ops
 # ---------------------------------------------------------------------------
 
-REDUCTION_OPS = ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
-                 "MINLOC", "MAXLOC")
+REDUCTION_OPS = tuple(_types.OP_CATEGORIES)  # "SUM", ..., "MAXLOC"
 
 _BASIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                  "uint64", "float16", "float32", "float64", "longdouble", "complex64",
@@ -895,15 +896,40 @@ class _Parser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
-def _csv(choices):
+def _csv(choices, spelling=None):
+    """argparse type: a comma-separated list of ``choices`` (``spelling`` maps aliases to them)."""
     def parse(text):
         items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {', '.join(choices)}, got {text!r}")
+        if spelling is not None:
+            items = [spelling(t) for t in items]
         bad = [t for t in items if t not in choices]
         if bad:
             raise argparse.ArgumentTypeError(
                 f"unknown {', '.join(bad)}; choose from {', '.join(choices)}")
-        return items
+        return list(dict.fromkeys(items))
     return parse
+
+
+def _op_spelling(text):
+    """An op name in any case as its canonical name ("sum" -> "SUM"); unknown names unchanged."""
+    try:
+        return _types.op_name(_types.predefined_op(text))
+    except ValueError:
+        return text
+
+
+def _seconds(text):
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -919,16 +945,80 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated collectives (default: all)")
     p.add_argument("--dtype", type=_csv(type_names), default=None,
                    help="comma-separated element types (default: all)")
-    p.add_argument("--op", type=_csv(list(REDUCTION_OPS)), default=None,
-                   help="comma-separated reduction ops (default: every op that applies)")
+    p.add_argument("--op", type=_csv(list(REDUCTION_OPS), _op_spelling), default=None,
+                   help="comma-separated reduction ops, any case (default: every op that applies)")
     p.add_argument("--algorithm", type=_csv(["auto"] + all_algos), default=None,
                    help="comma-separated algorithms (default: every registered one)")
     p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu",
                    help="where the buffers live: NumPy (cpu), CuPy (gpu), or gpu if usable")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=_seconds, default=120.0,
                    help="seconds to wait for the other ranks after a case before aborting")
     p.add_argument("--verbose", "-v", action="store_true", help="print every failing case")
     return p
+
+
+class _EmptySelection(Exception):
+    """The options select nothing to check (the message says which option and why)."""
+
+
+def _plan(args, types) -> list:
+    """What the options select: [(collective, algorithms, [(TypeInfo, op name or None)])].
+
+    Local and the same on every rank.  Raises _EmptySelection when the
+    selection is empty or an option given selects nothing.
+    """
+    named = args.collective is not None
+    collectives = args.collective or list(COLLECTIVES)
+    plan = []
+    for collective in collectives:
+        own = algorithms_for(collective)
+        algos = [a for a in (args.algorithm or own) if a == "auto" or a in own]
+        if not algos:
+            if named:
+                raise _EmptySelection(
+                    f"--algorithm: {','.join(args.algorithm)} is no algorithm of {collective} "
+                    f"(expected auto or one of {', '.join(own)})")
+            continue
+        _, api, reduces = COLLECTIVES[collective]
+        usable = [t for t in types if api == "comm" or t.datatype is None]
+        cells = []
+        for info in usable:
+            ops = ops_for(info) if reduces else (None,)
+            if args.op and reduces:
+                ops = [o for o in ops if o in args.op]
+            cells += [(info, o) for o in ops]
+        if not cells:
+            if not named:
+                continue
+            if not usable:
+                raise _EmptySelection(
+                    f"--collective {collective}: takes plain arrays, not the pair types "
+                    f"{', '.join(t.name for t in types)} (use the Comm methods, e.g. Allreduce)")
+            raise _EmptySelection(
+                f"--collective {collective}: --op {','.join(args.op)} applies to none of "
+                f"{', '.join(t.name for t in usable)}")
+        plan.append((collective, algos, cells))
+    chosen = ", ".join(c for c, _, _ in plan) or ", ".join(collectives)
+    for algo in args.algorithm or ():
+        if not any(algo in algos for _, algos, _ in plan):
+            raise _EmptySelection(f"--algorithm: {algo} is no algorithm of {chosen}")
+    if args.op and not any(COLLECTIVES[c][2] for c in collectives):
+        raise _EmptySelection(
+            f"--op: none of the selected collectives ({', '.join(collectives)}) reduces")
+    for name in args.op or ():
+        if not any(op == name for _, _, cells in plan for _, op in cells):
+            raise _EmptySelection(
+                f"--op: {name} applies to none of {', '.join(t.name for t in types)}")
+    for info in types if args.dtype else ():
+        if not any(i.name == info.name for _, _, cells in plan for i, _ in cells):
+            why = (f"a pair type goes through the Comm methods only, not {chosen}"
+                   if info.datatype is not None and all(COLLECTIVES[c][1] == "array"
+                                                         for c, _, _ in plan)
+                   else f"--op {','.join(args.op or ())} does not apply to it")
+            raise _EmptySelection(f"--dtype: nothing selected checks {info.name}: {why}")
+    if not plan:
+        raise _EmptySelection("nothing to check with these options")
+    return plan
 
 
 def _gpu_arrays():
@@ -960,7 +1050,15 @@ def main(argv=None) -> int:
     """Run the checks; returns the exit status (the same on every rank)."""
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)  # every rank parses the same argv: all exit 2 or none
+    types = available_types()
+    if args.dtype:
+        types = [t for t in types if t.name in args.dtype]
+    try:
+        _plan(args, types)  # an empty selection is an error before any MPI call
+    except _EmptySelection as exc:
+        parser.error(str(exc))
 
     def say(text=""):
         if rank == 0:
@@ -983,13 +1081,14 @@ def main(argv=None) -> int:
         else:
             device = "cpu"
 
-    collectives = args.collective or list(COLLECTIVES)
     types = available_types(device=device)
     if args.dtype:
-        types = [t for t in types if t.name in args.dtype]
-        if not types:
-            say(f"mpicoll.verify: none of {', '.join(args.dtype)} can live on {device}")
+        missing = [name for name in args.dtype if name not in {t.name for t in types}]
+        if missing:  # the same on every rank: the device was agreed on above
+            say(f"mpicoll.verify: --dtype: {', '.join(missing)} cannot live on {device}")
             return 2
+        types = [t for t in types if t.name in args.dtype]
+    plan = _plan(args, types)
 
     import mpicoll
     lib = MPI.Get_library_version().replace("\0", "").strip().splitlines()[0].strip()
@@ -999,9 +1098,7 @@ def main(argv=None) -> int:
     say("reference: MPI's built-in collective on the same input; floating SUM/PROD within "
         "2*gamma(n-1)*scale (see python -m pydoc mpicoll.verify), everything else exact")
     say()
-    plan = [(c, [a for a in (args.algorithm or algorithms_for(c))
-                 if a == "auto" or a in algorithms_for(c)]) for c in collectives]
-    aw = max([len(",".join(a)) for _, a in plan] + [10])
+    aw = max([len(",".join(a)) for _, a, _ in plan] + [10])
     cw = max(len(",".join(map(str, _counts(size, args.quick)))), 6)
     head = (f"{'collective':<21} {'dtype':<15} {'op':<6} {'counts':<{cw}} {'algorithms':<{aw}} "
             f"{'max abs':>9} {'max rel':>9} {'identical':>9}  verdict")
@@ -1010,49 +1107,40 @@ def main(argv=None) -> int:
 
     rows = failed = cases = 0
     t0 = time.perf_counter()
-    for collective, algos in plan:
-        _, api, reduces = COLLECTIVES[collective]
-        if not algos:
-            continue
-        for info in types:
-            if api == "array" and info.datatype is not None:
-                continue  # array functions take plain arrays, not [buf, datatype] pairs
-            ops = ops_for(info) if reduces else (None,)
-            if args.op and reduces:
-                ops = [o for o in ops if o in args.op]
-            for opname in ops:
-                large = info.name in _LARGE_TYPES and opname in (None, ops_for(info)[0])
-                counts = _counts(size, args.quick, large)
-                max_abs = max_rel = 0.0
-                identical = True
-                bad = []
-                for k, count in enumerate(counts):
-                    prepared = prepare_case(comm, collective, info, opname, count)
-                    for j, algo in enumerate(algos):
-                        for in_place in _placements(args.quick, k, j, len(counts) * len(algos)):
-                            res = run_case(comm, collective, info, opname, count, in_place, algo,
-                                           arrays=arrays, timeout=args.timeout, prepared=prepared)
-                            cases += 1
-                            max_abs = max(max_abs, res.max_abs)
-                            max_rel = max(max_rel, res.max_rel)
-                            if res.identical is False:
-                                identical = False
-                            if not res.ok:
-                                bad.append(f"count={count} {'in place' if in_place else 'out of place'}"
-                                           f" {algo}: {res.report()}")
-                rows += 1
-                ident = "yes" if identical else "NO"
-                if collective in ("Reduce_scatter_block", "Reduce_scatter", "reduce_scatter"):
-                    ident = "n/a"
-                verdict = "ok" if not bad else f"FAIL ({len(bad)})"
-                failed += bool(bad)
-                say(f"{collective:<21} {info.name:<15} {opname or '-':<6} "
-                    f"{','.join(map(str, counts)):<{cw}} {','.join(algos):<{aw}} "
-                    f"{_fmt(max_abs):>9} {_fmt(max_rel):>9} {ident:>9}  {verdict}")
-                for line in bad[: None if args.verbose else 3]:
-                    say(f"    {line}")
-                if len(bad) > 3 and not args.verbose:
-                    say(f"    ... {len(bad) - 3} more (use --verbose)")
+    for collective, algos, cells in plan:
+        for info, opname in cells:
+            large = info.name in _LARGE_TYPES and opname in (None, ops_for(info)[0])
+            counts = _counts(size, args.quick, large)
+            max_abs = max_rel = 0.0
+            identical = True
+            bad = []
+            for k, count in enumerate(counts):
+                prepared = prepare_case(comm, collective, info, opname, count)
+                for j, algo in enumerate(algos):
+                    for in_place in _placements(args.quick, k, j, len(counts) * len(algos)):
+                        res = run_case(comm, collective, info, opname, count, in_place, algo,
+                                       arrays=arrays, timeout=args.timeout, prepared=prepared)
+                        cases += 1
+                        max_abs = max(max_abs, res.max_abs)
+                        max_rel = max(max_rel, res.max_rel)
+                        if res.identical is False:
+                            identical = False
+                        if not res.ok:
+                            bad.append(f"count={count} {'in place' if in_place else 'out of place'}"
+                                       f" {algo}: {res.report()}")
+            rows += 1
+            ident = "yes" if identical else "NO"
+            if collective in ("Reduce_scatter_block", "Reduce_scatter", "reduce_scatter"):
+                ident = "n/a"
+            verdict = "ok" if not bad else f"FAIL ({len(bad)})"
+            failed += bool(bad)
+            say(f"{collective:<21} {info.name:<15} {opname or '-':<6} "
+                f"{','.join(map(str, counts)):<{cw}} {','.join(algos):<{aw}} "
+                f"{_fmt(max_abs):>9} {_fmt(max_rel):>9} {ident:>9}  {verdict}")
+            for line in bad[: None if args.verbose else 3]:
+                say(f"    {line}")
+            if len(bad) > 3 and not args.verbose:
+                say(f"    ... {len(bad) - 3} more (use --verbose)")
     elapsed = time.perf_counter() - t0
     failed = comm.allreduce(failed, op=MPI.MAX)
     say()

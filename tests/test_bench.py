@@ -45,6 +45,79 @@ def _rows(text):
     return [line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
+def _printed(text):
+    """(low, high): the values that the table prints as ``text`` (rounded to its digits)."""
+    value = float(text)
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    half = 0.5 * 10.0 ** -decimals + 1e-12 * max(abs(value), 1.0)
+    return value - half, value + half
+
+
+def _assert_rounds(text, lo, hi, what):
+    """``text`` is some value in [lo, hi] rounded to the digits printed."""
+    p_lo, p_hi = _printed(text)
+    assert p_hi >= lo and p_lo <= hi, f"{what}: {text} is no value in [{lo:.6g}, {hi:.6g}] rounded"
+
+
+def _check_row(r, factor):
+    """One table row is one statistic per implementation, to the digits printed.
+
+    algbw = size / time, busbw = algbw * factor and ratio = time / built-in
+    time, where each printed number stands for any value that rounds to it:
+    the bounds come from the printed time's interval, never from a rounded
+    number multiplied again (which would add its rounding error to the check).
+    """
+    size = int(r[0])
+    times = {}
+    for name, (t, algbw, busbw) in (("mpicoll", (5, 6, 7)), ("built-in", (9, 10, 11))):
+        t_lo, t_hi = times[name] = _printed(r[t])
+        assert t_lo > 0, f"{name} time {r[t]}"
+        bw_lo, bw_hi = size / (t_hi * 1e3), size / (t_lo * 1e3)  # bytes / us -> GB/s
+        _assert_rounds(r[algbw], bw_lo, bw_hi, f"{name} algbw of {size} B in {r[t]} us")
+        _assert_rounds(r[busbw], bw_lo * factor, bw_hi * factor,
+                       f"{name} busbw of {size} B in {r[t]} us, factor {factor:g}")
+    (m_lo, m_hi), (b_lo, b_hi) = times["mpicoll"], times["built-in"]
+    _assert_rounds(r[13], m_lo / b_hi, m_hi / b_lo, f"ratio of {r[5]} us and {r[9]} us")
+
+
+def _table_row(rec):
+    """The row bench.Table prints for ``rec``, split into columns."""
+    out = io.StringIO()
+    bench.Table(out, bench.build_parser().parse_args([])).row(rec)
+    return out.getvalue().split()
+
+
+def _record(nbytes, time_us, builtin_time_us, factor, collective="allreduce", algbw_us=None):
+    """A record as bench.measure() makes it (algbw from ``algbw_us`` if given: inconsistent)."""
+    algbw = nbytes / (algbw_us or time_us) / 1e3
+    builtin = nbytes / builtin_time_us / 1e3
+    return {"collective": collective, "op": "sum", "bytes": nbytes, "count": nbytes // 4,
+            "dtype": "float32", "selected": "ring", "time_us": time_us, "algbw_gbps": algbw,
+            "busbw_gbps": algbw * factor, "wrong": 0, "builtin_time_us": builtin_time_us,
+            "builtin_algbw_gbps": builtin, "builtin_busbw_gbps": builtin * factor,
+            "builtin_wrong": 0, "ratio": time_us / builtin_time_us}
+
+
+def test_row_check_is_exact_about_rounding():
+    """Regression: CI failed once on 'assert 0.14 == 0.128 +- 0.011' at 5 ranks.
+
+    The table was consistent: algbw 0.0845 GB/s prints as 0.08 and busbw
+    0.0845 * 1.6 = 0.1352 as 0.14, but the old check multiplied the printed
+    0.08 by 1.6.  The check must accept every consistent row and still
+    reject a row whose columns come from different statistics.
+    """
+    factor = 2 * (5 - 1) / 5
+    for time_us in (1024 / 84.5, 1024 / 84.49, 1024 / 84.51, 0.5, 99.996, 100.04, 1e5 + 0.4):
+        for builtin_time_us in (time_us * 0.9, time_us * 1.23, 3.0):
+            _check_row(_table_row(_record(1024, time_us, builtin_time_us, factor)), factor)
+    for nbytes in (8, 1000, 4096, 1 << 20, 64 << 20):
+        for time_us in np.geomspace(0.3, 3e5, 97):
+            _check_row(_table_row(_record(nbytes, time_us, time_us * 1.07, factor)), factor)
+    inconsistent = _table_row(_record(1 << 20, 50.0, 60.0, factor, algbw_us=50.0 * 1.1))
+    with pytest.raises(AssertionError, match="algbw"):
+        _check_row(inconsistent, factor)
+
+
 def _expected_sizes(lo, hi, factor, collective):
     n = WORLD.size
     out = []
@@ -82,12 +155,8 @@ def test_table_json_csv(shared_dir):
             assert count * 4 == size and dtype == "float32"
             assert redop == ("none" if coll == "allgather" else "sum")
             assert algo in _select.ALGORITHMS[coll]
-            t, algbw, busbw, wrong = float(r[5]), float(r[6]), float(r[7]), r[8]
-            bt, bwrong, ratio = float(r[9]), r[12], float(r[13])
-            assert t > 0 and bt > 0 and wrong == "0" and bwrong == "0"
-            assert ratio == pytest.approx(t / bt, rel=0.05, abs=0.02)
-            assert algbw == pytest.approx(size / (t * 1e-6) / 1e9, rel=0.05, abs=0.011)
-            assert busbw == pytest.approx(algbw * factors[coll], rel=0.05, abs=0.011)
+            assert r[8] == "0" and r[12] == "0"
+            _check_row(r, factors[coll])
 
     records = json.load(open(jpath))
     assert len(records) == 3 * per_coll
@@ -98,10 +167,17 @@ def test_table_json_csv(shared_dir):
             assert field in rec, field
         assert rec["nranks"] == n and rec["wrong"] == 0 and rec["builtin_wrong"] == 0
         assert rec["algorithm"] == "auto" and rec["selected"] in _select.ALGORITHMS[rec["collective"]]
-        assert rec["ratio"] == pytest.approx(rec["time_us"] / rec["builtin_time_us"])
-        assert rec["busbw_gbps"] == pytest.approx(
-            rec["bytes"] / rec["time_us"] / 1e3 * factors[rec["collective"]])
+        # one statistic per implementation: every field follows from its time
+        factor = factors[rec["collective"]]
+        for prefix in ("", "builtin_"):
+            algbw = rec["bytes"] / rec[prefix + "time_us"] / 1e3
+            assert rec[prefix + "algbw_gbps"] == pytest.approx(algbw, rel=1e-12)
+            assert rec[prefix + "busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-12)
+        assert rec["ratio"] == pytest.approx(rec["time_us"] / rec["builtin_time_us"], rel=1e-12)
         assert rec["check_time_us"] is None
+    for r, rec in zip(rows, records):  # the table prints the records, rounded
+        _assert_rounds(r[5], rec["time_us"], rec["time_us"], "time")
+        _assert_rounds(r[9], rec["builtin_time_us"], rec["builtin_time_us"], "built-in time")
     with open(cpath, newline="") as f:
         rows_csv = list(csv.DictReader(f))
     assert len(rows_csv) == len(records)
@@ -182,6 +258,19 @@ def test_wrong_results_are_counted(monkeypatch):
         assert "FAILED" in text
 
 
+@pytest.mark.timeout(120)
+def test_op_in_any_case(shared_dir):
+    """-o PROD and -o prod are the same op (verify takes SUM, bench took only sum)."""
+    jpath = os.path.join(shared_dir, "op.json")
+    status, text = _run(["-C", "allreduce,reduce_scatter", "-o", "PROD", "-d", "int32", "-b", "64",
+                         "-e", "64", "-n", "1", "-w", "0", "-q", "--json", jpath])
+    assert status == 0, text
+    if WORLD.rank == 0:
+        assert [r[3] for r in _rows(text)] == ["prod", "prod"]
+        assert [(r["op"], r["wrong"], r["builtin_wrong"]) for r in json.load(open(jpath))] \
+            == [("prod", 0, 0)] * 2
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-C", "bogus"], "-C/--collective"),
     (["-b", "1M", "-e", "1K"], "larger than"),
@@ -190,6 +279,8 @@ def test_wrong_results_are_counted(monkeypatch):
     (["-C", "allreduce", "-a", "bruck"], "not an algorithm of allreduce"),
     (["-d", "float32", "-o", "band", "-C", "allreduce"], "BAND does not apply"),
     (["-d", "float16"], "invalid choice"),
+    (["-o", "minloc"], "argument -o/--op: invalid choice: 'minloc'"),
+    (["-o", "Band", "-d", "float64", "-C", "reduce_scatter"], "MPI.BAND does not apply"),
 ])
 def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
