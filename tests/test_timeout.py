@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _select, _timeout
+from mpicoll import _channel, _context, _select, _timeout
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -313,3 +313,36 @@ def test_healthy_transfer_longer_than_timeout(collective, algorithm):
     if elapsed < 1.5 * timeout:  # (the same on every rank)
         pytest.skip(f"the call took {elapsed:.2f} s, under 1.5 times the timeout {timeout:.2f} s: "
                     f"too fast here to show anything")
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a peer")
+def test_large_message_shows_progress_per_piece(monkeypatch):
+    """Under a timeout a 64 MiB message reports progress every few pieces, not once at its end.
+
+    The mechanism behind the test above, independent of this machine's speed:
+    the polling wait must see a completion at least every WINDOW pieces.
+    """
+    events = []
+    original = _timeout.tester
+
+    def spy(*args, **kwargs):
+        run = original(*args, **kwargs)
+        if run is None:
+            return None
+
+        def counted(left):
+            got = run(left)
+            if got[1] if isinstance(got, tuple) else bool(got):
+                events.append(time.perf_counter())
+            return got
+        return counted
+
+    monkeypatch.setattr(_timeout, "tester", spy)
+    comm = WORLD.Dup()
+    n = 8 << 20  # float64: 64 MiB
+    x = data(n)
+    y = mpicoll.allreduce(x, comm=comm, algorithm="recursive_doubling", timeout=60.0)
+    pieces = n * 8 // _channel.PIECE_BYTES
+    ok = np.array_equal(y, ref_allreduce(x)) and len(events) >= pieces // _timeout.WINDOW
+    _util.assert_all(WORLD, ok, f"{len(events)} progress events for {pieces} pieces per message")
+    comm.Free()
