@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _select, _timeout
+from mpicoll import _channel, _context, _select, _timeout
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -274,7 +274,10 @@ def test_healthy_transfer_longer_than_timeout(collective, algorithm):
 
     The call is timed here first (under a long timeout: polled as in the test),
     so the timeout scales with this machine's speed and load (a whole-array
-    message, as the algorithms other than the ring send, takes longer).
+    message, as the algorithms other than the ring send, takes longer).  At
+    least 0.5 s: on an oversubscribed machine a load spike between the two
+    calls must not pass for a defect.  A call shorter than 1.5 timeouts shows
+    nothing and is skipped (MPICH moves 128 MB within 0.5 s here).
     """
     comm = WORLD.Dup()
     x = data(LONG_N)
@@ -285,7 +288,7 @@ def test_healthy_transfer_longer_than_timeout(collective, algorithm):
     WORLD.Barrier()
     t0 = time.perf_counter()
     fn(x, comm=comm, algorithm=algorithm, timeout=120.0)
-    timeout = min(max(WORLD.allreduce(time.perf_counter() - t0, op=MPI.MAX) / 4, 0.2), 5.0)
+    timeout = min(max(WORLD.allreduce(time.perf_counter() - t0, op=MPI.MAX) / 4, 0.5), 5.0)
     exc, got = None, None
     WORLD.Barrier()  # (a rank arriving late is silence, not what this tests)
     t0 = time.perf_counter()
@@ -310,3 +313,36 @@ def test_healthy_transfer_longer_than_timeout(collective, algorithm):
     if elapsed < 1.5 * timeout:  # (the same on every rank)
         pytest.skip(f"the call took {elapsed:.2f} s, under 1.5 times the timeout {timeout:.2f} s: "
                     f"too fast here to show anything")
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a peer")
+def test_large_message_shows_progress_per_piece(monkeypatch):
+    """Under a timeout a 64 MiB message reports progress every few pieces, not once at its end.
+
+    The mechanism behind the test above, independent of this machine's speed:
+    the polling wait must see a completion at least every WINDOW pieces.
+    """
+    events = []
+    original = _timeout.tester
+
+    def spy(*args, **kwargs):
+        run = original(*args, **kwargs)
+        if run is None:
+            return None
+
+        def counted(left):
+            got = run(left)
+            if got[1] if isinstance(got, tuple) else bool(got):
+                events.append(time.perf_counter())
+            return got
+        return counted
+
+    monkeypatch.setattr(_timeout, "tester", spy)
+    comm = WORLD.Dup()
+    n = 8 << 20  # float64: 64 MiB
+    x = data(n)
+    y = mpicoll.allreduce(x, comm=comm, algorithm="recursive_doubling", timeout=60.0)
+    pieces = n * 8 // _channel.PIECE_BYTES
+    ok = np.array_equal(y, ref_allreduce(x)) and len(events) >= pieces // _timeout.WINDOW
+    _util.assert_all(WORLD, ok, f"{len(events)} progress events for {pieces} pieces per message")
+    comm.Free()
