@@ -174,10 +174,12 @@ def wait(pending, timeout: float, expired, test, clock=time.perf_counter) -> Non
         return
     last = clock()
     pause = 0.0
+    final = False  # the poll after the deadline passed
     while True:
         done, progress = test(left)
         now = clock()
         if done or progress:
+            final = False
             # (a windowed message may have completed while another wait polled it)
             for i in done:
                 left[i].done = now
@@ -189,6 +191,12 @@ def wait(pending, timeout: float, expired, test, clock=time.perf_counter) -> Non
             continue
         idle = now - last
         if idle >= timeout:
+            if not final:
+                # Poll once more before giving up: this process may itself have
+                # been descheduled past the deadline since the last poll, while
+                # the requests completed (an overloaded machine, a debugger).
+                final = True
+                continue
             _cancel(left)
             raise expired(left, idle)
         if idle > SPIN_S:
