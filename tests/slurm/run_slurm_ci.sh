@@ -238,8 +238,9 @@ for s in "${SCRIPTS[@]}"; do
     bash -n "$s" || die "syntax error in $s"
 done
 if command -v shellcheck >/dev/null 2>&1; then
-    # -x: follow the jobscripts' `source` of common.sh (shellcheck source=...)
-    (cd "$JOBSCRIPTS/.." && shellcheck -x -s bash "${SCRIPTS[@]}" "${BASH_SOURCE[0]}") ||
+    # -x: follow the jobscripts' `source` of common.sh (found next to them,
+    # "shellcheck source-path=SCRIPTDIR" in each .sbatch)
+    shellcheck -x -s bash "${SCRIPTS[@]}" "$HERE/${BASH_SOURCE[0]##*/}" ||
         die "shellcheck found problems"
     say "jobscripts: bash -n and shellcheck clean: ${SCRIPTS[*]##*/}"
 else
