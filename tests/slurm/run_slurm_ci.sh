@@ -71,8 +71,8 @@
 #   MPICOLL_SLURM_CI_FAKE_GPUS=0   no fake GPUs: GPU jobs get --gpus-per-node=0
 #   MPICOLL_SLURM_CI_ONE_NODE=1    one node named after this host, no namespaces
 #   MPICOLL_SLURM_CI_TMP=DIR       where the temporary directory is made
-#                                  (default $TMPDIR or /tmp; user munge must
-#                                  be able to reach it)
+#                                  (default $TMPDIR or /tmp, or /var/tmp when
+#                                  user munge cannot reach that)
 #   MPICOLL_SLURM_CI_KEEP=1        keep the temporary directory
 #   MPICOLL_SLURM_CI_ARTIFACTS=DIR copy job outputs and Slurm logs to DIR
 #   MPICOLL_SLURM_CI_NO_INSTALL=1  never run apt-get (fail if packages miss)
@@ -275,11 +275,25 @@ done
 say "Slurm $(slurmctld -V | awk '{print $2}'), munge $(munged -V 2>&1 | awk '{print $1}' | sed 's/^munge-//')"
 
 # ---- 3. A private cluster under a temporary directory ------------------------------
-base=${MPICOLL_SLURM_CI_TMP:-${TMPDIR:-/tmp}}
-WORK=$(mktemp -d "$base/mpicoll-slurm.XXXXXX")
-# munged's socket path must fit in a sockaddr_un (108 bytes).
-if ((${#WORK} > 60)); then rm -rf "$WORK"; WORK=$(mktemp -d /tmp/mpicoll-slurm.XXXXXX); fi
-chmod 755 "$WORK"   # munged (user munge) must reach its socket directory
+make_work() {  # make_work BASE: a fresh WORK under BASE (or /tmp if too long)
+    WORK=$(mktemp -d "$1/mpicoll-slurm.XXXXXX")
+    # munged's socket path must fit in a sockaddr_un (108 bytes).
+    if ((${#WORK} > 60)); then rm -rf "$WORK"; WORK=$(mktemp -d /tmp/mpicoll-slurm.XXXXXX); fi
+    chmod 755 "$WORK"   # munged (user munge) must reach its socket directory
+}
+# (test -x as user munge fails when any parent directory is not searchable)
+munge_reaches() { setpriv --reuid=munge --regid=munge --init-groups test -x "$1"; }
+make_work "${MPICOLL_SLURM_CI_TMP:-${TMPDIR:-/tmp}}"
+if ! munge_reaches "$WORK"; then
+    blocked=$(stat -c '%A %n' "$(dirname "$WORK")")
+    rm -rf "$WORK"
+    [[ -z ${MPICOLL_SLURM_CI_TMP:-} ]] ||
+        die "user munge cannot reach $WORK ($blocked); set MPICOLL_SLURM_CI_TMP to a" \
+            "directory that every user can search, e.g. /var/tmp"
+    say "user munge cannot reach $WORK ($blocked): using /var/tmp instead"
+    make_work /var/tmp
+    munge_reaches "$WORK" || die "user munge cannot reach $WORK either; set MPICOLL_SLURM_CI_TMP"
+fi
 mkdir -p "$WORK"/{etc,state,log,out,gpu,munge}
 say "work directory $WORK"
 
@@ -335,10 +349,6 @@ MUNGE_SOCKET=$WORK/munge/munge.socket
 head -c 1024 /dev/urandom >"$WORK/munge/munge.key"
 chown -R munge:munge "$WORK/munge"
 chmod 0400 "$WORK/munge/munge.key"
-setpriv --reuid=munge --regid=munge --init-groups test -r "$WORK/munge/munge.key" ||
-    die "user munge cannot reach $WORK/munge (a parent directory is not searchable by" \
-        "others: $(stat -c '%A %n' "$(dirname "$WORK")")); set MPICOLL_SLURM_CI_TMP to a" \
-        "directory that is, e.g. MPICOLL_SLURM_CI_TMP=/var/tmp"
 start_daemon munged setpriv --reuid=munge --regid=munge --init-groups \
     munged --foreground --socket="$MUNGE_SOCKET" --key-file="$WORK/munge/munge.key" \
     --pid-file="$WORK/munge/munged.pid" --log-file="$WORK/munge/munged.log" \
