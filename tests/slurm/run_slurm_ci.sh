@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # =============================================================================
-# Test the SLURM jobscripts in jobscripts/ on a real Slurm, started here on
-# localhost from Debian's packages, and check what the jobs print.
+# run_slurm_ci.sh: the SLURM test of mpicoll. It submits the jobscripts in
+# jobscripts/ to a real Slurm, started here on localhost from Debian's
+# packages, and checks what the jobs print.
 #
 # Usage (as root, from anywhere):
 #
@@ -13,9 +14,22 @@
 #   <mpi>       openmpi: jobs use `srun --mpi=pmix`, `mpirun --oversubscribe`
 #               mpich:   jobs use `srun --mpi=pmi2`, `mpiexec`
 #
-# What it does:
-#   1. checks the jobscripts (bash -n; the common part is identical in all
-#      three; shellcheck when it is installed),
+# It runs, one after the other (`sbatch --wait`, each inside `timeout`):
+#   cpu-srun        cpu.sbatch as a user submits it (srun, full bench sweep)
+#   cpu-mpirun      cpu.sbatch with MPICOLL_LAUNCHER=mpirun
+#   gpu-single      gpu_single_node.sbatch, MPICOLL_DEVICE=cpu, env binding
+#   multi-node      multi_node.sbatch, MPICOLL_DEVICE=cpu, 2 nodes x 2 tasks
+#   wrong-mpi       cpu.sbatch with srun --mpi=none: must FAIL the world-size
+#                   check (N separate one-rank jobs)
+#   no-shared-part  cpu.sbatch submitted outside the checkout: must FAIL at
+#                   once, saying it cannot find jobscripts/common.sh and what
+#                   to set
+# and prints "slurm-ci: N passed, M failed" last; exit status 0 only when
+# every job passed. -h or --help prints this text.
+#
+# How it works:
+#   1. checks the jobscripts and their shared part jobscripts/common.sh
+#      (bash -n; shellcheck when it is installed),
 #   2. installs munge + Slurm 22.05 + PMIx from Debian if they are missing,
 #   3. starts, all under a fresh temporary directory and on free ports: a
 #      private munged (own key and socket), slurmctld, and two slurmd that
@@ -24,26 +38,22 @@
 #      inside only), with 4 CPUs and 4 fake GPUs each (character devices
 #      made with mknod, so the GPU scripts' --gpus-per-node request is
 #      granted exactly as written),
-#   4. submits with `sbatch --wait` (inside `timeout`), one after the other:
-#        cpu-srun       cpu.sbatch as written (srun, full benchmark sweep)
-#        cpu-mpirun     cpu.sbatch with MPICOLL_LAUNCHER=mpirun
-#        gpu-single     gpu_single_node.sbatch, MPICOLL_DEVICE=cpu, env binding
-#        multi-node     multi_node.sbatch, MPICOLL_DEVICE=cpu, 2 nodes x 2 tasks
-#        wrong-mpi      cpu.sbatch with srun --mpi=none: must FAIL the
-#                       world-size check (N separate one-rank jobs)
-#      and checks each job's exit status AND its output file: world size
-#      line, verify's pass line, the allreduce example's sum and OK, the
-#      benchmark table, "all steps passed" (sbatch --wait can exit 0 for a
-#      job that never ran, so the output file is what counts),
+#   4. submits the jobs above from the checkout (so the jobscripts find
+#      common.sh the way they do for a user) and checks each job's exit
+#      status AND its output file: world size line, verify's pass line, the
+#      allreduce example's sum and OK, the benchmark table, "all steps
+#      passed" (sbatch --wait can exit 0 for a job that never ran, so the
+#      output file is what counts),
 #   5. stops exactly the daemons it started (recorded PIDs, trap on exit) and
 #      removes the temporary directory. It prints every job's output when
 #      anything failed, and exits non-zero then.
 #
 # Environment knobs (all optional):
-#   MPICOLL_SLURM_CI_SRC           directory the jobs run in (examples/ is
-#                                  found there); default: this repository
-#   MPICOLL_SLURM_CI_JOBSCRIPTS    directory with the three jobscripts;
-#                                  default: <repository>/jobscripts
+#   MPICOLL_SLURM_CI_SRC           directory the jobs are submitted from and
+#                                  run in (examples/ is found there);
+#                                  default: this repository
+#   MPICOLL_SLURM_CI_JOBSCRIPTS    directory with the jobscripts and
+#                                  common.sh; default: <SRC>/jobscripts
 #   MPICOLL_SLURM_CI_JOBS          space-separated subset of the job names
 #   MPICOLL_SLURM_CI_BENCH_ARGS_MAIN  benchmark options in cpu-srun (default:
 #                                  "-b 4K -e 64M -f 4 -w 1 -n 3 --batch 1")
@@ -60,11 +70,12 @@
 #   MPICOLL_SLURM_CI_VERIFY_PASS   extended regex for verify's pass line
 #   MPICOLL_SLURM_CI_FAKE_GPUS=0   no fake GPUs: GPU jobs get --gpus-per-node=0
 #   MPICOLL_SLURM_CI_ONE_NODE=1    one node named after this host, no namespaces
+#   MPICOLL_SLURM_CI_TMP=DIR       where the temporary directory is made
+#                                  (default $TMPDIR or /tmp, or /var/tmp when
+#                                  user munge cannot reach that)
 #   MPICOLL_SLURM_CI_KEEP=1        keep the temporary directory
 #   MPICOLL_SLURM_CI_ARTIFACTS=DIR copy job outputs and Slurm logs to DIR
 #   MPICOLL_SLURM_CI_NO_INSTALL=1  never run apt-get (fail if packages miss)
-#
-# The last line is "slurm-ci: N passed, N failed".
 # =============================================================================
 set -euo pipefail
 
@@ -72,13 +83,14 @@ T_START=$SECONDS
 say() { printf '[slurm-ci %3ds] %s\n' "$((SECONDS - T_START))" "$*"; }
 die() { printf '[slurm-ci] ERROR: %s\n' "$*" >&2; exit 1; }
 
-usage() {
-    sed -n '3,/^# What it does/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
-    exit 2
+usage() {  # usage STATUS: print the header up to "How it works", exit STATUS
+    sed -n '3,/^# How it works/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+    exit "$1"
 }
 
 # ---- Arguments ---------------------------------------------------------------
-(($# == 2)) || usage
+[[ ${1:-} != -h && ${1:-} != --help ]] || usage 0
+(($# == 2)) || usage 2
 [[ -d $1 ]] || die "venv directory '$1' does not exist"
 VENV=$(cd "$1" && pwd)
 PY=$VENV/bin/python
@@ -87,14 +99,14 @@ MPI_KIND=$2
 case $MPI_KIND in
     openmpi) SRUN_MPI=pmix; MPIRUN=mpirun; MPIRUN_ARGS=--oversubscribe; MPI_PATTERN='Open MPI' ;;
     mpich) SRUN_MPI=pmi2; MPIRUN=mpiexec; MPIRUN_ARGS=; MPI_PATTERN='MPICH' ;;
-    *) usage ;;
+    *) usage 2 ;;
 esac
 ((EUID == 0)) || die "run as root: it installs packages and starts munged as the munge user"
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 SRC=$(cd "${MPICOLL_SLURM_CI_SRC:-$REPO}" && pwd)
-JOBSCRIPTS=$(cd "${MPICOLL_SLURM_CI_JOBSCRIPTS:-$REPO/jobscripts}" && pwd)
+JOBSCRIPTS=$(cd "${MPICOLL_SLURM_CI_JOBSCRIPTS:-$SRC/jobscripts}" && pwd)
 # The benchmark: the jobscripts' sweep (4 KiB to 64 MiB) in the first job, a
 # short one in the others; 1 warm-up and 3 timed calls per size instead of
 # 5 + 20 (4 oversubscribed ranks on 2 cores make 64 MiB calls slow).
@@ -111,8 +123,11 @@ VERIFY_PASS=${MPICOLL_SLURM_CI_VERIFY_PASS:-^PASS: }
 # launch paths, run a subset (about 10 s).
 VERIFY_ARGS_MAIN=${MPICOLL_SLURM_CI_VERIFY_ARGS_MAIN---quick}
 VERIFY_ARGS_SHORT=${MPICOLL_SLURM_CI_VERIFY_ARGS---quick --dtype float64,int32}
-ALL_JOBS="cpu-srun cpu-mpirun gpu-single multi-node wrong-mpi"
+ALL_JOBS="cpu-srun cpu-mpirun gpu-single multi-node wrong-mpi no-shared-part"
 JOBS=${MPICOLL_SLURM_CI_JOBS:-$ALL_JOBS}
+for job in $JOBS; do
+    [[ " $ALL_JOBS " == *" $job "* ]] || die "unknown job '$job' in MPICOLL_SLURM_CI_JOBS (known: $ALL_JOBS)"
+done
 
 # ---- State used by the cleanup trap --------------------------------------------
 WORK=""            # temporary directory, removed at exit
@@ -215,26 +230,26 @@ trap 'exit 143' TERM
 
 # ---- 1. Static checks of the jobscripts ---------------------------------------
 say "jobscripts: $JOBSCRIPTS; jobs run in: $SRC; venv: $VENV ($MPI_KIND)"
-common_part() { sed -n '/^# BEGIN COMMON PART/,/^# END COMMON PART/p' "$1"; }
-for s in cpu.sbatch gpu_single_node.sbatch multi_node.sbatch; do
+SCRIPTS=("$JOBSCRIPTS"/*.sbatch "$JOBSCRIPTS/common.sh")
+for s in cpu.sbatch gpu_single_node.sbatch multi_node.sbatch common.sh; do
     [[ -r $JOBSCRIPTS/$s ]] || die "missing $JOBSCRIPTS/$s"
-    bash -n "$JOBSCRIPTS/$s" || die "syntax error in $s"
-    [[ -n $(common_part "$JOBSCRIPTS/$s") ]] || die "$s has no BEGIN/END COMMON PART markers"
-    if [[ $s != cpu.sbatch ]] && ! diff <(common_part "$JOBSCRIPTS/cpu.sbatch") \
-        <(common_part "$JOBSCRIPTS/$s") >/dev/null; then
-        diff <(common_part "$JOBSCRIPTS/cpu.sbatch") <(common_part "$JOBSCRIPTS/$s") >&2 || true
-        die "the common part of $s differs from cpu.sbatch's (diff above)"
-    fi
+done
+for s in "${SCRIPTS[@]}"; do
+    bash -n "$s" || die "syntax error in $s"
 done
 if command -v shellcheck >/dev/null 2>&1; then
-    shellcheck -s bash "$JOBSCRIPTS"/*.sbatch "${BASH_SOURCE[0]}" || die "shellcheck found problems"
-    say "shellcheck: clean"
+    # -x: follow the jobscripts' `source` of common.sh (found next to them,
+    # "shellcheck source-path=SCRIPTDIR" in each .sbatch)
+    shellcheck -x -s bash "${SCRIPTS[@]}" "$HERE/${BASH_SOURCE[0]##*/}" ||
+        die "shellcheck found problems"
+    say "jobscripts: bash -n and shellcheck clean: ${SCRIPTS[*]##*/}"
+else
+    say "jobscripts: bash -n clean: ${SCRIPTS[*]##*/} (shellcheck not installed)"
 fi
-say "jobscripts: syntax ok, common part identical in all three"
 
 "$PY" -c 'import mpi4py, numpy, mpicoll' ||
     die "the venv's python cannot import mpi4py, numpy and mpicoll (pip install -e <repo>)"
-MPI_VERSION=$("$PY" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())')
+MPI_VERSION=$("$PY" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' | tr -d '\0')
 [[ $MPI_VERSION == *"$MPI_PATTERN"* ]] ||
     die "the venv's MPI is '$MPI_VERSION', not $MPI_KIND as the second argument says"
 say "MPI: $MPI_VERSION"
@@ -260,11 +275,25 @@ done
 say "Slurm $(slurmctld -V | awk '{print $2}'), munge $(munged -V 2>&1 | awk '{print $1}' | sed 's/^munge-//')"
 
 # ---- 3. A private cluster under a temporary directory ------------------------------
-base=${MPICOLL_SLURM_CI_TMP:-${TMPDIR:-/tmp}}
-WORK=$(mktemp -d "$base/mpicoll-slurm.XXXXXX")
-# munged's socket path must fit in a sockaddr_un (108 bytes).
-if ((${#WORK} > 60)); then rm -rf "$WORK"; WORK=$(mktemp -d /tmp/mpicoll-slurm.XXXXXX); fi
-chmod 755 "$WORK"   # munged (user munge) must reach its socket directory
+make_work() {  # make_work BASE: a fresh WORK under BASE (or /tmp if too long)
+    WORK=$(mktemp -d "$1/mpicoll-slurm.XXXXXX")
+    # munged's socket path must fit in a sockaddr_un (108 bytes).
+    if ((${#WORK} > 60)); then rm -rf "$WORK"; WORK=$(mktemp -d /tmp/mpicoll-slurm.XXXXXX); fi
+    chmod 755 "$WORK"   # munged (user munge) must reach its socket directory
+}
+# (test -x as user munge fails when any parent directory is not searchable)
+munge_reaches() { setpriv --reuid=munge --regid=munge --init-groups test -x "$1"; }
+make_work "${MPICOLL_SLURM_CI_TMP:-${TMPDIR:-/tmp}}"
+if ! munge_reaches "$WORK"; then
+    blocked=$(stat -c '%A %n' "$(dirname "$WORK")")
+    rm -rf "$WORK"
+    [[ -z ${MPICOLL_SLURM_CI_TMP:-} ]] ||
+        die "user munge cannot reach $WORK ($blocked); set MPICOLL_SLURM_CI_TMP to a" \
+            "directory that every user can search, e.g. /var/tmp"
+    say "user munge cannot reach $WORK ($blocked): using /var/tmp instead"
+    make_work /var/tmp
+    munge_reaches "$WORK" || die "user munge cannot reach $WORK either; set MPICOLL_SLURM_CI_TMP"
+fi
 mkdir -p "$WORK"/{etc,state,log,out,gpu,munge}
 say "work directory $WORK"
 
@@ -439,7 +468,9 @@ say "cluster up: $(sinfo -h -N -o '%N:%t:%c cpus:%G' | sort -u | tr '\n' ' ')"
 
 # ---- 4. Jobs ------------------------------------------------------------------------
 # Environment of every job (sbatch exports the submitting environment).
-export MPICOLL_VENV=$VENV MPICOLL_DIR=$SRC MPICOLL_SRUN_MPI=$SRUN_MPI
+# Jobs are submitted from SRC, so they find SRC (SLURM_SUBMIT_DIR) and
+# SRC/jobscripts/common.sh by default, as a user's do; MPICOLL_DIR is not set.
+export MPICOLL_VENV=$VENV MPICOLL_SRUN_MPI=$SRUN_MPI
 export MPICOLL_MPIRUN=$MPIRUN MPICOLL_MPIRUN_ARGS=$MPIRUN_ARGS
 # The PyPI MPIs refuse to run as root without these (Open MPI) - harmless for MPICH.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -448,11 +479,13 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # waiting ranks then steal the cores from working ones (a 1 s verify took
 # 43 s). Yielding when idle fixes it; MPICH needs nothing.
 if [[ $MPI_KIND == openmpi ]]; then export OMPI_MCA_mpi_yield_when_idle=1; fi
+unset MPICOLL_DIR MPICOLL_JOBSCRIPTS
+[[ $JOBSCRIPTS == "$SRC/jobscripts" ]] || export MPICOLL_JOBSCRIPTS=$JOBSCRIPTS
 unset MPICOLL_LAUNCHER MPICOLL_DEVICE MPICOLL_GPU_BIND MPICOLL_BENCH_ARGS MPICOLL_SRUN_ARGS \
     MPICOLL_MODULES MPICOLL_PYTHON MPICOLL_VERIFY_ARGS
 
 # submit NAME SCRIPT [VAR=VALUE...] -- [SBATCH OPTIONS...]
-# Sets JOB_RC (sbatch --wait's exit status, 124 on timeout), JOB_OUT, JOB_SECS.
+# sbatch runs in SUBMIT_DIR (default SRC). Sets JOB_RC (sbatch --wait's exit status, 124 on timeout), JOB_OUT, JOB_SECS.
 submit() {
     local name=$1 script=$2 t0=$SECONDS id
     shift 2
@@ -470,8 +503,8 @@ submit() {
         return 0
     fi
     say "job $name: ${envs[*]:-} sbatch $* $(basename "$script")"
-    run_wait env ${envs[@]+"${envs[@]}"} timeout "$limit" sbatch --wait --parsable \
-        --job-name="ci-$name" --output="$JOB_OUT" --chdir="$SRC" --time="$JOB_TIME" \
+    run_wait env -C "${SUBMIT_DIR:-$SRC}" ${envs[@]+"${envs[@]}"} timeout "$limit" \
+        sbatch --wait --parsable --job-name="ci-$name" --output="$JOB_OUT" --time="$JOB_TIME" \
         "$@" "$script" >"$WORK/out/$name.sbatch" 2>&1 </dev/null || JOB_RC=$?
     id=$(grep -Eo '^[0-9]+' "$WORK/out/$name.sbatch" | head -n 1 || true)
     if ((JOB_RC == 124)); then
@@ -532,6 +565,8 @@ check_good() {
             section_lacks "$out" bench 'Out of bounds values *: *[1-9]|[1-9][0-9]* wrong \((mpicoll|built-in)\)' 
         expect "'all steps passed'" has "$out" '^mpicoll-job: all steps passed'
         expect "no Python traceback" has_not "$out" '^Traceback'
+        expect "shared part sourced from $JOBSCRIPTS/common.sh" \
+            has "$out" "^mpicoll-job: shared part: $JOBSCRIPTS/common.sh\$"
     fi
 }
 
@@ -639,6 +674,21 @@ for job in $JOBS; do
             expect "'MPI world size 1 (SLURM_NTASKS=4)'" has "$JOB_OUT" 'MPI world size 1 \(SLURM_NTASKS=4\)'
             expect "the world-size error message" has "$JOB_OUT" 'step 1 \(world-size\): FAILED'
             expect "no step after the world-size check" has_not "$JOB_OUT" '^mpicoll-job: step 2'
+            ;;
+        no-shared-part)
+            # Submitted from a directory that is not a checkout, with neither
+            # MPICOLL_DIR nor MPICOLL_JOBSCRIPTS set: the job must stop before
+            # any step, naming the file it looked for and what to set.
+            mkdir -p "$WORK/elsewhere"
+            SUBMIT_DIR=$WORK/elsewhere submit "$job" "$JOBSCRIPTS/cpu.sbatch" MPICOLL_JOBSCRIPTS= --
+            ERRORS=()
+            ((JOB_RC == 1)) || ERRORS+=("job exit status $JOB_RC (expected 1)")
+            expect "output file" test -s "$JOB_OUT"
+            expect "the error names $WORK/elsewhere/jobscripts/common.sh" \
+                has "$JOB_OUT" "^mpicoll-job: ERROR: cannot read $WORK/elsewhere/jobscripts/common.sh"
+            expect "the error says to set MPICOLL_DIR or MPICOLL_JOBSCRIPTS" \
+                has "$JOB_OUT" 'set MPICOLL_DIR to the checkout \(or MPICOLL_JOBSCRIPTS'
+            expect "no step ran" has_not "$JOB_OUT" '^mpicoll-job: (step|job) '
             ;;
         *) die "unknown job '$job' (known: $ALL_JOBS)" ;;
     esac
