@@ -21,6 +21,20 @@ import mpicoll
 from mpicoll import _select
 from mpicoll._ring import split
 
+# CUDA source of a producer kernel that spins ``spin`` clock cycles, then copies
+# ``n`` bytes: an input still being written when a collective starts (the CuPy
+# suite and tests/device/stress.py compile it with cupy.RawKernel).
+LATE_COPY_SRC = r"""
+extern "C" __global__ void late_copy(const unsigned char* src, unsigned char* dst,
+                                     long long n, long long spin) {
+    long long t0 = clock64();
+    while (clock64() - t0 < spin) { }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+"""
+
 
 class Device:
     """make(host) -> device array (written by in-flight work); empty(n, dtype); get(x) -> host."""

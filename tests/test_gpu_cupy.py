@@ -33,16 +33,6 @@ pytestmark = pytest.mark.skipif(_gpu_count() == 0, reason="CuPy is installed but
 WORLD = MPI.COMM_WORLD
 SPIN = 2_000_000  # GPU clock cycles the producer kernel waits before writing (~1 ms)
 
-_LATE_COPY = r"""
-extern "C" __global__ void late_copy(const unsigned char* src, unsigned char* dst,
-                                     long long n, long long spin) {
-    long long t0 = clock64();
-    while (clock64() - t0 < spin) { }
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,7 +42,7 @@ def bound():
 
 @pytest.fixture(scope="module")
 def late_copy():
-    return cupy.RawKernel(_LATE_COPY, "late_copy")
+    return cupy.RawKernel(gpucases.LATE_COPY_SRC, "late_copy")
 
 
 def produce(kernel, host, spin=SPIN):

@@ -33,16 +33,6 @@ import gpucases
 import mpicoll
 from mpicoll._ring import split
 
-_LATE_COPY = r"""
-extern "C" __global__ void late_copy(const unsigned char* src, unsigned char* dst,
-                                     long long n, long long spin) {
-    long long t0 = clock64();
-    while (clock64() - t0 < spin) { }
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
 DTYPES = ("float32", "float64", "int32", "float16")
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
@@ -59,7 +49,7 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     mpicoll.bind_device(comm)
-    kernel = cupy.RawKernel(_LATE_COPY, "late_copy")
+    kernel = cupy.RawKernel(gpucases.LATE_COPY_SRC, "late_copy")
     streams = [cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True),
                cupy.cuda.Stream.null]
     lagging = cupy.cuda.Stream(non_blocking=True)
