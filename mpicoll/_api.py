@@ -36,15 +36,23 @@ def _prod(shape):
     return n
 
 
-def _check_out(out, backend, x, shape, what):
-    """(out array, in place) for an ``out=`` argument; in place when it is ``x``'s memory exactly.
+def _out_arg(out, backend, x):
+    """(backend, array, in place) of an ``out=`` argument; in place when it is ``x``'s memory exactly.
 
     ``out`` may be another object over the same memory as ``x`` (a
     ``memoryview`` of it, the same ``bytearray`` converted again): the memory,
-    not the object, makes the call in place.  Any other overlap is a ValueError.
+    not the object, makes the call in place.
     """
-    obackend, out = array_arg(out, "out")
-    in_place = obackend is backend and same_memory(x, out)
+    obackend, arr = array_arg(out, "out")
+    return obackend, arr, obackend is backend and same_memory(x, arr)
+
+
+def _check_out(converted, backend, x, shape, what):
+    """(out array, in place) for an ``out=`` argument converted by :func:`_out_arg`.
+
+    Any overlap with ``x`` other than exactly its memory is a ValueError.
+    """
+    obackend, out, in_place = converted
     if not is_writable(out):
         if in_place:
             raise ValueError(f"out: expected a writable array for an in-place {what}, got a read-only one")
@@ -123,7 +131,7 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         out = _new_out(backend, x, x.shape[::-1]).T if _fortran(x) else _new_out(backend, x, x.shape)
         in_place = False
     else:
-        out, in_place = _check_out(out, backend, x, x.shape, "allreduce")
+        out, in_place = _check_out(_out_arg(out, backend, x), backend, x, x.shape, "allreduce")
     category, _, typename = dtype_info(x.dtype)
     _types.check_op_applies(op, category, typename)
     # every rank reduces its elements in logical (C) order, whatever its layout
@@ -178,10 +186,8 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
     _select.check_algorithm("allgather", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
     backend, x = array_arg(x, "x")
-    in_place = False
-    if out is not None:
-        obackend, oarr = array_arg(out, "out")
-        in_place = obackend is backend and same_memory(x, oarr)
+    converted = None if out is None else _out_arg(out, backend, x)  # converted once
+    in_place = converted is not None and converted[2]
     xrows, rowsize = _rows(x)
     trailing = tuple(x.shape[1:])
     if counts is None:
@@ -202,7 +208,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
     if out is None:
         out = _new_out(backend, x, shape)
     else:
-        out, in_place = _check_out(out, backend, x, shape, "allgather")
+        out, in_place = _check_out(converted, backend, x, shape, "allgather")
         if in_place and tuple(x.shape) != shape:
             raise ValueError(f"out: expected shape {shape} for an in-place allgather, got {tuple(x.shape)}")
     ecounts = [c * rowsize for c in counts]
@@ -275,7 +281,7 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     if out is None:
         result, in_place = _new_out(backend, x, shape), False
     else:
-        result, in_place = _check_out(out, backend, x, shape, "reduce_scatter")
+        result, in_place = _check_out(_out_arg(out, backend, x), backend, x, shape, "reduce_scatter")
     ecounts = [c * rowsize for c in counts]
     edispls = [0] * size
     for r in range(1, size):
