@@ -163,11 +163,13 @@ class StagingPool:
     def give_send(self, buf):
         self._send_free.append(buf)
 
-    def take_recv(self, nbytes):
+    def take_recv(self, nbytes, block=True):
         """A receive buffer of at least ``nbytes`` that no copy reads any more.
 
         A free one whose host-to-device copy has run; else a new one, up to
-        ``max_recv``; only beyond that does the host wait for the oldest copy.
+        ``max_recv``; beyond that the oldest, once its copy has run: the host
+        waits for that copy, or with ``block=False`` gets None instead (the
+        channel then advances its MPI transfers and asks again).
         """
         rt = self.rt
         for i, (buf, event) in enumerate(self._recv_free):
@@ -175,7 +177,10 @@ class StagingPool:
                 del self._recv_free[i]
                 return buf
         if self._recv_free and self._recv_count >= self.max_recv:
-            buf, event = self._recv_free.pop(0)
+            buf, event = self._recv_free[0]
+            if event is not None and not block and not rt.done(event):
+                return None
+            del self._recv_free[0]
             if event is not None:
                 rt.event_synchronize(event)
             return self._fit(buf, nbytes)
@@ -273,11 +278,21 @@ class StagingChannel:
     def irecv(self, arr, source):
         self.forget(arr)  # its landed data is about to be overwritten
         free = self.rt.record(self.stream)
-        buf = self.pool.take_recv(arr.nbytes)
+        buf = self._recv_buffer(arr.nbytes)
         host = buf[: arr.nbytes].view(arr.dtype)
         recv = _Recv(self, arr, free, buf, host, self.inner.irecv(host, source))
         self._recvs.append(recv)
         return recv
+
+    def _recv_buffer(self, nbytes):
+        """A pinned receive buffer; while the host would have to wait for a
+        copy to free one, it advances this channel's MPI transfers instead and
+        blocks on the copy only when no transfer of ours is outstanding."""
+        while True:
+            buf = self.pool.take_recv(nbytes, block=not (self._recvs or self._posted))
+            if buf is not None:
+                return buf
+            self._progress()
 
     def wait(self, req):
         self.waitall((req,))

@@ -42,12 +42,17 @@ def _device(rt):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
-def test_no_copy_wait_while_mpi_can_progress(comm, collective):
-    """The host never blocks on a device-to-host copy while an MPI transfer of the call is
-    incomplete: it polls both and blocks only when just one of them is left (item 4)."""
+@pytest.mark.parametrize("recv_buffers", [None, 1])
+def test_no_copy_wait_while_mpi_can_progress(comm, collective, recv_buffers):
+    """The host never blocks on a copy while an MPI transfer of the call is incomplete: it
+    polls both and blocks only when just one of them is left (item 4).  With one pinned
+    receive buffer every receive after the first needs the previous one's host-to-device
+    copy to have run, which the host must not wait for while its sends are in flight."""
     if comm.size == 1:
         pytest.skip("no messages on one rank")
     be = fakegpu.fake_backend(compute="lazy", copies="lazy", query_lag=4)  # slow copies
+    if recv_buffers is not None:
+        be.staging_pool(_context.context(comm)).max_recv = recv_buffers
     rt = be.rt
     blocked = []
     sync = rt.event_synchronize
