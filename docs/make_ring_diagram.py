@@ -4,7 +4,7 @@
     python docs/make_ring_diagram.py -n 5 -o /tmp/ring5.svg
 
 Pure Python, no dependency.  The schedule drawn is the one in
-mpicoll/_ring.py (ranks in ring order 0, 1, ..., n-1):
+mpicoll/algorithms/ring.py (ranks in ring order 0, 1, ..., n-1):
 
     ReduceScatter, step s = 0 .. n-2: rank p sends its partial sum of block
         (p-1-s) mod n to rank p+1, and receives the partial of block

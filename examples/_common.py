@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.verify import identical_across_ranks
+from mpicoll.tools.verify import identical_across_ranks
 
 DEVICES = ("auto", "cpu", "gpu")
 

@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.verify import tolerance
+from mpicoll.tools.verify import tolerance
 
 
 def main():
@@ -56,7 +56,7 @@ def main():
     got = ex.to_host(y)
     # Two sums of the same n numbers taken in different orders differ by at most
     # 2*gamma(n-1)*sum|x| elementwise, gamma(k) ~ k*eps/2 (Higham): the bound
-    # python -m mpicoll.verify checks, from mpicoll.verify.tolerance.
+    # python -m mpicoll.verify checks, from mpicoll.tools.verify.tolerance.
     tol = tolerance("SUM", host.dtype, size, abs_sum)
     ok &= ex.report(ex.mismatch(got, ref, tol, "reduce_scatter of the large array",
                           "MPI_Reduce_scatter"))

@@ -33,7 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _select
+from mpicoll.engine import select as _select
 
 DTYPES = ("float32", "float64", "int32", "int64")
 

@@ -5,15 +5,15 @@ plus latency-optimal algorithms for small messages, on NumPy arrays and
 (with CuPy) GPU arrays, checked against MPI's built-in collectives.
 """
 
-from ._api import allgather, allreduce, reduce_scatter
-from ._comm import Comm
-from ._config import configure, options
-from ._cuda import cuda_aware_mpi
-from ._devices import bind_device
-from ._errors import CollectiveTimeout, MismatchError, MpicollError
-from ._timeout import abort
-from ._trace import trace
-from ._traffic import traffic
+from .api.arrays import allgather, allreduce, reduce_scatter
+from .api.comm import Comm
+from .backends.cuda import cuda_aware_mpi
+from .backends.devices import bind_device
+from .core.config import configure, options
+from .core.errors import CollectiveTimeout, MismatchError, MpicollError
+from .observe.trace import trace
+from .observe.traffic import traffic
+from .transport.timeout import abort
 
 __version__ = "0.1.0"
 

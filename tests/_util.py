@@ -95,7 +95,7 @@ def assert_all(comm, ok, message: str = "") -> None:
 
 
 def assert_case(result) -> None:
-    """Fail if a :func:`mpicoll.verify.run_case` result is not ok (it is the same on every rank)."""
+    """Fail if a :func:`mpicoll.tools.verify.run_case` result is not ok (it is the same on every rank)."""
     if not result.ok:
         pytest.fail(result.report(), pytrace=False)
 
@@ -110,7 +110,7 @@ def check_cases(comm, run) -> None:
 
 def same_bytes(a, b) -> bool:
     """Whether two host arrays hold bitwise the same values (padding ignored)."""
-    from mpicoll.verify import same_values
+    from mpicoll.tools.verify import same_values
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype.hasobject or b.dtype.hasobject:  # Python objects: no bytes to compare
         return a.shape == b.shape and a.tolist() == b.tolist()
@@ -137,7 +137,8 @@ def no_messages(comm):
     collective counter (``ctx.seq``) must not move.  Creates mpicoll's context
     for ``comm`` first, which is collective.
     """
-    from mpicoll import _channel, _context
+    from mpicoll.engine import context as _context
+    from mpicoll.transport import channel as _channel
 
     ctx = _context.context(comm)
     seq = ctx.seq

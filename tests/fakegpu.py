@@ -3,7 +3,7 @@
 mpi4py's own test suite checks its CUDA-array-interface path with objects
 that expose ``__cuda_array_interface__`` over host memory; this module does
 the same for mpicoll and adds what mpicoll's device code needs from CuPy and
-CUDA, as a *runtime* object that replaces :class:`mpicoll._devices.CupyRuntime`:
+CUDA, as a *runtime* object that replaces :class:`mpicoll.backends.devices.CupyRuntime`:
 
 * :class:`FakeArray`: a CuPy-like array (``__cuda_array_interface__``,
   slicing, ``reshape``, ``view``, ``flags`` without ``writeable`` as in CuPy,
@@ -21,7 +21,7 @@ CUDA, as a *runtime* object that replaces :class:`mpicoll._devices.CupyRuntime`:
   ``log`` of what happened, in order, for tests of the stream contract.
 
 :func:`fake_backend` wraps a runtime in mpicoll's real
-:class:`~mpicoll._devices.DeviceBackend`, so the staging channel, the
+:class:`~mpicoll.backends.devices.DeviceBackend`, so the staging channel, the
 reduction dispatch and the stream handling under test are mpicoll's own code;
 :func:`registered` puts it first in mpicoll's backend list for a ``with`` block.
 """
@@ -34,7 +34,9 @@ import itertools
 import numpy as np
 from mpi4py import MPI
 
-from mpicoll import _backend, _channel, _devices
+from mpicoll.backends import devices as _devices
+from mpicoll.backends import host as _backend
+from mpicoll.transport import channel as _channel
 
 POISON = 0xA7
 _names = itertools.count()
@@ -212,7 +214,7 @@ class FakeStream:
 
 
 class FakeRuntime:
-    """The runtime interface of mpicoll._devices over host memory (see the module docstring).
+    """The runtime interface of mpicoll.backends.devices over host memory (see the module docstring).
 
     Args:
         compute: "lazy" or "eager" for the default (caller's) stream.

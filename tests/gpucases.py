@@ -18,8 +18,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _select
-from mpicoll._ring import split
+from mpicoll.algorithms.ring import split
+from mpicoll.engine import select as _select
 
 # CUDA source of a producer kernel that spins ``spin`` clock cycles, then copies
 # ``n`` bytes: an input still being written when a collective starts (the CuPy
@@ -47,14 +47,14 @@ class Device:
 
 def _left(inbuf, inoutbuf, datatype):
     """User op ``in op inout = in`` (associative, not commutative): the result is rank 0's data."""
-    dtype = mpicoll._types.dtype_of_datatype(datatype)[0]
+    dtype = mpicoll.core.types.dtype_of_datatype(datatype)[0]
     a = np.frombuffer(inbuf, dtype=dtype)
     b = np.frombuffer(inoutbuf, dtype=dtype)
     b[...] = a
 
 
 def _plus(inbuf, inoutbuf, datatype):
-    dtype = mpicoll._types.dtype_of_datatype(datatype)[0]
+    dtype = mpicoll.core.types.dtype_of_datatype(datatype)[0]
     b = np.frombuffer(inoutbuf, dtype=dtype)
     b += np.frombuffer(inbuf, dtype=dtype)
 
@@ -123,11 +123,11 @@ def _native(dtype):
 
 def _spec(x, dtype):
     """An mpi4py buffer spec: [x, MPI type], or bare x for float16 (MPI has no such type)."""
-    return [x, mpicoll._types.wire_type(np.dtype(dtype))] if _native(dtype) else x
+    return [x, mpicoll.core.types.wire_type(np.dtype(dtype))] if _native(dtype) else x
 
 
 def _vspec(x, counts, displs, dtype):
-    return [x, counts, displs] + ([mpicoll._types.wire_type(np.dtype(dtype))] if _native(dtype) else [])
+    return [x, counts, displs] + ([mpicoll.core.types.wire_type(np.dtype(dtype))] if _native(dtype) else [])
 
 
 def _same_everywhere(comm, arr):
@@ -142,7 +142,7 @@ def _reduce_ref(comm, h, op_name):
         ref = np.empty_like(h)
         comm.Allreduce(h, ref, op=op)
         return ref
-    ufunc = mpicoll._types.NUMPY_UFUNCS[op_name]
+    ufunc = mpicoll.core.types.NUMPY_UFUNCS[op_name]
     parts = comm.allgather(h)
     ref = parts[0].copy()
     for p in parts[1:]:

@@ -26,11 +26,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpicoll import _context, _select
-from mpicoll._backend import NUMPY
-from mpicoll._channel import Channel
-from mpicoll._ring import split
-from mpicoll._workmem import WorkMemory
+from mpicoll.algorithms.ring import split
+from mpicoll.backends.host import NUMPY
+from mpicoll.engine import context as _context
+from mpicoll.engine import select as _select
+from mpicoll.engine.workmem import WorkMemory
+from mpicoll.transport.channel import Channel
 
 WORLD = MPI.COMM_WORLD
 
@@ -156,7 +157,7 @@ class FakeChannel:
 
 
 class FakeCtx:
-    """The parts of :class:`mpicoll._context.Context` that algorithms use."""
+    """The parts of :class:`mpicoll.engine.context.Context` that algorithms use."""
 
     def __init__(self, rank, size, ring, segment_bytes, window, rng):
         self.rank, self.size = rank, size
@@ -545,7 +546,7 @@ def test_every_algorithm_matches_mpi(tiny_comm, collective):
 # --- pipelining parameters ----------------------------------------------------
 
 def test_tuning_from_environment():
-    from mpicoll._ring import DEFAULT_SEGMENT_BYTES, DEFAULT_WINDOW, parse_bytes, tuning
+    from mpicoll.algorithms.ring import DEFAULT_SEGMENT_BYTES, DEFAULT_WINDOW, parse_bytes, tuning
 
     assert tuning({}) == (DEFAULT_SEGMENT_BYTES, DEFAULT_WINDOW)
     assert tuning({"MPICOLL_SEGMENT_BYTES": "64K", "MPICOLL_WINDOW": "3"}) == (65536, 3)
@@ -618,7 +619,7 @@ def test_environment_override(monkeypatch):
 # --- the AllReduce fast path (plain NumPy arrays) -------------------------------
 
 def _spy_general(monkeypatch):
-    from mpicoll import _collectives
+    from mpicoll.engine import collectives as _collectives
     calls = []
     for name in ("run_allreduce", "run_allgather", "run_reduce_scatter"):
         real = getattr(_collectives, name)
@@ -696,7 +697,7 @@ def test_fast_path_takes_plain_calls_and_matches_mpi(monkeypatch):
 @pytest.mark.timeout(60)
 def test_fast_path_declines_everything_else(monkeypatch):
     import mpicoll
-    from mpicoll import _fastpath
+    from mpicoll.engine import fastpath as _fastpath
     x = np.arange(6.0).reshape(2, 3)
     ro = x.copy()
     ro.flags.writeable = False

@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import verify as V
+from mpicoll.tools import verify as V
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

@@ -25,7 +25,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _select, _types
+from mpicoll.core import types as _types
+from mpicoll.engine import select as _select
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpicoll import _select, bench
+from mpicoll.engine import select as _select
+from mpicoll.tools import bench
 
 WORLD = MPI.COMM_WORLD
 SMALL = ["-b", "1K", "-e", "64K", "-f", "4", "-n", "3", "-w", "1", "--batch", "2", "-q"]

@@ -11,7 +11,7 @@ inputs unchanged, and in-place ReduceScatter may write only its result part.
 The product is not a full cartesian one: every (type, op) at one count,
 every count at a few types, every communicator at one (type, op); in place
 and out of place alternate over the (count, algorithm) grid.
-Algorithms come from ``mpicoll._select.ALGORITHMS``, so new ones are tested
+Algorithms come from ``mpicoll.engine.select.ALGORITHMS``, so new ones are tested
 without touching this file.  Closed-form tests at the end check the
 machinery itself against values computed from rank and size alone.
 """
@@ -24,8 +24,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context
-from mpicoll import verify as V
+from mpicoll.engine import context as _context
+from mpicoll.tools import verify as V
 
 WORLD = MPI.COMM_WORLD
 SIZE = WORLD.Get_size()

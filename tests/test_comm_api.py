@@ -16,7 +16,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 import mpicoll
-from mpicoll import verify as V
+from mpicoll.tools import verify as V
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
@@ -397,9 +397,9 @@ def test_commutative_user_op(user_ops, algorithm):
     _util.assert_all(WORLD, ok, f"{y} vs {ref}; {rs} vs {want_rs}")
 
 
-ORDERED_AR = [a for a in AR_ALGOS if a == "auto" or a in mpicoll._select.ORDER_PRESERVING]
+ORDERED_AR = [a for a in AR_ALGOS if a == "auto" or a in mpicoll.engine.select.ORDER_PRESERVING]
 UNORDERED_AR = [a for a in AR_ALGOS if a not in ORDERED_AR]
-ORDERED_RS = [a for a in RS_ALGOS if a == "auto" or a in mpicoll._select.ORDER_PRESERVING]
+ORDERED_RS = [a for a in RS_ALGOS if a == "auto" or a in mpicoll.engine.select.ORDER_PRESERVING]
 UNORDERED_RS = [a for a in RS_ALGOS if a not in ORDERED_RS]
 
 

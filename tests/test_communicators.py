@@ -14,8 +14,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context
-from mpicoll.verify import algorithms_for
+from mpicoll.engine import context as _context
+from mpicoll.tools.verify import algorithms_for
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

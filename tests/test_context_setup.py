@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context
+from mpicoll.engine import context as _context
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,7 +13,7 @@ import os
 import pytest
 
 import mpicoll
-from mpicoll import _cuda
+from mpicoll.backends import cuda as _cuda
 
 
 class FakeLib:

@@ -139,7 +139,7 @@ def test_dlpack_tensor_outlives_the_producer():
     """The memory stays valid while mpicoll holds it, even when the producer object is gone."""
     import gc
 
-    from mpicoll import _dlpack
+    from mpicoll.backends import dlpack as _dlpack
 
     views = [_dlpack.asarray(Legacy(np.full(1000, float(k)))) for k in range(20)]
     gc.collect()
@@ -154,7 +154,7 @@ def test_dlpack_tensor_outlives_the_producer():
 
 import ctypes  # noqa: E402
 
-from mpicoll import _dlpack  # noqa: E402
+from mpicoll.backends import dlpack as _dlpack  # noqa: E402
 
 _LIVE: dict = {}  # address of the managed tensor -> what it keeps alive
 DELETED: list = []

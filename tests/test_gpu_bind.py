@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _devices
+from mpicoll.backends import devices as _devices
 
 WORLD = MPI.COMM_WORLD
 

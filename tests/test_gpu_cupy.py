@@ -16,7 +16,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _cuda
+from mpicoll.backends import cuda as _cuda
+from mpicoll.engine import context as _context
 
 cupy = pytest.importorskip("cupy", reason="CuPy is not installed (the fake-GPU suite covers this logic)")
 
@@ -84,7 +85,7 @@ def transport(request, monkeypatch):
         if why:
             pytest.skip(why)
     if request.param == "staging":
-        monkeypatch.setattr(mpicoll._devices, "STAGE_WHOLE_BYTES", 0)
+        monkeypatch.setattr(mpicoll.backends.devices, "STAGE_WHOLE_BYTES", 0)
     with mpicoll.options(cuda_aware=request.param == "direct"):
         yield request.param
 
@@ -124,7 +125,7 @@ def test_pinned_buffers_reused(late_copy):
     with mpicoll.options(cuda_aware=False):
         x = produce(late_copy, np.ones(1 << 20, np.float32))
         mpicoll.allreduce(x, algorithm="ring")
-        pool = mpicoll._devices.CUPY.staging_pool(_context.context(WORLD))
+        pool = mpicoll.backends.devices.CUPY.staging_pool(_context.context(WORLD))
         allocated = pool.allocated
         for _ in range(3):
             y = mpicoll.allreduce(x, algorithm="ring")

@@ -21,7 +21,9 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _devices, _staging
+from mpicoll.backends import devices as _devices
+from mpicoll.engine import context as _context
+from mpicoll.transport import staging as _staging
 
 WORLD = MPI.COMM_WORLD
 
@@ -245,7 +247,7 @@ def test_device_errors_before_any_message(comm):
 
 def test_no_device_backend_names_cupy():
     """A CUDA array with no backend able to take it: TypeError that says to install CuPy."""
-    pytest.importorskip("mpicoll._devices")
+    pytest.importorskip("mpicoll.backends.devices")
     try:
         import cupy  # noqa: F401
         pytest.skip("CuPy is installed: it would claim the object")

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import info
+from mpicoll.tools import info
 
 WORLD = MPI.COMM_WORLD
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ def test_malformed_setting_is_reported(capsys, monkeypatch):
 
 def test_probe_contradicting_yes_fails(capsys, monkeypatch):
     """--probe: one device Sendrecv in a child; a failure under "yes" is reported, exit 1."""
-    from mpicoll import _cuda
+    from mpicoll.backends import cuda as _cuda
     monkeypatch.setattr(_cuda, "probe_transfer", lambda: (False, "the device Sendrecv probe crashed (SIGSEGV)"))
     monkeypatch.setenv("MPICOLL_CUDA_AWARE", "1")
     with mpicoll.options(cuda_aware=None):

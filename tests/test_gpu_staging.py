@@ -16,7 +16,9 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _devices, _select
+from mpicoll.backends import devices as _devices
+from mpicoll.engine import context as _context
+from mpicoll.engine import select as _select
 
 WORLD = MPI.COMM_WORLD
 
@@ -108,7 +110,7 @@ def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
             log = rt.log[start:]
             copies = sum(1 for e in log if e == ("queue", d2h, "d2h"))
             sends = sum(1 for e in log if e[0] == "mpi isend")
-            seg = mpicoll._ring.AG_SEGMENT_FACTOR * _context.context(comm).segment_bytes // 8
+            seg = mpicoll.algorithms.ring.AG_SEGMENT_FACTOR * _context.context(comm).segment_bytes // 8
             own = -(-counts[comm.rank] // seg)
             if copies != own:
                 problems.append(f"call {k}: {copies} device-to-host copies for {sends} sends; "

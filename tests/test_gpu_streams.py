@@ -18,7 +18,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _devices
+from mpicoll.backends import devices as _devices
+from mpicoll.engine import context as _context
 
 WORLD = MPI.COMM_WORLD
 

@@ -22,8 +22,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import verify as V
-from mpicoll._ring import split
+from mpicoll.algorithms.ring import split
+from mpicoll.tools import verify as V
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

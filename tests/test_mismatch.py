@@ -14,7 +14,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _check, _context
+from mpicoll.engine import context as _context
+from mpicoll.observe import check as _check
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _select, _types
+from mpicoll.core import types as _types
+from mpicoll.engine import select as _select
 
 pytestmark = pytest.mark.timeout(600)
 

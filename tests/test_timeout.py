@@ -18,7 +18,10 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _channel, _context, _select, _timeout
+from mpicoll.engine import context as _context
+from mpicoll.engine import select as _select
+from mpicoll.transport import channel as _channel
+from mpicoll.transport import timeout as _timeout
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -9,7 +9,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _topology
+from mpicoll.engine import context as _context
+from mpicoll.transport import topology as _topology
 
 WORLD = MPI.COMM_WORLD
 

@@ -23,7 +23,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _trace
+from mpicoll.engine import context as _context
+from mpicoll.observe import trace as _trace
 
 pytestmark = pytest.mark.timeout(120)
 

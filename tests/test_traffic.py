@@ -24,8 +24,10 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context, _select, _steps
-from mpicoll._ring import AG_SEGMENT_FACTOR, split
+from mpicoll.algorithms import steps as _steps
+from mpicoll.algorithms.ring import AG_SEGMENT_FACTOR, split
+from mpicoll.engine import context as _context
+from mpicoll.engine import select as _select
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 import mpicoll
-from mpicoll import _types
+from mpicoll.core import types as _types
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

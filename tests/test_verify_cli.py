@@ -13,7 +13,7 @@ import re
 import pytest
 from mpi4py import MPI
 
-from mpicoll import verify as V
+from mpicoll.tools import verify as V
 
 WORLD = MPI.COMM_WORLD
 
@@ -95,7 +95,8 @@ def test_op_names_in_any_case(spelling, capsys):
 
 def test_op_table_is_the_library_one():
     """One op-name table: verify's ops are _types'; bench takes the same names in any case."""
-    from mpicoll import _types, bench
+    from mpicoll.core import types as _types
+    from mpicoll.tools import bench
     assert V.REDUCTION_OPS == tuple(_types.OP_CATEGORIES)
     for name in V.REDUCTION_OPS:
         op = getattr(MPI, name)

@@ -16,10 +16,10 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll import _context
-from mpicoll._backend import NUMPY
-from mpicoll._ring import split
-from mpicoll._workmem import WorkMemory, scoped
+from mpicoll.algorithms.ring import split
+from mpicoll.backends.host import NUMPY
+from mpicoll.engine import context as _context
+from mpicoll.engine.workmem import WorkMemory, scoped
 
 WORLD = MPI.COMM_WORLD
 

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import gpucases
 
 import mpicoll
-from mpicoll._ring import split
+from mpicoll.algorithms.ring import split
 
 DTYPES = ("float32", "float64", "int32", "float16")
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")

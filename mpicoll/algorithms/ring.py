@@ -8,7 +8,7 @@ Block split
     block and nothing waits for one (ReduceScatter sends empty pieces, below).
 
 Ring
-    ``ctx.ring`` lists the ranks in ring order (see _topology); the rank at
+    ``ctx.ring`` lists the ranks in ring order (see transport.topology); the rank at
     position p sends to position p+1 and receives from p-1.  Block b belongs
     to the rank at position b (ReduceScatter: the block of that rank's
     ``counts`` entry).
@@ -24,7 +24,7 @@ AllGather (n-1 steps)
 Pipelining
     Blocks are cut into segments of ``seg`` elements.  Receives are posted
     ``window`` segments ahead into a small ring of work slots (work memory
-    from the context's arena, see _workmem), so while one
+    from the context's arena, see engine.workmem), so while one
     segment is reduced the next ones are already arriving; a reduced segment
     is forwarded to the right at once.  AllReduce needs only ``window``
     segments of work memory: partials live in the output buffer.
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import os
 
-from ._workmem import scoped
+from ..engine.workmem import scoped
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_WINDOW = 2

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import _ring
+from . import ring as _ring
 
 
 class Label(NamedTuple):

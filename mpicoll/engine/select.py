@@ -13,8 +13,11 @@ calls with a non-commutative op stay on "auto").  An explicit
 
 from __future__ import annotations
 
-from . import _bruck, _halving, _recursive, _ring
-from ._context import env_value
+from ..algorithms import bruck as _bruck
+from ..algorithms import halving as _halving
+from ..algorithms import recursive as _recursive
+from ..algorithms import ring as _ring
+from ..core.config import env_value
 
 ALGORITHMS = {
     "allreduce": {
@@ -82,7 +85,7 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
     """(name, function) of the algorithm to run; ValueError if it cannot run this op.
 
     ``staged``: device arrays whose every message is staged through host
-    memory (see _devices.DeviceBackend.stages_per_step).  "auto" then takes
+    memory (see backends.devices.DeviceBackend.stages_per_step).  "auto" then takes
     the ring, whose copies are per segment and overlap the transfers; the
     other algorithms send whole arrays or halves, one staged copy per step.
     (Small device calls are not staged per step: they run the host table on

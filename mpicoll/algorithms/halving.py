@@ -1,7 +1,7 @@
 """Recursive halving ReduceScatter and Rabenseifner AllReduce (commutative ops).
 
 Recursive halving (ReduceScatter)
-    The pof2 active ranks (see the fold in :mod:`mpicoll._recursive`) split
+    The pof2 active ranks (see the fold in :mod:`mpicoll.algorithms.recursive`) split
     the array into pof2 "new blocks" (new block i = the blocks of the real
     ranks new rank i stands for).  At the step with distance ``mask``
     (pof2/2, pof2/4, ..., 1) a rank keeps the half of its current run of new
@@ -25,9 +25,9 @@ their neighbours, i.e. not in rank order: only commutative ops may use it.
 
 from __future__ import annotations
 
-from ._recursive import fold, is_packed, new_rank, real_rank
-from ._ring import split
-from ._workmem import scoped
+from ..engine.workmem import scoped
+from .recursive import fold, is_packed, new_rank, real_rank
+from .ring import split
 
 
 def _halve(ch, red, rank, newrank, pof2, rem, cur, acc, tmp, edge):

@@ -37,10 +37,12 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
-from . import _recursive, _ring, _types
-from ._backend import NUMPY
-from ._channel import Channel
-from ._errors import MismatchError
+from ..algorithms import recursive as _recursive
+from ..algorithms import ring as _ring
+from ..backends.host import NUMPY
+from ..core import types as _types
+from ..core.errors import MismatchError
+from ..transport.channel import Channel
 
 TAG = 1             # payload messages use _channel.TAG (0)
 TEXT = 32           # bytes per text field

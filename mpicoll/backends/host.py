@@ -8,7 +8,7 @@ The algorithms are written once against this small interface:
 ``prepare()``              make the caller's pending work on the buffers complete
                            before MPI reads them (a no-op on the host)
 ``finish()``               make the result visible to the caller (no-op on the host)
-``channel(ctx, mpitype)``  point-to-point transport for this backend (see _channel)
+``channel(ctx, mpitype)``  point-to-point transport for this backend (see transport.channel)
 
 The NumPy backend lives here.  Device backends register themselves with
 :func:`register` and are found by :func:`backend_of` from the array object.
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _dlpack, _types
-from ._channel import Channel
+from ..core import types as _types
+from ..transport.channel import Channel
+from . import dlpack as _dlpack
 
 
 class Reducer:
@@ -120,7 +121,7 @@ class NumpyBackend:
         """A 1-D-or-more NumPy view of a host buffer (buffer protocol, else DLPack).
 
         The buffer protocol wins where an object has both, as in mpi4py; DLPack
-        tensors are read as mpi4py reads them (see :mod:`mpicoll._dlpack`).
+        tensors are read as mpi4py reads them (see :mod:`mpicoll.backends.dlpack`).
         """
         if isinstance(obj, np.ndarray):
             return obj
@@ -163,7 +164,7 @@ def backend_of(obj):
             return backend
     if _is_device_object(obj):
         try:
-            from . import _devices  # noqa: F401  registers the CuPy backend
+            from .. import _devices  # noqa: F401  registers the CuPy backend
         except ImportError:
             return None
         for backend in _DEVICE_BACKENDS:

@@ -2,7 +2,7 @@
 
 A 2-rank collective of a few bytes is one message exchange, about 3 us on the
 development machine; the general path (argument normalisation into
-:class:`~mpicoll._buffers.Msg` objects, then :func:`mpicoll._collectives._launch`)
+:class:`~mpicoll.api.buffers.Msg` objects, then :func:`mpicoll.engine.collectives._launch`)
 spends about 110 Python calls, 15 us there, before and around it.  The
 functions here accept only the plain case and take the same decisions in
 about a third of the calls:
@@ -18,7 +18,7 @@ about a third of the calls:
 Anything else returns ``NotImplemented`` *before doing anything*, and the
 caller takes the general path, with its full validation and error messages.
 What runs is what the general path runs: the same algorithm choice
-(:func:`mpicoll._select.choose`), context, call counter, reducer and channel.
+(:func:`mpicoll.engine.select.choose`), context, call counter, reducer and channel.
 Keep this in step with ``_collectives._launch``.
 """
 
@@ -27,10 +27,16 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import _config, _context, _observe, _select, _trace, _traffic, _types
-from ._backend import NUMPY
-from ._buffers import dtype_info, same_memory
-from ._ring import split
+from ..algorithms.ring import split
+from ..api.buffers import dtype_info, same_memory
+from ..backends.host import NUMPY
+from ..core import config as _config
+from ..core import types as _types
+from ..observe import calls as _observe
+from ..observe import trace as _trace
+from ..observe import traffic as _traffic
+from . import context as _context
+from . import select as _select
 
 # predefined op object -> name (identity: a copy such as MPI.Op(MPI.SUM) takes the general path)
 _OPS = {id(getattr(MPI, name)): name for name in _types.OP_CATEGORIES if name not in ("MINLOC", "MAXLOC")}

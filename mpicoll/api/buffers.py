@@ -18,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import _backend, _dlpack, _types
+from ..backends import dlpack as _dlpack
+from ..backends import host as _backend
+from ..core import types as _types
 
 
 class Msg:

@@ -11,7 +11,7 @@ rank counts that are not powers of two, at the price of two local copies.
 
 from __future__ import annotations
 
-from ._workmem import scoped
+from ..engine.workmem import scoped
 
 
 @scoped

@@ -6,7 +6,7 @@ per-call ``timeout=``), the channel of a collective does not block in
 :class:`~mpicoll.CollectiveTimeout` when none of them completes for that many
 seconds.  The deadline restarts at every completed request, and at every
 completed piece of a message the channel cut into pieces
-(:class:`mpicoll._channel.Pieces`), so the time between deadlines is bounded
+(:class:`mpicoll.transport.channel.Pieces`), so the time between deadlines is bounded
 by the piece size, not the message size: a long but progressing collective
 never times out.
 
@@ -24,7 +24,7 @@ from typing import NoReturn
 
 from mpi4py import MPI
 
-from ._channel import Pieces
+from .channel import Pieces
 
 SPIN_S = 2e-3        # poll without pausing this long after the last progress
 MIN_SLEEP_S = 20e-6

@@ -2,7 +2,7 @@
 
 A CUDA-aware MPI accepts device pointers in point-to-point calls, so mpicoll
 hands CuPy buffers straight to it; any other MPI gets host copies (the
-staging channel, see _staging).  The decision, in order:
+staging channel, see transport.staging).  The decision, in order:
 
 1. an explicit setting: the ``cuda_aware`` argument of :func:`cuda_aware_mpi`,
    then ``mpicoll.configure(cuda_aware=...)`` / ``mpicoll.options(...)``,
@@ -39,7 +39,7 @@ import subprocess
 import sys
 from typing import NamedTuple
 
-from . import _config
+from ..core import config as _config
 
 MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's enum value for CUDA (mpi.h)
 MPI_SUCCESS = 0

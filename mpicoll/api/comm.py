@@ -5,10 +5,13 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from . import _collectives, _fastpath, _select, _types
-from ._backend import NUMPY
-from ._buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
-from ._context import check_comm
+from ..backends.host import NUMPY
+from ..core import types as _types
+from ..engine import collectives as _collectives
+from ..engine import fastpath as _fastpath
+from ..engine import select as _select
+from ..engine.context import check_comm
+from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
 
 
 def _check_no_overlap(smsg, rmsg):

@@ -1,7 +1,7 @@
 """GPU arrays: the CuPy backend and device binding.
 
 The algorithms are written once, against the backend interface of
-:mod:`mpicoll._backend`.  :class:`DeviceBackend` implements it for device
+:mod:`mpicoll.backends.host`.  :class:`DeviceBackend` implements it for device
 arrays; every CUDA primitive it needs (the array module, streams, events,
 pinned host memory, asynchronous copies, device queries) comes from one small
 *runtime* object.  :class:`CupyRuntime` is the real one; the test suite
@@ -27,9 +27,12 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from . import _backend, _cuda, _staging, _types
-from ._context import check_comm
-from ._errors import MpicollError
+from ..core import types as _types
+from ..core.errors import MpicollError
+from ..engine.context import check_comm
+from ..transport import staging as _staging
+from . import cuda as _cuda
+from . import host as _backend
 
 _DLPACK_DEVICE_TYPES = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
@@ -253,7 +256,7 @@ class DeviceBackend:
     def prepare(self):
         """Nothing more to do here: :meth:`channel` ordered this call after the
         previous one on the context, and the device channels order every
-        transfer after the work that produced its buffer (see _staging)."""
+        transfer after the work that produced its buffer (see transport.staging)."""
 
     def finish(self):
         """Mark the end of this call's device work on its context (see :meth:`channel`).
@@ -284,7 +287,7 @@ class DeviceBackend:
         return _backend.NUMPY.channel(ctx, mpitype)
 
     def channel(self, ctx, mpitype):
-        """DirectChannel when MPI is CUDA-aware, else StagingChannel (see _cuda).
+        """DirectChannel when MPI is CUDA-aware, else StagingChannel (see backends.cuda).
 
         Called once at the start of each call: the device work memory of
         ``ctx`` (scratch slots) is shared by every call on it, whatever the

@@ -1,7 +1,7 @@
 """Run a validated collective: pick the algorithm, set up transport, call it.
 
 Both public layers (the drop-in :class:`mpicoll.Comm` and the array functions)
-validate their arguments into :class:`~mpicoll._buffers.Msg` objects and then
+validate their arguments into :class:`~mpicoll.api.buffers.Msg` objects and then
 call the ``run_*`` functions here; nothing below this point raises for bad
 user input.
 
@@ -13,7 +13,11 @@ payload message and runs the algorithm on an observed channel.
 
 from __future__ import annotations
 
-from . import _check, _config, _context, _observe, _select
+from ..core import config as _config
+from ..observe import calls as _observe
+from ..observe import check as _check
+from . import context as _context
+from . import select as _select
 
 
 class _Run:
@@ -45,12 +49,12 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     array reduced (AllReduce), the whole input (ReduceScatter) or the whole
     output (AllGather).  ``label`` names the call where it is not ``collective``.
     Plain NumPy AllReduce calls with nothing observing them skip this (see
-    :mod:`mpicoll._fastpath`, which must take the same decisions).
+    :mod:`mpicoll.engine.fastpath`, which must take the same decisions).
     """
     size = comm.Get_size()
     commutative = True if red is None else red.commutative
     nbytes = total * msg.dtype.itemsize
-    per_step = getattr(msg.backend, "stages_per_step", None)  # device arrays (see _select)
+    per_step = getattr(msg.backend, "stages_per_step", None)  # device arrays (see engine.select)
     name, fn = _select.choose(collective, algorithm, nbytes, size, commutative,
                               staged=per_step is not None and per_step(nbytes))
     if timeout is None:
@@ -65,7 +69,7 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     run = _Run()
     run.name, run.fn, run.ctx = name, fn, ctx
     # small device calls on the staging path run the host algorithm on one
-    # pinned copy (see _devices.WholeStage)
+    # pinned copy (see backends.devices.WholeStage)
     whole = getattr(msg.backend, "whole_stage", None)
     run.stage = None if whole is None else whole(ctx, nbytes, msg, op if red is not None else None)
     if run.stage is not None:
@@ -149,8 +153,8 @@ def exchange_counts(comm, count: int) -> tuple[int, ...]:
     """Every rank's ``count`` (metadata for Reduce_scatter without recvcounts)."""
     import numpy as np
 
-    from ._backend import NUMPY
-    from ._buffers import msg_of_array
+    from ..api.buffers import msg_of_array
+    from ..backends.host import NUMPY
 
     size = comm.Get_size()
     out = np.zeros(size, dtype=np.int64)

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from . import _collectives, _config, _fastpath, _select, _types
-from ._buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
-from ._context import check_comm
+from ..core import config as _config
+from ..core import types as _types
+from ..engine import collectives as _collectives
+from ..engine import fastpath as _fastpath
+from ..engine import select as _select
+from ..engine.context import check_comm
+from .buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
 
 
 def _comm(comm):
@@ -269,7 +273,7 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         raise ValueError("x: expected an array with at least one dimension, got a 0-d array")
     xrows, rowsize = _rows(x)
     if counts is None:
-        from ._ring import split
+        from ..algorithms.ring import split
         counts = tuple(split(xrows, size)[0])
     else:
         counts = as_counts(counts, size, "counts")

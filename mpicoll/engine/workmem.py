@@ -27,7 +27,7 @@ Storage
     allocates nothing.  ``backend.empty(n, dtype)`` is the only allocation.
 
 After a call that timed out, receives may still be pending into the arena;
-such a context is marked unusable (see _observe), so no later call on it
+such a context is marked unusable (see observe.calls), so no later call on it
 reuses that memory.
 """
 

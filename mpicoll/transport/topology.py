@@ -3,7 +3,7 @@
 A ring link between two nodes is slower than one inside a node, and every
 link carries the same traffic, so the ring should cross node boundaries as
 few times as possible: once per node.  :func:`node_label` finds each rank's
-node (``Split_type(COMM_TYPE_SHARED)``); the context set-up (mpicoll._context)
+node (``Split_type(COMM_TYPE_SHARED)``); the context set-up (mpicoll.engine.context)
 gathers the labels and :func:`ring_from_nodes` orders the ranks by (node, rank),
 nodes in the order of their lowest rank.  With ranks placed in blocks this is
 the identity; with ranks placed round-robin (rank r on node r % k) it puts
@@ -75,7 +75,7 @@ def crossings(ring, nodes) -> int:
 def fake_labels() -> list[int] | None:
     """Node label of every COMM_WORLD rank from ``MPICOLL_FAKE_NODES``, None if unset.
 
-    Sends nothing (a bad value raises before any message, see _context).
+    Sends nothing (a bad value raises before any message, see engine.context).
     """
     spec = os.environ.get("MPICOLL_FAKE_NODES", "").strip()
     if not spec:

@@ -1,6 +1,6 @@
 """The observation hook: one :class:`Call` per collective, wrapping its transport.
 
-:mod:`mpicoll._collectives` asks :func:`begin` for a Call before running an
+:mod:`mpicoll.engine.collectives` asks :func:`begin` for a Call before running an
 algorithm.  When nothing is switched on (no check, no timeout, no traffic
 counter, no trace) it gets None and the algorithm runs on the backend's
 channel untouched.  Otherwise the Call
@@ -22,8 +22,13 @@ from time import perf_counter
 
 from mpi4py import MPI
 
-from . import _channel, _check, _steps, _timeout, _trace, _traffic
-from ._errors import CollectiveTimeout, MpicollError
+from ..algorithms import steps as _steps
+from ..core.errors import CollectiveTimeout, MpicollError
+from ..transport import channel as _channel
+from ..transport import timeout as _timeout
+from . import check as _check
+from . import trace as _trace
+from . import traffic as _traffic
 
 _BROKEN = "mpicoll_unusable"  # Context attribute set after a timeout
 

@@ -23,7 +23,7 @@ exchange and one reduction, with no copies.
 
 from __future__ import annotations
 
-from ._workmem import scoped
+from ..engine.workmem import scoped
 
 
 def fold(n: int):

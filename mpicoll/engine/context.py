@@ -31,14 +31,12 @@ A set-up that fails otherwise frees what it created and caches nothing.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from mpi4py import MPI
 
-from . import _timeout
-from ._errors import CollectiveTimeout, MpicollError
-from ._workmem import WorkMemory
+from ..core.errors import CollectiveTimeout, MpicollError
+from ..transport import timeout as _timeout
+from .workmem import WorkMemory
 
 _KEYVAL = None
 
@@ -96,13 +94,14 @@ class Context:
     """
 
     def __init__(self, comm: MPI.Intracomm, timeout: float | None = None, describe=None):
-        from . import _ring, _topology
+        from ..algorithms import ring as _ring
+        from ..transport import topology as _topology
         # 1. every option first: a bad value raises before any MPI call
         # (pipelining of the ring algorithms: MPICOLL_SEGMENT_BYTES, MPICOLL_WINDOW)
         self.segment_bytes, self.window = _ring.tuning()
         fake = _topology.fake_labels()
         self.seq = 0  # collectives started on this communicator
-        self.work = WorkMemory()  # algorithms' work arrays, by purpose (see _workmem)
+        self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
         self.comm = MPI.COMM_NULL
         self._timeout, self._describe = timeout, describe
         self.rank = comm.Get_rank()
@@ -200,37 +199,3 @@ def context(comm: MPI.Intracomm, timeout: float | None = None, describe=None) ->
             f"pending on it, so end the job with mpicoll.abort() (see docs/reliability.md)"
         )
     return state
-
-
-# os.environ.get() raises and catches KeyError inside for an unset variable,
-# about a microsecond; collectives read their options on every call and
-# usually none is set.  On POSIX, os.environ keeps its contents in a dict of
-# bytes that every change made through os.environ updates; reading that dict
-# answers "unset" without an exception.  Anywhere else: os.environ.get().
-_ENV_BYTES = os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict)
-_ENV_KEYS: dict = {}
-
-
-def env_value(name: str) -> str | None:
-    """``os.environ.get(name)``, cheap when the variable is unset."""
-    data = os.environ._data if _ENV_BYTES else None
-    if type(data) is not dict:
-        return os.environ.get(name)
-    key = _ENV_KEYS.get(name)
-    if key is None:
-        key = _ENV_KEYS[name] = os.fsencode(name)
-    raw = data.get(key)
-    return None if raw is None else os.fsdecode(raw)
-
-
-def env_flag(name: str) -> bool | None:
-    """Read a boolean environment variable: 1/yes/true/on or 0/no/false/off."""
-    value = env_value(name)
-    if value is None or value.strip() == "":
-        return None
-    value = value.strip().lower()
-    if value in ("1", "yes", "true", "on"):
-        return True
-    if value in ("0", "no", "false", "off"):
-        return False
-    raise ValueError(f"{name}: expected 1/0, yes/no, true/false or on/off, got {value!r}")

@@ -1,9 +1,9 @@
 """Channels for device buffers: straight to a CUDA-aware MPI, or staged through pinned host memory.
 
-Both have the interface of :class:`mpicoll._channel.Channel` (``isend``,
+Both have the interface of :class:`mpicoll.transport.channel.Channel` (``isend``,
 ``irecv``, ``wait``, ``waitall``, ``sendrecv`` on 1-D arrays) and wrap a host
 channel, which does the MPI calls.  All CUDA work goes through the runtime
-object of the device backend (see _devices), so a test runtime can stand in.
+object of the device backend (see backends.devices), so a test runtime can stand in.
 
 Stream contract
     Device work is asynchronous.  The caller's current stream when the
@@ -43,7 +43,7 @@ from collections import deque
 
 from mpi4py import MPI
 
-from ._channel import Channel, is_null, mpi_requests
+from .channel import Channel, is_null, mpi_requests
 
 QUEUED, COPYING, POSTED, DONE = range(4)
 
@@ -127,7 +127,7 @@ class StagingPool:
         self._send_count = 0
         self._recv_free: list = []  # [(buffer, event of the H2D copy reading it, or None)]
         self.allocated = 0          # pinned bytes held
-        self._whole = None          # whole-array staging buffer (see _devices.WholeStage)
+        self._whole = None          # whole-array staging buffer (see backends.devices.WholeStage)
 
     def _alloc(self, nbytes):
         size = _MIN_PINNED

@@ -17,8 +17,7 @@ take effect immediately.
 from __future__ import annotations
 
 import contextlib
-
-from ._context import env_flag, env_value
+import os
 
 _ENV = {
     "check": "MPICOLL_CHECK",
@@ -93,3 +92,37 @@ def get(name: str):
     if not seconds > 0:
         raise ValueError(f"{var}: expected a positive number of seconds, got {raw!r}")
     return seconds
+
+
+# os.environ.get() raises and catches KeyError inside for an unset variable,
+# about a microsecond; collectives read their options on every call and
+# usually none is set.  On POSIX, os.environ keeps its contents in a dict of
+# bytes that every change made through os.environ updates; reading that dict
+# answers "unset" without an exception.  Anywhere else: os.environ.get().
+_ENV_BYTES = os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict)
+_ENV_KEYS: dict = {}
+
+
+def env_value(name: str) -> str | None:
+    """``os.environ.get(name)``, cheap when the variable is unset."""
+    data = os.environ._data if _ENV_BYTES else None
+    if type(data) is not dict:
+        return os.environ.get(name)
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = os.fsencode(name)
+    raw = data.get(key)
+    return None if raw is None else os.fsdecode(raw)
+
+
+def env_flag(name: str) -> bool | None:
+    """Read a boolean environment variable: 1/yes/true/on or 0/no/false/off."""
+    value = env_value(name)
+    if value is None or value.strip() == "":
+        return None
+    value = value.strip().lower()
+    if value in ("1", "yes", "true", "on"):
+        return True
+    if value in ("0", "no", "false", "off"):
+        return False
+    raise ValueError(f"{name}: expected 1/0, yes/no, true/false or on/off, got {value!r}")

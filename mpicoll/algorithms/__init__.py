@@ -1,0 +1,1 @@
+"""The collective algorithms, each a schedule of steps."""

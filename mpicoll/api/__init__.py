@@ -1,0 +1,1 @@
+"""The public API: the array functions and the mpi4py-compatible Comm."""

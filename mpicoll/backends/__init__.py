@@ -1,0 +1,1 @@
+"""Array backends: host (NumPy and buffer-protocol objects), devices (CuPy), CUDA detection, DLPack."""

@@ -1,0 +1,1 @@
+"""Basics every layer uses: dtype/op tables, errors, options."""

@@ -1,0 +1,1 @@
+"""Observability and checks: per-call observation, traces, traffic counts, call fingerprints."""

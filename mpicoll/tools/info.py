@@ -1,0 +1,121 @@
+"""``python -m mpicoll.info``: what mpicoll runs on (MPI, NumPy, CuPy, GPUs, CUDA-aware MPI).
+
+Usage::
+
+    python -m mpicoll.info                   # one process (MPI singleton)
+    mpirun -n 4 python -m mpicoll.info       # rank 0 prints; ranks that differ are named
+
+Prints the MPI library (first line of ``MPI.Get_library_version()``), the
+versions of mpi4py, NumPy and CuPy ("not installed" without it), the GPUs this
+process sees ("none" without them), and ``cuda-aware: yes|no (how it was
+decided)``: whether mpicoll hands device buffers straight to MPI or stages
+them through host memory (see docs/gpu.md).
+
+``--probe`` adds one line, ``probe: passed|failed (...)``: one device
+``Sendrecv`` tried in a child process (see :func:`mpicoll.backends.cuda.probe_transfer`),
+on rank 0 only; it exits 1 when the probe contradicts a "yes".
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import mpicoll
+
+from ..backends import cuda as _cuda
+
+
+def _cupy_and_gpus():
+    """(CuPy version line, GPU line) for this process."""
+    try:
+        cupy = importlib.import_module("cupy")
+    except ModuleNotFoundError as exc:
+        if exc.name == "cupy":
+            return "not installed", "none (CuPy is not installed)"
+        return f"installed but cannot be imported ({exc})", "unknown (CuPy cannot be imported)"
+    except Exception as exc:  # e.g. a CUDA library missing
+        return f"installed but cannot be imported ({type(exc).__name__}: {exc})", "unknown"
+    version = cupy.__version__
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device
+        return version, f"none ({type(exc).__name__}: {exc})"
+    if count == 0:
+        return version, "none"
+    names = []
+    for i in range(count):
+        name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
+        names.append(f"{i}: {name.decode() if isinstance(name, bytes) else name}")
+    return version, f"{count} ({'; '.join(names)})"
+
+
+def report() -> list[tuple[str, str]]:
+    """[(label, value)] of this process's report (no MPI communication)."""
+    try:
+        aware, reason = _cuda.cuda_aware_mpi()
+        decision = f"{'yes' if aware else 'no'} ({reason})"
+    except ValueError as exc:  # a malformed MPICOLL_CUDA_AWARE
+        decision = f"unknown ({exc})"
+    major, minor = MPI.Get_version()
+    cupy_version, gpus = _cupy_and_gpus()
+    return [
+        ("mpicoll", mpicoll.__version__),
+        ("MPI", " ".join(MPI.Get_library_version().splitlines()[0].split())),
+        ("MPI standard", f"{major}.{minor}"),
+        ("mpi4py", _version("mpi4py")),
+        ("NumPy", np.__version__),
+        ("CuPy", cupy_version),
+        ("GPUs", gpus),
+        ("cuda-aware", decision),
+    ]
+
+
+def _version(module: str) -> str:
+    return importlib.import_module(module).__version__
+
+
+def main(argv=None, comm=None) -> int:
+    """Print the report on rank 0 of ``comm`` (default MPI.COMM_WORLD).
+
+    Returns 0, or 1 when the CUDA-aware setting cannot be read (malformed
+    ``MPICOLL_CUDA_AWARE``); the report says why.
+    """
+    parser = argparse.ArgumentParser(prog="python -m mpicoll.info", description=__doc__.splitlines()[0])
+    parser.add_argument("--probe", action="store_true",
+                        help="also try one device Sendrecv in a child process (needs CuPy and a GPU)")
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD if comm is None else comm
+    mine = report()
+    everyone = comm.gather(mine, root=0)
+    if comm.Get_rank() != 0:
+        return 0
+    width = max(len(label) for label, _ in mine)
+    lines = [f"{'ranks':{width}}  {comm.Get_size()} (rank 0's report)"]
+    for label, value in mine:
+        if label == "cuda-aware":
+            lines.append(f"cuda-aware: {value}")
+        else:
+            lines.append(f"{label:{width}}  {value}")
+    for rank, theirs in enumerate(everyone):
+        for (label, value), (_, mine_value) in zip(theirs, mine):
+            if value != mine_value:
+                lines.append(f"  rank {rank} differs: {label} {value}")
+    status = 1 if dict(mine)["cuda-aware"].startswith("unknown") else 0
+    if args.probe:
+        ok, text = _cuda.probe_transfer()
+        lines.append(f"probe: {'passed' if ok else 'failed'} ({text})")
+        if not ok and dict(mine)["cuda-aware"].startswith("yes"):
+            lines.append("probe: contradicts cuda-aware: yes; set MPICOLL_CUDA_AWARE=0 to stage")
+            status = 1
+    print("\n".join(lines))
+    sys.stdout.flush()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Moving bytes: channels, host staging of device buffers, timeouts, topology."""
