@@ -21,6 +21,15 @@ ReduceScatter (n-1 steps)
 AllGather (n-1 steps)
     At step s position p sends block p-s and receives block p-1-s.
 
+Schedules
+    Each algorithm is a schedule builder ``build_*(shape) -> Schedule`` (see
+    algorithms.schedule): the messages, reductions and copies of one rank in
+    issue order, with the step, block and segment of every message on its
+    label.  The executor (engine.executor) runs them; ``allreduce``,
+    ``reduce_scatter`` and ``allgather`` below run one on a given channel
+    with the old algorithm signature (tests drive them on a simulated
+    network).
+
 Pipelining
     Blocks are cut into segments of ``seg`` elements.  Receives are posted
     ``window`` segments ahead into a small ring of work slots (work memory
@@ -51,7 +60,7 @@ from __future__ import annotations
 
 import os
 
-from ..engine.workmem import scoped
+from .schedule import DST, SRC, Builder, Label, Region, Schedule
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_WINDOW = 2
@@ -110,254 +119,290 @@ def _segment_elems(ctx, itemsize: int) -> int:
     return max(1, getattr(ctx, "segment_bytes", DEFAULT_SEGMENT_BYTES) // max(itemsize, 1))
 
 
-def _reduce_pipeline(ch, ctx, red, be, src, dst, units, last, sends, ag_sends):
-    """AllReduce's ReduceScatter phase: receive ``units`` from the left, reduce, forward.
+def _ring_pass(b, s, first_block, blocks, seg, window, first_step, phase, label_of, sent,
+               after_post=None):
+    """AllGather pass: blocks (by ring position) travel around the ring, segment by segment.
 
-    units  [(step, a, b)]: element ranges whose partials arrive in this order;
-           ``dst[a:b] = partial op src[a:b]``, then sent on (to ``sends`` below
-           step ``last``, to ``ag_sends`` at step ``last``: AllGather's first step).
-    Out of place a partial is received straight into ``dst[a:b]`` (each range
-    is received once and read by no send before it is reduced), so no work
-    memory is needed; in place ``dst`` still holds the input there and
-    partials go through ``window`` work slots.
+    At step k position p sends block ``first_block - k`` and receives block
+    ``first_block - 1 - k`` straight into ``DST``; each received segment is
+    forwarded to the right as soon as it arrived (except in the last step).
+    ``sent``: handles of the first block's sends, already issued by the
+    caller; ``after_post``: called once the first receives are posted (local
+    work that overlaps the first transfers).  Returns the open send handles.
     """
+    n, p = s.size, s.ring_pos
+    left, right = s.ring[(p - 1) % n], s.ring[(p + 1) % n]
+    units = []
+    for k in range(n - 1):
+        q = (first_block - 1 - k) % n
+        lo, cnt = blocks[q]
+        units.extend((k, q, j, a, c) for j, (a, c) in enumerate(_segments(lo, cnt, seg)))
+    sends = list(sent)
     if not units:
-        return
-    n = ctx.size
-    p = ctx.ring_pos
-    left = ctx.ring[(p - 1) % n]
-    right = ctx.ring[(p + 1) % n]
-    nunits = len(units)
-    window = min(getattr(ctx, "window", DEFAULT_WINDOW), nunits)
-    direct = src is not dst
-    if direct:
-        slots = None
-        rreqs = [ch.irecv(dst[a:b], left) for _, a, b in units[:window]]
-    else:
-        seg = max(b - a for _, a, b in units)
-        slots = [ctx.work.take(dst.dtype, seg, "ring allreduce: receive slot") for _ in range(window)]
-        rreqs = [ch.irecv(slots[k][: b - a], left) for k, (_, a, b) in enumerate(units[:window])]
-    for i, (step, a, b) in enumerate(units):
-        k = i % window
-        ch.wait(rreqs[k])
-        dest = dst[a:b]
-        red(dest if direct else slots[k][: b - a], src[a:b], dest)
-        j = i + window
-        if j < nunits:
-            _, a2, b2 = units[j]
-            rreqs[k] = ch.irecv(dst[a2:b2] if direct else slots[k][: b2 - a2], left)
-        (sends if step < last else ag_sends).append(ch.isend(dest, right))
+        if after_post is not None:
+            after_post()
+        return sends
+    window = min(max(window, 2), len(units))
+
+    def post(i):
+        k, q, j, a, c = units[i]
+        return b.recv(left, Region(DST, a, c), Label(first_step + k, phase, label_of(q), j, c - a))
+
+    rreqs = [post(i) for i in range(window)]
+    if after_post is not None:
+        after_post()
+    last = n - 2
+    for i, (k, q, j, a, c) in enumerate(units):
+        b.wait(rreqs[i % window])
+        if i + window < len(units):
+            rreqs[i % window] = post(i + window)
+        if k < last:
+            sends.append(b.send(right, Region(DST, a, c),
+                                Label(first_step + k + 1, phase, label_of(q), j, c - a)))
+    return sends
 
 
-@scoped
-def allreduce(ctx, ch, be, red, src, dst):
-    """Ring AllReduce of 1-D arrays ``src`` -> ``dst`` (``src is dst``: in place)."""
-    n = ctx.size
-    N = len(dst)
+def build_allreduce(s) -> Schedule:
+    """Ring AllReduce: ReduceScatter steps 0..n-2 on ``split(N, n)`` chunks, AllGather n-1..2n-3.
+
+    The ReduceScatter phase receives each partial from the left, reduces it
+    with this rank's input and forwards it.  Out of place a partial is
+    received straight into its range of ``DST`` (each range is received
+    once and read by no send before it is reduced), so no work memory is
+    needed; in place ``DST`` still holds the input there and partials go
+    through ``window`` receive slots.  The last ReduceScatter step completes
+    chunk p segment by segment; each one starts the AllGather at once (its
+    first step sends chunk p), so the AllGather overlaps the last reductions.
+    """
+    n, N = s.size, s.total
+    b = Builder()
     if n == 1 or N == 0:
-        if src is not dst:
-            be.copy(dst, src)
-        return
-    p = ctx.ring_pos
-    right = ctx.ring[(p + 1) % n]
+        if not s.in_place and N:
+            b.copy(Region(DST, 0, N), Region(SRC, 0, N))
+        return b.build(0)
+    p = s.ring_pos
+    right = s.ring[(p + 1) % n]
+    left = s.ring[(p - 1) % n]
     counts, displs = split(N, n)
-    seg = _segment_elems(ctx, dst.dtype.itemsize)
-
-    def blk(q):
-        q %= n
-        return displs[q], counts[q]
-
-    sends = [ch.isend(src[a:b], right) for a, b in _segments(*blk(p - 1), seg)]
-    units = [(s, a, b) for s in range(n - 1) for a, b in _segments(*blk(p - 2 - s), seg)]
-    # The last ReduceScatter step completes block p segment by segment; each
-    # one starts the AllGather at once (its first step sends block p), so the
-    # AllGather overlaps the last reductions instead of waiting for them.
+    seg = s.segment
+    blocks = list(zip(displs, counts))
+    phase = "reduce-scatter"
+    q0 = (p - 1) % n
+    sends = [b.send(right, Region(SRC, a, c), Label(0, phase, q0, j, c - a))
+             for j, (a, c) in enumerate(_segments(*blocks[q0], seg))]
+    units = []
+    for k in range(n - 1):
+        q = (p - 2 - k) % n
+        units.extend((k, q, j, a, c) for j, (a, c) in enumerate(_segments(*blocks[q], seg)))
+    last = n - 2
     ag_sends = []
-    _reduce_pipeline(ch, ctx, red, be, src, dst, units, n - 2, sends, ag_sends)
-    # AllGather receives land in dst blocks that ReduceScatter sends may still read
-    ch.waitall(sends)
-    _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block=p, sent=ag_sends)
+    nunits = len(units)
+    window = min(s.window, nunits)
+    direct = not s.in_place
+    if not direct and units:
+        width = max(c - a for _, _, _, a, c in units)
+        slots = b.buffer("ring allreduce: receive slots", window * width)
+
+    def target(i):
+        k, q, j, a, c = units[i]
+        if direct:
+            return Region(DST, a, c)
+        return Region(slots, (i % window) * width, (i % window) * width + c - a)
+
+    def post(i):
+        k, q, j, a, c = units[i]
+        return b.recv(left, target(i), Label(k, phase, q, j, c - a))
+
+    rreqs = [post(i) for i in range(window)]
+    for i, (k, q, j, a, c) in enumerate(units):
+        b.wait(rreqs[i % window])
+        dest = Region(DST, a, c)
+        b.reduce(target(i), Region(SRC, a, c), dest)
+        if i + window < nunits:
+            rreqs[i % window] = post(i + window)
+        if k < last:
+            sends.append(b.send(right, dest, Label(k + 1, phase, q, j, c - a)))
+        else:
+            ag_sends.append(b.send(right, dest, Label(n - 1, "allgather", q, j, c - a)))
+    # AllGather receives land in chunks that ReduceScatter sends may still read
+    b.wait(*sends)
+    _ring_pass(b, s, p, blocks, seg, s.window, n - 1, "allgather", lambda q: q, ag_sends)
+    return b.build(2 * (n - 1))
 
 
-@scoped
-def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
-    """Ring ReduceScatter: ``dst`` (``counts[rank]`` elements) gets this rank's block.
+def build_reduce_scatter(s) -> Schedule:
+    """Ring ReduceScatter: ``DST`` (``counts[rank]`` elements) gets this rank's block.
 
-    ``src`` holds the blocks laid out by ``counts``/``displs``.  In place,
-    ``dst`` is the start of ``src``'s buffer; only ``dst`` is written.
+    ``SRC`` holds the blocks laid out by ``counts``/``displs``.  In place,
+    ``DST`` is the start of ``SRC``'s buffer; only ``DST`` is written.
 
     Work memory: ``window`` receive pieces and at most ``window`` send
     pieces, a piece being at most one segment (none with 2 ranks out of
-    place: the last step receives into ``dst``), plus in place one block to
+    place: the last step receives into ``DST``), plus in place one block to
     stage the result when this rank's block does not start at offset 0.
     Every block is cut into the same number of pieces (``split`` of its
     count; empty pieces still travel as empty messages), so all ranks run one
     schedule: groups of up to ``2*window - 1`` pieces, step by step within a
-    group.  See docs/performance.md for why this cannot deadlock.
+    group, the group's pieces of the first block sent first.  Why this
+    bounded memory cannot deadlock (L < window + K, with L pieces per group
+    and K send slots) is argued once, in docs/performance.md ("Bounded work
+    memory for the ring ReduceScatter").
     """
-    n = ctx.size
-    rank = ctx.rank
+    n, rank = s.size, s.rank
+    counts, displs = s.counts, s.displs
     own, mine = displs[rank], counts[rank]
+    b = Builder()
     if n == 1:
-        be.copy(dst, src[own: own + mine])
-        return
+        if not s.in_place or own != 0:
+            b.copy(Region(DST, 0, mine), Region(SRC, own, own + mine))
+        return b.build(0)
     biggest = max(counts)
     if biggest == 0:
-        return
-    p = ctx.ring_pos
-    order = ctx.ring
-    left = order[(p - 1) % n]
-    right = order[(p + 1) % n]
-    dtype = src.dtype
-    nseg = -(-biggest // _segment_elems(ctx, dtype.itemsize))
+        return b.build(0)
+    p, order = s.ring_pos, s.ring
+    left, right = order[(p - 1) % n], order[(p + 1) % n]
+    nseg = -(-biggest // s.segment)
     piece = -(-biggest // nseg)
-    window = min(max(1, getattr(ctx, "window", DEFAULT_WINDOW)), 64)
-    # Pieces per group: up to 2*window - 1, so that window + nout send slots
-    # (nout <= window) satisfy the deadlock-freedom condition group < window + nout;
-    # short blocks need fewer send slots.
+    window = min(max(1, s.window), 64)
+    # L = group pieces, K = nout send slots: L < window + K (see the docstring)
     group = min(2 * window - 1, nseg)
     nout = max(1, group - window + 1)
+    phase = "reduce-scatter"
 
     def bounds(q):
         """Piece boundaries of the block at ring position q (nseg + 1 offsets)."""
         r = order[q % n]
         c, d = split(counts[r], nseg)
         base = displs[r]
-        return [base + x for x in d] + [base + counts[r]]
+        return r, [base + x for x in d] + [base + counts[r]]
 
-    first = bounds(p - 1)
-    steps = [bounds(p - 2 - s) for s in range(n - 1)]
+    first_rank, first = bounds(p - 1)
+    steps = [bounds(p - 2 - k) for k in range(n - 1)]
     last = n - 2
-    units = []          # (step, a, b) in processing order
+    units = []          # (step, block rank, piece, a, b) in processing order
     first_at = {}       # unit index -> pieces of the first block to send before it
     for g in range(0, nseg, group):
         ks = range(g, min(g + group, nseg))
-        first_at[len(units)] = [(first[k], first[k + 1]) for k in ks]
-        for s in range(n - 1):
-            b = steps[s]
-            units.extend((s, b[k], b[k + 1]) for k in ks)
-    # In place the result may only go to dst when that cannot overwrite input
-    # still to be read or sent: dst is src's first ``mine`` elements, which is
+        first_at[len(units)] = [(j, first[j], first[j + 1]) for j in ks]
+        for k in range(n - 1):
+            r, bd = steps[k]
+            units.extend((k, r, j, bd[j], bd[j + 1]) for j in ks)
+    # In place the result may only go to DST when that cannot overwrite input
+    # still to be read or sent: DST is SRC's first ``mine`` elements, which is
     # this rank's own block only if the block starts at 0.
-    in_place = _shares_memory(src, dst)
-    stage = None
-    if in_place and own != 0:
-        stage = ctx.work.take(dtype, mine, "ring reduce_scatter: in-place result")
-    out = dst if stage is None else stage
+    out = DST
+    base = own
+    if s.in_place and own != 0:
+        out = b.buffer("ring reduce_scatter: in-place result", mine)
     nunits = len(units)
-    # Out of place, last-step partials are received straight into dst and
+    # Out of place, last-step partials are received straight into DST and
     # reduced there; only forwarded partials (n > 2) need work slots.
-    direct = not in_place
+    direct = not s.in_place
     nslots = min(window, nunits) if (n > 2 or not direct) else 0
-    slots = [ctx.work.take(dtype, piece, "ring reduce_scatter: receive slot") for _ in range(nslots)]
-    outs = [ctx.work.take(dtype, piece, "ring reduce_scatter: partial to forward")
-            for _ in range(nout if n > 2 else 0)]
-    out_req = [None] * len(outs)
+    slots = b.buffer("ring reduce_scatter: receive slots", nslots * piece) if nslots else None
+    nouts = nout if n > 2 else 0
+    outs = b.buffer("ring reduce_scatter: partials to forward", nouts * piece) if nouts else None
+    out_req = [None] * nouts
     sends = []
 
     def target(i):
-        step, a, b = units[i]
-        if direct and step == last:
-            return out[a - own: b - own]
-        return slots[i % window][: b - a]
+        k, r, j, a, c = units[i]
+        if direct and k == last:
+            return Region(out, a - base, c - base)
+        at = (i % window) * piece
+        return Region(slots, at, at + c - a)
 
-    rreqs = [ch.irecv(target(i), left) for i in range(min(window, nunits))]
+    def post(i):
+        k, r, j, a, c = units[i]
+        return b.recv(left, target(i), Label(k, phase, r, j, c - a))
+
+    rreqs = [post(i) for i in range(min(window, nunits))]
     o = 0
-    for i in range(nunits):
-        step, a, b = units[i]
+    for i, (k, r, j, a, c) in enumerate(units):
         pieces = first_at.get(i)
         if pieces is not None:
-            sends.extend(ch.isend(src[x:y], right) for x, y in pieces)
-        k = i % window
-        ch.wait(rreqs[k])
+            sends.extend(b.send(right, Region(SRC, x, y), Label(0, phase, first_rank, jj, y - x))
+                         for jj, x, y in pieces)
+        b.wait(rreqs[i % window])
         incoming = target(i)
-        if step == last:
-            red(incoming, src[a:b], out[a - own: b - own])
+        if k == last:
+            b.reduce(incoming, Region(SRC, a, c), Region(out, a - base, c - base))
         else:
-            j = o % nout
+            slot = o % nout
             o += 1
-            if out_req[j] is not None:
-                ch.wait(out_req[j])
-            dest = outs[j][: b - a]
-            red(incoming, src[a:b], dest)
-            out_req[j] = ch.isend(dest, right)
-        nxt = i + window
-        if nxt < nunits:
-            rreqs[k] = ch.irecv(target(nxt), left)
-    ch.waitall(sends + [r for r in out_req if r is not None])
-    if stage is not None:
-        be.copy(dst, stage)
+            if out_req[slot] is not None:
+                b.wait(out_req[slot])
+            dest = Region(outs, slot * piece, slot * piece + c - a)
+            b.reduce(incoming, Region(SRC, a, c), dest)
+            out_req[slot] = b.send(right, dest, Label(k + 1, phase, r, j, c - a))
+        if i + window < nunits:
+            rreqs[i % window] = post(i + window)
+    b.wait(*sends, *out_req)
+    if out != DST:
+        b.copy(Region(DST, 0, mine), Region(out, 0, mine))
+    return b.build(n - 1)
+
+
+def build_allgather(s) -> Schedule:
+    """Ring AllGather(v): block r of ``DST`` (``counts[r]`` at ``displs[r]``) from rank r.
+
+    ``SRC`` is this rank's block, unless in place (already in ``DST``).
+    Nothing is reduced on the way, so small pieces only add messages: the
+    AllGather moves pieces of ``AG_SEGMENT_FACTOR`` segments.
+    """
+    n, rank = s.size, s.rank
+    lo, cnt = s.displs[rank], s.counts[rank]
+    b = Builder()
+    if n == 1:
+        if not s.in_place and cnt:
+            b.copy(Region(DST, lo, lo + cnt), Region(SRC, 0, cnt))
+        return b.build(0)
+    seg = AG_SEGMENT_FACTOR * s.segment
+    blocks = [(s.displs[r], s.counts[r]) for r in s.ring]  # by ring position
+    right = s.ring[(s.ring_pos + 1) % n]
+    label_of = s.ring.__getitem__
+    p = s.ring_pos
+    if s.in_place:
+        sent = [b.send(right, Region(DST, a, c), Label(0, "allgather", rank, j, c - a))
+                for j, (a, c) in enumerate(_segments(lo, cnt, seg))]
+        _ring_pass(b, s, p, blocks, seg, s.window, 0, "allgather", label_of, sent)
+        return b.build(n - 1)
+    # Out of place: send this rank's block from SRC and post the first receives,
+    # then copy the block into DST while the neighbours already move data.
+    sent = [b.send(right, Region(SRC, a - lo, c - lo), Label(0, "allgather", rank, j, c - a))
+            for j, (a, c) in enumerate(_segments(lo, cnt, seg))]
+
+    def copy_own():
+        if cnt:
+            b.copy(Region(DST, lo, lo + cnt), Region(SRC, 0, cnt))
+
+    _ring_pass(b, s, p, blocks, seg, s.window, 0, "allgather", label_of, sent, copy_own)
+    return b.build(n - 1)
+
+
+# The old algorithm signature: run the schedule on a given channel (tests, simulators).
+
+def allreduce(ctx, ch, be, red, src, dst):
+    """Ring AllReduce of 1-D arrays ``src`` -> ``dst`` (``src is dst``: in place)."""
+    from ..engine import executor
+    shape = executor.shape_of(ctx, len(dst), (len(dst),), (0,), dst.dtype.itemsize, src is dst)
+    executor.run_on(build_allreduce(shape), ctx, ch, be, red, src, dst)
+
+
+def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
+    """Ring ReduceScatter: ``dst`` (``counts[rank]`` elements) gets this rank's block."""
+    from ..engine import executor
+    shape = executor.shape_of(ctx, sum(counts), tuple(counts), tuple(displs), src.dtype.itemsize,
+                              _shares_memory(src, dst))
+    executor.run_on(build_reduce_scatter(shape), ctx, ch, be, red, src, dst)
 
 
 def allgather(ctx, ch, be, src, dst, counts, displs):
-    """Ring AllGather(v): block r of ``dst`` (``counts[r]`` at ``displs[r]``) from rank r.
-
-    ``src`` is this rank's block, or None when it is already in place in ``dst``.
-    """
-    rank = ctx.rank
-    lo = displs[rank]
-    own = dst[lo: lo + counts[rank]]
-    if ctx.size == 1:
-        if src is not None:
-            be.copy(own, src)
-        return
-    # Nothing is reduced on the way, so small pieces only add messages: the
-    # AllGather moves pieces of AG_SEGMENT_FACTOR segments.
-    seg = AG_SEGMENT_FACTOR * _segment_elems(ctx, dst.dtype.itemsize)
-    pc = [counts[r] for r in ctx.ring]
-    pd = [displs[r] for r in ctx.ring]
-    if src is None:
-        _allgather_ring(ctx, ch, dst, pc, pd, seg, first_block=ctx.ring_pos)
-        return
-    # Out of place: send this rank's block from src and post the first receives,
-    # then copy the block into dst while the neighbours already move data.
-    right = ctx.ring[(ctx.ring_pos + 1) % ctx.size]
-    sent = [ch.isend(src[a - lo: b - lo], right) for a, b in _segments(lo, counts[rank], seg)]
-    _allgather_ring(ctx, ch, dst, pc, pd, seg, first_block=ctx.ring_pos, sent=sent,
-                    after_post=lambda: be.copy(own, src))
-
-
-def _allgather_ring(ctx, ch, dst, counts, displs, seg, first_block, sent=None, after_post=None):
-    """Pass blocks (indexed by ring position) around the ring, segment by segment.
-
-    Receives are posted directly into ``dst``; each received segment is
-    forwarded to the right as soon as it arrives (except in the last step).
-    ``sent``: requests of the first block's segments, already sent by the caller;
-    ``after_post``: called once the first receives are posted (local work that
-    can overlap the first transfers).
-    """
-    n = ctx.size
-    p = ctx.ring_pos
-    left = ctx.ring[(p - 1) % n]
-    right = ctx.ring[(p + 1) % n]
-
-    def segs(q):
-        q %= n
-        return _segments(displs[q], counts[q], seg)
-
-    if sent is None:
-        sends = [ch.isend(dst[a:b], right) for a, b in segs(first_block)]
-    else:
-        sends = sent
-    units = [(s, a, b) for s in range(n - 1) for a, b in segs(first_block - 1 - s)]
-    if not units:
-        if after_post is not None:
-            after_post()
-    else:
-        window = min(max(getattr(ctx, "window", DEFAULT_WINDOW), 2), len(units))
-        rreqs = [ch.irecv(dst[a:b], left) for _, a, b in units[:window]]
-        if after_post is not None:
-            after_post()
-        last = n - 2
-        for i, (step, a, b) in enumerate(units):
-            ch.wait(rreqs[i % window])
-            j = i + window
-            if j < len(units):
-                _, a2, b2 = units[j]
-                rreqs[i % window] = ch.irecv(dst[a2:b2], left)
-            if step < last:
-                sends.append(ch.isend(dst[a:b], right))
-    ch.waitall(sends)
+    """Ring AllGather(v); ``src`` None: this rank's block is already in place in ``dst``."""
+    from ..engine import executor
+    shape = executor.shape_of(ctx, sum(counts), tuple(counts), tuple(displs), dst.dtype.itemsize,
+                              src is None)
+    executor.run_on(build_allgather(shape), ctx, ch, be, None, src, dst)
 
 
 def _shares_memory(a, b) -> bool:

@@ -1,21 +1,11 @@
-"""Step, block and segment of every message an algorithm sends and receives.
+"""Step labels of the algorithms that do not run as schedules yet (to be deleted).
 
-Observers (timeouts, traffic accounting, traces) see only the channel calls of
-an algorithm, in order.  The algorithms issue their messages in the order of
-their documented schedules, so the k-th send (receive) of a call is the k-th
-entry of the lists built here:
+Algorithms run as schedules (algorithms.schedule; the ring ones) carry their
+labels on their Send/Recv ops, and observe.calls reads them there.  The
+ones still written as functions are labelled here: the k-th send (receive)
+of a call is the k-th entry of the lists built below.  This module goes
+when recursive doubling becomes a schedule.
 
-ring AllGather (steps 0..n-2)
-    at step s position p sends block p-s and receives block p-1-s, each as
-    segments of ``ctx.segment_bytes``; an empty block sends nothing
-ring AllReduce (steps 0..2n-3)
-    ReduceScatter steps 0..n-2 (send chunk p-1-s, receive chunk p-2-s), then
-    the AllGather above as steps n-1..2n-3, on ``split(N, n)`` chunks
-ring ReduceScatter (steps 0..n-2)
-    at step s position p sends the partial of block p-1-s and receives block
-    p-2-s; every block is cut into the same ``nseg`` pieces (empty pieces are
-    sent too), processed in groups of ``2*window - 1`` pieces, step by step
-    within a group
 recursive doubling AllReduce / ReduceScatter (n = pof2 + rem)
     step 0 folds the first 2*rem ranks in pairs (only when rem > 0), then one
     exchange step per bit of pof2, then a last step unfolds
@@ -28,8 +18,6 @@ without this table), and algorithms not listed get no labels.
 from __future__ import annotations
 
 from typing import NamedTuple
-
-from . import ring as _ring
 
 
 class Label(NamedTuple):
@@ -47,67 +35,6 @@ class Schedule(NamedTuple):
 
 
 EMPTY = Schedule([], [], 0)
-
-
-def _segment_labels(step, phase, block, count, seg):
-    return [Label(step, phase, block, k, min(seg, count - a))
-            for k, a in enumerate(range(0, count, seg))]
-
-
-def _ring_pass(ctx, sends, recvs, counts, block_at, first_step, phase, send_off, recv_off, seg):
-    """One segmented ring pass: step s sends block(p-send_off-s), receives block(p-recv_off-s)."""
-    n, p = ctx.size, ctx.ring_pos
-    for s in range(n - 1):
-        b = block_at((p - send_off - s) % n)
-        sends.extend(_segment_labels(first_step + s, phase, b, counts[b], seg))
-        b = block_at((p - recv_off - s) % n)
-        recvs.extend(_segment_labels(first_step + s, phase, b, counts[b], seg))
-
-
-def ring_allreduce(ctx, total, counts, displs, itemsize):
-    n = ctx.size
-    if n == 1 or total == 0:
-        return EMPTY
-    chunks, _ = _ring.split(total, n)
-    seg = _ring._segment_elems(ctx, itemsize)
-    sends, recvs = [], []
-    _ring_pass(ctx, sends, recvs, chunks, lambda q: q, 0, "reduce-scatter", 1, 2, seg)
-    _ring_pass(ctx, sends, recvs, chunks, lambda q: q, n - 1, "allgather", 0, 1, seg)
-    return Schedule(sends, recvs, 2 * (n - 1))
-
-
-def ring_allgather(ctx, total, counts, displs, itemsize):
-    n = ctx.size
-    if n == 1:
-        return EMPTY
-    seg = _ring.AG_SEGMENT_FACTOR * _ring._segment_elems(ctx, itemsize)  # as _ring.allgather
-    sends, recvs = [], []
-    _ring_pass(ctx, sends, recvs, counts, lambda q: ctx.ring[q], 0, "allgather", 0, 1, seg)
-    return Schedule(sends, recvs, n - 1)
-
-
-def ring_reduce_scatter(ctx, total, counts, displs, itemsize):
-    n = ctx.size
-    biggest = max(counts)
-    if n == 1 or biggest == 0:
-        return EMPTY
-    p, order = ctx.ring_pos, ctx.ring
-    nseg = -(-biggest // _ring._segment_elems(ctx, itemsize))
-    window = min(max(1, getattr(ctx, "window", _ring.DEFAULT_WINDOW)), 64)
-    group = 2 * window - 1
-    pieces = {r: _ring.split(counts[r], nseg)[0] for r in set(order)}
-    first = order[(p - 1) % n]
-    sends, recvs = [], []
-    phase = "reduce-scatter"
-    for g in range(0, nseg, group):
-        ks = range(g, min(g + group, nseg))
-        sends.extend(Label(0, phase, first, k, pieces[first][k]) for k in ks)
-        for s in range(n - 1):
-            b = order[(p - 2 - s) % n]
-            recvs.extend(Label(s, phase, b, k, pieces[b][k]) for k in ks)
-            if s < n - 2:
-                sends.extend(Label(s + 1, phase, b, k, pieces[b][k]) for k in ks)
-    return Schedule(sends, recvs, n - 1)
 
 
 def rd_allreduce(ctx, total, counts, displs, itemsize):
@@ -138,11 +65,8 @@ def rd_reduce_scatter(ctx, total, counts, displs, itemsize):
 
 # (collective, algorithm) -> schedule builder(ctx, total, counts, displs, itemsize)
 SCHEDULES = {
-    ("allreduce", "ring"): ring_allreduce,
     ("allreduce", "recursive_doubling"): rd_allreduce,
-    ("reduce_scatter", "ring"): ring_reduce_scatter,
     ("reduce_scatter", "recursive_doubling"): rd_reduce_scatter,
-    ("allgather", "ring"): ring_allgather,
 }
 
 

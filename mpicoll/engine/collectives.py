@@ -1,62 +1,166 @@
-"""Run a validated collective: pick the algorithm, set up transport, call it.
+"""Start a validated collective: pick the algorithm, set up transport, run its schedule.
 
 Both public layers (the drop-in :class:`mpicoll.Comm` and the array functions)
 validate their arguments into :class:`~mpicoll.api.buffers.Msg` objects and then
-call the ``run_*`` functions here; nothing below this point raises for bad
-user input.
+call the ``start_*`` functions here (non-blocking and persistent operations)
+or the ``run_*`` functions (blocking: ``start_*(...).wait()``, without the
+per-operation tag); nothing below this point raises for bad user input.
 
-This is also the one hook for reliability and observability (_observe):
+This is also the one hook for reliability and observability (observe.calls):
 when ``MPICOLL_CHECK``, a timeout, ``mpicoll.traffic()`` or ``mpicoll.trace()``
-is on, :func:`_launch` agrees on the call fingerprint across ranks before any
-payload message and runs the algorithm on an observed channel.
+is on, each start agrees on the call fingerprint across ranks before any
+payload message and runs the schedule on an observed channel.
+
+Algorithms with a schedule builder (engine.select.BUILDERS) run on the
+executor (engine.executor); the others still run as functions, to the end,
+when the operation starts.
 """
 
 from __future__ import annotations
 
+from ..algorithms.schedule import DST, SRC
 from ..core import config as _config
 from ..observe import calls as _observe
 from ..observe import check as _check
 from . import context as _context
+from . import executor as _executor
 from . import select as _select
+from .executor import Operation
 
 
 class _Run:
-    """One call: the algorithm and what it runs with; ``with`` closes the observation."""
+    """What one operation runs with; :meth:`begin` sets up one start, :meth:`end` closes it."""
 
-    __slots__ = ("name", "fn", "ctx", "ch", "be", "red", "call", "stage")
+    __slots__ = ("name", "fn", "build", "ctx", "collective", "label", "msg", "smsg", "total",
+                 "counts", "displs", "op", "red", "timeout", "check", "blocking", "tag",
+                 "src", "dst", "in_place", "schedule", "lease", "bound", "nops", "ch", "be",
+                 "call", "stage", "_red0", "_be0")
 
-    def enter(self, src, dst):
-        """The arrays the algorithm runs on: host copies when the call is staged whole."""
-        return (src, dst) if self.stage is None else self.stage.enter(src, dst)
+    def begin(self):
+        """Set up one start: bound ops to run, or None once a schedule-less algorithm ran."""
+        ctx = self.ctx
+        ctx.seq += 1
+        msg = self.msg
+        be = msg.backend
+        nbytes = self.total * msg.dtype.itemsize
+        # small device calls on the staging path run the host algorithm on one
+        # pinned copy (see backends.devices.WholeStage)
+        whole = getattr(be, "whole_stage", None)
+        stage = self.stage = None if whole is None else whole(ctx, nbytes, msg, self.op
+                                                              if self._red0 is not None else None)
+        if stage is not None:
+            ch, run_be, red = stage.channel, stage.backend, stage.reducer
+        else:
+            ch, run_be, red = be.channel(ctx, msg.mpitype), be, self._red0
+        if self.tag != _executor.TAG:
+            _set_tag(ch, self.tag)
+        call = self.call = _observe.begin(ctx, self.label, self.collective, self.name, msg,
+                                          self.total, self.counts, self.displs, self.op,
+                                          self.timeout, self.check)
+        if call is not None:
+            if self.check:
+                call.check()
+            ch, run_be, red = call.wrap(ch, run_be, red)
+        self.ch, self.be, self.red = ch, run_be, red
+        be.prepare()
+        src, dst = self.src, self.dst
+        if stage is not None:
+            src, dst = stage.enter(src, dst)
+        if self.fn is not None:
+            self._call_fn(src, dst)
+            return None
+        if self.schedule is None:
+            self.schedule = _schedule(self, ctx, msg)
+        sched = self.schedule
+        if call is not None:
+            call.use_schedule(sched)
+        # bound ops are reused by a persistent operation's next start unless
+        # they point at a stage's pinned copies or fused ops of another channel
+        if self.bound is None or stage is not None or call is not None:
+            self._bind(sched, src, dst, ch, run_be)
+        return self.bound
 
-    def leave(self):
-        if self.stage is not None:
-            self.stage.leave()
+    def _bind(self, sched, src, dst, ch, run_be):
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+        if sched.work:
+            self.lease = self.ctx.work.lease(run_be)
+        views = _executor.work_views(sched, self.lease, dst.dtype) if sched.work else {}
+        views[DST] = dst
+        views[SRC] = dst if src is None else src
+        fuse = ch if self.blocking and type(ch) is _executor.Channel else None
+        self.bound = _executor.bind(sched, views, fuse)
+        self.nops = len(sched.ops)
 
-    def __enter__(self):
-        return self
+    def _call_fn(self, src, dst):
+        if self.collective == "allreduce":
+            self.fn(self.ctx, self.ch, self.be, self.red, src, dst)
+        elif self.collective == "reduce_scatter":
+            self.fn(self.ctx, self.ch, self.be, self.red, src, dst, self.counts, self.displs)
+        else:
+            self.fn(self.ctx, self.ch, self.be, None if self.in_place else src, dst,
+                    self.counts, self.displs)
 
-    def __exit__(self, exc_type, exc, tb):
-        if self.call is not None:
-            self.call.end(exc_type is not None)
+    def end(self, failed: bool, release: bool = True) -> None:
+        try:
+            if not failed:
+                if self.stage is not None:
+                    self.stage.leave()
+                self.msg.backend.finish()
+        finally:
+            if self.call is not None:
+                self.call.end(failed)
+                self.call = None
+            if self.stage is not None:
+                self.stage = None
+                self.bound = None  # bound to the stage's pinned copies
+            if failed:
+                self.bound = None
+            if release:
+                self.release()
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+            self.bound = None
 
 
-def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, counts=None,
-            displs=None, timeout=None, label=None) -> _Run:
-    """Choose the algorithm, set up the channel and observers; check the call if asked.
+def _set_tag(ch, tag):
+    """Give the host channel under ``ch`` (device channels wrap one as ``inner``) the tag."""
+    while ch is not None:
+        if isinstance(ch, _executor.Channel):
+            ch.tag = tag
+            return
+        ch = getattr(ch, "inner", None)
+
+
+def _schedule(run, ctx, msg):
+    """The schedule of ``run`` on ``ctx``, cached per call shape on the context."""
+    counts = (run.total,) if run.collective == "allreduce" else run.counts
+    displs = (0,) if run.collective == "allreduce" else run.displs
+    commutative = True if run._red0 is None else run._red0.commutative
+    shape = _executor.shape_of(ctx, run.total, counts, displs, msg.dtype.itemsize, run.in_place,
+                               commutative)
+    return ctx.schedule(run.collective, run.name, run.build, shape)
+
+
+def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=None, op=None,
+           counts=None, displs=None, timeout=None, label=None, persistent=False,
+           blocking=False) -> Operation:
+    """Choose the algorithm, set up the context; start the operation unless persistent.
 
     ``total`` is the element count selection and the fingerprint use: the
     array reduced (AllReduce), the whole input (ReduceScatter) or the whole
     output (AllGather).  ``label`` names the call where it is not ``collective``.
-    Plain NumPy AllReduce calls with nothing observing them skip this (see
-    :mod:`mpicoll.engine.fastpath`, which must take the same decisions).
     """
     size = comm.Get_size()
     commutative = True if red is None else red.commutative
     nbytes = total * msg.dtype.itemsize
     per_step = getattr(msg.backend, "stages_per_step", None)  # device arrays (see engine.select)
-    name, fn = _select.choose(collective, algorithm, nbytes, size, commutative,
-                              staged=per_step is not None and per_step(nbytes))
+    name, entry = _select.choose(collective, algorithm, nbytes, size, commutative,
+                                 staged=per_step is not None and per_step(nbytes))
     if timeout is None:
         timeout = _config.get("timeout")  # a bad MPICOLL_* value raises before anything starts
     check = bool(_config.get("check"))
@@ -65,30 +169,21 @@ def _launch(comm, collective, algorithm, msg, total, *, red=None, op=None, count
     ctx = _context.context(comm, timeout, lambda: (
         f"{label} #1 ({name}, {total} x {_check.dtype_label(msg)})", label, name))
     _observe.check_usable(ctx)
-    ctx.seq += 1
     run = _Run()
-    run.name, run.fn, run.ctx = name, fn, ctx
-    # small device calls on the staging path run the host algorithm on one
-    # pinned copy (see backends.devices.WholeStage)
-    whole = getattr(msg.backend, "whole_stage", None)
-    run.stage = None if whole is None else whole(ctx, nbytes, msg, op if red is not None else None)
-    if run.stage is not None:
-        run.ch, run.be, red = run.stage.channel, run.stage.backend, run.stage.reducer
-    else:
-        run.ch, run.be = msg.backend.channel(ctx, msg.mpitype), msg.backend
-    run.red = red
-    call = _observe.begin(ctx, label, collective, name, msg, total, counts, displs,
-                          op, timeout, check)
-    run.call = call
-    if call is not None:
-        try:
-            if check:
-                call.check()
-        except BaseException:
-            call.end(True)
-            raise
-        run.ch, run.be, run.red = call.wrap(run.ch, run.be, red)
-    return run
+    run.name, run.ctx, run.collective, run.label = name, ctx, collective, label
+    build = _select.builder(collective, name)
+    run.build, run.fn = build, (None if build is not None else entry)
+    run.msg, run.total, run.counts, run.displs, run.op = msg, total, counts, displs, op
+    run._red0 = red
+    run.timeout, run.check, run.blocking = timeout, check, blocking
+    run.src, run.dst, run.in_place = src, dst, in_place
+    run.schedule = run.lease = run.bound = run.call = run.stage = None
+    run.nops = 0
+    run.tag = _executor.TAG if blocking else _executor.tag_of(ctx.seq + 1, ctx.tag_ub)
+    operation = Operation(run, persistent)
+    if not persistent:
+        operation._begin()
+    return operation
 
 
 def reducer(msg, op):
@@ -96,57 +191,63 @@ def reducer(msg, op):
     return msg.backend.reducer(op, msg.optype, msg.category)
 
 
-def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None):
+def start_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None, persistent=False,
+                    _blocking=False) -> Operation:
     """``rmsg`` <- reduction of every rank's ``smsg`` (None: in place in ``rmsg``)."""
-    be = rmsg.backend
-    red = reducer(rmsg, op)
-    run = _launch(comm, "allreduce", algorithm, rmsg, rmsg.count, red=red, op=op, timeout=timeout)
-    with run:
-        be.prepare()
-        src, dst = run.enter(rmsg.array if smsg is None else smsg.array, rmsg.array)
-        run.fn(run.ctx, run.ch, run.be, run.red, src, dst)
-        run.leave()
-        be.finish()
-    return run.name
+    return _start(comm, "allreduce", algorithm, rmsg, rmsg.count, red=reducer(rmsg, op), op=op,
+                  src=rmsg.array if smsg is None else smsg.array, dst=rmsg.array,
+                  in_place=smsg is None, timeout=timeout, persistent=persistent,
+                  blocking=_blocking)
 
 
-def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None):
+def start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None,
+                         persistent=False, _blocking=False) -> Operation:
     """``rmsg`` <- this rank's block of the reduction; ``smsg`` None: input in ``rmsg``'s buffer.
 
     In place, ``rmsg.array`` is the whole input and the result goes to its start.
     """
-    be = rmsg.backend
-    red = reducer(rmsg, op)
-    rank = comm.Get_rank()
-    run = _launch(comm, "reduce_scatter", algorithm, rmsg, sum(counts), red=red, op=op,
-                  counts=counts, displs=displs, timeout=timeout)
-    with run:
-        be.prepare()
-        if smsg is None:
-            src = rmsg.array
-            dst = rmsg.array[: counts[rank]]
-        else:
-            src, dst = smsg.array, rmsg.array
-        src, dst = run.enter(src, dst)
-        run.fn(run.ctx, run.ch, run.be, run.red, src, dst, counts, displs)
-        run.leave()
-        be.finish()
-    return run.name
+    counts, displs = tuple(counts), tuple(displs)
+    if smsg is None:
+        src, dst = rmsg.array, rmsg.array[: counts[comm.Get_rank()]]
+    else:
+        src, dst = smsg.array, rmsg.array
+    return _start(comm, "reduce_scatter", algorithm, rmsg, sum(counts), red=reducer(rmsg, op),
+                  op=op, counts=counts, displs=displs, src=src, dst=dst, in_place=smsg is None,
+                  timeout=timeout, persistent=persistent, blocking=_blocking)
+
+
+def start_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeout=None,
+                    persistent=False, _blocking=False, _label=None) -> Operation:
+    """``rmsg`` block r (``counts[r]`` at ``displs[r]``) <- rank r's ``smsg`` (None: in place)."""
+    counts, displs = tuple(counts), tuple(displs)
+    return _start(comm, "allgather", algorithm, rmsg, sum(counts), counts=counts, displs=displs,
+                  src=None if smsg is None else smsg.array, dst=rmsg.array,
+                  in_place=smsg is None, timeout=timeout, label=_label, persistent=persistent,
+                  blocking=_blocking)
+
+
+def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None):
+    """Blocking :func:`start_allreduce`; returns the algorithm's name."""
+    operation = start_allreduce(comm, smsg, rmsg, op, algorithm, timeout=timeout, _blocking=True)
+    operation.wait()
+    return operation.algorithm
+
+
+def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None):
+    """Blocking :func:`start_reduce_scatter`; returns the algorithm's name."""
+    operation = start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm,
+                                     timeout=timeout, _blocking=True)
+    operation.wait()
+    return operation.algorithm
 
 
 def run_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeout=None,
                   label=None):
-    """``rmsg`` block r (``counts[r]`` at ``displs[r]``) <- rank r's ``smsg`` (None: in place)."""
-    be = rmsg.backend
-    run = _launch(comm, "allgather", algorithm, rmsg, sum(counts), counts=counts, displs=displs,
-                  timeout=timeout, label=label)
-    with run:
-        be.prepare()
-        src, dst = run.enter(None if smsg is None else smsg.array, rmsg.array)
-        run.fn(run.ctx, run.ch, run.be, src, dst, counts, displs)
-        run.leave()
-        be.finish()
-    return run.name
+    """Blocking :func:`start_allgather`; returns the algorithm's name."""
+    operation = start_allgather(comm, smsg, rmsg, counts, displs, algorithm, timeout=timeout,
+                                _blocking=True, _label=label)
+    operation.wait()
+    return operation.algorithm
 
 
 def exchange_counts(comm, count: int) -> tuple[int, ...]:

@@ -31,6 +31,8 @@ A set-up that fails otherwise frees what it created and caches nothing.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 from mpi4py import MPI
 
@@ -39,6 +41,7 @@ from ..transport import timeout as _timeout
 from .workmem import WorkMemory
 
 _KEYVAL = None
+SCHEDULES = 64  # schedules (call shapes) kept per context
 
 # (duplicate, [requests]) of set-ups that timed out: freed once the requests complete
 _ABANDONED: list = []
@@ -102,6 +105,8 @@ class Context:
         fake = _topology.fake_labels()
         self.seq = 0  # collectives started on this communicator
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
+        self.schedules = OrderedDict()  # (collective, algorithm, Shape) -> Schedule, LRU
+        self.tag_ub = 32767  # largest tag (MPI guarantees at least this), read from the duplicate
         self.comm = MPI.COMM_NULL
         self._timeout, self._describe = timeout, describe
         self.rank = comm.Get_rank()
@@ -130,6 +135,9 @@ class Context:
             raise
         del self._timeout, self._describe
         self.comm = dup
+        ub = dup.Get_attr(MPI.TAG_UB)
+        if ub:
+            self.tag_ub = int(ub)
         self.ring = _topology.ring_from_nodes(labels.tolist())
         self.ring_pos = self.ring.index(self.rank)
 
@@ -156,8 +164,22 @@ class Context:
                                  rank=self.rank, peer=None, phase="setup", step=None,
                                  timeout=self._timeout)
 
+    def schedule(self, collective: str, algorithm: str, build, shape):
+        """``build(shape)``, cached for the :data:`SCHEDULES` shapes used last."""
+        key = (collective, algorithm, shape)
+        cache = self.schedules
+        sched = cache.get(key)
+        if sched is None:
+            sched = cache[key] = build(shape)
+            if len(cache) > SCHEDULES:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(key)
+        return sched
+
     def free(self) -> None:
         self.work = WorkMemory()
+        self.schedules.clear()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
 

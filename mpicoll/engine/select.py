@@ -37,6 +37,31 @@ ALGORITHMS = {
     },
 }
 
+# Schedule builders ``build(shape) -> Schedule`` (algorithms.schedule), run by the
+# executor (engine.executor).  An algorithm of ALGORITHMS without a builder here
+# still runs as a function (ctx, ch, be, [red,] src, dst, ...) when its operation
+# starts; converted algorithms go here as they are converted:
+#   allreduce: "recursive_doubling", "rabenseifner"
+#   reduce_scatter: "recursive_doubling", "recursive_halving"
+#   allgather: "recursive_doubling", "bruck"
+BUILDERS = {
+    "allreduce": {
+        "ring": _ring.build_allreduce,
+    },
+    "reduce_scatter": {
+        "ring": _ring.build_reduce_scatter,
+    },
+    "allgather": {
+        "ring": _ring.build_allgather,
+    },
+}
+
+
+def builder(collective: str, name: str):
+    """The schedule builder of an algorithm, or None if it still runs as a function."""
+    return BUILDERS[collective].get(name)
+
+
 # Algorithms that keep rank order and so accept non-commutative ops.
 ORDER_PRESERVING = {"recursive_doubling"}
 

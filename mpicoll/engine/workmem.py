@@ -8,22 +8,27 @@ each array by what it is for::
     def allreduce(ctx, ch, be, red, src, dst):
         tmp = ctx.work.take(dst.dtype, len(dst), "partner's partial result")
 
+Leases: work memory of an operation that outlives a function call
+    A non-blocking or persistent collective (engine.executor) holds its work
+    buffers from its start until it completes (persistent: until freed),
+    while other calls run.  It takes them from a :class:`Lease`
+    (:meth:`WorkMemory.lease`), released explicitly; lifetimes need not
+    nest.  A scope is a lease that a ``with`` block releases.
+
 Why two live uses cannot alias
-    Within a scope every :meth:`WorkMemory.take` gets a new region above all
-    the regions taken before it (a bump pointer that only moves up while the
-    scope is open).  Scopes nest: an algorithm built on another one (a
-    ReduceScatter made of an AllReduce) opens the inner scope above the
-    outer one's regions, and closing it gives back only its own.  A take
-    always goes to the innermost open scope, and a scope closes before its
-    caller continues, so the regions of all open scopes are pairwise
-    disjoint, however many buffers a call asks for.
+    Every region taken (by a scope or a lease) is recorded as an interval
+    of its (backend, dtype) array until it is released, and a new region goes
+    to the lowest gap that none of the live intervals covers (first fit).
+    So the regions of all live scopes and leases are pairwise disjoint,
+    whatever order they are released in, however many buffers a call asks
+    for.  A take always goes to the innermost open scope (or to the lease it
+    is asked of).
 
 Storage
     One 1-D array per (backend, dtype), reused by every call.  A take that
-    does not fit the array gets an array of its own for the rest of the call;
-    when the outermost scope closes (after the algorithm function returned,
-    so nothing refers to the call's regions any more), the arena's array
-    grows to what the call needed.  A repeated call of one signature then
+    does not fit the array gets an array of its own until it is released;
+    once no region of that array is live any more, the array grows to the
+    highest end a region ever needed.  A repeated call of one signature then
     allocates nothing.  ``backend.empty(n, dtype)`` is the only allocation.
 
 After a call that timed out, receives may still be pending into the arena;
@@ -44,17 +49,14 @@ class WorkMemory:
             the benchmark read it: a repeated call must not add any).
     """
 
-    __slots__ = ("_blocks", "_top", "_need", "_taken", "_backends", "_extra", "_short",
-                 "allocations")
+    __slots__ = ("_blocks", "_live", "_need", "_taken", "_scopes", "allocations")
 
     def __init__(self):
         self._blocks: dict = {}   # (backend name, dtype) -> 1-D array
-        self._top: dict = {}      # key -> elements taken by the open scopes
-        self._need: dict = {}     # key -> most elements one call took, where the array was short
-        self._taken: list = []    # (purpose, key, start, end) of the open scopes' regions, in order
-        self._backends: list = [] # the backend of each open scope, innermost last
-        self._extra: list = []    # arrays of takes that did not fit, kept to the end of the call
-        self._short = False       # a take of the current call did not fit its array
+        self._live: dict = {}     # key -> [[start, end, region], ...] sorted by start
+        self._need: dict = {}     # key -> highest end a region needed beyond the array
+        self._taken: list = []    # live regions, oldest first (see live())
+        self._scopes: list = []   # open scopes, innermost last
         self.allocations = 0
 
     @property
@@ -66,47 +68,79 @@ class WorkMemory:
         """A context manager for one algorithm call on ``backend`` (nests); see :func:`scoped`."""
         return _Scope(self, backend)
 
+    def lease(self, backend) -> Lease:
+        """Work memory on ``backend`` held until :meth:`Lease.release` (any order)."""
+        return Lease(self, backend)
+
     def take(self, dtype, n: int, purpose: str):
         """A 1-D work array of ``n`` elements of ``dtype`` for ``purpose`` (contents undefined).
 
-        Disjoint from every other array taken in the open scopes; valid until
-        the innermost open scope closes.
+        Disjoint from every other live region; valid until the innermost open
+        scope closes.
         """
-        if not self._backends:
+        if not self._scopes:
             raise RuntimeError(f"work memory for {purpose!r} taken outside a work-memory scope")
-        key = (self._backends[-1].name, dtype)
-        tops = self._top
-        top = tops.get(key, 0)
-        end = tops[key] = top + n
-        self._taken.append((purpose, key, top, end))
+        return self._scopes[-1].take(dtype, n, purpose)
+
+    def _take(self, owner, dtype, n: int, purpose: str):
+        key = (owner.backend.name, dtype)
+        live = self._live.get(key)
+        if live is None:
+            live = self._live[key] = []
+        # first fit: the lowest gap between live intervals that holds n elements
+        start, at = 0, len(live)
+        for i, iv in enumerate(live):
+            if iv[0] - start >= n:
+                at = i
+                break
+            if iv[1] > start:
+                start = iv[1]
+        end = start + n
+        region = _Region(purpose, key, start, end)
+        live.insert(at, region)
+        self._taken.append(region)
+        owner.regions.append(region)
         block = self._blocks.get(key)
         if block is not None and end <= len(block):
-            return block[top:end]
-        return self._take_short(key, top, end)
-
-    def _take_short(self, key, top, end):
-        """``take`` where the arena's array is missing or too short."""
-        self._short = True
+            return block[start:end]
+        # missing or too short: the arena's array grows once nothing of it is live
         if end > self._need.get(key, 0):
             self._need[key] = end
-        be, dtype, n = self._backends[-1], key[1], end - top
-        if top == 0:
-            # nothing of this kind is live: replace the arena's array by one that fits
+        if start == 0 and len(live) == 1:
+            # nothing else of this kind is live: replace the array by one that fits
             self._blocks[key] = None
-            block = self._blocks[key] = self._alloc(be, max(n, 1), dtype)
+            block = self._blocks[key] = self._alloc(owner.backend, max(n, 1), dtype)
             return block[:n]
-        # live regions below: a separate array for the rest of this call
-        arr = self._alloc(be, max(n, 1), dtype)
-        self._extra.append(arr)
-        return arr[:n]
+        region.own = self._alloc(owner.backend, max(n, 1), dtype)
+        return region.own[:n]
+
+    def _give_back(self, owner) -> None:
+        """Release every region of ``owner``; grow arrays no region lives in any more."""
+        for region in owner.regions:
+            live = self._live[region.key]
+            live.remove(region)
+            self._taken.remove(region)
+            region.own = None
+            need = self._need.get(region.key)
+            if need is not None and not live:
+                del self._need[region.key]
+                block = self._blocks.get(region.key)
+                if block is None or len(block) < need:
+                    self._blocks[region.key] = None  # freed before the new one is made
+                    self._blocks[region.key] = self._alloc(owner.backend, need, region.key[1])
+        owner.regions = []
 
     def live(self) -> list:
-        """(purpose, dtype, elements) of every region of the open scopes, oldest first."""
-        return [(p, key[1], end - top) for p, key, top, end in self._taken]
+        """(purpose, dtype, elements) of every live region, oldest first."""
+        return [(r.purpose, r.key[1], r.end - r.start) for r in self._taken]
+
+    def spans(self) -> list:
+        """(backend name, dtype, start, end) of every live region in its array, oldest first."""
+        return [(*r.key, r.start, r.end) for r in self._taken]
 
     def release(self) -> None:
-        """Drop the arena's arrays (reallocated when needed); not while a scope is open."""
-        if self._backends:
+        """Drop the arena's arrays (reallocated when needed); not while a region is live."""
+        if self._taken or self._scopes:
             raise RuntimeError("work memory released while a call is using it")
         self._blocks.clear()
         self._need.clear()
@@ -115,49 +149,47 @@ class WorkMemory:
         self.allocations += 1
         return be.empty(n, dtype)
 
-    def _enter(self, backend) -> int:
-        """Open a scope; returns its mark (regions taken before it)."""
-        self._backends.append(backend)
-        return len(self._taken)
 
-    def _exit(self, mark: int) -> None:
-        """Close the innermost scope: give back the regions taken since ``mark``."""
-        taken = self._taken
-        if len(taken) > mark:
-            tops = self._top
-            for _, key, top, _ in reversed(taken[mark:]):
-                tops[key] = top
-            del taken[mark:]
-        be = self._backends.pop()
-        if not self._backends:
-            self._extra.clear()
-            if self._short:
-                self._short = False
-                self._grow(be)
+class _Region:
+    __slots__ = ("purpose", "key", "start", "end", "own")
 
-    def _grow(self, be) -> None:
-        """The outermost scope on ``be`` closed: grow its arrays to what the largest call took."""
-        for key, need in self._need.items():
-            block = self._blocks.get(key)
-            if key[0] == be.name and block is not None and len(block) < need:
-                block = self._blocks[key] = None  # the old array is freed before the new one is made
-                self._blocks[key] = self._alloc(be, need, key[1])
+    def __init__(self, purpose, key, start, end):
+        self.purpose, self.key, self.start, self.end = purpose, key, start, end
+        self.own = None  # an array of its own, where the arena's was too short
+
+    def __getitem__(self, i):  # (start, end), as WorkMemory._take reads live intervals
+        return (self.start, self.end)[i]
 
 
-class _Scope:
-    """``with mem.scope(backend):`` -- one algorithm call's use of the arena."""
+class Lease:
+    """Regions of one operation, held until :meth:`release` (idempotent)."""
 
-    __slots__ = ("mem", "backend", "mark")
+    __slots__ = ("mem", "backend", "regions")
 
     def __init__(self, mem: WorkMemory, backend):
-        self.mem, self.backend, self.mark = mem, backend, None
+        self.mem, self.backend, self.regions = mem, backend, []
+
+    def take(self, dtype, n: int, purpose: str):
+        """A 1-D work array of ``n`` elements for ``purpose``, disjoint from every live region."""
+        return self.mem._take(self, dtype, n, purpose)
+
+    def release(self) -> None:
+        if self.regions:
+            self.mem._give_back(self)
+
+
+class _Scope(Lease):
+    """``with mem.scope(backend):`` -- one algorithm call's use of the arena."""
+
+    __slots__ = ()
 
     def __enter__(self):
-        self.mark = self.mem._enter(self.backend)
+        self.mem._scopes.append(self)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.mem._exit(self.mark)
+        self.mem._scopes.remove(self)
+        self.release()
         return False
 
 
@@ -166,11 +198,7 @@ def scoped(fn):
 
     @functools.wraps(fn)
     def run(ctx, ch, be, *args):
-        mem = ctx.work
-        mark = mem._enter(be)
-        try:
+        with _Scope(ctx.work, be):
             return fn(ctx, ch, be, *args)
-        finally:
-            mem._exit(mark)
 
     return run

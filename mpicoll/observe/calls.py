@@ -13,7 +13,9 @@ channel untouched.  Otherwise the Call
 * hands its counts and events to the active recorders when the call ends.
 
 Message k of a call is labelled with step, block and segment from the
-algorithm's schedule (:mod:`_steps`), computed only when something needs it.
+schedule the call runs (:meth:`Call.use_schedule`); algorithms that still run
+as functions get theirs from :mod:`mpicoll.algorithms.steps`, computed only
+when something needs it.
 """
 
 from __future__ import annotations
@@ -130,6 +132,13 @@ class Call:
         return ch, be, red
 
     # -- labels ---------------------------------------------------------------
+    def use_schedule(self, sched) -> None:
+        """Label messages from the schedule the call runs (algorithms.schedule)."""
+        self._schedule = _Labels([op.label for op in sched.sends()],
+                                 [op.label for op in sched.recvs()], sched.nsteps)
+        if not self._matches(self._schedule):
+            self._schedule = None
+
     @property
     def schedule(self):
         """The algorithm's _steps.Schedule if it matches the messages issued so far, else None."""
@@ -243,6 +252,15 @@ class Call:
             step=None if lab is None else lab.step, timeout=self.timeout)
 
 
+class _Labels:
+    """The labels of a call's sends and receives, in issue order, and its step count."""
+
+    __slots__ = ("sends", "recvs", "nsteps")
+
+    def __init__(self, sends, recvs, nsteps):
+        self.sends, self.recvs, self.nsteps = sends, recvs, nsteps
+
+
 def _peer_name(ctx, peer) -> str:
     """'rank 3', plus its MPI.COMM_WORLD rank when that differs."""
     name = f"rank {peer}"
@@ -313,6 +331,21 @@ class ObservedChannel:
 
     def wait(self, r) -> None:
         self._complete((r,))
+
+    def testall(self, reqs) -> bool:
+        """Advance ``reqs`` without blocking (no timeout here); True when all are complete."""
+        left = [r for r in reqs if r.done is None]
+        if left:
+            test = _timeout.tester(left, getattr(self.inner, "test", None), self.call.windowed)
+            if test is None:
+                return True  # cannot be polled: the next waitall blocks
+            done, _ = test(left)
+            now = perf_counter()
+            for i in done:
+                left[i].done = now
+            if len(done) < len(left):
+                return False
+        return True
 
     def waitall(self, reqs) -> None:
         if reqs:

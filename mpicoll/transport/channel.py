@@ -1,12 +1,13 @@
 """Point-to-point transport used by every algorithm.
 
 A channel sends and receives whole 1-D arrays on the library's private
-communicator with one tag; MPI's non-overtaking rule keeps messages between
-two ranks in order, and every rank issues the same sequence of messages in a
-collective, so no per-message tags are needed.
+communicator with one tag (:data:`TAG` for blocking calls, one per operation
+for non-blocking ones: see engine.executor); MPI's non-overtaking rule keeps
+messages between two ranks in order, and every rank issues the same sequence
+of messages in a collective, so no per-message tags are needed.
 
-Algorithms only call ``isend``, ``irecv``, ``wait``, ``waitall`` and
-``sendrecv``.  Other modules wrap or replace this class (host staging for GPU
+The executor only calls ``isend``, ``irecv``, ``wait``, ``waitall``,
+``testall`` (if there) and ``sendrecv``.  Other modules wrap or replace this class (host staging for GPU
 buffers, timeouts, traffic accounting, traces) without touching algorithms.
 
 A message longer than :data:`PIECE_BYTES` travels as consecutive pieces of
@@ -74,25 +75,26 @@ def piece_elems(mpitype) -> int:
 class Channel:
     """Host-memory transport: arrays go straight to ``Isend``/``Irecv``."""
 
-    __slots__ = ("comm", "mpitype", "piece")
+    __slots__ = ("comm", "mpitype", "piece", "tag")
 
-    def __init__(self, comm, mpitype):
+    def __init__(self, comm, mpitype, tag: int = TAG):
         self.comm = comm
         self.mpitype = mpitype
         self.piece = piece_elems(mpitype)
+        self.tag = tag  # non-blocking operations get one of their own (engine.executor)
 
     def isend(self, arr, dest):
-        T, n, step = self.mpitype, len(arr), self.piece
+        T, n, step, tag = self.mpitype, len(arr), self.piece, self.tag
         if n <= step:
-            return self.comm.Isend([arr, T], dest, TAG)
-        return Pieces([self.comm.Isend([arr[a: a + step], T], dest, TAG)
+            return self.comm.Isend([arr, T], dest, tag)
+        return Pieces([self.comm.Isend([arr[a: a + step], T], dest, tag)
                        for a in range(0, n, step)])
 
     def irecv(self, arr, source):
-        T, n, step = self.mpitype, len(arr), self.piece
+        T, n, step, tag = self.mpitype, len(arr), self.piece, self.tag
         if n <= step:
-            return self.comm.Irecv([arr, T], source, TAG)
-        return Pieces([self.comm.Irecv([arr[a: a + step], T], source, TAG)
+            return self.comm.Irecv([arr, T], source, tag)
+        return Pieces([self.comm.Irecv([arr[a: a + step], T], source, tag)
                        for a in range(0, n, step)])
 
     def wait(self, req):
@@ -101,6 +103,10 @@ class Channel:
     def waitall(self, reqs):
         if reqs:
             MPI.Request.Waitall(mpi_requests(reqs))
+
+    def testall(self, reqs) -> bool:
+        """Whether every request of ``reqs`` has completed (never blocks)."""
+        return MPI.Request.Testall(mpi_requests(reqs))
 
     def sendrecv(self, sendarr, dest, recvarr, source):
         """Send ``sendarr`` to ``dest`` while receiving ``recvarr`` from ``source``.
@@ -113,8 +119,8 @@ class Channel:
             # one MPI call instead of three (small messages are latency-bound);
             # subclasses and borrowers of this method may stage, tag or observe
             # messages in isend/irecv, so they take the general path
-            T = self.mpitype
-            self.comm.Sendrecv([sendarr, T], dest, TAG, [recvarr, T], source, TAG)
+            T, tag = self.mpitype, self.tag
+            self.comm.Sendrecv([sendarr, T], dest, tag, [recvarr, T], source, tag)
             return
         reqs = []
         if recv:

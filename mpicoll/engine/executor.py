@@ -1,0 +1,292 @@
+"""One executor for every schedule: bind, post, wait, reduce, copy; blocking or step by step.
+
+An algorithm is a :class:`~mpicoll.algorithms.schedule.Schedule` (no MPI, no
+arrays).  Running it takes two stages:
+
+Binding (:func:`bind`)
+    Every region is turned into an array view once: ``SRC`` and ``DST`` are
+    the call's arrays, work buffers come from a lease of the context's arena
+    (engine.workmem).  The result is a tuple of plain tuples, one per
+    operation, cached by the plan (engine.plan) so that a repeated call on
+    the same arrays does no binding at all.  For blocking runs on the plain
+    host channel, a ``Send``, ``Recv`` and the ``Wait`` for both (a step of
+    recursive doubling, halving or Bruck) become one ``MPI_Sendrecv`` with
+    its buffer specs built here (one MPI call instead of three: small
+    messages are latency-bound).
+
+Running (:class:`Operation`)
+    An operation holds the bound ops, the index of the next one and the
+    outstanding requests, so it can stop at any ``Wait`` whose requests are
+    not complete and resume later: :meth:`Operation.test` advances without
+    blocking, :meth:`Operation.wait` blocks (the channel's ``waitall``; an
+    observed channel polls there under the call's timeout, see
+    observe.calls).  Timeouts, traffic counting and traces see the
+    operation's messages through its channel, like any blocking call.
+
+Tags
+    Blocking calls use the channel's default tag: they never overlap on a
+    rank, and MPI's non-overtaking rule keeps their messages in order.  A
+    non-blocking or persistent operation gets a tag of its own, derived from
+    the context's call counter (every rank starts collectives in the same
+    order, so every rank derives the same tag), so operations in flight
+    together never match each other's messages; see :func:`tag_of`.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from ..algorithms.schedule import DST, SRC, Copy, Recv, Reduce, Send, Shape, Wait
+from ..transport.channel import TAG, Channel, mpi_requests
+
+# bound op kinds
+SEND, RECV, WAIT, REDUCE, COPY, SENDRECV = range(6)
+
+# Tag 0 is the blocking calls' (transport.channel.TAG), 1 the fingerprint check's
+# (observe.check.TAG); non-blocking operations take tags from 2 up.
+FIRST_TAG = 2
+
+
+def tag_of(seq: int, tag_ub: int) -> int:
+    """The tag of the non-blocking operation started as call ``seq`` of a context.
+
+    Tags repeat only after ``tag_ub - 1`` calls, so two operations in flight
+    together share one only if that many collectives start on the
+    communicator during the older one's life.
+    """
+    return FIRST_TAG + seq % (tag_ub - FIRST_TAG)
+
+
+def shape_of(ctx, total, counts, displs, itemsize, in_place, commutative=True) -> Shape:
+    """The :class:`Shape` of a call on ``ctx`` (segment and window from its tuning)."""
+    seg = max(1, getattr(ctx, "segment_bytes", 1 << 20) // max(itemsize, 1))
+    return Shape(ctx.size, ctx.rank, tuple(ctx.ring), ctx.ring_pos, total, tuple(counts),
+                 tuple(displs), seg, getattr(ctx, "window", 2), bool(in_place), commutative)
+
+
+def bind(schedule, views: dict, fuse_channel=None) -> tuple:
+    """The schedule's ops with every region an array view (see the module docstring).
+
+    ``views`` maps buffer names to 1-D arrays.  ``fuse_channel``: the plain
+    host :class:`Channel` of a blocking run, whose Send/Recv/Wait triples of
+    messages up to a piece become one ``Sendrecv``; None: no fusion.
+    """
+    ops = schedule.ops
+    out = []
+    i, n = 0, len(ops)
+    while i < n:
+        op = ops[i]
+        t = type(op)
+        if fuse_channel is not None and i + 2 < n:
+            fused = _fuse(ops, i, views, fuse_channel)
+            if fused is not None:
+                out.append(fused)
+                i += 3
+                continue
+        if t is Send:
+            r = op.region
+            out.append((SEND, views[r.buf][r.start:r.stop], op.peer, i))
+        elif t is Recv:
+            r = op.region
+            out.append((RECV, views[r.buf][r.start:r.stop], op.peer, i))
+        elif t is Wait:
+            out.append((WAIT, op.handles))
+        elif t is Reduce:
+            a, b, o = op.a, op.b, op.out
+            out.append((REDUCE, views[a.buf][a.start:a.stop], views[b.buf][b.start:b.stop],
+                        views[o.buf][o.start:o.stop]))
+        elif t is Copy:
+            d, s = op.dst, op.src
+            out.append((COPY, views[d.buf][d.start:d.stop], views[s.buf][s.start:s.stop]))
+        else:  # pragma: no cover - the schedule module defines no other op
+            raise TypeError(f"schedule op {op!r} unknown")
+        i += 1
+    return tuple(out)
+
+
+def _fuse(ops, i, views, ch):
+    """A SENDRECV op for ops i..i+2 = Send, Recv, Wait(both) (either order), else None."""
+    a, b, w = ops[i], ops[i + 1], ops[i + 2]
+    if type(w) is not Wait or set(w.handles) != {i, i + 1}:
+        return None
+    if type(a) is Send and type(b) is Recv:
+        s, r = a, b
+    elif type(a) is Recv and type(b) is Send:
+        s, r = b, a
+    else:
+        return None
+    ns, nr = s.region.count, r.region.count
+    if not (0 < ns <= ch.piece and 0 < nr <= ch.piece):
+        return None
+    T = ch.mpitype
+    sv = views[s.region.buf][s.region.start:s.region.stop]
+    rv = views[r.region.buf][r.region.start:r.region.stop]
+    return (SENDRECV, ch.comm.Sendrecv, [sv, T], s.peer, ch.tag, [rv, T], r.peer, ch.tag)
+
+
+def work_views(schedule, lease, dtype) -> dict:
+    """Views of the schedule's work buffers, taken from ``lease`` (one region per purpose)."""
+    return {purpose: lease.take(dtype, n, purpose) for purpose, n in schedule.work.items()}
+
+
+def run_blocking(bound, nops, ch, red, be) -> None:
+    """Run bound ops to the end (blocking)."""
+    reqs = [None] * nops if nops else None
+    for op in bound:
+        k = op[0]
+        if k == SENDRECV:
+            op[1](op[2], op[3], op[4], op[5], op[6], op[7])
+        elif k == REDUCE:
+            red(op[1], op[2], op[3])
+        elif k == SEND:
+            reqs[op[3]] = ch.isend(op[1], op[2])
+        elif k == RECV:
+            reqs[op[3]] = ch.irecv(op[1], op[2])
+        elif k == WAIT:
+            h = op[1]
+            if len(h) == 1:
+                ch.wait(reqs[h[0]])
+                reqs[h[0]] = None
+            else:
+                ch.waitall([reqs[j] for j in h])
+                for j in h:
+                    reqs[j] = None
+        else:
+            be.copy(op[1], op[2])
+
+
+def testall(ch, reqs) -> bool:
+    """Advance ``reqs`` of channel ``ch`` without blocking; True when all are complete."""
+    test = getattr(ch, "testall", None)
+    if test is not None:
+        return test(reqs)
+    test = getattr(ch, "test", None)  # staging channels: one request at a time
+    if test is not None:
+        return all([test(r) for r in reqs])
+    return MPI.Request.Testall(mpi_requests(reqs))
+
+
+def run_on(schedule, ctx, ch, be, red, src, dst) -> None:
+    """Run ``schedule`` to the end on ``ch`` with work memory from a scope of ``ctx``.
+
+    The old algorithm signature's way in (tests drive algorithms through
+    simulated channels this way).  ``src`` None: nothing but ``dst``.
+    """
+    with ctx.work.scope(be) as scope:
+        views = work_views(schedule, scope, dst.dtype)
+        views[DST] = dst
+        views[SRC] = dst if src is None else src
+        run_blocking(bind(schedule, views), len(schedule.ops), ch, red, be)
+
+
+class Operation:
+    """One collective in flight (see the module docstring).
+
+    Attributes:
+        algorithm: the algorithm chosen.
+        done: True once complete (the result is in the receive buffer).
+    """
+
+    __slots__ = ("algorithm", "done", "persistent", "_run", "_i", "_reqs", "_active", "_freed",
+                 "__weakref__")
+
+    def __init__(self, run, persistent: bool):
+        self.algorithm = run.name
+        self.done = not persistent  # a persistent operation is inactive until start()
+        self.persistent = persistent
+        self._run = run
+        self._i = 0
+        self._reqs = None
+        self._active = False
+        self._freed = False
+
+    # -- the interface --------------------------------------------------------
+    def test(self) -> bool:
+        """Advance without blocking; True once complete."""
+        if self._active:
+            self._advance(False)
+        return not self._active
+
+    def wait(self) -> None:
+        """Block until complete (CollectiveTimeout under a timeout)."""
+        if self._active:
+            self._advance(True)
+
+    def start(self) -> None:
+        """Persistent only: run again on the buffers' current contents."""
+        if not self.persistent:
+            raise RuntimeError("start: only a persistent operation can be started")
+        if self._freed:
+            raise RuntimeError("start: the persistent operation was freed")
+        if self._active:
+            raise RuntimeError("start: the persistent operation is still active; wait for it first")
+        self._begin()
+
+    def free(self) -> None:
+        """Persistent: give back its work memory (idempotent).  An active one completes first."""
+        if self._active:
+            self.wait()
+        if not self._freed:
+            self._freed = True
+            self._run.release()
+
+    # -- the machinery --------------------------------------------------------
+    def _begin(self) -> None:
+        run = self._run
+        self.done = False
+        try:
+            bound = run.begin()
+        except BaseException:
+            self._end(True)
+            raise
+        if bound is None:  # an algorithm without a schedule: ran to the end in begin()
+            self._end(False)
+            return
+        self._reqs = [None] * run.nops
+        self._i = 0
+        self._active = True
+        self._advance(False)
+
+    def _advance(self, block: bool) -> None:
+        run = self._run
+        bound, reqs, ch = run.bound, self._reqs, run.ch
+        i, n = self._i, len(bound)
+        try:
+            while i < n:
+                op = bound[i]
+                k = op[0]
+                if k == SEND:
+                    reqs[op[3]] = ch.isend(op[1], op[2])
+                elif k == RECV:
+                    reqs[op[3]] = ch.irecv(op[1], op[2])
+                elif k == WAIT:
+                    rs = [reqs[j] for j in op[1]]
+                    if not block and not testall(ch, rs):
+                        self._i = i
+                        return
+                    ch.waitall(rs)  # complete: returns at once, but does the books
+                    for j in op[1]:
+                        reqs[j] = None
+                elif k == REDUCE:
+                    run.red(op[1], op[2], op[3])
+                elif k == COPY:
+                    run.be.copy(op[1], op[2])
+                else:
+                    op[1](op[2], op[3], op[4], op[5], op[6], op[7])
+                i += 1
+        except BaseException:
+            self._i = i
+            self._end(True)
+            raise
+        self._i = i
+        self._end(False)
+
+    def _end(self, failed: bool) -> None:
+        self._active = False
+        self._reqs = None
+        self._run.end(failed, release=not self.persistent)
+        self.done = not failed
+
+
+__all__ = ["Operation", "bind", "run_blocking", "run_on", "shape_of", "tag_of", "testall",
+           "TAG", "Channel"]

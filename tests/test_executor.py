@@ -1,0 +1,217 @@
+"""The executor: resumable operations, several in flight, persistent restarts, work memory.
+
+Operations come from ``mpicoll.engine.collectives.start_*`` (the interface
+the public non-blocking and persistent API is built on).  Data is
+rank-asymmetric and exactly summable; every result is compared bitwise with
+MPI's built-in on the same input.
+"""
+
+from __future__ import annotations
+
+import time
+
+import _util
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll.algorithms.ring import split
+from mpicoll.api.buffers import msg_of_array
+from mpicoll.backends.host import NUMPY
+from mpicoll.engine import collectives as _coll
+from mpicoll.engine import context as _context
+
+WORLD = MPI.COMM_WORLD
+
+
+def _data(comm, n, salt=0):
+    return (np.arange(n) * 1000 + comm.Get_rank() * 7 + 1 + salt).astype(np.float64)
+
+
+def _msg(a):
+    return msg_of_array(a, NUMPY)
+
+
+def _tuned(window=2, segment_bytes=24):
+    """A Dup of COMM_WORLD with small ring segments: many messages, many waits."""
+    comm = WORLD.Dup()
+    ctx = _context.context(comm)
+    ctx.window, ctx.segment_bytes = window, segment_bytes
+    return comm
+
+
+def _want_allreduce(x):
+    out = np.empty_like(x)
+    WORLD.Allreduce(x, out, op=MPI.SUM)
+    return out
+
+
+def _want_reduce_scatter(x, counts):
+    out = np.empty(counts[WORLD.Get_rank()])
+    WORLD.Reduce_scatter(x, out, recvcounts=list(counts), op=MPI.SUM)
+    return out
+
+
+def _want_allgather(x, counts):
+    out = np.empty(sum(counts))
+    WORLD.Allgatherv(x, [out, list(counts)])
+    return out
+
+
+def _displs(counts):
+    return [sum(counts[:r]) for r in range(len(counts))]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_test_until_done_equals_wait(in_place):
+    """Polling test() to completion gives what wait() gives, and test() never blocks."""
+    comm = _tuned()
+    try:
+        x = _data(comm, 101)
+        want = _want_allreduce(x)
+        results = []
+        for mode in ("test", "wait"):
+            y = x.copy()
+            out = y if in_place else np.empty_like(x)
+            op = _coll.start_allreduce(comm, None if in_place else _msg(y), _msg(out), MPI.SUM,
+                                       "ring")
+            assert op.algorithm == "ring"
+            polls = 0
+            if mode == "test":
+                deadline = time.monotonic() + 30
+                while not op.test():
+                    polls += 1
+                    assert time.monotonic() < deadline, "test() never completed"
+            else:
+                op.wait()
+            assert op.done and op.test()
+            results.append(out.copy())
+        ok = _util.same_bytes(results[0], want) and _util.same_bytes(results[1], want)
+        _util.assert_all(comm, ok, f"test: {results[0][:4]}, wait: {results[1][:4]}, "
+                                   f"want {want[:4]}")
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algorithm", ["ring", "auto"])
+def test_three_collectives_in_flight_waited_in_reverse_order(algorithm):
+    """AllReduce, ReduceScatter, AllGather started together and waited last-first."""
+    comm = _tuned()
+    try:
+        n = comm.Get_size()
+        x = _data(comm, 7 * n + 2)
+        counts = split(len(x), n)[0]
+        g = _data(comm, counts[comm.Get_rank()], salt=5)
+        want = (_want_allreduce(x), _want_reduce_scatter(x, counts), _want_allgather(g, counts))
+        ar = np.empty_like(x)
+        rs = np.empty(counts[comm.Get_rank()])
+        ag = np.empty(sum(counts))
+        ops = [
+            _coll.start_allreduce(comm, _msg(x), _msg(ar), MPI.SUM, algorithm),
+            _coll.start_reduce_scatter(comm, _msg(x), _msg(rs), counts, _displs(counts), MPI.SUM,
+                                       algorithm),
+            _coll.start_allgather(comm, _msg(g), _msg(ag), counts, _displs(counts), algorithm),
+        ]
+        for op in reversed(ops):
+            op.wait()
+        ok = all(_util.same_bytes(a, b) for a, b in zip((ar, rs, ag), want))
+        _util.assert_all(comm, ok and all(op.done for op in ops),
+                         f"got {ar[:3]}, {rs[:3]}, {ag[:3]}")
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_operations_get_distinct_tags_and_disjoint_work_memory():
+    """Two in-place ring AllReduces in flight hold disjoint work regions until they complete."""
+    comm = _tuned(window=3, segment_bytes=16)
+    try:
+        ctx = _context.context(comm)
+        x1, x2 = _data(comm, 60), _data(comm, 60, salt=3)
+        want1, want2 = _want_allreduce(x1), _want_allreduce(x2)
+        y1, y2 = x1.copy(), x2.copy()
+        op1 = _coll.start_allreduce(comm, None, _msg(y1), MPI.SUM, "ring")
+        op2 = _coll.start_allreduce(comm, None, _msg(y2), MPI.SUM, "ring")
+        live = ctx.work.live()
+        # each in-place ring AllReduce holds its receive slots while in flight
+        spans = sorted((a, b) for _, _, a, b in ctx.work.spans() if b > a)
+        disjoint = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+        tags = (op1._run.tag, op2._run.tag)
+        op2.wait()
+        op1.wait()
+        ok = (len(live) == 2 and disjoint and tags[0] != tags[1] and 0 not in tags
+              and ctx.work.live() == [] and _util.same_bytes(y1, want1)
+              and _util.same_bytes(y2, want2))
+        _util.assert_all(comm, ok, f"live {live}, spans {spans}, tags {tags}")
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_persistent_restarted_with_new_data(collective):
+    """A persistent operation started again on new contents is right every time; free() is idempotent."""
+    comm = _tuned()
+    try:
+        n, rank = comm.Get_size(), comm.Get_rank()
+        ctx = _context.context(comm)
+        N = 5 * n + 1
+        counts = split(N, n)[0]
+        x = np.empty(N if collective != "allgather" else counts[rank])
+        if collective == "allreduce":
+            out = np.empty(N)
+            op = _coll.start_allreduce(comm, _msg(x), _msg(out), MPI.SUM, "ring", persistent=True)
+        elif collective == "reduce_scatter":
+            out = np.empty(counts[rank])
+            op = _coll.start_reduce_scatter(comm, _msg(x), _msg(out), counts, _displs(counts),
+                                            MPI.SUM, "ring", persistent=True)
+        else:
+            out = np.empty(N)
+            op = _coll.start_allgather(comm, _msg(x), _msg(out), counts, _displs(counts), "ring",
+                                       persistent=True)
+        bad = []
+        for step in range(4):
+            x[...] = _data(comm, len(x), salt=100 * step)
+            if collective == "allreduce":
+                want = _want_allreduce(x)
+            elif collective == "reduce_scatter":
+                want = _want_reduce_scatter(x, counts)
+            else:
+                want = _want_allgather(x, counts)
+            op.start()
+            op.wait()
+            if not (op.done and _util.same_bytes(out, want)):
+                bad.append(f"start {step}: {out[:3]} want {want[:3]}")
+        op.free()
+        op.free()
+        if ctx.work.live():
+            bad.append(f"work memory held after free: {ctx.work.live()}")
+        with pytest.raises(RuntimeError, match="freed"):
+            op.start()
+        _util.assert_all(comm, not bad, "; ".join(bad))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_non_blocking_calls_are_counted_like_blocking_ones():
+    """mpicoll.traffic() sees an operation completed by test() as it sees a blocking call."""
+    comm = _tuned()
+    try:
+        x = _data(comm, 40)
+        out = np.empty_like(x)
+        with mpicoll.traffic() as blocking:
+            _coll.run_allreduce(comm, _msg(x), _msg(out), MPI.SUM, "ring")
+        with mpicoll.traffic() as polled:
+            op = _coll.start_allreduce(comm, _msg(x), _msg(out), MPI.SUM, "ring")
+            while not op.test():
+                pass
+        a, b = blocking.calls[0], polled.calls[0]
+        ok = (a.messages_sent, a.bytes_sent, a.messages_received, a.send_steps) == \
+             (b.messages_sent, b.bytes_sent, b.messages_received, b.send_steps) and a.messages_sent
+        _util.assert_all(comm, ok and _util.same_bytes(out, _want_allreduce(x)), f"{a} vs {b}")
+    finally:
+        comm.Free()
