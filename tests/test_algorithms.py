@@ -616,137 +616,101 @@ def test_environment_override(monkeypatch):
     assert _select.choose("allreduce", "auto", 1 << 30, 4)[0] == "ring"
 
 
-# --- the AllReduce fast path (plain NumPy arrays) -------------------------------
+# --- plans: a repeated call with the same arrays goes straight to moving data ------
 
-def _spy_general(monkeypatch):
-    from mpicoll.engine import collectives as _collectives
-    calls = []
-    for name in ("run_allreduce", "run_allgather", "run_reduce_scatter"):
-        real = getattr(_collectives, name)
+def _spy(monkeypatch, owner, names, calls=None):
+    calls = [] if calls is None else calls
+    for name in names:
+        real = getattr(owner, name)
 
         def spy(*args, _real=real, _name=name, **kwargs):
             calls.append(_name)
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(_collectives, name, spy)
+        monkeypatch.setattr(owner, name, spy)
     return calls
 
 
 @pytest.mark.timeout(60)
-def test_fast_path_takes_plain_calls_and_matches_mpi(monkeypatch):
+def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
+    """The same buffers again: no validation, no schedule binding, no allocation; right results."""
     import mpicoll
-    general = _spy_general(monkeypatch)
-    comm = mpicoll.Comm(WORLD)
-    rank, n = WORLD.rank, WORLD.size
-
-    def same(got, want):  # floating products differ in rounding with the order of operands
-        if got.dtype.kind in "fc":
-            np.testing.assert_allclose(got, want, rtol=1e-5)
-        else:
-            np.testing.assert_array_equal(got, want)
-
-    for shape in ((), (1,), (7,), (3, 5), (0,), (1000,)):
-        for dtype, op in ((np.int32, MPI.SUM), (np.float64, MPI.MAX), (np.uint8, MPI.BXOR),
-                          (np.bool_, MPI.LOR), (np.complex64, MPI.PROD)):
-            x = np.array(np.arange(int(np.prod(shape))).reshape(shape) + rank, dtype=dtype)
-            ref = np.empty_like(x)
-            WORLD.Allreduce(x, ref, op)
-            same(mpicoll.allreduce(x, op), ref)
-            out = np.empty_like(x)
-            assert mpicoll.allreduce(x, op, out=out) is out
-            same(out, ref)
-            y = x.copy()
-            mpicoll.allreduce(y, op, out=y)
-            same(y, ref)
-            out[...] = 0
-            comm.Allreduce(x, out, op)
-            same(out, ref)
-            y = x.copy()
-            comm.Allreduce(MPI.IN_PLACE, y, op)
-            same(y, ref)
-            # AllGather: array function and Comm (also in place)
-            gathered = np.empty((n * x.size,), dtype)
-            WORLD.Allgather(x.reshape(-1), gathered)
-            got = mpicoll.allgather(x)
-            same(got.reshape(-1), gathered)
-            assert got.shape == ((n * shape[0],) + shape[1:] if shape else (n,))
-            g = np.empty_like(gathered)
-            comm.Allgather(x, g)
-            same(g, gathered)
-            g = np.zeros_like(gathered)
-            g[rank * x.size:(rank + 1) * x.size] = x.reshape(-1)
-            comm.Allgather(MPI.IN_PLACE, g)
-            same(g, gathered)
-            # ReduceScatter: array function (array_split rows) and Comm block form
-            if shape:
-                full = np.empty(x.shape, dtype)
-                WORLD.Allreduce(x, full, op)
-                same(mpicoll.reduce_scatter(x, op),
-                                              np.array_split(full, n)[rank])
-            xs = np.array(np.arange(3 * n) * (rank + 1), dtype=dtype)
-            full = np.empty_like(xs)
-            WORLD.Allreduce(xs, full, op)
-            r = np.empty(3, dtype)
-            comm.Reduce_scatter_block(xs, r, op)
-            same(r, full[3 * rank: 3 * rank + 3])
-            comm.Reduce_scatter_block(MPI.IN_PLACE, xs, op)
-            same(xs[:3], full[3 * rank: 3 * rank + 3])
-    assert general == []  # every call above took the fast path
+    from mpicoll.api import arrays as _arrays
+    from mpicoll.engine import executor as _executor
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        ctx = _context.context(comm)
+        rank, n = WORLD.rank, WORLD.size
+        checks = _spy(monkeypatch, mpicoll.Comm, ["_allreduce_args", "_allgather_args",
+                                                   "_reduce_scatter_block_args"])
+        _spy(monkeypatch, _arrays, ["_allreduce_args", "_allgather_args", "_reduce_scatter_args"],
+             checks)
+        binds = _spy(monkeypatch, _executor, ["bind"])
+        for N in (1, 7, 1000):
+            x = (np.arange(N * n) * 3 + rank).astype(np.float64)
+            ar, ar2 = np.empty_like(x), np.empty_like(x)
+            ag, ag2 = np.empty(N * n * n), np.empty(N * n * n)
+            rs, rs2 = np.empty(N), np.empty(N)
+            want_ar = np.empty_like(x)
+            want_ag = np.empty_like(ag)
+            want_rs = np.empty_like(rs)
+            for step in range(3):
+                x += step  # new contents, same buffers
+                WORLD.Allreduce(x, want_ar)
+                WORLD.Allgather(x, want_ag)
+                WORLD.Reduce_scatter_block(x, want_rs)
+                before = (len(checks), len(binds), ctx.work.allocations)
+                mc.Allreduce(x, ar)
+                mc.Allgather(x, ag)
+                mc.Reduce_scatter_block(x, rs)
+                assert mpicoll.allreduce(x, comm=comm, out=ar2) is ar2
+                assert mpicoll.allgather(x, comm=comm, out=ag2) is ag2
+                assert mpicoll.reduce_scatter(x, comm=comm, out=rs2) is rs2
+                for got, want in ((ar, want_ar), (ag, want_ag), (rs, want_rs), (ar2, want_ar),
+                                  (ag2, want_ag), (rs2, want_rs)):
+                    np.testing.assert_array_equal(got, want)
+                if step:
+                    assert (len(checks), len(binds), ctx.work.allocations) == before
+                else:
+                    assert len(checks) == before[0] + 6
+    finally:
+        comm.Free()
 
 
 @pytest.mark.timeout(60)
-def test_fast_path_declines_everything_else(monkeypatch):
+def test_plan_is_not_used_when_observed_or_arguments_change():
+    """Other objects, an observer or an option change take the validating path again."""
     import mpicoll
-    from mpicoll.engine import fastpath as _fastpath
-    x = np.arange(6.0).reshape(2, 3)
-    ro = x.copy()
-    ro.flags.writeable = False
-    declined = [
-        (np.asfortranarray(x), None, MPI.SUM, "auto", None),    # Fortran order
-        (x[:, ::2], None, MPI.SUM, "auto", None),                # not contiguous
-        ([1.0, 2.0], None, MPI.SUM, "auto", None),               # not an array
-        (x, np.empty((2, 3), np.float32), MPI.SUM, "auto", None),  # dtype differs
-        (x, np.empty(6), MPI.SUM, "auto", None),                 # shape differs
-        (x, ro, MPI.SUM, "auto", None),                          # read-only out
-        (ro, ro, MPI.SUM, "auto", None),                         # read-only, in place
-        (x, x.reshape(6), MPI.SUM, "auto", None),                # overlapping out
-        (x, None, MPI.BAND, "auto", None),                       # op does not apply
-        (x, None, MPI.MINLOC, "auto", None),                     # pair op
-        (x, None, "sum", "auto", None),                          # not an MPI.Op
-        (x, None, MPI.SUM, "bruck", None),                       # not an AllReduce algorithm
-        (x, None, MPI.SUM, "auto", 5.0),                         # timeout
-        (x.astype(">f8"), None, MPI.SUM, "auto", None),          # non-native byte order
-    ]
-    for args in declined:
-        assert _fastpath.allreduce(None, *args[:1], *args[1:]) is NotImplemented, args
-    n = WORLD.size
-    assert _fastpath.allgather(None, x, None, [2] * n, "auto", None) is NotImplemented  # counts
-    assert _fastpath.allgather(None, x, x, None, "auto", None) is NotImplemented  # in place
-    assert _fastpath.allgather(None, x, np.empty(6 * n + 1), None, "auto", None) is NotImplemented
-    assert _fastpath.allgather(None, np.asfortranarray(x), None, None, "auto", None) is NotImplemented
-    assert _fastpath.reduce_scatter(None, x, None, MPI.SUM, [0] * n, "auto", None) is NotImplemented
-    assert _fastpath.reduce_scatter(None, x, x, MPI.SUM, None, "auto", None) is NotImplemented
-    assert _fastpath.reduce_scatter(None, np.float64(1.0), None, MPI.SUM, None, "auto", None) \
-        is NotImplemented
-    assert _fastpath.reduce_scatter(None, x, None, MPI.LAND, None, "auto", None) is NotImplemented
-    assert _fastpath.comm_allgather(WORLD, x, np.empty(6 * n + 1), "auto") is NotImplemented
-    assert _fastpath.comm_allgather(WORLD, [x, MPI.DOUBLE], np.empty(6 * n), "auto") is NotImplemented
-    assert _fastpath.comm_reduce_scatter_block(WORLD, x, np.empty(5), MPI.SUM, "auto") is NotImplemented
-    y = np.empty_like(x)
-    assert _fastpath.comm_allreduce(WORLD, [x, MPI.DOUBLE], y, MPI.SUM, "auto") is NotImplemented
-    assert _fastpath.comm_allreduce(WORLD, x, [y, MPI.DOUBLE], MPI.SUM, "auto") is NotImplemented
-    assert _fastpath.comm_allreduce(WORLD, x, np.empty(5), MPI.SUM, "auto") is NotImplemented
-    # anything observing the call: the general path sets it up
-    with mpicoll.options(check=True):
-        assert _fastpath.allreduce(None, x, None, MPI.SUM, "auto", None) is NotImplemented
-    with mpicoll.traffic():
-        assert _fastpath.allreduce(None, x, None, MPI.SUM, "auto", None) is NotImplemented
-    with mpicoll.options(timeout=30.0):
-        assert _fastpath.allreduce(None, x, None, MPI.SUM, "auto", None) is NotImplemented
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        x = np.arange(6.0) + WORLD.rank
+        y = np.empty(6)
+        mc.Allreduce(x, y)
+        # a bad buffer of the same signature is refused, not run from the plan
+        ro = np.empty(6)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match="recvbuf"):
+            mc.Allreduce(x, ro)
+        with mpicoll.traffic() as t:
+            mc.Allreduce(x, y)
+        assert len(t.calls) == 1  # counted: it went through the observed path
+        with mpicoll.traffic() as t:
+            mpicoll.allreduce(x, comm=comm, out=y)
+        assert len(t.calls) == 1
+        with pytest.raises(TypeError, match="op"):
+            mc.Allreduce(x, y, op="sum")
+        want = np.empty(6)
+        WORLD.Allreduce(x, want, MPI.MAX)
+        mc.Allreduce(x, y, MPI.MAX)  # another op, same buffers
+        np.testing.assert_array_equal(y, want)
+    finally:
+        comm.Free()
 
 
 @pytest.mark.timeout(60)
-def test_fast_and_general_paths_mix_across_ranks():
+def test_plan_and_general_paths_mix_across_ranks():
     """Ranks on different paths in one call agree on algorithm and call number."""
     import mpicoll
     comm = WORLD.Dup()

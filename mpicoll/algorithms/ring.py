@@ -22,7 +22,7 @@ AllGather (n-1 steps)
     At step s position p sends block p-s and receives block p-1-s.
 
 Schedules
-    Each algorithm is a schedule builder ``build_*(shape) -> Schedule`` (see
+    Each algorithm is a schedule builder ``*_schedule(shape) -> Schedule`` (see
     algorithms.schedule): the messages, reductions and copies of one rank in
     issue order, with the step, block and segment of every message on its
     label.  The executor (engine.executor) runs them; ``allreduce``,
@@ -162,7 +162,7 @@ def _ring_pass(b, s, first_block, blocks, seg, window, first_step, phase, label_
     return sends
 
 
-def build_allreduce(s) -> Schedule:
+def allreduce_schedule(s) -> Schedule:
     """Ring AllReduce: ReduceScatter steps 0..n-2 on ``split(N, n)`` chunks, AllGather n-1..2n-3.
 
     The ReduceScatter phase receives each partial from the left, reduces it
@@ -230,7 +230,7 @@ def build_allreduce(s) -> Schedule:
     return b.build(2 * (n - 1))
 
 
-def build_reduce_scatter(s) -> Schedule:
+def reduce_scatter_schedule(s) -> Schedule:
     """Ring ReduceScatter: ``DST`` (``counts[rank]`` elements) gets this rank's block.
 
     ``SRC`` holds the blocks laid out by ``counts``/``displs``.  In place,
@@ -343,7 +343,7 @@ def build_reduce_scatter(s) -> Schedule:
     return b.build(n - 1)
 
 
-def build_allgather(s) -> Schedule:
+def allgather_schedule(s) -> Schedule:
     """Ring AllGather(v): block r of ``DST`` (``counts[r]`` at ``displs[r]``) from rank r.
 
     ``SRC`` is this rank's block, unless in place (already in ``DST``).
@@ -380,13 +380,21 @@ def build_allgather(s) -> Schedule:
     return b.build(n - 1)
 
 
+# (collective, algorithm) -> schedule builder, as the other algorithm modules list theirs
+SCHEDULES = {
+    ("allreduce", "ring"): allreduce_schedule,
+    ("reduce_scatter", "ring"): reduce_scatter_schedule,
+    ("allgather", "ring"): allgather_schedule,
+}
+
+
 # The old algorithm signature: run the schedule on a given channel (tests, simulators).
 
 def allreduce(ctx, ch, be, red, src, dst):
     """Ring AllReduce of 1-D arrays ``src`` -> ``dst`` (``src is dst``: in place)."""
     from ..engine import executor
     shape = executor.shape_of(ctx, len(dst), (len(dst),), (0,), dst.dtype.itemsize, src is dst)
-    executor.run_on(build_allreduce(shape), ctx, ch, be, red, src, dst)
+    executor.run_on(allreduce_schedule(shape), ctx, ch, be, red, src, dst)
 
 
 def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
@@ -394,7 +402,7 @@ def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
     from ..engine import executor
     shape = executor.shape_of(ctx, sum(counts), tuple(counts), tuple(displs), src.dtype.itemsize,
                               _shares_memory(src, dst))
-    executor.run_on(build_reduce_scatter(shape), ctx, ch, be, red, src, dst)
+    executor.run_on(reduce_scatter_schedule(shape), ctx, ch, be, red, src, dst)
 
 
 def allgather(ctx, ch, be, src, dst, counts, displs):
@@ -402,7 +410,7 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
     from ..engine import executor
     shape = executor.shape_of(ctx, sum(counts), tuple(counts), tuple(displs), dst.dtype.itemsize,
                               src is None)
-    executor.run_on(build_allgather(shape), ctx, ch, be, None, src, dst)
+    executor.run_on(allgather_schedule(shape), ctx, ch, be, None, src, dst)
 
 
 def _shares_memory(a, b) -> bool:

@@ -10,19 +10,29 @@ Rules common to the three functions:
 * In place by memory.  ``out`` viewing exactly the memory of ``x`` (the same
   object, another object over the same buffer) is the in-place form; an
   ``out`` overlapping ``x`` in part is a ValueError.
+* One call path.  A call with ``out=`` first tries its plan (engine.plan): the
+  same ``x`` and ``out`` objects (and op, algorithm) as its last plain call
+  run again with no validation.  Otherwise ``_*_args`` validates and returns
+  the arguments of engine.collectives.start_* (the non-blocking forms use
+  the same functions), the array to return and what to do after the data
+  moved (a copy back into a non-C-ordered ``out``, or None).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
 from ..core import config as _config
 from ..core import types as _types
 from ..engine import collectives as _collectives
-from ..engine import fastpath as _fastpath
+from ..engine import plan as _plan
 from ..engine import select as _select
 from ..engine.context import check_comm
 from .buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
+
+_WORLD = MPI.COMM_WORLD
+_ndarray = np.ndarray
 
 
 def _comm(comm):
@@ -122,9 +132,20 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         x = np.array([rank, 10 * rank])      # rank r: [r, 10r]
         y = mpicoll.allreduce(x)             # every rank: [6, 60]
     """
-    fast = _fastpath.allreduce(comm, x, out, op, algorithm, timeout)  # plain NumPy case
-    if fast is not NotImplemented:
-        return fast
+    key = (x, out, op, algorithm)
+    if out is not None and timeout is None and _plan.repeat(_WORLD if comm is None else comm,
+                                                              "allreduce", key):
+        return out
+    args, timeout, result, after = _allreduce_args(x, op, comm, out, algorithm, timeout)
+    _collectives.run_allreduce(*args, timeout=timeout,
+                               memo=_memo("allreduce", key, x, out, after, op))
+    if after is not None:
+        after()
+    return result
+
+
+def _allreduce_args(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeout=None):
+    """((comm, smsg, rmsg, op, algorithm), timeout, result, after) of an allreduce call."""
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _types.check_op(op)
@@ -141,15 +162,25 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
     # every rank reduces its elements in logical (C) order, whatever its layout
     if in_place:
         work = _c_order(backend, x)
-        _collectives.run_allreduce(comm, None, msg_of_array(work, backend), op, algorithm,
-                                   timeout=timeout)
+        smsg = None
     else:
         work = _c_order(backend, out, fill=False)
-        _collectives.run_allreduce(comm, msg_of_array(_c_order(backend, x), backend),
-                                   msg_of_array(work, backend), op, algorithm, timeout=timeout)
-    if work is not out:
-        backend.copy(out, work)
-    return out
+        smsg = msg_of_array(_c_order(backend, x), backend)
+    after = None if work is out else _copier(backend, out, work)
+    return (comm, smsg, msg_of_array(work, backend), op, algorithm), timeout, out, after
+
+
+def _copier(backend, dst, src):
+    return lambda: backend.copy(dst, src)
+
+
+def _memo(name, key, x, out, after, op=None):
+    """(name, key) to keep a plain call as a plan: C-ordered NumPy ``x`` and ``out`` moved
+    as they are (no copy after) and a predefined op; else None."""
+    if (after is None and type(x) is _ndarray and type(out) is _ndarray
+            and x.flags.c_contiguous and (op is None or _types.op_name(op) is not None)):
+        return name, key
+    return None
 
 
 def _fortran(a) -> bool:
@@ -182,9 +213,21 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         x = np.full(2, rank)                 # rank r: [r, r]
         y = mpicoll.allgather(x)             # every rank: [0, 0, 1, 1, 2, 2]
     """
-    fast = _fastpath.allgather(comm, x, out, counts, algorithm, timeout)  # plain NumPy case
-    if fast is not NotImplemented:
-        return fast
+    key = (x, out, algorithm)
+    if out is not None and counts is None and timeout is None and \
+            _plan.repeat(_WORLD if comm is None else comm, "allgather", key):
+        return out
+    args, timeout, result, after = _allgather_args(x, comm, out, counts, algorithm, timeout)
+    _collectives.run_allgather(*args, timeout=timeout,
+                               memo=None if counts is not None else
+                               _memo("allgather", key, x, out, after))
+    if after is not None:
+        after()
+    return result
+
+
+def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
+    """((comm, smsg, rmsg, counts, displs, algorithm), timeout, result, after) of an allgather."""
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
@@ -226,11 +269,9 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
     else:
         work = _c_order(backend, out, fill=False)
         smsg = msg_of_array(_c_order(backend, x), backend)
-    _collectives.run_allgather(comm, smsg, msg_of_array(work, backend), ecounts, edispls,
-                               algorithm, timeout=timeout)
-    if work is not out:
-        backend.copy(out, work)
-    return out
+    after = None if work is out else _copier(backend, out, work)
+    return ((comm, smsg, msg_of_array(work, backend), ecounts, edispls, algorithm), timeout, out,
+            after)
 
 
 def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
@@ -260,9 +301,23 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         x = np.arange(4) + 10 * rank         # rank 0: [0,1,2,3]  rank 1: [10,11,12,13]
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
-    fast = _fastpath.reduce_scatter(comm, x, out, op, counts, algorithm, timeout)  # plain NumPy case
-    if fast is not NotImplemented:
-        return fast
+    key = (x, out, op, algorithm)
+    if out is not None and counts is None and timeout is None and \
+            _plan.repeat(_WORLD if comm is None else comm, "reduce_scatter", key):
+        return out  # (in-place calls are not kept as plans: their result is a view of x)
+    args, timeout, result, after = _reduce_scatter_args(x, op, comm, out, counts, algorithm,
+                                                        timeout)
+    _collectives.run_reduce_scatter(*args, timeout=timeout,
+                                    memo=None if counts is not None or result is not out else
+                                    _memo("reduce_scatter", key, x, out, after, op))
+    if after is not None:
+        after()
+    return result
+
+
+def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algorithm="auto",
+                         timeout=None):
+    """((comm, smsg, rmsg, counts, displs, op, algorithm), timeout, result, after)."""
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _types.check_op(op)
@@ -294,15 +349,11 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     src = _c_order(backend, x)
     if in_place:
         # the input is the whole of x; the result goes to its first rows
-        _collectives.run_reduce_scatter(comm, None, msg_of_array(src, backend), ecounts, edispls,
-                                        op, algorithm, timeout=timeout)
         result = x[: counts[rank]]
-        if src is not x:
-            backend.copy(result, src[: counts[rank]])
-        return result
+        after = None if src is x else _copier(backend, result, src[: counts[rank]])
+        return ((comm, None, msg_of_array(src, backend), ecounts, edispls, op, algorithm), timeout,
+                result, after)
     work = _c_order(backend, result, fill=False)
-    _collectives.run_reduce_scatter(comm, msg_of_array(src, backend), msg_of_array(work, backend),
-                                    ecounts, edispls, op, algorithm, timeout=timeout)
-    if work is not result:
-        backend.copy(result, work)
-    return result
+    after = None if work is result else _copier(backend, result, work)
+    return ((comm, msg_of_array(src, backend), msg_of_array(work, backend), ecounts, edispls, op,
+             algorithm), timeout, result, after)

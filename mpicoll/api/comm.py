@@ -8,7 +8,7 @@ from mpi4py import MPI
 from ..backends.host import NUMPY
 from ..core import types as _types
 from ..engine import collectives as _collectives
-from ..engine import fastpath as _fastpath
+from ..engine import plan as _plan
 from ..engine import select as _select
 from ..engine.context import check_comm
 from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
@@ -110,10 +110,23 @@ class Comm(MPI.Intracomm):
     def Create_group(self, group, tag=0):
         return self._derived(super().Create_group(group, tag))
 
+    # -- the collectives ------------------------------------------------------------
+    # Each one first tries its plan (engine.plan): the same buffer objects as its
+    # last plain call run again with no validation.  Otherwise ``_*_args`` validates
+    # (the one validation path, also used by the non-blocking and persistent forms)
+    # and returns exactly the arguments of engine.collectives.start_*.
+
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
-        if _fastpath.comm_allreduce(self, sendbuf, recvbuf, op, self._algo("allreduce")) is None:
-            return  # plain NumPy buffers: done on the fast path
+        algorithm = self._algo("allreduce")
+        key = (sendbuf, recvbuf, op, algorithm)
+        if _plan.repeat(self, "Comm.Allreduce", key):
+            return
+        _collectives.run_allreduce(*self._allreduce_args(sendbuf, recvbuf, op),
+                                   memo=_memo("Comm.Allreduce", key, sendbuf, recvbuf, op))
+
+    def _allreduce_args(self, sendbuf, recvbuf, op=MPI.SUM):
+        """(comm, smsg, rmsg, op, algorithm) for start_allreduce; raises for bad arguments."""
         _types.check_op(op)
         rmsg = message(recvbuf, "recvbuf", writable=True)
         smsg = None
@@ -126,12 +139,19 @@ class Comm(MPI.Intracomm):
                 )
             _check_no_overlap(smsg, rmsg)
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
-        _collectives.run_allreduce(self, smsg, rmsg, op, self._algo("allreduce"))
+        return self, smsg, rmsg, op, self._algo("allreduce")
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
-        if _fastpath.comm_allgather(self, sendbuf, recvbuf, self._algo("allgather")) is None:
-            return  # plain NumPy buffers: done on the fast path
+        algorithm = self._algo("allgather")
+        key = (sendbuf, recvbuf, algorithm)
+        if _plan.repeat(self, "Comm.Allgather", key):
+            return
+        _collectives.run_allgather(*self._allgather_args(sendbuf, recvbuf),
+                                   memo=_memo("Comm.Allgather", key, sendbuf, recvbuf))
+
+    def _allgather_args(self, sendbuf, recvbuf):
+        """(comm, smsg, rmsg, counts, displs, algorithm) for start_allgather."""
         size = self.Get_size()
         rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
         per = rmsg.count // size
@@ -146,7 +166,7 @@ class Comm(MPI.Intracomm):
             _check_no_overlap(smsg, rmsg)
         counts = [per] * size
         displs = [per * r for r in range(size)]
-        _collectives.run_allgather(self, smsg, rmsg, counts, displs, self._algo("allgather"))
+        return self, smsg, rmsg, counts, displs, self._algo("allgather")
 
     def Allgatherv(self, sendbuf, recvbuf):
         """Gather ``counts[r]`` elements from each rank r into ``recvbuf``.
@@ -156,6 +176,10 @@ class Comm(MPI.Intracomm):
         (the same count from every rank), a bare buffer (split as evenly as
         possible), with None for what is inferred.
         """
+        _collectives.run_allgather(*self._allgatherv_args(sendbuf, recvbuf))
+
+    def _allgatherv_args(self, sendbuf, recvbuf):
+        """(comm, smsg, rmsg, counts, displs, algorithm) for start_allgather."""
         size, rank = self.Get_size(), self.Get_rank()
         rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size, vector=True)
         smsg = None
@@ -169,8 +193,7 @@ class Comm(MPI.Intracomm):
                 )
             _check_no_overlap(smsg, rmsg)
         _check_disjoint(rmsg.counts, rmsg.displs)
-        _collectives.run_allgather(self, smsg, rmsg, rmsg.counts, rmsg.displs,
-                                   self._algo("allgather"))
+        return self, smsg, rmsg, rmsg.counts, rmsg.displs, self._algo("allgather")
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce ``sendbuf`` (size*count elements) and leave block ``rank`` in ``recvbuf``.
@@ -180,9 +203,16 @@ class Comm(MPI.Intracomm):
         means count = len(recvbuf) / size, ``[buf, count, type]`` states it.
         As in mpi4py, a count given in a ``sendbuf`` spec is also per rank.
         """
-        if _fastpath.comm_reduce_scatter_block(self, sendbuf, recvbuf, op,
-                                               self._algo("reduce_scatter")) is None:
-            return  # plain NumPy buffers: done on the fast path
+        algorithm = self._algo("reduce_scatter")
+        key = (sendbuf, recvbuf, op, algorithm)
+        if _plan.repeat(self, "Comm.Reduce_scatter_block", key):
+            return
+        _collectives.run_reduce_scatter(
+            *self._reduce_scatter_block_args(sendbuf, recvbuf, op),
+            memo=_memo("Comm.Reduce_scatter_block", key, sendbuf, recvbuf, op))
+
+    def _reduce_scatter_block_args(self, sendbuf, recvbuf, op=MPI.SUM):
+        """(comm, smsg, rmsg, counts, displs, op, algorithm) for start_reduce_scatter."""
         _types.check_op(op)
         size = self.Get_size()
         if is_in_place(sendbuf):
@@ -203,8 +233,7 @@ class Comm(MPI.Intracomm):
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
         counts = [per] * size
         displs = [per * r for r in range(size)]
-        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
-                                        self._algo("reduce_scatter"))
+        return self, smsg, rmsg, counts, displs, op, self._algo("reduce_scatter")
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
@@ -214,13 +243,21 @@ class Comm(MPI.Intracomm):
         verdict on its own arguments travels with its count, so every rank
         raises if any rank's arguments are bad (none is left waiting).
         """
+        _collectives.run_reduce_scatter(*self._reduce_scatter_args(sendbuf, recvbuf, recvcounts,
+                                                                    op))
+
+    def _reduce_scatter_args(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
+        """(comm, smsg, rmsg, counts, displs, op, algorithm) for start_reduce_scatter.
+
+        Without ``recvcounts`` this exchanges the receive counts (collective).
+        """
         size, rank = self.Get_size(), self.Get_rank()
         if recvcounts is not None or is_in_place(sendbuf):
-            smsg, rmsg, counts = self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op)
+            smsg, rmsg, counts = self._reduce_scatter_local(sendbuf, recvbuf, recvcounts, op)
         else:
             error = None
             try:
-                smsg, rmsg, _ = self._reduce_scatter_args(sendbuf, recvbuf, None, op)
+                smsg, rmsg, _ = self._reduce_scatter_local(sendbuf, recvbuf, None, op)
                 mine = (rmsg.count, smsg.count, 0)
             except (TypeError, ValueError) as exc:
                 error, mine = exc, (0, 0, 1)
@@ -244,10 +281,9 @@ class Comm(MPI.Intracomm):
         displs = [0] * size
         for r in range(1, size):
             displs[r] = displs[r - 1] + counts[r - 1]
-        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
-                                        self._algo("reduce_scatter"))
+        return self, smsg, rmsg, counts, displs, op, self._algo("reduce_scatter")
 
-    def _reduce_scatter_args(self, sendbuf, recvbuf, recvcounts, op):
+    def _reduce_scatter_local(self, sendbuf, recvbuf, recvcounts, op):
         """(smsg or None, rmsg, counts or None) of a Reduce_scatter call, checked locally."""
         _types.check_op(op)
         size, rank = self.Get_size(), self.Get_rank()
@@ -270,6 +306,15 @@ class Comm(MPI.Intracomm):
                 _check_rs_counts(smsg.count, rmsg.count, counts, rank)
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
         return smsg, rmsg, counts
+
+
+def _memo(name, key, sendbuf, recvbuf, op=None):
+    """(name, key) to keep a plain call as a plan: bare NumPy buffers (or IN_PLACE) and a
+    predefined op only (a user op could be freed between calls)."""
+    if type(recvbuf) is np.ndarray and (type(sendbuf) is np.ndarray or is_in_place(sendbuf)) \
+            and (op is None or _types.op_name(op) is not None):
+        return name, key
+    return None
 
 
 def _exchange(comm, values, label):

@@ -24,6 +24,7 @@ from ..observe import calls as _observe
 from ..observe import check as _check
 from . import context as _context
 from . import executor as _executor
+from . import plan as _plan
 from . import select as _select
 from .executor import Operation
 
@@ -34,7 +35,7 @@ class _Run:
     __slots__ = ("name", "fn", "build", "ctx", "collective", "label", "msg", "smsg", "total",
                  "counts", "displs", "op", "red", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "bound", "nops", "ch", "be",
-                 "call", "stage", "_red0", "_be0")
+                 "call", "stage", "observed", "_red0")
 
     def begin(self):
         """Set up one start: bound ops to run, or None once a schedule-less algorithm ran."""
@@ -57,6 +58,7 @@ class _Run:
         call = self.call = _observe.begin(ctx, self.label, self.collective, self.name, msg,
                                           self.total, self.counts, self.displs, self.op,
                                           self.timeout, self.check)
+        self.observed = call is not None or stage is not None
         if call is not None:
             if self.check:
                 call.check()
@@ -94,13 +96,18 @@ class _Run:
         self.nops = len(sched.ops)
 
     def _call_fn(self, src, dst):
+        self.fn(*self.fnargs(src, dst))
+
+    def fnargs(self, src=None, dst=None) -> tuple:
+        """The arguments of the algorithm function (default: the call's own arrays)."""
+        if src is None and dst is None:
+            src, dst = self.src, self.dst
         if self.collective == "allreduce":
-            self.fn(self.ctx, self.ch, self.be, self.red, src, dst)
-        elif self.collective == "reduce_scatter":
-            self.fn(self.ctx, self.ch, self.be, self.red, src, dst, self.counts, self.displs)
-        else:
-            self.fn(self.ctx, self.ch, self.be, None if self.in_place else src, dst,
-                    self.counts, self.displs)
+            return (self.ctx, self.ch, self.be, self.red, src, dst)
+        if self.collective == "reduce_scatter":
+            return (self.ctx, self.ch, self.be, self.red, src, dst, self.counts, self.displs)
+        return (self.ctx, self.ch, self.be, None if self.in_place else src, dst,
+                self.counts, self.displs)
 
     def end(self, failed: bool, release: bool = True) -> None:
         try:
@@ -178,11 +185,12 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.timeout, run.check, run.blocking = timeout, check, blocking
     run.src, run.dst, run.in_place = src, dst, in_place
     run.schedule = run.lease = run.bound = run.call = run.stage = None
+    run.observed = False
     run.nops = 0
     run.tag = _executor.TAG if blocking else _executor.tag_of(ctx.seq + 1, ctx.tag_ub)
     operation = Operation(run, persistent)
     if not persistent:
-        operation._begin()
+        operation._begin(blocking)
     return operation
 
 
@@ -226,28 +234,39 @@ def start_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeo
                   blocking=_blocking)
 
 
-def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None):
-    """Blocking :func:`start_allreduce`; returns the algorithm's name."""
-    operation = start_allreduce(comm, smsg, rmsg, op, algorithm, timeout=timeout, _blocking=True)
-    operation.wait()
+def _finished(operation, memo) -> str:
+    """After a blocking call: keep it as a plan (engine.plan) when ``memo`` and plain."""
+    run = operation._run
+    if memo is not None and not run.observed and run.msg.backend.name == "numpy" \
+            and _observe.quiet():
+        _plan.keep(run.ctx, memo[0], memo[1], run)
+    else:
+        run.release()
     return operation.algorithm
 
 
-def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None):
+def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None, memo=None):
+    """Blocking :func:`start_allreduce`; returns the algorithm's name.
+
+    ``memo``: (name, argument objects) of a public function whose arrays are
+    ``smsg``/``rmsg`` themselves: the call is kept as that function's plan.
+    """
+    return _finished(start_allreduce(comm, smsg, rmsg, op, algorithm, timeout=timeout,
+                                     _blocking=True), memo)
+
+
+def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None,
+                       memo=None):
     """Blocking :func:`start_reduce_scatter`; returns the algorithm's name."""
-    operation = start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm,
-                                     timeout=timeout, _blocking=True)
-    operation.wait()
-    return operation.algorithm
+    return _finished(start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm,
+                                          timeout=timeout, _blocking=True), memo)
 
 
 def run_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeout=None,
-                  label=None):
+                  label=None, memo=None):
     """Blocking :func:`start_allgather`; returns the algorithm's name."""
-    operation = start_allgather(comm, smsg, rmsg, counts, displs, algorithm, timeout=timeout,
-                                _blocking=True, _label=label)
-    operation.wait()
-    return operation.algorithm
+    return _finished(start_allgather(comm, smsg, rmsg, counts, displs, algorithm,
+                                     timeout=timeout, _blocking=True, _label=label), memo)
 
 
 def exchange_counts(comm, count: int) -> tuple[int, ...]:

@@ -105,6 +105,7 @@ class Context:
         fake = _topology.fake_labels()
         self.seq = 0  # collectives started on this communicator
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
+        self.plans = {}  # public function name -> engine.plan.Plan of its last plain call
         self.schedules = OrderedDict()  # (collective, algorithm, Shape) -> Schedule, LRU
         self.tag_ub = 32767  # largest tag (MPI guarantees at least this), read from the duplicate
         self.comm = MPI.COMM_NULL
@@ -178,6 +179,7 @@ class Context:
         return sched
 
     def free(self) -> None:
+        self.plans.clear()
         self.work = WorkMemory()
         self.schedules.clear()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
@@ -197,24 +199,30 @@ def check_comm(comm, argname: str = "comm") -> MPI.Intracomm:
     return comm
 
 
+def keyval() -> int:
+    """The MPI attribute key the contexts are cached under on the user's communicators."""
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_state)
+    return _KEYVAL
+
+
 def context(comm: MPI.Intracomm, timeout: float | None = None, describe=None) -> Context:
     """The cached state of ``comm``; the first call on a communicator is collective.
 
     The other arguments only matter for that first call (see :class:`Context`).
     MpicollError if an earlier set-up on ``comm`` timed out.
     """
-    global _KEYVAL
-    if _KEYVAL is None:
-        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_delete_state)
-    state = comm.Get_attr(_KEYVAL)
+    key = keyval()
+    state = comm.Get_attr(key)
     if state is None:
         try:
             state = Context(comm, timeout, describe)
         except CollectiveTimeout as exc:
-            comm.Set_attr(_KEYVAL, _Unusable(f"{exc.collective or 'a collective'} #1 timed out "
+            comm.Set_attr(key, _Unusable(f"{exc.collective or 'a collective'} #1 timed out "
                                              f"on rank {exc.rank} while setting it up"))
             raise
-        comm.Set_attr(_KEYVAL, state)
+        comm.Set_attr(key, state)
     elif type(state) is _Unusable:
         raise MpicollError(
             f"communicator unusable: {state.why}; mpicoll's set-up collectives may still be "

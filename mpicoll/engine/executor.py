@@ -231,7 +231,8 @@ class Operation:
             self._run.release()
 
     # -- the machinery --------------------------------------------------------
-    def _begin(self) -> None:
+    def _begin(self, block: bool = False) -> None:
+        """Start: post what can be posted (``block``: run to the end, a blocking call)."""
         run = self._run
         self.done = False
         try:
@@ -245,7 +246,7 @@ class Operation:
         self._reqs = [None] * run.nops
         self._i = 0
         self._active = True
-        self._advance(False)
+        self._advance(block)
 
     def _advance(self, block: bool) -> None:
         run = self._run
@@ -284,7 +285,9 @@ class Operation:
     def _end(self, failed: bool) -> None:
         self._active = False
         self._reqs = None
-        self._run.end(failed, release=not self.persistent)
+        run = self._run
+        # a blocking call's caller may keep its work memory for a plan (engine.plan)
+        run.end(failed, release=failed or not (self.persistent or run.blocking))
         self.done = not failed
 
 

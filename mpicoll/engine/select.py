@@ -46,13 +46,13 @@ ALGORITHMS = {
 #   allgather: "recursive_doubling", "bruck"
 BUILDERS = {
     "allreduce": {
-        "ring": _ring.build_allreduce,
+        "ring": _ring.allreduce_schedule,
     },
     "reduce_scatter": {
-        "ring": _ring.build_reduce_scatter,
+        "ring": _ring.reduce_scatter_schedule,
     },
     "allgather": {
-        "ring": _ring.build_allgather,
+        "ring": _ring.allgather_schedule,
     },
 }
 

@@ -25,6 +25,7 @@ from time import perf_counter
 from mpi4py import MPI
 
 from ..algorithms import steps as _steps
+from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from ..transport import channel as _channel
 from ..transport import timeout as _timeout
@@ -43,6 +44,21 @@ def check_usable(ctx) -> None:
             f"communicator unusable: {why}; messages of that call may still be in flight, "
             f"so end the job with mpicoll.abort() (see docs/reliability.md)"
         )
+
+
+def broken(ctx) -> bool:
+    """Whether an earlier collective on this communicator timed out here."""
+    return getattr(ctx, _BROKEN, None) is not None
+
+
+def quiet() -> bool:
+    """Whether a call now would run unobserved, on the algorithm its plan chose.
+
+    No traffic counter, trace, timeout or check is on, and
+    ``MPICOLL_ALGORITHM`` is unset (engine.plan runs only such calls again).
+    """
+    return (not _traffic._active and not _trace.active() and _config.get("timeout") is None
+            and not _config.get("check") and _config.env_value("MPICOLL_ALGORITHM") is None)
 
 
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
