@@ -1,0 +1,172 @@
+"""Small-call latency: mpicoll against MPI's built-in and the plain-mpi4py floor, one run.
+
+Run under an MPI launcher (2 ranks for the floors)::
+
+    mpirun -n 2 python -m mpicoll.tools.latency            # 16 B and 4 KiB, float64 SUM
+    mpirun -n 2 python -m mpicoll.tools.latency --sizes 8 16 4096 --reps 41
+
+For every size and collective it interleaves, in one run, rep after rep:
+
+``builtin``   mpi4py's ``Allreduce`` / ``Reduce_scatter_block`` / ``Allgather``
+``Comm``      the same call on ``mpicoll.Comm``
+``array``     ``mpicoll.allreduce(x, out=y)`` (``reduce_scatter``, ``allgather``)
+``sendrecv``  the floor from Python (2 ranks only): one ``Sendrecv`` of what the
+              collective exchanges plus one ``np.add`` (``np.copyto`` for AllGather)
+``persist``   the same with persistent requests built once
+              (``Send_init``/``Recv_init``, ``Prequest.Startall``, ``Waitall``)
+
+Each timing is ``--inner`` calls between barriers, after ``--warmup`` calls;
+the table shows the median over ``--reps`` reps in microseconds per call and
+the ratio to the built-in.  The size is the bytes of each rank's input
+(float64, rank-asymmetric integer values, so every result is exact); every
+variant's result is checked against the built-in's and a mismatch is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+
+
+def _variants(collective, comm, mc, x, n, rank):
+    """{name: (call, output array)} for one collective; the built-in first."""
+    import mpicoll
+
+    dt = x.dtype
+    per = len(x) // n
+    out = {}
+    if collective == "allreduce":
+        shape_out = len(x)
+        builtin = (comm.Allreduce, mc.Allreduce)
+        array = mpicoll.allreduce
+    elif collective == "reduce_scatter":
+        shape_out = per
+        builtin = (comm.Reduce_scatter_block, mc.Reduce_scatter_block)
+        array = mpicoll.reduce_scatter
+    else:
+        shape_out = len(x) * n
+        builtin = (comm.Allgather, mc.Allgather)
+        array = mpicoll.allgather
+    for name, fn in (("builtin", builtin[0]), ("Comm", builtin[1])):
+        y = np.empty(shape_out, dt)
+        out[name] = ((lambda fn=fn, y=y: fn(x, y)), y)
+    y = np.empty(shape_out, dt)
+    out["array"] = ((lambda y=y: array(x, comm=comm, out=y)), y)
+    if n != 2:
+        return out
+    peer = 1 - rank
+    tmp = np.empty(len(x), dt)
+    y = np.empty(shape_out, dt)
+    if collective == "allreduce":
+        send, recv, a, b = x, tmp, x, tmp
+    elif collective == "reduce_scatter":
+        mine, theirs = x[rank * per:(rank + 1) * per], x[peer * per:(peer + 1) * per]
+        send, recv, a, b = theirs, tmp[:per], mine, tmp[:per]
+    else:
+        send, recv = x, y[peer * len(x):(peer + 1) * len(x)]
+        own = y[rank * len(x):(rank + 1) * len(x)]
+
+    if collective == "allgather":
+        def floor():
+            comm.Sendrecv(send, peer, 0, recv, peer, 0)
+            np.copyto(own, x)
+    else:
+        def floor():
+            comm.Sendrecv(send, peer, 0, recv, peer, 0)
+            np.add(a, b, out=y)
+    out["sendrecv"] = (floor, y)
+    y2 = np.empty(shape_out, dt)
+    if collective == "allgather":
+        recv2, own2 = y2[peer * len(x):(peer + 1) * len(x)], y2[rank * len(x):(rank + 1) * len(x)]
+    else:
+        recv2 = np.empty(len(recv), dt)
+    reqs = [comm.Recv_init(recv2, peer, 1), comm.Send_init(send, peer, 1)]
+    startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
+    if collective == "allgather":
+        def persist():
+            startall(reqs)
+            waitall(reqs)
+            np.copyto(own2, x)
+    else:
+        def persist():
+            startall(reqs)
+            waitall(reqs)
+            np.add(a, recv2, out=y2)
+    out["persist"] = (persist, y2)
+    return out
+
+
+def _time(comm, fn, inner):
+    comm.Barrier()
+    t0 = MPI.Wtime()
+    for _ in range(inner):
+        fn()
+    t = (MPI.Wtime() - t0) / inner
+    return comm.allreduce(t, op=MPI.MAX)
+
+
+def main(argv=None) -> int:
+    import mpicoll
+
+    p = argparse.ArgumentParser(prog="python -m mpicoll.tools.latency", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[16, 4096], help="bytes per rank's input")
+    p.add_argument("--collectives", nargs="+", default=list(COLLECTIVES), choices=COLLECTIVES)
+    p.add_argument("--reps", type=int, default=21)
+    p.add_argument("--inner", type=int, default=200, help="calls per timing")
+    p.add_argument("--warmup", type=int, default=200)
+    args = p.parse_args(argv)
+    comm = MPI.COMM_WORLD.Dup()
+    mc = mpicoll.Comm(comm)
+    n, rank = comm.Get_size(), comm.Get_rank()
+    if rank == 0:
+        print(f"# mpicoll latency: {n} ranks, {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"# float64 SUM, median of {args.reps} reps of {args.inner} calls (warm-up "
+              f"{args.warmup}); us per call, ratio to the built-in")
+    rows = []
+    bad = []
+    for size in args.sizes:
+        count = max(n, size // 8 // n * n)  # a multiple of the rank count (Reduce_scatter_block)
+        x = ((np.arange(count) * 7 + rank * 3) % 101).astype(np.float64)
+        for collective in args.collectives:
+            variants = _variants(collective, comm, mc, x, n, rank)
+            for fn, _ in variants.values():
+                for _ in range(args.warmup):
+                    fn()
+            times = {name: [] for name in variants}
+            for _ in range(args.reps):
+                for name, (fn, _) in variants.items():
+                    times[name].append(_time(comm, fn, args.inner))
+            want = variants["builtin"][1]
+            for name, (_, y) in variants.items():
+                if not np.array_equal(y, want):
+                    bad.append(f"{collective} {size} B {name}")
+            med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
+            rows.append((size, collective, med))
+    if rank == 0:
+        names = ["builtin", "Comm", "array", "sendrecv", "persist"]
+        print(f"{'bytes':>6} {'collective':<15}" + "".join(f"{h:>16}" for h in names))
+        for size, collective, med in rows:
+            base = med["builtin"]
+            cells = []
+            for h in names:
+                if h in med:
+                    cells.append(f"{med[h]:8.2f} {med[h] / base:5.2f}x" if h != "builtin"
+                                 else f"{med[h]:8.2f}       ")
+                else:
+                    cells.append(f"{'-':>14}")
+            print(f"{size:>6} {collective:<15}" + "".join(f"{c:>16}" for c in cells))
+    bad = comm.allreduce(bad, op=MPI.SUM) if n else bad
+    if bad and rank == 0:
+        print("WRONG RESULTS: " + ", ".join(sorted(set(bad))), file=sys.stderr)
+    comm.Free()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
