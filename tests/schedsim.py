@@ -1,0 +1,342 @@
+"""Run the schedules of all ranks of one collective in one process: NumPy, no MPI, no threads.
+
+A :class:`~mpicoll.algorithms.schedule.Schedule` is one rank's part of an
+algorithm.  :func:`simulate` runs one schedule per rank over a simulated
+network and checks what the executor relies on:
+
+binding
+    ``SRC``, ``DST`` and the work buffers are bound the way the executor
+    binds them (:func:`bind`): in place, AllReduce's ``SRC`` is ``DST``,
+    ReduceScatter's ``DST`` is the start of ``SRC`` (``src[:counts[rank]]``)
+    and AllGather's ``SRC`` is this rank's block of ``DST``.  Work buffers
+    are filled with garbage, so a schedule that reads one before writing it
+    gives wrong results.
+matching
+    A rank's k-th Send to a peer matches the peer's k-th Recv from it (one
+    tag, MPI's non-overtaking order); the sizes must agree.
+transport
+    ``"eager"``: a Send completes when posted, its data copied then (MPI
+    buffering small messages).  ``"rendezvous"``: a Send completes only when
+    its Recv is posted, and the data moves then -- a schedule that relies on
+    buffering deadlocks here.  A Recv completes when its Send is matched.
+progress
+    Ranks advance round-robin, one op at a time; a Wait blocks its rank
+    until all its handles completed.  When no rank can move, the deadlock
+    is reported with each rank's blocked op.
+hazards (each a :class:`ScheduleError` naming the rank and op)
+    a region out of its buffer's bounds or of an unknown buffer; an op that
+    reads or writes memory a posted, not yet waited Recv writes into; an op
+    that writes memory a posted, not yet waited Send reads (MPI allows
+    concurrent reads); a Reduce whose output partially overlaps an operand,
+    a Copy whose ends partially overlap; Wait on a handle that is not a
+    Send/Recv of this schedule; ops left outstanding at the end; messages
+    sent and never received, or the other way round.
+
+Memory is compared by address, not by buffer name, so aliases (in place)
+are seen for what they are.
+
+:func:`traffic` counts a single schedule's messages, bytes and steps the way
+:mod:`mpicoll.observe.traffic` reports a call (``measured()`` in
+tests/test_traffic.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+import numpy as np
+
+from mpicoll.algorithms.schedule import (
+    DST,
+    SRC,
+    Copy,
+    Recv,
+    Reduce,
+    Region,
+    Schedule,
+    Send,
+    Shape,
+    Wait,
+)
+
+MODELS = ("eager", "rendezvous")
+
+
+class ScheduleError(AssertionError):
+    """A schedule broke a rule of the format (message says which rank, op and rule)."""
+
+
+class Deadlock(ScheduleError):
+    """No rank can move and some have not finished."""
+
+
+class Counts(NamedTuple):
+    """One rank's traffic: messages and elements sent/received, steps with a message."""
+
+    messages_sent: int
+    elements_sent: int
+    messages_received: int
+    elements_received: int
+    send_steps: int | None  # None: a message without a label
+    recv_steps: int | None
+
+
+class Result(NamedTuple):
+    buffers: list  # per rank: {name: array} as bound (SRC, DST, work buffers)
+    counts: list   # per rank: Counts
+
+    def dst(self, rank):
+        return self.buffers[rank][DST]
+
+    def src(self, rank):
+        return self.buffers[rank][SRC]
+
+
+# --- shapes and binding ---------------------------------------------------------
+
+def shape(collective, size, rank, counts=None, displs=None, total=None, ring=None,
+          segment=1 << 17, window=2, in_place=False, commutative=True) -> Shape:
+    """The :class:`Shape` of one rank's call (counts/displs default to packed blocks).
+
+    AllReduce: ``total`` elements (counts/displs become ``(total,)``/``(0,)``).
+    """
+    ring = tuple(range(size)) if ring is None else tuple(ring)
+    if collective == "allreduce":
+        counts, displs = (total,), (0,)
+    else:
+        counts = tuple(counts)
+        if displs is None:
+            displs = tuple(sum(counts[:r]) for r in range(size))
+        displs = tuple(displs)
+        total = sum(counts)
+    return Shape(size, rank, ring, ring.index(rank), total, counts, displs, segment, window,
+                 in_place, commutative)
+
+
+def bind(collective, sh: Shape, src, dst):
+    """{SRC: ..., DST: ...} as the executor binds them.
+
+    Out of place ``src``/``dst`` are the user's arrays.  In place pass the one
+    array the user passes (``src`` for ReduceScatter, ``dst`` otherwise) and
+    None for the other: the other name is bound to its part of it.
+    """
+    if not sh.in_place:
+        return {SRC: src, DST: dst}
+    if collective == "allreduce":
+        return {SRC: dst, DST: dst}
+    if collective == "reduce_scatter":
+        return {SRC: src, DST: src[: sh.counts[sh.rank]]}
+    if collective == "allgather":
+        lo = sh.displs[sh.rank]
+        return {SRC: dst[lo: lo + sh.counts[sh.rank]], DST: dst}
+    raise ValueError(f"collective: expected allreduce, reduce_scatter or allgather, got {collective!r}")
+
+
+def garbage(dtype, n):
+    """A work buffer as the arena may hand it out: full of values no result contains."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "fc":
+        return np.full(n, 1e300, dtype)
+    if dtype.kind == "b":
+        return np.ones(n, dtype)
+    return np.full(n, -12345 if dtype.kind == "i" else 12345, dtype)
+
+
+# --- counting -------------------------------------------------------------------
+
+def traffic(schedule: Schedule, itemsize: int = 1) -> Counts:
+    """Messages, bytes (elements * itemsize) and labelled steps of one schedule.
+
+    Steps are the distinct ``label.step`` of the messages in each direction
+    (None when a message has no label), as ``mpicoll.traffic()`` counts them.
+    """
+    sends, recvs = schedule.sends(), schedule.recvs()
+
+    def steps(ops):
+        if any(op.label is None for op in ops):
+            return None
+        return len({op.label.step for op in ops})
+
+    return Counts(len(sends), sum(op.region.count for op in sends) * itemsize,
+                  len(recvs), sum(op.region.count for op in recvs) * itemsize,
+                  steps(sends), steps(recvs))
+
+
+# --- the simulator ----------------------------------------------------------------
+
+class _Msg:
+    __slots__ = ("rank", "index", "view", "data", "done", "partner")
+
+    def __init__(self, rank, index, view):
+        self.rank, self.index, self.view = rank, index, view
+        self.data = None      # eager sends: the data at posting
+        self.done = False
+        self.partner = None
+
+
+def _span(arr):
+    """(first byte address, one past the last) of a contiguous 1-D view."""
+    lo = arr.__array_interface__["data"][0]
+    return lo, lo + arr.nbytes
+
+
+def _overlap(a, b):
+    return a[0] < b[1] and b[0] < a[1]
+
+
+class _Rank:
+    def __init__(self, rank, schedule, buffers):
+        self.rank = rank
+        self.ops = schedule.ops
+        self.buffers = buffers
+        self.pc = 0
+        self.msgs = {}     # op index -> _Msg of a posted Send/Recv
+        self.pending = {}  # op index -> (kind, span) of posted, not yet waited Send/Recv
+
+    def where(self, i=None):
+        i = self.pc if i is None else i
+        op = self.ops[i] if i < len(self.ops) else "end of schedule"
+        return f"rank {self.rank} op {i} {op}"
+
+    def view(self, region):
+        if type(region) is not Region:
+            raise ScheduleError(f"{self.where()}: {region!r} is not a Region")
+        buf = self.buffers.get(region.buf)
+        if buf is None:
+            raise ScheduleError(f"{self.where()}: unknown buffer {region.buf!r} "
+                                f"(have {sorted(self.buffers)})")
+        if not 0 <= region.start <= region.stop <= len(buf):
+            raise ScheduleError(f"{self.where()}: region {region.start}:{region.stop} out of bounds "
+                                f"of {region.buf!r} ({len(buf)} elements)")
+        return buf[region.start: region.stop]
+
+    def check_access(self, reads=(), writes=(), skip=None):
+        """Refuse touching a pending Recv's memory, or writing a pending Send's."""
+        for h, (kind, span) in self.pending.items():
+            if h == skip or span[0] == span[1]:
+                continue
+            for v in (*reads, *writes):
+                if v.size and _overlap(_span(v), span) and kind == "recv":
+                    raise ScheduleError(f"{self.where()}: touches memory of the Recv posted at op {h}, "
+                                        "not waited yet (overlap)")
+            for v in writes:
+                if v.size and _overlap(_span(v), span) and kind == "send":
+                    raise ScheduleError(f"{self.where()}: overwrites the region of the Send posted at "
+                                        f"op {h} before it was waited")
+
+
+def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
+    """Run ``schedules[r]`` on ``buffers[r]`` ({SRC, DST} arrays, see :func:`bind`) for all ranks.
+
+    ``op(a, b, out)`` computes ``out = a op b`` elementwise (a NumPy ufunc
+    such as ``np.add`` works); work buffers are allocated here, of the dtype
+    of ``DST``, filled with :func:`garbage`.  Raises :class:`ScheduleError`
+    (:class:`Deadlock`) on any broken rule.
+    """
+    if model not in MODELS:
+        raise ValueError(f"model: expected one of {MODELS}, got {model!r}")
+    n = len(schedules)
+    ranks = []
+    for r in range(n):
+        bufs = dict(buffers[r])
+        dtype = bufs[DST].dtype
+        for purpose, count in schedules[r].work.items():
+            bufs[purpose] = garbage(dtype, count)
+        ranks.append(_Rank(r, schedules[r], bufs))
+    sends = {}  # (source, dest) -> deque of unmatched send _Msg
+    recvs = {}  # (source, dest) -> deque of unmatched recv _Msg
+
+    def deliver(s, rv):
+        if s.view.size != rv.view.size:
+            raise ScheduleError(f"message size mismatch: {ranks[s.rank].where(s.index)} sends "
+                                f"{s.view.size} elements, {ranks[rv.rank].where(rv.index)} "
+                                f"receives {rv.view.size}")
+        rv.view[...] = s.data if s.data is not None else s.view
+        s.done = rv.done = True
+
+    def post(rk, i, o):
+        is_send = type(o) is Send
+        if not 0 <= o.peer < n:
+            raise ScheduleError(f"{rk.where()}: peer {o.peer} out of range 0..{n - 1}")
+        v = rk.view(o.region)
+        if is_send:
+            rk.check_access(reads=(v,))
+        else:
+            rk.check_access(writes=(v,))
+        m = _Msg(rk.rank, i, v)
+        rk.msgs[i] = m
+        rk.pending[i] = ("send" if is_send else "recv", _span(v))
+        key = (rk.rank, o.peer) if is_send else (o.peer, rk.rank)
+        mine, other = (sends, recvs) if is_send else (recvs, sends)
+        if is_send and model == "eager":
+            m.data = v.copy()
+            m.done = True
+        q = other.get(key)
+        if q:
+            partner = q.popleft()
+            deliver(m, partner) if is_send else deliver(partner, m)
+        else:
+            mine.setdefault(key, deque()).append(m)
+
+    def step(rk):
+        """Advance rank ``rk`` by one op; False if it is blocked or finished."""
+        if rk.pc >= len(rk.ops):
+            return False
+        i, o = rk.pc, rk.ops[rk.pc]
+        t = type(o)
+        if t is Send or t is Recv:
+            post(rk, i, o)
+        elif t is Wait:
+            for h in o.handles:
+                if h not in rk.msgs:
+                    raise ScheduleError(f"{rk.where()}: handle {h} is not a posted Send/Recv")
+                if h not in rk.pending:
+                    raise ScheduleError(f"{rk.where()}: handle {h} waited twice")
+            if not all(rk.msgs[h].done for h in o.handles):
+                return False
+            for h in o.handles:
+                del rk.pending[h]
+        elif t is Reduce:
+            a, b, out = rk.view(o.a), rk.view(o.b), rk.view(o.out)
+            if not (a.size == b.size == out.size):
+                raise ScheduleError(f"{rk.where()}: operand sizes {a.size}, {b.size}, {out.size} differ")
+            for x in (a, b):
+                if x.size and _overlap(_span(x), _span(out)) and _span(x) != _span(out):
+                    raise ScheduleError(f"{rk.where()}: output partially overlaps an operand")
+            rk.check_access(reads=(a, b), writes=(out,))
+            if a.size:
+                op(a, b, out)
+        elif t is Copy:
+            d, s = rk.view(o.dst), rk.view(o.src)
+            if d.size != s.size:
+                raise ScheduleError(f"{rk.where()}: copies {s.size} elements into {d.size}")
+            if d.size and _overlap(_span(d), _span(s)) and _span(d) != _span(s):
+                raise ScheduleError(f"{rk.where()}: source and destination partially overlap")
+            rk.check_access(reads=(s,), writes=(d,))
+            d[...] = s
+        else:
+            raise ScheduleError(f"{rk.where()}: unknown op type {t.__name__}")
+        rk.pc += 1
+        return True
+
+    live = list(ranks)
+    while live:
+        moved = False
+        for rk in live:
+            moved |= step(rk)
+        live = [rk for rk in live if rk.pc < len(rk.ops)]
+        if live and not moved:
+            lines = []
+            for rk in live:
+                o = rk.ops[rk.pc]
+                waiting = [f"op {h} {rk.ops[h]}" for h in o.handles if not rk.msgs[h].done]
+                lines.append(f"  {rk.where()} waits for " + "; ".join(waiting))
+            raise Deadlock(f"deadlock ({model}): no rank can move\n" + "\n".join(lines))
+    for rk in ranks:
+        if rk.pending:
+            raise ScheduleError(f"rank {rk.rank}: ops {sorted(rk.pending)} left outstanding at the end")
+    left = [m for q in (*sends.values(), *recvs.values()) for m in q]
+    if left:
+        raise ScheduleError("unmatched messages: " + "; ".join(ranks[m.rank].where(m.index) for m in left))
+    return Result([rk.buffers for rk in ranks], [traffic(Schedule(rk.ops, {}, 0)) for rk in ranks])
