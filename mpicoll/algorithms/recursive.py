@@ -24,6 +24,7 @@ exchange and one reduction, with no copies.
 from __future__ import annotations
 
 from ..engine.workmem import scoped
+from .schedule import DST, SRC, Builder, Label, Region
 
 
 def fold(n: int):
@@ -182,3 +183,91 @@ def _unpack(be, work, dst, counts, displs, packed):
         if c:
             be.copy(dst[d: d + c], work[at: at + c])
         at += c
+
+
+# --- schedules (see mpicoll.algorithms.schedule) ------------------------------------
+#
+# The same algorithms as step schedules: the same messages (peers, sizes,
+# order; empty messages are not sent) and the same reductions as the
+# functions above.  Steps: 0 is the fold (only when n is not a power of two),
+# then one step per bit of pof2, then the unfold.
+
+
+def exchange(b: Builder, peer: int, send: Region, recv: Region, label: Label) -> None:
+    """Receive ``recv`` from and send ``send`` to ``peer``, then wait (empty halves skipped)."""
+    r = b.recv(peer, recv, label._replace(count=recv.count)) if recv.count else None
+    s = b.send(peer, send, label._replace(count=send.count)) if send.count else None
+    b.wait(r, s)
+
+
+def send_to(b: Builder, peer: int, region: Region, label: Label) -> None:
+    if region.count:
+        b.wait(b.send(peer, region, label._replace(count=region.count)))
+
+
+def recv_from(b: Builder, peer: int, region: Region, label: Label) -> None:
+    if region.count:
+        b.wait(b.recv(peer, region, label._replace(count=region.count)))
+
+
+def fold_steps(n: int):
+    """(pof2, rem, rounds, base): base = 1 when step 0 is a fold."""
+    pof2, rem = fold(n)
+    return pof2, rem, pof2.bit_length() - 1, 1 if rem else 0
+
+
+def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_place: bool,
+                    tmp_name: str) -> None:
+    """Emit recursive doubling AllReduce of ``src`` into ``dst`` (same length N > 0)."""
+    N = dst.count
+    pof2, rem, rounds, base = fold_steps(n)
+    lab = Label(0, "fold", None, 0, N)
+    if rank < 2 * rem and rank % 2 == 0:
+        # Sit out: hand the data to rank + 1 (the left operand there), wait for the result.
+        send_to(b, rank + 1, src, lab)
+        recv_from(b, rank + 1, dst, lab._replace(step=base + rounds, phase="unfold"))
+        return
+    tmp = Region(b.buffer(tmp_name, N), 0, N)
+    cur = src  # region holding this rank's partial result; src is never written
+    if rank < 2 * rem:
+        recv_from(b, rank - 1, tmp, lab)
+        b.reduce(tmp, src, dst)
+        cur = dst
+    newrank = new_rank(rank, rem)
+    for k in range(rounds):
+        peer = real_rank(newrank ^ (1 << k), rem)
+        if cur == src:
+            # first exchange: straight into dst when the peer's data is the right operand
+            rbuf = dst if peer > rank and not in_place else tmp
+        else:
+            rbuf = tmp if cur == dst else dst
+        exchange(b, peer, cur, rbuf, Label(base + k, "exchange", None, 0, N))
+        if peer < rank:
+            # peer's (lower ranks) op mine, written over mine: see allreduce() for why the
+            # right operand is the output on both partners
+            if cur == src:
+                if not in_place:
+                    b.copy(dst, src)
+                cur = dst
+            b.reduce(rbuf, cur, cur)
+        else:
+            b.reduce(cur, rbuf, rbuf)  # mine op peer's (higher ranks)
+            cur = rbuf
+    if rank < 2 * rem:
+        send_to(b, rank - 1, cur, Label(base + rounds, "unfold", None, 0, N))
+    if cur != dst:
+        b.copy(dst, cur)
+
+
+def allreduce_schedule(shape):
+    """Recursive doubling AllReduce of ``shape.total`` elements: SRC -> DST."""
+    n, N = shape.size, shape.total
+    b = Builder()
+    if n == 1 or N == 0:
+        if N and not shape.in_place:
+            b.copy(Region(DST, 0, N), Region(SRC, 0, N))
+        return b.build(0)
+    _allreduce_into(b, n, shape.rank, Region(SRC, 0, N), Region(DST, 0, N), shape.in_place,
+                    "incoming partial")
+    _, _, rounds, base = fold_steps(n)
+    return b.build(rounds + 2 * base)
