@@ -271,3 +271,92 @@ def allreduce_schedule(shape):
                     "incoming partial")
     _, _, rounds, base = fold_steps(n)
     return b.build(rounds + 2 * base)
+
+
+def reduce_scatter_schedule(shape):
+    """ReduceScatter as a recursive doubling AllReduce of the whole input into a work buffer.
+
+    In place ``DST`` is the start of ``SRC``: it is written only by the final copy.
+    """
+    n, rank = shape.size, shape.rank
+    total = max((d + c for c, d in zip(shape.counts, shape.displs)), default=0)
+    own, mine = shape.displs[rank], shape.counts[rank]
+    b = Builder()
+    if total == 0:
+        return b.build(0)
+    if n == 1 and not (shape.in_place and own):
+        # nothing to reduce; in place at offset 0 nothing to move either
+        if mine and not shape.in_place:
+            b.copy(Region(DST, 0, mine), Region(SRC, own, own + mine))
+        return b.build(0)
+    full = Region(b.buffer("whole result", total), 0, total)
+    if n == 1:
+        b.copy(full, Region(SRC, 0, total))  # own block moves down over itself in place
+    else:
+        _allreduce_into(b, n, rank, Region(SRC, 0, total), full, False, "incoming partial")
+    if mine:
+        b.copy(Region(DST, 0, mine), Region(full.buf, own, own + mine))
+    _, _, rounds, base = fold_steps(n)
+    return b.build(0 if n == 1 else rounds + 2 * base)
+
+
+def allgather_schedule(shape):
+    """Recursive doubling AllGather(v): swap runs of blocks with new rank ``i ^ mask``.
+
+    Blocks move straight in ``DST`` when they are packed in rank order, else
+    through a packed work buffer.  In place ``SRC`` is this rank's block of ``DST``.
+    """
+    n, rank = shape.size, shape.rank
+    counts, displs = shape.counts, shape.displs
+    b = Builder()
+    own = Region(DST, displs[rank], displs[rank] + counts[rank])
+    if not shape.in_place and own.count:
+        b.copy(own, Region(SRC, 0, own.count))
+    if n == 1:
+        return b.build(0)
+    packed = is_packed(counts, displs)
+    total = sum(counts)
+    start = [0] * (n + 1)
+    for r in range(n):
+        start[r + 1] = start[r] + counts[r]
+    if packed:
+        work = DST
+    else:
+        work = b.buffer("packed blocks", total)
+        b.copy(Region(work, start[rank], start[rank + 1]), own)
+    pof2, rem, rounds, base = fold_steps(n)
+    # new block i: the blocks of the real ranks new rank i stands for
+    edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
+    lab = Label(0, "fold", None, 0, 0)
+    unfold = lab._replace(step=base + rounds, phase="unfold")
+    if rank < 2 * rem and rank % 2 == 0:
+        send_to(b, rank + 1, Region(work, start[rank], start[rank + 1]), lab._replace(block=rank))
+        recv_from(b, rank + 1, Region(work, 0, total), unfold)
+    else:
+        if rank < 2 * rem:
+            recv_from(b, rank - 1, Region(work, start[rank - 1], start[rank]),
+                      lab._replace(block=rank - 1))
+        newrank = new_rank(rank, rem)
+        for k in range(rounds):
+            mask = 1 << k
+            newpeer = newrank ^ mask
+            mine = newrank & ~(mask - 1)
+            theirs = newpeer & ~(mask - 1)
+            exchange(b, real_rank(newpeer, rem), Region(work, edge[mine], edge[mine + mask]),
+                     Region(work, edge[theirs], edge[theirs + mask]),
+                     Label(base + k, "exchange", None, 0, 0))
+        if rank < 2 * rem:
+            send_to(b, rank - 1, Region(work, 0, total), unfold)
+    if not packed:
+        for r in range(n):
+            if counts[r]:
+                b.copy(Region(DST, displs[r], displs[r] + counts[r]),
+                       Region(work, start[r], start[r + 1]))
+    return b.build(rounds + 2 * base)
+
+
+SCHEDULES = {
+    ("allreduce", "recursive_doubling"): allreduce_schedule,
+    ("reduce_scatter", "recursive_doubling"): reduce_scatter_schedule,
+    ("allgather", "recursive_doubling"): allgather_schedule,
+}
