@@ -12,6 +12,7 @@ rank counts that are not powers of two, at the price of two local copies.
 from __future__ import annotations
 
 from ..engine.workmem import scoped
+from .schedule import DST, SRC, Builder, Label, Region
 
 
 @scoped
@@ -55,3 +56,61 @@ def allgather(ctx, ch, be, src, dst, counts, displs):
         r = (rank + j) % n
         if counts[r]:
             be.copy(dst[displs[r]: displs[r] + counts[r]], work[at[j]: at[j + 1]])
+
+
+def allgather_schedule(shape):
+    """Bruck AllGather(v) as a step schedule: the messages and copies of :func:`allgather`.
+
+    Step k (distance ``d = 2**k``) sends positions ``0 .. min(d, n-d)`` of
+    the rotated work buffer to rank ``rank - d`` and receives positions
+    ``d .. d + min(d, n-d)`` from rank ``rank + d``.  In place ``SRC`` is this
+    rank's block of ``DST``.
+    """
+    n, rank = shape.size, shape.rank
+    counts, displs = shape.counts, shape.displs
+    b = Builder()
+    own = Region(DST, displs[rank], displs[rank] + counts[rank])
+    if not shape.in_place and own.count:
+        b.copy(own, Region(SRC, 0, own.count))
+    # offset of position j in the rotated work buffer
+    at = [0] * (n + 1)
+    for j in range(n):
+        at[j + 1] = at[j] + counts[(rank + j) % n]
+    total = at[n]
+    nsteps = (n - 1).bit_length()
+    if n == 1 or total == 0:
+        return b.build(0 if n == 1 else nsteps)
+    work = b.buffer("rotated blocks", total)
+    if own.count:
+        b.copy(Region(work, 0, at[1]), own)
+    d, step = 1, 0
+    while d < n:
+        c = min(d, n - d)
+        # one exchange with two partners: receive from rank + d, send to rank - d
+        r = Region(work, at[d], at[d + c])
+        s = Region(work, 0, at[c])
+        lab = Label(step, "allgather", None, 0, 0)
+        rh = b.recv((rank + d) % n, r, lab._replace(count=r.count)) if r.count else None
+        sh = b.send((rank - d) % n, s, lab._replace(count=s.count)) if s.count else None
+        b.wait(rh, sh)
+        d <<= 1
+        step += 1
+    # rotate back: position j holds rank (rank + j) % n
+    packed = all(displs[r + 1] == displs[r] + counts[r] for r in range(n - 1))
+    if packed:
+        tail = n - rank  # positions 1 .. tail-1 are ranks rank+1 .. n-1
+        if at[tail] > at[1]:
+            lo = displs[rank] + counts[rank]
+            b.copy(Region(DST, lo, lo + at[tail] - at[1]), Region(work, at[1], at[tail]))
+        if total > at[tail]:
+            lo = displs[0]
+            b.copy(Region(DST, lo, lo + total - at[tail]), Region(work, at[tail], total))
+    else:
+        for j in range(1, n):
+            r = (rank + j) % n
+            if counts[r]:
+                b.copy(Region(DST, displs[r], displs[r] + counts[r]), Region(work, at[j], at[j + 1]))
+    return b.build(nsteps)
+
+
+SCHEDULES = {("allgather", "bruck"): allgather_schedule}
