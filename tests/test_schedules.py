@@ -1,0 +1,346 @@
+"""Every schedule builder, run by tests/schedsim.py on all ranks at once (NumPy only, no messages).
+
+For each builder in the modules' ``SCHEDULES`` registries (see
+:data:`BUILDERS`), at 1..9 ranks, several count patterns (0, 1, fewer than
+the ranks, uneven, a thousand), in and out of place, AllGather's packed and
+scattered (gaps, any order) layouts, eager and rendezvous transport and
+several segment/window tunings:
+
+* results equal a NumPy reference bitwise (SUM on integer-valued floats; the
+  non-commutative "affine" op for order-preserving algorithms, where every
+  rank must also hold the same bits);
+* inputs are unchanged unless in place (in place: what lies beyond the
+  result, and AllGather's gaps);
+* the simulator's own checks hold: no deadlock, sizes match, regions within
+  their buffers, nothing touched while a message is in flight on it;
+* every message has a label whose count is its size;
+* work memory is never more than today's imperative functions take
+  (measured by running them in tests/test_algorithms.py's simulator).
+
+Under an MPI launcher the cases are shared out over the ranks, so the file
+takes the same time at any -n.
+"""
+
+from __future__ import annotations
+
+import random
+import types
+import zlib
+
+import numpy as np
+import pytest
+import schedsim as sim
+from mpi4py import MPI
+
+from mpicoll.algorithms import bruck, halving, recursive, ring, steps
+from mpicoll.algorithms.schedule import Builder, Recv, Reduce, Send, Wait
+from mpicoll.engine import select as _select
+
+WORLD = MPI.COMM_WORLD
+
+
+def _registry():
+    """(collective, algorithm, builder) of every module that has a SCHEDULES table.
+
+    Keys are ``(collective, algorithm)``; a module may also key by collective
+    alone, its algorithm then being ``default``.
+    """
+    out = []
+    for mod, default in ((ring, "ring"), (recursive, "recursive_doubling"), (halving, None),
+                         (bruck, "bruck")):
+        for key, build in getattr(mod, "SCHEDULES", {}).items():
+            collective, algorithm = key if isinstance(key, tuple) else (key, default)
+            out.append((collective, algorithm, build))
+    return out
+
+
+BUILDERS = _registry()
+ORDER_PRESERVING = _select.ORDER_PRESERVING
+TUNINGS = [(1, 1), (3, 2), (2, 5), (1 << 17, 2)]  # (segment elements, window)
+
+
+def _share(cases):
+    return [c for i, c in enumerate(cases) if i % WORLD.size == WORLD.rank]
+
+
+# --- data and references ----------------------------------------------------------
+
+def affine(a, b, out):
+    """Composition of affine maps x -> re*x + im packed in complex numbers: associative,
+    not commutative; exact on small integers, so operand order shows."""
+    re = a.real * b.real
+    im = a.real * b.imag + a.imag
+    out.real = re
+    out.imag = im
+
+
+def _data(rank, N, op):
+    i = np.arange(N)
+    if op == "affine":
+        return ((rank + i) % 3 - 1 + ((rank * 5 + i) % 7 - 3) * 1j).astype(np.complex128)
+    return ((rank * 131 + i * 7) % 17 - 8).astype(np.float64)
+
+
+def _reduce_all(inputs, op):
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        (affine if op == "affine" else np.add)(acc, x, acc)  # rank order, left to right
+    return acc
+
+
+def _counts(n, rng):
+    return [[3] * n, ring.split(2 * n + 1, n)[0], [0] * n, [0] * (n - 1) + [5], [1] + [0] * (n - 1),
+            [rng.randrange(0, 6) for _ in range(n)], [rng.randrange(0, 40) for _ in range(n)],
+            ring.split(1000, n)[0]]
+
+
+def _scattered(counts, rng):
+    """Displacements with gaps between blocks, in a random order; the buffer length."""
+    order = list(range(len(counts)))
+    rng.shuffle(order)
+    displs, at = [0] * len(counts), 2
+    for r in order:
+        displs[r] = at
+        at += counts[r] + 1
+    return displs, at + 3
+
+
+# --- one case -----------------------------------------------------------------------
+
+def run_case(collective, build, n, counts, displs, length, in_place, model, tuning=(1, 2), op="sum",
+             ring_order=None):
+    """Build every rank's schedule, simulate, check; returns the simulator's Result."""
+    seg, win = tuning
+    commutative = op != "affine"
+    shapes = [sim.shape(collective, n, r, counts=counts, displs=displs,
+                        total=length if collective == "allreduce" else None, ring=ring_order,
+                        segment=seg, window=win, in_place=in_place, commutative=commutative)
+              for r in range(n)]
+    schedules = [build(s) for s in shapes]
+    what = (f"{collective} {build.__module__}.{build.__name__} n={n} counts={counts} "
+            f"displs={displs} in_place={in_place} {model} tuning={tuning} op={op}")
+    if collective == "allgather":
+        blocks = [_data(r, counts[r], op) + 100 * r for r in range(n)]
+        expect = np.full(length, -1.0)
+        for r in range(n):
+            expect[displs[r]: displs[r] + counts[r]] = blocks[r]
+        bufs = []
+        for r in range(n):
+            dst = np.full(length, -1.0)
+            if in_place:
+                dst[displs[r]: displs[r] + counts[r]] = blocks[r]
+                bufs.append(sim.bind(collective, shapes[r], None, dst))
+            else:
+                bufs.append(sim.bind(collective, shapes[r], blocks[r].copy(), dst))
+        inputs = blocks
+    else:
+        inputs = [_data(r, length, op) for r in range(n)]
+        full = _reduce_all(inputs, op)
+        bufs = []
+        for r in range(n):
+            x = inputs[r].copy()
+            if collective == "allreduce":
+                dst = None if in_place else np.full(length, 7, x.dtype)
+                bufs.append(sim.bind(collective, shapes[r], None if in_place else x, x if in_place else dst))
+            else:
+                bufs.append(sim.bind(collective, shapes[r], x,
+                                     None if in_place else np.full(counts[r], 7, x.dtype)))
+    res = sim.simulate(schedules, bufs, np.add if op == "sum" else affine, model)
+    for r in range(n):
+        got = res.dst(r)
+        if collective == "allreduce":
+            want = full
+        elif collective == "reduce_scatter":
+            want = full[displs[r]: displs[r] + counts[r]]
+        else:
+            want = expect
+        assert got.tobytes() == want.tobytes(), f"{what}: rank {r} got {got}, want {want}"
+        if collective == "allreduce" and op == "affine":
+            assert got.tobytes() == res.dst(0).tobytes(), f"{what}: ranks differ bitwise"
+        src = res.src(r)
+        if not in_place:
+            assert src.tobytes() == inputs[r].tobytes(), f"{what}: rank {r} input changed"
+        elif collective == "reduce_scatter":
+            assert src[counts[r]:].tobytes() == inputs[r][counts[r]:].tobytes(), \
+                f"{what}: rank {r} input beyond the result changed"
+        for o in schedules[r].ops:
+            if type(o) in (Send, Recv):
+                assert o.label is not None and o.label.count == o.region.count, f"{what}: label {o}"
+        assert res.counts[r] == sim.traffic(schedules[r])
+    return res
+
+
+def _cases(collective, algorithm):
+    """(n, counts, displs, length, in_place, model, tuning, op, ring order) of one builder."""
+    rng = random.Random(zlib.crc32(f"{collective} {algorithm}".encode()))
+    cases = []
+    ops = ["sum", "affine"] if algorithm in ORDER_PRESERVING and collective != "allgather" else ["sum"]
+    for n in range(1, 10):
+        if collective == "allreduce":
+            layouts = [((N,), (0,), N) for N in sorted({0, 1, max(n - 1, 0), n, 2 * n + 1, 37, 1000})]
+        else:
+            layouts = []
+            for counts in _counts(n, rng):
+                layouts.append((counts, [sum(counts[:r]) for r in range(n)], sum(counts)))
+                if collective == "allgather":
+                    layouts.append((counts, *_scattered(counts, rng)))
+        rings = [None, tuple(range(n))[::-1]] if algorithm == "ring" else [None]
+        for counts, displs, length in layouts:
+            for op in ops:
+                for k, (in_place, model) in enumerate((a, b) for a in (False, True) for b in sim.MODELS):
+                    # the tuning only matters to the ring: the others get one each, in turn
+                    tunings = TUNINGS if algorithm == "ring" else [TUNINGS[(k + n + length) % len(TUNINGS)]]
+                    for tuning in tunings:
+                        for ring_order in rings:
+                            cases.append((n, list(counts), list(displs), length, in_place, model,
+                                          tuning, op, ring_order))
+    return cases
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("collective,algorithm,build", BUILDERS,
+                         ids=[f"{c}-{a}" for c, a, _ in BUILDERS])
+def test_schedule_matches_reference(collective, algorithm, build):
+    for n, counts, displs, length, in_place, model, tuning, op, ring_order in \
+            _share(_cases(collective, algorithm)):
+        run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op, ring_order)
+
+
+# --- the checks catch broken schedules ------------------------------------------------
+
+def _mutated(build, change):
+    """A builder whose schedules are ``build``'s with ``change(shape, ops) -> ops`` applied."""
+    def broken(shape):
+        s = build(shape)
+        return s._replace(ops=tuple(change(shape, list(s.ops))))
+    broken.__name__ = f"broken_{build.__name__}"
+    broken.__module__ = build.__module__
+    return broken
+
+
+def _swap_first_peer(shape, ops):
+    """Rank 1 sends its first message to the wrong rank."""
+    for i, o in enumerate(ops):
+        if shape.rank == 1 and type(o) is Send:
+            ops[i] = o._replace(peer=(o.peer + 1) % shape.size)
+            break
+    return ops
+
+
+def _swap_operands(shape, ops):
+    return [Reduce(o.b, o.a, o.out) if type(o) is Reduce else o for o in ops]
+
+
+def _drop_waits(shape, ops):
+    return [Wait(()) if type(o) is Wait else o for o in ops]
+
+
+def _send_first(shape, ops):
+    """Every exchange (Recv, Send, Wait) becomes send-and-wait, then receive: head to head."""
+    b, new, i = Builder(), {}, 0
+    while i < len(ops):
+        o = ops[i]
+        if type(o) is Recv and i + 2 < len(ops) and type(ops[i + 1]) is Send and type(ops[i + 2]) is Wait:
+            s = ops[i + 1]
+            b.wait(b.send(s.peer, s.region, s.label))
+            b.wait(b.recv(o.peer, o.region, o.label))
+            i += 3
+            continue
+        if type(o) is Send:
+            new[i] = b.send(o.peer, o.region, o.label)
+        elif type(o) is Recv:
+            new[i] = b.recv(o.peer, o.region, o.label)
+        elif type(o) is Wait:
+            b.wait(*(new[h] for h in o.handles))
+        else:
+            b.ops.append(o)
+        i += 1
+    return list(b.build(0).ops)
+
+
+@pytest.mark.parametrize("change,model,op,expect", [
+    (_swap_first_peer, "eager", "sum", sim.ScheduleError),
+    (_swap_operands, "eager", "affine", AssertionError),
+    (_drop_waits, "eager", "sum", sim.ScheduleError),
+    (_send_first, "rendezvous", "sum", sim.Deadlock),
+])
+def test_checks_catch_a_broken_builder(change, model, op, expect):
+    """Each mutation of recursive doubling AllReduce is caught; the unbroken one passes."""
+    if WORLD.rank != 0:
+        pytest.skip("single-process check, run on rank 0")
+    run_case("allreduce", recursive.allreduce_schedule, 5, (9,), (0,), 9, False, model, op=op)
+    with pytest.raises(expect):
+        run_case("allreduce", _mutated(recursive.allreduce_schedule, change), 5, (9,), (0,), 9,
+                 False, model, op=op)
+
+
+# --- labels: those algorithms/steps.py gives today --------------------------------------
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
+def test_recursive_doubling_labels_are_those_of_steps(collective):
+    build = recursive.SCHEDULES[(collective, "recursive_doubling")]
+    table = steps.rd_allreduce if collective == "allreduce" else steps.rd_reduce_scatter
+    for n in range(1, 10):
+        for counts in ([0] * n, [1] + [0] * (n - 1), [3] * n, ring.split(2 * n + 1, n)[0]):
+            total = sum(counts)
+            displs = [sum(counts[:r]) for r in range(n)]
+            for rank in range(n):
+                sh = sim.shape(collective, n, rank, counts=counts, displs=displs, total=total)
+                s = build(sh)
+                want = table(types.SimpleNamespace(size=n, rank=rank), total, counts, displs, 8)
+                got = ([o.label for o in s.sends()], [o.label for o in s.recvs()])
+                assert got == (want.sends, want.recvs), f"n={n} counts={counts} rank={rank}"
+                assert s.nsteps == want.nsteps or not (want.sends or want.recvs)
+
+
+# --- work memory: never more than today's functions take ---------------------------------
+
+def _today_work_bytes(collective, algorithm, n, counts, displs, length, in_place):
+    """Each rank's arena bytes after running today's imperative function (tests/test_algorithms.py)."""
+    import test_algorithms as ta
+
+    from mpicoll.backends.host import NUMPY
+
+    fn = _select.ALGORITHMS[collective][algorithm]
+    ctxs = [ta.FakeCtx(r, n, list(range(n)), 8, 2, None) for r in range(n)]
+
+    def body(r, ch):
+        ctx = ctxs[r]
+        if collective == "allgather":
+            dst = np.zeros(length)
+            src = None if in_place else np.ones(counts[r])
+            fn(ctx, ch, NUMPY, src, dst, counts, displs)
+        else:
+            x = _data(r, length, "sum")
+            if collective == "allreduce":
+                fn(ctx, ch, NUMPY, ta.SUM, x, x if in_place else np.empty_like(x))
+            else:
+                fn(ctx, ch, NUMPY, ta.SUM, x, x[: counts[r]] if in_place else np.empty(counts[r]),
+                   counts, displs)
+
+    ta._run(n, body)
+    return [ctx.work.nbytes for ctx in ctxs]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("collective,algorithm,build", [b for b in BUILDERS if b[1] != "ring"],
+                         ids=[f"{c}-{a}" for c, a, _ in BUILDERS if a != "ring"])
+def test_work_memory_is_not_more_than_today(collective, algorithm, build):
+    rng = random.Random(7)
+    cases = []
+    for n in range(1, 8):
+        for counts in _counts(n, rng)[1::2]:
+            if collective == "allreduce":
+                counts = [sum(counts)]
+            displs = [sum(counts[:r]) for r in range(len(counts))]
+            length = sum(counts)
+            if collective == "allgather":
+                cases.append((n, counts, *_scattered(counts, rng), False))
+            cases += [(n, counts, displs, length, ip) for ip in (False, True)]
+    for n, counts, displs, length, in_place in _share(cases):
+        today = _today_work_bytes(collective, algorithm, n, counts, displs, length, in_place)
+        for r in range(n):
+            sh = sim.shape(collective, n, r, counts=counts, displs=displs, total=length, in_place=in_place)
+            mine = sum(build(sh).work.values()) * 8
+            assert mine <= today[r], (f"n={n} counts={counts} displs={displs} in_place={in_place} "
+                                      f"rank {r}: schedule needs {mine} bytes, today {today[r]}")
