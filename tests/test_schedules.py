@@ -14,8 +14,11 @@ several segment/window tunings:
 * the simulator's own checks hold: no deadlock, sizes match, regions within
   their buffers, nothing touched while a message is in flight on it;
 * every message has a label whose count is its size;
-* work memory is never more than today's imperative functions take
-  (measured by running them in tests/test_algorithms.py's simulator).
+* the messages (peer and size, in issue order) are those of today's
+  imperative functions, and the work memory is never more than they take
+  (both recorded by running them in tests/test_algorithms.py's simulator);
+* recursive doubling's labels are those of algorithms/steps.py;
+* broken variants of a builder are caught (so the checks can fail).
 
 Under an MPI launcher the cases are shared out over the ranks, so the file
 takes the same time at any -n.
@@ -293,18 +296,35 @@ def test_recursive_doubling_labels_are_those_of_steps(collective):
                 assert s.nsteps == want.nsteps or not (want.sends or want.recvs)
 
 
-# --- work memory: never more than today's functions take ---------------------------------
+# --- the same messages as today's functions, and no more work memory -----------------------
 
-def _today_work_bytes(collective, algorithm, n, counts, displs, length, in_place):
-    """Each rank's arena bytes after running today's imperative function (tests/test_algorithms.py)."""
+def _run_today(collective, algorithm, n, counts, displs, length, in_place):
+    """Run today's imperative function in tests/test_algorithms.py's thread simulator.
+
+    Returns per rank (arena bytes after the call, [(dest, count)] of its
+    sends, [(source, count)] of its receives), in issue order.
+    """
     import test_algorithms as ta
 
     from mpicoll.backends.host import NUMPY
 
     fn = _select.ALGORITHMS[collective][algorithm]
     ctxs = [ta.FakeCtx(r, n, list(range(n)), 8, 2, None) for r in range(n)]
+    sent = [[] for _ in range(n)]
+    received = [[] for _ in range(n)]
 
     def body(r, ch):
+        isend, irecv = ch.isend, ch.irecv
+
+        def logged_isend(arr, dest):
+            sent[r].append((dest, len(arr)))
+            return isend(arr, dest)
+
+        def logged_irecv(arr, source):
+            received[r].append((source, len(arr)))
+            return irecv(arr, source)
+
+        ch.isend, ch.irecv = logged_isend, logged_irecv
         ctx = ctxs[r]
         if collective == "allgather":
             dst = np.zeros(length)
@@ -319,17 +339,17 @@ def _today_work_bytes(collective, algorithm, n, counts, displs, length, in_place
                    counts, displs)
 
     ta._run(n, body)
-    return [ctx.work.nbytes for ctx in ctxs]
+    return [(ctx.work.nbytes, sent[r], received[r]) for r, ctx in enumerate(ctxs)]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("collective,algorithm,build", [b for b in BUILDERS if b[1] != "ring"],
                          ids=[f"{c}-{a}" for c, a, _ in BUILDERS if a != "ring"])
-def test_work_memory_is_not_more_than_today(collective, algorithm, build):
+def test_same_messages_and_no_more_work_memory_than_today(collective, algorithm, build):
     rng = random.Random(7)
     cases = []
-    for n in range(1, 8):
-        for counts in _counts(n, rng)[1::2]:
+    for n in range(1, 10):
+        for counts in _counts(n, rng):
             if collective == "allreduce":
                 counts = [sum(counts)]
             displs = [sum(counts[:r]) for r in range(len(counts))]
@@ -338,9 +358,13 @@ def test_work_memory_is_not_more_than_today(collective, algorithm, build):
                 cases.append((n, counts, *_scattered(counts, rng), False))
             cases += [(n, counts, displs, length, ip) for ip in (False, True)]
     for n, counts, displs, length, in_place in _share(cases):
-        today = _today_work_bytes(collective, algorithm, n, counts, displs, length, in_place)
+        today = _run_today(collective, algorithm, n, counts, displs, length, in_place)
         for r in range(n):
+            what = f"n={n} counts={counts} displs={displs} in_place={in_place} rank {r}"
             sh = sim.shape(collective, n, r, counts=counts, displs=displs, total=length, in_place=in_place)
-            mine = sum(build(sh).work.values()) * 8
-            assert mine <= today[r], (f"n={n} counts={counts} displs={displs} in_place={in_place} "
-                                      f"rank {r}: schedule needs {mine} bytes, today {today[r]}")
+            s = build(sh)
+            work, sends, recvs = today[r]
+            assert [(o.peer, o.region.count) for o in s.sends()] == sends, f"{what}: sends differ"
+            assert [(o.peer, o.region.count) for o in s.recvs()] == recvs, f"{what}: receives differ"
+            mine = sum(s.work.values()) * 8
+            assert mine <= work, f"{what}: schedule needs {mine} bytes of work memory, today {work}"

@@ -7,6 +7,9 @@ block (position j holds rank ``(rank + j) % n``).  At the step with distance
 are its own positions ``d`` .. ``d + min(d, n - d)``.  A final rotation puts
 the blocks in rank order.  Unlike recursive doubling it needs no fold for
 rank counts that are not powers of two, at the price of two local copies.
+
+:func:`allgather_schedule` is the same algorithm as a step schedule (see
+:mod:`mpicoll.algorithms.schedule`): step k is the exchange at distance 2**k.
 """
 
 from __future__ import annotations

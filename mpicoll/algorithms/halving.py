@@ -21,6 +21,13 @@ Rabenseifner (AllReduce)
 
 Halving combines the data of ranks ``i`` and ``i ^ mask`` before those of
 their neighbours, i.e. not in rank order: only commutative ops may use it.
+
+Schedules
+    :func:`reduce_scatter_schedule` and :func:`allreduce_schedule` are the
+    same algorithms as step schedules (:data:`SCHEDULES`, see
+    :mod:`mpicoll.algorithms.schedule`): step 0 the fold (when n is not a
+    power of two), then the halving steps (Rabenseifner: then the doubling
+    steps), then the unfold.
 """
 
 from __future__ import annotations

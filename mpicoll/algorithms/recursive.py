@@ -19,6 +19,16 @@ evaluate the same expression ``lower op higher``, so all ranks end with
 bitwise-identical results.  The first step reads the input directly and every
 step writes into the output or one work array, so a 2-rank call is one
 exchange and one reduction, with no copies.
+
+Schedules
+    :func:`allreduce_schedule`, :func:`reduce_scatter_schedule` and
+    :func:`allgather_schedule` describe the same algorithms as step schedules
+    (see :mod:`mpicoll.algorithms.schedule`; :data:`SCHEDULES` lists them):
+    the same messages, reductions and work buffers as the functions above,
+    which the call path still runs.  Step 0 is the fold (only when n is not a
+    power of two), then one exchange step per bit of pof2, then the unfold;
+    each exchange is "post the receive, post the send, wait for both" and an
+    empty message is not sent (both ends know its size).
 """
 
 from __future__ import annotations
