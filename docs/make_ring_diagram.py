@@ -3,8 +3,11 @@
     python docs/make_ring_diagram.py                 # 4 ranks -> docs/ring.svg
     python docs/make_ring_diagram.py -n 5 -o /tmp/ring5.svg
 
-Pure Python, no dependency.  The schedule drawn is the one in
-mpicoll/algorithms/ring.py (ranks in ring order 0, 1, ..., n-1):
+The schedule drawn is the library's own: the ring AllReduce schedule builder
+of mpicoll/algorithms/ring.py (see mpicoll/algorithms/schedule.py), built for
+every rank of an n-rank ring in rank order with one element per block and
+unsegmented blocks.  Each Send/Recv label gives the step, the phase
+("reduce-scatter", then "allgather") and the block a message carries:
 
     ReduceScatter, step s = 0 .. n-2: rank p sends its partial sum of block
         (p-1-s) mod n to rank p+1, and receives the partial of block
@@ -13,62 +16,103 @@ mpicoll/algorithms/ring.py (ranks in ring order 0, 1, ..., n-1):
     AllGather, step s = 0 .. n-2: rank p sends block (p-s) mod n to rank p+1
         and receives block (p-1-s) mod n from rank p-1.
 
-The script simulates both schedules (sets of contributions per rank and
-block), checks that they end where they must, and draws each step: one row
-per rank, one cell per block, the block a rank sends outlined in red, the
-block it receives outlined dashed.  Output is deterministic.
+The script checks that every message is received by its peer in the same
+step with the same block, follows the contributions (sets of ranks per rank
+and block) through the messages, checks that both phases end where they
+must, and draws each step: one row per rank, one cell per block, the block a
+rank sends outlined in red, the block it receives outlined dashed.  Output is
+deterministic.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from html import escape
 from pathlib import Path
 
 CELL, GAP_CELL, ROW, COL_GAP = 46, 3, 34, 34
 LEFT, TOP_PAD = 70, 12
 SEND, RECV = "#c62828", "#1565c0"
+PHASES = ("reduce-scatter", "allgather")
 
 
-def reduce_scatter(n):
-    """States before each step and after the last: state[p][b] = set of ranks summed in."""
-    state = [[{p} for _ in range(n)] for p in range(n)]
-    states, moves = [], []
-    for s in range(n - 1):
-        sends = {p: (p - 1 - s) % n for p in range(n)}
-        recvs = {p: (p - 2 - s) % n for p in range(n)}
-        states.append([[set(c) for c in row] for row in state])
-        moves.append((sends, recvs))
-        new = [[set(c) for c in row] for row in state]
-        for p in range(n):
-            q = (p + 1) % n
-            assert recvs[q] == sends[p]
-            new[q][sends[p]] = state[p][sends[p]] | state[q][sends[p]]
-        state = new
-    states.append(state)
+def ring_builder():
+    """The ring AllReduce schedule builder of mpicoll.algorithms.ring."""
+    try:
+        from mpicoll.algorithms import ring
+    except ImportError:  # run from a checkout without installing: the package is next door
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from mpicoll.algorithms import ring
+    table = getattr(ring, "SCHEDULES", {})
+    build = (table.get(("allreduce", "ring")) or table.get("allreduce")
+             or getattr(ring, "allreduce_schedule", None))
+    if build is None:
+        raise SystemExit("mpicoll.algorithms.ring has no AllReduce schedule builder "
+                         "(SCHEDULES[('allreduce', 'ring')] or allreduce_schedule)")
+    return build
+
+
+def moves(n, build):
+    """{phase: [(sends, recvs) per step, in step order]}: sends[p] = the block rank p sends.
+
+    Read from the labels of the schedules ``build`` gives for ranks 0..n-1;
+    each message must be received by its peer in the same step, same block.
+    """
+    from mpicoll.algorithms.schedule import Recv, Send, Shape
+
+    ring = tuple(range(n))
+    out = {phase: {} for phase in PHASES}
+    posted = {}  # (source, dest) -> [(step, phase, block)] sent, in order
+    taken = {}   # (source, dest) -> [(step, phase, block)] received, in order
     for p in range(n):
-        assert state[p][p] == set(range(n)), f"rank {p} does not hold block {p} fully reduced"
-    return states, moves
+        shape = Shape(n, p, ring, p, n, (n,), (0,), n, 2, False)
+        for op in build(shape).ops:
+            if type(op) not in (Send, Recv):
+                continue
+            lab = op.label
+            assert lab is not None and lab.phase in PHASES, f"rank {p}: {op} has no ring label"
+            sends, recvs = out[lab.phase].setdefault(lab.step, ({}, {}))
+            side, link = (sends, posted) if type(op) is Send else (recvs, taken)
+            assert side.get(p, lab.block) == lab.block, f"rank {p}: two blocks in step {lab.step}"
+            side[p] = lab.block
+            key = (p, op.peer) if type(op) is Send else (op.peer, p)
+            link.setdefault(key, []).append((lab.step, lab.phase, lab.block))
+    assert posted == taken, "a message is not received in the step and block it was sent"
+    return {phase: [steps[s] for s in sorted(steps)] for phase, steps in out.items()}
 
 
-def allgather(n):
-    """States before each step and after the last: state[p][b] = True when rank p has block b."""
-    state = [[b == p for b in range(n)] for p in range(n)]
-    states, moves = [], []
-    for s in range(n - 1):
-        sends = {p: (p - s) % n for p in range(n)}
-        recvs = {p: (p - 1 - s) % n for p in range(n)}
-        states.append([row[:] for row in state])
-        moves.append((sends, recvs))
+def _follow(n, steps, state, merge):
+    """States before each step and after the last, following the messages of ``steps``."""
+    states = []
+    for sends, recvs in steps:
+        states.append([[set(c) if isinstance(c, set) else c for c in row] for row in state])
         new = [row[:] for row in state]
-        for p in range(n):
+        for p, b in sends.items():
             q = (p + 1) % n
-            assert recvs[q] == sends[p] and state[p][sends[p]] and not state[q][sends[p]]
-            new[q][sends[p]] = True
+            assert recvs.get(q) == b, f"rank {q} does not receive block {b} from rank {p}"
+            new[q][b] = merge(state[p][b], state[q][b])
         state = new
     states.append(state)
-    assert all(all(row) for row in state), "a rank misses a block after the AllGather"
-    return states, moves
+    return states
+
+
+def reduce_scatter(n, steps):
+    """States of the ReduceScatter: state[p][b] = set of ranks summed into rank p's block b."""
+    states = _follow(n, steps, [[{p} for _ in range(n)] for p in range(n)], lambda a, b: a | b)
+    for p in range(n):
+        assert states[-1][p][p] == set(range(n)), f"rank {p} does not hold block {p} fully reduced"
+    return states
+
+
+def allgather(n, steps):
+    """States of the AllGather: state[p][b] = True when rank p has block b."""
+    def merge(have, mine):
+        assert have and not mine, "a block sent before it arrived, or received twice"
+        return True
+    states = _follow(n, steps, [[b == p for b in range(n)] for p in range(n)], merge)
+    assert all(all(row) for row in states[-1]), "a rank misses a block after the AllGather"
+    return states
 
 
 def _fill(frac):
@@ -177,9 +221,12 @@ def legend(svg, y, n):
     return y + 82
 
 
-def draw(n: int) -> str:
-    rs_states, rs_moves = reduce_scatter(n)
-    ag_states, ag_moves = allgather(n)
+def draw(n: int, build=None) -> str:
+    """The SVG of the ring schedule ``build`` (default: the library's) at ``n`` ranks."""
+    steps = moves(n, build or ring_builder())
+    rs_moves, ag_moves = steps["reduce-scatter"], steps["allgather"]
+    rs_states = reduce_scatter(n, rs_moves)
+    ag_states = allgather(n, ag_moves)
     svg = Svg()
     y = TOP_PAD
     y = panel(svg, y, n, f"Ring ReduceScatter, {n} ranks: {n - 1} steps; rank p ends with "
