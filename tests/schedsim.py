@@ -72,19 +72,19 @@ class Deadlock(ScheduleError):
 
 
 class Counts(NamedTuple):
-    """One rank's traffic: messages and elements sent/received, steps with a message."""
+    """One rank's traffic, the fields of a call in ``mpicoll.traffic()`` in the same order."""
 
     messages_sent: int
-    elements_sent: int
+    bytes_sent: int
     messages_received: int
-    elements_received: int
-    send_steps: int | None  # None: a message without a label
+    bytes_received: int
+    send_steps: int | None  # steps with at least one message; None: a message without a label
     recv_steps: int | None
 
 
 class Result(NamedTuple):
     buffers: list  # per rank: {name: array} as bound (SRC, DST, work buffers)
-    counts: list   # per rank: Counts
+    counts: list   # per rank: Counts (bytes of DST's dtype)
 
     def dst(self, rank):
         return self.buffers[rank][DST]
@@ -149,7 +149,9 @@ def traffic(schedule: Schedule, itemsize: int = 1) -> Counts:
     """Messages, bytes (elements * itemsize) and labelled steps of one schedule.
 
     Steps are the distinct ``label.step`` of the messages in each direction
-    (None when a message has no label), as ``mpicoll.traffic()`` counts them.
+    (None when a message has no label), as ``mpicoll.traffic()`` counts them;
+    ``traffic(s, itemsize)[:5]`` is what tests/test_traffic.py's ``measured()``
+    reads from a call.
     """
     sends, recvs = schedule.sends(), schedule.recvs()
 
@@ -339,4 +341,5 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
     left = [m for q in (*sends.values(), *recvs.values()) for m in q]
     if left:
         raise ScheduleError("unmatched messages: " + "; ".join(ranks[m.rank].where(m.index) for m in left))
-    return Result([rk.buffers for rk in ranks], [traffic(Schedule(rk.ops, {}, 0)) for rk in ranks])
+    return Result([rk.buffers for rk in ranks],
+                  [traffic(Schedule(rk.ops, {}, 0), rk.buffers[DST].itemsize) for rk in ranks])

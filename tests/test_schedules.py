@@ -169,7 +169,7 @@ def run_case(collective, build, n, counts, displs, length, in_place, model, tuni
         for o in schedules[r].ops:
             if type(o) in (Send, Recv):
                 assert o.label is not None and o.label.count == o.region.count, f"{what}: label {o}"
-        assert res.counts[r] == sim.traffic(schedules[r])
+        assert res.counts[r] == sim.traffic(schedules[r], got.itemsize)
     return res
 
 
@@ -437,3 +437,21 @@ def test_ring_diagram_reads_the_schedule():
     # a schedule whose messages do not follow the ring is refused
     with pytest.raises(AssertionError):
         diagram.draw(4, _mutated(handmade_ring_allreduce, _swap_first_peer))
+
+
+# --- readers of the schedules: traffic counts ------------------------------------------------
+
+def test_traffic_of_recursive_doubling_is_test_traffics_formula():
+    """sim.traffic() of a schedule gives what tests/test_traffic.py's hand formula expects."""
+    N, itemsize = 10, 8
+    for n in range(1, 10):
+        pof2 = 1 << (n.bit_length() - 1)
+        rem, rounds = n - pof2, pof2.bit_length() - 1
+        for rank in range(n):
+            if rank < 2 * rem:
+                msgs, nsteps = (1, 1) if rank % 2 == 0 else (rounds + 1, rounds + 1)
+            else:
+                msgs, nsteps = rounds, rounds
+            want = (msgs, msgs * N * itemsize, msgs, msgs * N * itemsize, nsteps)
+            s = recursive.allreduce_schedule(sim.shape("allreduce", n, rank, total=N))
+            assert tuple(sim.traffic(s, itemsize))[:5] == want, f"n={n} rank={rank}"
