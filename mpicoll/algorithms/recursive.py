@@ -211,11 +211,13 @@ def exchange(b: Builder, peer: int, send: Region, recv: Region, label: Label) ->
 
 
 def send_to(b: Builder, peer: int, region: Region, label: Label) -> None:
+    """Send ``region`` to ``peer`` and wait (nothing when it is empty)."""
     if region.count:
         b.wait(b.send(peer, region, label._replace(count=region.count)))
 
 
 def recv_from(b: Builder, peer: int, region: Region, label: Label) -> None:
+    """Receive ``region`` from ``peer`` and wait (nothing when it is empty)."""
     if region.count:
         b.wait(b.recv(peer, region, label._replace(count=region.count)))
 
