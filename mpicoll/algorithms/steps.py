@@ -1,10 +1,9 @@
-"""Step labels of the algorithms that do not run as schedules yet (to be deleted).
+"""The recursive doubling labels as they were before the schedules (to be deleted).
 
-Algorithms run as schedules (algorithms.schedule; the ring ones) carry their
-labels on their Send/Recv ops, and observe.calls reads them there.  The
-ones still written as functions are labelled here: the k-th send (receive)
-of a call is the k-th entry of the lists built below.  This module goes
-when recursive doubling becomes a schedule.
+Every algorithm now runs as a schedule whose Send/Recv ops carry their labels
+(algorithms.schedule), and observe.calls reads them there; nothing in the
+library reads this module.  tests/test_schedules.py still compares the
+recursive doubling schedules' labels with these; delete both together.
 
 recursive doubling AllReduce / ReduceScatter (n = pof2 + rem)
     step 0 folds the first 2*rem ranks in pairs (only when rem > 0), then one

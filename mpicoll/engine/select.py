@@ -38,23 +38,14 @@ ALGORITHMS = {
 }
 
 # Schedule builders ``build(shape) -> Schedule`` (algorithms.schedule), run by the
-# executor (engine.executor).  An algorithm of ALGORITHMS without a builder here
-# still runs as a function (ctx, ch, be, [red,] src, dst, ...) when its operation
-# starts; converted algorithms go here as they are converted:
-#   allreduce: "recursive_doubling", "rabenseifner"
-#   reduce_scatter: "recursive_doubling", "recursive_halving"
-#   allgather: "recursive_doubling", "bruck"
-BUILDERS = {
-    "allreduce": {
-        "ring": _ring.allreduce_schedule,
-    },
-    "reduce_scatter": {
-        "ring": _ring.reduce_scatter_schedule,
-    },
-    "allgather": {
-        "ring": _ring.allgather_schedule,
-    },
-}
+# executor (engine.executor), from each algorithm module's SCHEDULES table.  An
+# algorithm of ALGORITHMS without a builder here (none today; a new one may start
+# that way) runs as a function (ctx, ch, be, [red,] src, dst, ...) when its
+# operation starts.
+BUILDERS: dict = {collective: {} for collective in ALGORITHMS}
+for _module in (_ring, _recursive, _halving, _bruck):
+    for (_collective, _name), _build in _module.SCHEDULES.items():
+        BUILDERS[_collective][_name] = _build
 
 
 def builder(collective: str, name: str):

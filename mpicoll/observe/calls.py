@@ -13,9 +13,8 @@ channel untouched.  Otherwise the Call
 * hands its counts and events to the active recorders when the call ends.
 
 Message k of a call is labelled with step, block and segment from the
-schedule the call runs (:meth:`Call.use_schedule`); algorithms that still run
-as functions get theirs from :mod:`mpicoll.algorithms.steps`, computed only
-when something needs it.
+schedule the call runs (:meth:`Call.use_schedule`); an algorithm that runs as
+a function and exchanges through ``sendrecv`` only gets its round numbers.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from time import perf_counter
 
 from mpi4py import MPI
 
-from ..algorithms import steps as _steps
+from ..algorithms.schedule import Label
 from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from ..transport import channel as _channel
@@ -157,12 +156,8 @@ class Call:
 
     @property
     def schedule(self):
-        """The algorithm's _steps.Schedule if it matches the messages issued so far, else None."""
-        if self._schedule is False:
-            sched = _steps.schedule(self.collective, self.algorithm, self.ctx, self.total,
-                                    self.counts, self.displs, self.msg.dtype.itemsize)
-            self._schedule = sched if sched is not None and self._matches(sched) else None
-        return self._schedule
+        """The labels of the schedule the call runs (see :meth:`use_schedule`), else None."""
+        return self._schedule or None
 
     def _matches(self, sched) -> bool:
         for labels, issued in ((sched.sends, self.scounts), (sched.recvs, self.rcounts)):
@@ -173,7 +168,7 @@ class Call:
         return True
 
     def label_of(self, kind: str, k: int):
-        """The _steps.Label (step, phase, block, segment, count) of send/recv ``k``, or None.
+        """The Label (step, phase, block, segment, count) of send/recv ``k``, or None.
 
         Algorithms without a schedule that exchange through ``sendrecv`` only
         (one call per step) get the rank's own round number as the step.
@@ -185,7 +180,7 @@ class Call:
             rounds, counts = (self.srounds, self.scounts) if kind == "send" else (self.rrounds,
                                                                                   self.rcounts)
             if k < len(rounds) and rounds[k] is not None:
-                return _steps.Label(rounds[k], "round", None, 0, counts[k])
+                return Label(rounds[k], "round", None, 0, counts[k])
             return None
         seq = sched.sends if kind == "send" else sched.recvs
         return seq[k] if k < len(seq) else None
