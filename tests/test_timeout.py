@@ -374,3 +374,30 @@ def test_large_message_shows_progress_per_piece(monkeypatch):
     ok = np.array_equal(y, ref_allreduce(x)) and len(events) >= pieces // _timeout.WINDOW
     _util.assert_all(WORLD, ok, f"{len(events)} progress events for {pieces} pieces per message")
     comm.Free()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
+def test_plan_does_not_run_after_a_timeout():
+    """The same buffers as a plain call kept as a plan (engine.plan): after a call on the
+    communicator timed out, they are refused like any other call, not run from the plan."""
+    comm = _fresh_comm()
+    mc = mpicoll.Comm(comm)
+    x = data(5)
+    y = np.empty_like(x)
+    mc.Allreduce(x, y)  # plain: kept as the plan of Comm.Allreduce
+    mc.Allreduce(x, y)  # run from it
+    with mpicoll.options(timeout=T):
+        exc, _ = _skip_one(comm, lambda c: mc.Allreduce(x, y))
+    refused = ""
+    if RANK != SKIPPER:
+        if exc is None:
+            refused = "no CollectiveTimeout; "
+        try:
+            mc.Allreduce(x, y)
+            refused += "a call with the plan's buffers was accepted"
+        except mpicoll.MpicollError as e:
+            if "communicator unusable" not in str(e):
+                refused += f"unexpected message: {e}"
+    _util.assert_all(WORLD, not refused, refused)
+    _discard(comm)

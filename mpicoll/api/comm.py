@@ -118,7 +118,7 @@ class Comm(MPI.Intracomm):
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
-        algorithm = self._algo("allreduce")
+        algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
         key = (sendbuf, recvbuf, op, algorithm)
         if _plan.repeat(self, "Comm.Allreduce", key):
             return
@@ -143,7 +143,7 @@ class Comm(MPI.Intracomm):
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
-        algorithm = self._algo("allgather")
+        algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
         key = (sendbuf, recvbuf, algorithm)
         if _plan.repeat(self, "Comm.Allgather", key):
             return
@@ -203,7 +203,7 @@ class Comm(MPI.Intracomm):
         means count = len(recvbuf) / size, ``[buf, count, type]`` states it.
         As in mpi4py, a count given in a ``sendbuf`` spec is also per rank.
         """
-        algorithm = self._algo("reduce_scatter")
+        algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
         key = (sendbuf, recvbuf, op, algorithm)
         if _plan.repeat(self, "Comm.Reduce_scatter_block", key):
             return

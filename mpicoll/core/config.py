@@ -126,3 +126,26 @@ def env_flag(name: str) -> bool | None:
     if value in ("0", "no", "false", "off"):
         return False
     raise ValueError(f"{name}: expected 1/0, yes/no, true/false or on/off, got {value!r}")
+
+
+def unset(names: tuple) -> bool:
+    """True when no option is set through the API and no variable of ``names`` is set.
+
+    Cheap (no decoding, no exception): the per-call test of whether a call
+    may run from its plan (engine.plan).
+    """
+    if _settings:
+        return False
+    data = os.environ._data if _ENV_BYTES else None
+    if type(data) is not dict:
+        return all(os.environ.get(name) is None for name in names)
+    keys = _UNSET_KEYS.get(names)
+    if keys is None:
+        keys = _UNSET_KEYS[names] = tuple(os.fsencode(name) for name in names)
+    for key in keys:
+        if key in data:
+            return False
+    return True
+
+
+_UNSET_KEYS: dict = {}  # names -> their encoded keys in os.environ._data

@@ -32,7 +32,7 @@ from .executor import Operation
 class _Run:
     """What one operation runs with; :meth:`begin` sets up one start, :meth:`end` closes it."""
 
-    __slots__ = ("name", "fn", "build", "ctx", "collective", "label", "msg", "smsg", "total",
+    __slots__ = ("name", "fn", "build", "ctx", "comm", "collective", "label", "msg", "smsg", "total",
                  "counts", "displs", "op", "red", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "bound", "nops", "ch", "be",
                  "call", "stage", "observed", "_red0")
@@ -178,6 +178,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     _observe.check_usable(ctx)
     run = _Run()
     run.name, run.ctx, run.collective, run.label = name, ctx, collective, label
+    run.comm = comm
     build = _select.builder(collective, name)
     run.build, run.fn = build, (None if build is not None else entry)
     run.msg, run.total, run.counts, run.displs, run.op = msg, total, counts, displs, op
@@ -239,7 +240,7 @@ def _finished(operation, memo) -> str:
     run = operation._run
     if memo is not None and not run.observed and run.msg.backend.name == "numpy" \
             and _observe.quiet():
-        _plan.keep(run.ctx, memo[0], memo[1], run)
+        _plan.keep(run.ctx, run.comm, memo[0], memo[1], run)
     else:
         run.release()
     return operation.algorithm

@@ -178,8 +178,13 @@ class Context:
             cache.move_to_end(key)
         return sched
 
+    def drop_plans(self) -> None:
+        """Drop the plans of this context (engine.plan): freed, or unusable after a timeout."""
+        from .plan import drop_all
+        drop_all(self)
+
     def free(self) -> None:
-        self.plans.clear()
+        self.drop_plans()
         self.work = WorkMemory()
         self.schedules.clear()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():

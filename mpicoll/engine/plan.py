@@ -20,34 +20,66 @@ only NumPy arrays and ``MPI.IN_PLACE`` qualify as such objects (a list spec
 could be changed between calls).  One plan is kept per public function and
 communicator; a call with other arguments drops it (releasing its work
 memory before taking its own) and may leave its own.
+
+Cost of a hit
+    The last plan of each function is also kept in a module-level table by
+    the communicator *object* it was called with, so a hit needs no MPI
+    attribute lookup; the context's table (``ctx.plans``, found through the
+    communicator's attribute) serves other objects of the same communicator.
+    A plan whose schedule is only ``Sendrecv``, reductions and copies (every
+    latency-bound schedule: recursive doubling, halving, Bruck) is compiled
+    into a tuple of ready calls -- ``comm.Sendrecv`` with its buffer specs,
+    the reduction's ufunc with its operands -- run one after the other.
+    Point-to-point persistent requests (``Send_init``/``Recv_init``,
+    ``Startall``) were measured against ``Sendrecv`` for these fixed buffers
+    (``python -m mpicoll.tools.latency``, columns ``sendrecv`` and
+    ``persist``) and were not faster, so a plan uses ``Sendrecv``.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from mpi4py import MPI
 
 from ..observe import calls as _observe
 from . import context as _context
-from .executor import run_blocking
+from .executor import COPY, REDUCE, SENDRECV, run_blocking
+
+# function name -> the Plan of its last plain call (any communicator); see "Cost of a hit"
+_LAST: dict = {}
 
 
 class Plan:
     """A bound blocking call, run again by :func:`repeat`."""
 
-    __slots__ = ("args", "algorithm", "bound", "nops", "ch", "red", "be", "lease", "fn",
-                 "fnargs")
+    __slots__ = ("comm", "ctx", "args", "algorithm", "steps", "bound", "nops", "ch", "red",
+                 "be", "lease", "live")
 
-    def run(self, ctx) -> None:
-        ctx.seq += 1
-        if self.fn is not None:
-            self.fn(*self.fnargs)
+    def run(self) -> None:
+        self.ctx.seq += 1
+        steps = self.steps
+        if steps is not None:
+            for step in steps:
+                step()
         else:
             run_blocking(self.bound, self.nops, self.ch, self.red, self.be)
 
     def release(self) -> None:
+        """The plan is dropped: it never runs again; its work memory goes back."""
+        self.live = False
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+
+
+def _same(mine: tuple, args: tuple) -> bool:
+    if len(mine) != len(args):
+        return False
+    for a, b in zip(mine, args):
+        if a is not b:
+            return False
+    return True
 
 
 def repeat(comm, name: str, args: tuple) -> bool:
@@ -56,52 +88,87 @@ def repeat(comm, name: str, args: tuple) -> bool:
     ``args``: the public function's arguments that decide the call (buffers,
     op, algorithm), compared by identity.
     """
+    plan = _LAST.get(name)
+    if plan is None or plan.comm is not comm or not plan.live:
+        plan = _from_context(comm, name, args)
+        if plan is None:
+            return False
+    else:
+        for a, b in zip(plan.args, args):
+            if a is not b:
+                plan = _from_context(comm, name, args)
+                if plan is None:
+                    return False
+                break
+    if not _observe.quiet():
+        return False
+    plan.run()
+    return True
+
+
+def _from_context(comm, name, args):
+    """The plan of ``name`` on ``comm``'s context if ``args`` are its objects, else None."""
     try:
         ctx = comm.Get_attr(_context.keyval())
     except (AttributeError, TypeError, MPI.Exception):
-        return False
-    if ctx is None:
-        return False
+        return None
     plans = getattr(ctx, "plans", None)
     if not plans:
-        return False
+        return None
     plan = plans.get(name)
     if plan is None:
-        return False
-    mine = plan.args
-    same = len(mine) == len(args)
-    if same:
-        for a, b in zip(mine, args):
-            if a is not b:
-                same = False
-                break
-    if not same:
+        return None
+    if not plan.live or not _same(plan.args, args):
         # another call of this function: its work memory goes back before that
         # call takes its own (it keeps a new plan if it is plain)
         del plans[name]
         plan.release()
-        return False
-    if not _observe.quiet() or _observe.broken(ctx):
-        return False
-    plan.run(ctx)
-    return True
+        return None
+    _LAST[name] = plan
+    return plan
 
 
-def keep(ctx, name: str, args: tuple, run) -> None:
+def drop_all(ctx) -> None:
+    """Drop every plan of ``ctx`` (its communicator is freed or unusable)."""
+    plans = getattr(ctx, "plans", None)
+    if plans:
+        for plan in plans.values():
+            plan.release()
+        plans.clear()
+
+
+def keep(ctx, comm, name: str, args: tuple, run) -> None:
     """Make the finished blocking ``run`` (engine.collectives) the plan of ``name`` on ``ctx``."""
     plans = ctx.plans
     old = plans.pop(name, None)
     if old is not None:
         old.release()
     plan = Plan()
-    plan.args = args
-    plan.algorithm = run.name
+    plan.comm, plan.ctx, plan.args, plan.algorithm = comm, ctx, args, run.name
     plan.bound, plan.nops, plan.ch, plan.red, plan.be = run.bound, run.nops, run.ch, run.red, run.be
     plan.lease = run.lease
     run.lease = None  # the plan holds the work memory now
-    if run.fn is not None:
-        plan.fn = run.fn
-        plan.fnargs = run.fnargs()
-    else:
-        plan.fn = plan.fnargs = None
+    plan.steps = _compile(run.bound, run.red, run.be)
+    plan.live = True
     plans[name] = plan
+    _LAST[name] = plan
+
+
+def _compile(bound, red, be):
+    """The bound ops as a tuple of ready calls, or None if some op needs requests kept."""
+    steps = []
+    ufunc = getattr(red, "ufunc", None)
+    for op in bound:
+        k = op[0]
+        if k == SENDRECV:
+            steps.append(partial(*op[1:]))
+        elif k == REDUCE:
+            if ufunc is not None:
+                steps.append(partial(ufunc, op[1], op[2], out=op[3]))
+            else:
+                steps.append(partial(red, op[1], op[2], op[3]))
+        elif k == COPY:
+            steps.append(partial(be.copy, op[1], op[2]))
+        else:
+            return None
+    return tuple(steps)

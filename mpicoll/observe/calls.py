@@ -45,9 +45,11 @@ def check_usable(ctx) -> None:
         )
 
 
-def broken(ctx) -> bool:
-    """Whether an earlier collective on this communicator timed out here."""
-    return getattr(ctx, _BROKEN, None) is not None
+def _drop_plans(ctx) -> None:
+    """No call on an unusable context runs from a plan again (engine.plan)."""
+    drop = getattr(ctx, "drop_plans", None)
+    if drop is not None:
+        drop()
 
 
 def quiet() -> bool:
@@ -56,8 +58,11 @@ def quiet() -> bool:
     No traffic counter, trace, timeout or check is on, and
     ``MPICOLL_ALGORITHM`` is unset (engine.plan runs only such calls again).
     """
-    return (not _traffic._active and not _trace.active() and _config.get("timeout") is None
-            and not _config.get("check") and _config.env_value("MPICOLL_ALGORITHM") is None)
+    return not _traffic._active and not _trace.active() and _config.unset(_QUIET_ENV)
+
+
+# variables that change how a call runs: with any of them set, no call runs from a plan
+_QUIET_ENV = ("MPICOLL_TIMEOUT", "MPICOLL_CHECK", "MPICOLL_ALGORITHM")
 
 
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
@@ -257,6 +262,7 @@ class Call:
             f"{why}. This communicator cannot be used again; end the job with mpicoll.abort()"
         )
         setattr(self.ctx, _BROKEN, f"{self.label} #{self.seq} timed out on rank {self.rank}")
+        _drop_plans(self.ctx)
         return CollectiveTimeout(
             msg, collective=self.label, seq=self.seq, algorithm=self.algorithm, rank=self.rank,
             peer=r.peer, phase="check" if phase == "check" else r.kind,
