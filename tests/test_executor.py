@@ -241,3 +241,34 @@ def test_leases_released_out_of_order_never_alias():
     d.take(f8, 20, "reuses the grown arena")
     d.release()
     assert mem.allocations == before
+
+
+@pytest.mark.timeout(60)
+def test_device_operations_in_flight_together_stage_per_message():
+    """Two small non-blocking AllReduces of (fake) device arrays in flight together: both right.
+
+    Small blocking device calls run on one pinned copy per context
+    (WholeStage); two operations in flight would share that copy, so
+    operations stage message by message instead.
+    """
+    import fakegpu
+
+    from mpicoll.api.buffers import msg_of_array as as_msg
+    comm = WORLD.Dup()
+    try:
+        be = fakegpu.fake_backend()
+        rt = be.rt
+        with fakegpu.registered(be), mpicoll.options(cuda_aware=False):
+            h1, h2 = _data(comm, 16), _data(comm, 16, salt=9)
+            x1, x2 = fakegpu.produce(rt, h1), fakegpu.produce(rt, h2)
+            y1, y2 = rt.xp.empty(16, np.float64), rt.xp.empty(16, np.float64)
+            op1 = _coll.start_allreduce(comm, as_msg(x1, be), as_msg(y1, be), MPI.SUM, "auto")
+            op2 = _coll.start_allreduce(comm, as_msg(x2, be), as_msg(y2, be), MPI.SUM, "auto")
+            op2.wait()
+            op1.wait()
+            got1, got2 = y1.get(), y2.get()
+        ok = _util.same_bytes(got1, _want_allreduce(h1)) and _util.same_bytes(got2,
+                                                                             _want_allreduce(h2))
+        _util.assert_all(comm, ok, f"got {got1[:3]}, {got2[:3]}")
+    finally:
+        comm.Free()

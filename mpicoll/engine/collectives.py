@@ -44,9 +44,10 @@ class _Run:
         msg = self.msg
         be = msg.backend
         nbytes = self.total * msg.dtype.itemsize
-        # small device calls on the staging path run the host algorithm on one
-        # pinned copy (see backends.devices.WholeStage)
-        whole = getattr(be, "whole_stage", None)
+        # small blocking device calls on the staging path run the host algorithm on
+        # one pinned copy (see backends.devices.WholeStage); that copy is one buffer
+        # per context, so operations that may be in flight together stage per message
+        whole = getattr(be, "whole_stage", None) if self.blocking else None
         stage = self.stage = None if whole is None else whole(ctx, nbytes, msg, self.op
                                                               if self._red0 is not None else None)
         if stage is not None:
