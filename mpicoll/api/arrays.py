@@ -22,6 +22,7 @@ from ..engine import collectives as _collectives
 from ..engine import fastpath as _fastpath
 from ..engine import select as _select
 from ..engine.context import check_comm
+from . import requests as _requests
 from .buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
 
 
@@ -125,6 +126,17 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
     fast = _fastpath.allreduce(comm, x, out, op, algorithm, timeout)  # plain NumPy case
     if fast is not NotImplemented:
         return fast
+    args, timeout, finish = _allreduce_args(x, op, comm, out, algorithm, timeout)
+    _collectives.run_allreduce(*args, timeout=timeout)
+    return finish()
+
+
+def _allreduce_args(x, op, comm, out, algorithm, timeout):
+    """(start/run arguments, timeout, finish) of an allreduce call, checked.
+
+    ``finish()`` (after the collective) returns the result, copying it into
+    ``out`` where the algorithm ran on a C-ordered copy.
+    """
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _types.check_op(op)
@@ -141,15 +153,21 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
     # every rank reduces its elements in logical (C) order, whatever its layout
     if in_place:
         work = _c_order(backend, x)
-        _collectives.run_allreduce(comm, None, msg_of_array(work, backend), op, algorithm,
-                                   timeout=timeout)
+        smsg = None
     else:
         work = _c_order(backend, out, fill=False)
-        _collectives.run_allreduce(comm, msg_of_array(_c_order(backend, x), backend),
-                                   msg_of_array(work, backend), op, algorithm, timeout=timeout)
-    if work is not out:
-        backend.copy(out, work)
-    return out
+        smsg = msg_of_array(_c_order(backend, x), backend)
+    return ((comm, smsg, msg_of_array(work, backend), op, algorithm), timeout,
+            _finisher(backend, work, out))
+
+
+def _finisher(backend, work, out):
+    """``finish()``: ``out`` once the result in ``work`` (``out`` or its C-ordered copy) is in it."""
+    def finish():
+        if work is not out:
+            backend.copy(out, work)
+        return out
+    return finish
 
 
 def _fortran(a) -> bool:
@@ -185,6 +203,13 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
     fast = _fastpath.allgather(comm, x, out, counts, algorithm, timeout)  # plain NumPy case
     if fast is not NotImplemented:
         return fast
+    args, timeout, finish = _allgather_args(x, comm, out, counts, algorithm, timeout)
+    _collectives.run_allgather(*args, timeout=timeout)
+    return finish()
+
+
+def _allgather_args(x, comm, out, counts, algorithm, timeout):
+    """(start/run arguments, timeout, finish) of an allgather call, checked (see _allreduce_args)."""
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
@@ -226,11 +251,8 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
     else:
         work = _c_order(backend, out, fill=False)
         smsg = msg_of_array(_c_order(backend, x), backend)
-    _collectives.run_allgather(comm, smsg, msg_of_array(work, backend), ecounts, edispls,
-                               algorithm, timeout=timeout)
-    if work is not out:
-        backend.copy(out, work)
-    return out
+    return ((comm, smsg, msg_of_array(work, backend), ecounts, edispls, algorithm), timeout,
+            _finisher(backend, work, out))
 
 
 def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
@@ -263,6 +285,13 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     fast = _fastpath.reduce_scatter(comm, x, out, op, counts, algorithm, timeout)  # plain NumPy case
     if fast is not NotImplemented:
         return fast
+    args, timeout, finish = _reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout)
+    _collectives.run_reduce_scatter(*args, timeout=timeout)
+    return finish()
+
+
+def _reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout):
+    """(start/run arguments, timeout, finish) of a reduce_scatter call, checked (see _allreduce_args)."""
     comm = _comm(comm)
     timeout = _config._check_value("timeout", timeout)
     _types.check_op(op)
@@ -294,15 +323,46 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     src = _c_order(backend, x)
     if in_place:
         # the input is the whole of x; the result goes to its first rows
-        _collectives.run_reduce_scatter(comm, None, msg_of_array(src, backend), ecounts, edispls,
-                                        op, algorithm, timeout=timeout)
         result = x[: counts[rank]]
-        if src is not x:
-            backend.copy(result, src[: counts[rank]])
-        return result
+        return ((comm, None, msg_of_array(src, backend), ecounts, edispls, op, algorithm),
+                timeout, _finisher(backend, src[: counts[rank]] if src is not x else result, result))
     work = _c_order(backend, result, fill=False)
-    _collectives.run_reduce_scatter(comm, msg_of_array(src, backend), msg_of_array(work, backend),
-                                    ecounts, edispls, op, algorithm, timeout=timeout)
-    if work is not result:
-        backend.copy(result, work)
-    return result
+    return ((comm, msg_of_array(src, backend), msg_of_array(work, backend), ecounts, edispls, op,
+             algorithm), timeout, _finisher(backend, work, result))
+
+
+# -- non-blocking forms (see mpicoll.api.requests) ------------------------------------
+# The same checks as the blocking functions, then the engine's start_* function.
+
+
+def _start(start, args, timeout, finish):
+    _requests.check_progress()
+    return _requests.Handle(start(*args, timeout=timeout), finish)
+
+
+def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None):
+    """Start an :func:`allreduce`; returns a handle whose ``wait()`` returns the result.
+
+    The arguments are :func:`allreduce`'s.  ``x`` and ``out`` belong to the
+    collective until ``wait()`` returns (or ``test()`` returns True).
+
+    Example (2 ranks)::
+
+        h = mpicoll.iallreduce(np.full(3, rank + 1.0))   # rank r: [r+1, r+1, r+1]
+        ...                                              # other work meanwhile
+        y = h.wait()                                     # every rank: [3., 3., 3.]
+    """
+    return _start(_requests.start_allreduce, *_allreduce_args(x, op, comm, out, algorithm, timeout))
+
+
+def iallgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
+    """Start an :func:`allgather` (same arguments); ``wait()`` on the handle returns the result."""
+    return _start(_requests.start_allgather,
+                  *_allgather_args(x, comm, out, counts, algorithm, timeout))
+
+
+def ireduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
+                    timeout=None):
+    """Start a :func:`reduce_scatter` (same arguments); ``wait()`` on the handle returns the result."""
+    return _start(_requests.start_reduce_scatter,
+                  *_reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout))

@@ -11,6 +11,7 @@ from ..engine import collectives as _collectives
 from ..engine import fastpath as _fastpath
 from ..engine import select as _select
 from ..engine.context import check_comm
+from . import requests as _requests
 from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
 
 
@@ -114,6 +115,11 @@ class Comm(MPI.Intracomm):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
         if _fastpath.comm_allreduce(self, sendbuf, recvbuf, op, self._algo("allreduce")) is None:
             return  # plain NumPy buffers: done on the fast path
+        _collectives.run_allreduce(self, *self._allreduce_args(sendbuf, recvbuf, op),
+                                   self._algo("allreduce"))
+
+    def _allreduce_args(self, sendbuf, recvbuf, op):
+        """(smsg or None, rmsg, op) of an Allreduce call: the start/run arguments, checked."""
         _types.check_op(op)
         rmsg = message(recvbuf, "recvbuf", writable=True)
         smsg = None
@@ -126,12 +132,17 @@ class Comm(MPI.Intracomm):
                 )
             _check_no_overlap(smsg, rmsg)
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
-        _collectives.run_allreduce(self, smsg, rmsg, op, self._algo("allreduce"))
+        return smsg, rmsg, op
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
         if _fastpath.comm_allgather(self, sendbuf, recvbuf, self._algo("allgather")) is None:
             return  # plain NumPy buffers: done on the fast path
+        _collectives.run_allgather(self, *self._allgather_args(sendbuf, recvbuf),
+                                   self._algo("allgather"))
+
+    def _allgather_args(self, sendbuf, recvbuf):
+        """(smsg or None, rmsg, counts, displs) of an Allgather call, checked."""
         size = self.Get_size()
         rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
         per = rmsg.count // size
@@ -146,7 +157,7 @@ class Comm(MPI.Intracomm):
             _check_no_overlap(smsg, rmsg)
         counts = [per] * size
         displs = [per * r for r in range(size)]
-        _collectives.run_allgather(self, smsg, rmsg, counts, displs, self._algo("allgather"))
+        return smsg, rmsg, counts, displs
 
     def Allgatherv(self, sendbuf, recvbuf):
         """Gather ``counts[r]`` elements from each rank r into ``recvbuf``.
@@ -156,6 +167,11 @@ class Comm(MPI.Intracomm):
         (the same count from every rank), a bare buffer (split as evenly as
         possible), with None for what is inferred.
         """
+        _collectives.run_allgather(self, *self._allgatherv_args(sendbuf, recvbuf),
+                                   self._algo("allgather"))
+
+    def _allgatherv_args(self, sendbuf, recvbuf):
+        """(smsg or None, rmsg, counts, displs) of an Allgatherv call, checked."""
         size, rank = self.Get_size(), self.Get_rank()
         rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size, vector=True)
         smsg = None
@@ -169,8 +185,7 @@ class Comm(MPI.Intracomm):
                 )
             _check_no_overlap(smsg, rmsg)
         _check_disjoint(rmsg.counts, rmsg.displs)
-        _collectives.run_allgather(self, smsg, rmsg, rmsg.counts, rmsg.displs,
-                                   self._algo("allgather"))
+        return smsg, rmsg, rmsg.counts, rmsg.displs
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce ``sendbuf`` (size*count elements) and leave block ``rank`` in ``recvbuf``.
@@ -183,6 +198,11 @@ class Comm(MPI.Intracomm):
         if _fastpath.comm_reduce_scatter_block(self, sendbuf, recvbuf, op,
                                                self._algo("reduce_scatter")) is None:
             return  # plain NumPy buffers: done on the fast path
+        _collectives.run_reduce_scatter(self, *self._reduce_scatter_block_args(sendbuf, recvbuf, op),
+                                        self._algo("reduce_scatter"))
+
+    def _reduce_scatter_block_args(self, sendbuf, recvbuf, op):
+        """(smsg or None, rmsg, counts, displs, op) of a Reduce_scatter_block call, checked."""
         _types.check_op(op)
         size = self.Get_size()
         if is_in_place(sendbuf):
@@ -203,8 +223,7 @@ class Comm(MPI.Intracomm):
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
         counts = [per] * size
         displs = [per * r for r in range(size)]
-        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
-                                        self._algo("reduce_scatter"))
+        return smsg, rmsg, counts, displs, op
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
@@ -214,13 +233,23 @@ class Comm(MPI.Intracomm):
         verdict on its own arguments travels with its count, so every rank
         raises if any rank's arguments are bad (none is left waiting).
         """
+        _collectives.run_reduce_scatter(
+            self, *self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op),
+            self._algo("reduce_scatter"))
+
+    def _reduce_scatter_args(self, sendbuf, recvbuf, recvcounts, op):
+        """(smsg or None, rmsg, counts, displs, op) of a Reduce_scatter call, checked.
+
+        Without ``recvcounts`` (and not in place) the ranks exchange their
+        receive counts first: a blocking collective on mpicoll's channel.
+        """
         size, rank = self.Get_size(), self.Get_rank()
         if recvcounts is not None or is_in_place(sendbuf):
-            smsg, rmsg, counts = self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op)
+            smsg, rmsg, counts = self._reduce_scatter_local(sendbuf, recvbuf, recvcounts, op)
         else:
             error = None
             try:
-                smsg, rmsg, _ = self._reduce_scatter_args(sendbuf, recvbuf, None, op)
+                smsg, rmsg, _ = self._reduce_scatter_local(sendbuf, recvbuf, None, op)
                 mine = (rmsg.count, smsg.count, 0)
             except (TypeError, ValueError) as exc:
                 error, mine = exc, (0, 0, 1)
@@ -244,10 +273,9 @@ class Comm(MPI.Intracomm):
         displs = [0] * size
         for r in range(1, size):
             displs[r] = displs[r - 1] + counts[r - 1]
-        _collectives.run_reduce_scatter(self, smsg, rmsg, counts, displs, op,
-                                        self._algo("reduce_scatter"))
+        return smsg, rmsg, counts, displs, op
 
-    def _reduce_scatter_args(self, sendbuf, recvbuf, recvcounts, op):
+    def _reduce_scatter_local(self, sendbuf, recvbuf, recvcounts, op):
         """(smsg or None, rmsg, counts or None) of a Reduce_scatter call, checked locally."""
         _types.check_op(op)
         size, rank = self.Get_size(), self.Get_rank()
@@ -270,6 +298,70 @@ class Comm(MPI.Intracomm):
                 _check_rs_counts(smsg.count, rmsg.count, counts, rank)
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
         return smsg, rmsg, counts
+
+    # -- non-blocking and persistent collectives (see mpicoll.api.requests) ----------
+    # The same checks as the blocking calls (the _*_args functions above), then
+    # the engine's start_* function; the request keeps the buffers alive.
+
+    def _start(self, start, collective, args, persistent=False):
+        _requests.check_progress()
+        op = start(self, *args, self._algo(collective), persistent=persistent)
+        return _requests.Request(op, args[:2], persistent)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""
+        return self._start(_requests.start_allreduce, "allreduce",
+                           self._allreduce_args(sendbuf, recvbuf, op))
+
+    def Iallgather(self, sendbuf, recvbuf):
+        """Start an :meth:`Allgather`; returns a request (``Test``/``Wait``)."""
+        return self._start(_requests.start_allgather, "allgather",
+                           self._allgather_args(sendbuf, recvbuf))
+
+    def Iallgatherv(self, sendbuf, recvbuf):
+        """Start an :meth:`Allgatherv`; returns a request (``Test``/``Wait``)."""
+        return self._start(_requests.start_allgather, "allgather",
+                           self._allgatherv_args(sendbuf, recvbuf))
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
+        """Start a :meth:`Reduce_scatter_block`; returns a request (``Test``/``Wait``)."""
+        return self._start(_requests.start_reduce_scatter, "reduce_scatter",
+                           self._reduce_scatter_block_args(sendbuf, recvbuf, op))
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
+        """Start a :meth:`Reduce_scatter`; returns a request (``Test``/``Wait``).
+
+        Without ``recvcounts`` the receive counts are exchanged first, before
+        this returns (as for the blocking call).
+        """
+        return self._start(_requests.start_reduce_scatter, "reduce_scatter",
+                           self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op))
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL):
+        """A persistent :meth:`Allreduce` (MPI-4): inactive until ``Start()``; ``Free()`` at the end."""
+        return self._start(_requests.start_allreduce, "allreduce",
+                           self._allreduce_args(sendbuf, recvbuf, op), True)
+
+    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL):
+        """A persistent :meth:`Allgather` (MPI-4): inactive until ``Start()``."""
+        return self._start(_requests.start_allgather, "allgather",
+                           self._allgather_args(sendbuf, recvbuf), True)
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL):
+        """A persistent :meth:`Allgatherv` (MPI-4): inactive until ``Start()``."""
+        return self._start(_requests.start_allgather, "allgather",
+                           self._allgatherv_args(sendbuf, recvbuf), True)
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL):
+        """A persistent :meth:`Reduce_scatter_block` (MPI-4): inactive until ``Start()``."""
+        return self._start(_requests.start_reduce_scatter, "reduce_scatter",
+                           self._reduce_scatter_block_args(sendbuf, recvbuf, op), True)
+
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
+                            info=MPI.INFO_NULL):
+        """A persistent :meth:`Reduce_scatter` (MPI-4): inactive until ``Start()``."""
+        return self._start(_requests.start_reduce_scatter, "reduce_scatter",
+                           self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op), True)
 
 
 def _exchange(comm, values, label):
