@@ -107,6 +107,11 @@ class Request:
     def algorithm(self) -> str:
         return self._active.op.algorithm
 
+    @property
+    def done(self) -> bool:
+        """Whether the collective is known complete (or inactive), without advancing it."""
+        return self._active is None or self._active.op.done
+
     def _live(self, what):
         if self._active is None:
             raise ValueError(f"{what}: the request has been freed (MPI.REQUEST_NULL)")
@@ -194,7 +199,8 @@ class Handle:
 
     @property
     def done(self) -> bool:
-        return self._finish is None
+        """Whether the collective is known complete, without advancing it."""
+        return self._finish is None or self._active.op.done
 
     def test(self) -> bool:
         """Advance without blocking; True once complete (then ``wait()`` returns at once)."""
