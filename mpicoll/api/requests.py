@@ -94,10 +94,11 @@ class Request:
         algorithm: the algorithm the collective runs.
     """
 
-    __slots__ = ("_active", "_buffers", "persistent", "__weakref__")
+    __slots__ = ("_active", "_buffers", "persistent", "_algorithm", "__weakref__")
 
     def __init__(self, op, buffers=(), persistent=False):
         self._active = _Active(op)
+        self._algorithm = None
         self._buffers = buffers  # kept alive until the request is released, as mpi4py does
         self.persistent = persistent
         if not persistent:
@@ -105,7 +106,7 @@ class Request:
 
     @property
     def algorithm(self) -> str:
-        return self._active.op.algorithm
+        return self._algorithm if self._active is None else self._active.op.algorithm
 
     @property
     def done(self) -> bool:
@@ -145,6 +146,7 @@ class Request:
         """Release the request; an active one completes first.  Freeing twice is harmless."""
         active, self._active = self._active, None
         if active is not None:
+            self._algorithm = active.op.algorithm
             with active.lock:
                 active.op.wait()
                 if self.persistent:
