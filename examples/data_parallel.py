@@ -30,9 +30,10 @@ the backward pass hands each bucket to ``mpicoll.iallreduce`` as soon as it
 is complete (the output layer's first, with the loss and count, then the
 hidden layer's), so the reduction of one bucket runs while the next is
 computed; both are waited for before the update.  Besides the checks above,
-the run then trains once more with the same buckets reduced by blocking
-``mpicoll.allreduce`` calls and checks that the two give bitwise-identical
-weights (each bucket is reduced in the same order either way).
+the run then trains once more with each bucket's reduction completed before
+the backward pass goes on (the same calls, nothing overlapped) and checks that
+the two give bitwise-identical weights: overlapping changes when a bucket is
+reduced, never how.
 """
 
 import _common as ex
@@ -192,9 +193,12 @@ def main():
     ex.print0(f"weights bitwise identical on all {size} rank(s): {identical}")
     ok &= ex.check(identical, "ranks hold different weights")
     if args.overlap:
-        # the same buckets reduced by blocking calls, one after the other
+        # the same bucket reductions, each completed before the backward pass goes on
+        def reduce_now(bucket):
+            mpicoll.iallreduce(bucket, op=MPI.SUM, out=bucket).wait()
+
         blocking = ex.to_host(train(xp, Xs, ys, args.samples, args.steps, args.lr,
-                                    buckets=(allreduce, lambda: None)))
+                                    buckets=(reduce_now, lambda: None)))
         same = bool(np.array_equal(theta.view(np.uint64), blocking.view(np.uint64)))
         ex.print0(f"overlapped weights bitwise equal to blocking bucket reductions: "
                   f"{comm.allreduce(same, op=MPI.LAND)}")
