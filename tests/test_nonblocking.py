@@ -521,6 +521,37 @@ def test_nonblocking_runs_mpicolls_algorithms():
 
 
 # ---------------------------------------------------------------------------
+# Device arrays (fake GPU: mpicoll's device code on a fake CUDA runtime, see fakegpu)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cuda_aware", [False, True])
+def test_device_arrays(cuda_aware):
+    import fakegpu
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    rt = be.rt
+    n = 2 * SIZE + 1
+    a, g, s = rank_data(n, salt=100), rank_data(RANK % 3, salt=101), rank_data(n, salt=102)
+    counts = [r % 3 for r in range(SIZE)]
+    rs_counts = [len(b) for b in np.array_split(np.arange(n), SIZE)]
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=cuda_aware):
+        x = fakegpu.produce(rt, a)          # written by a kernel still queued at the start
+        h1 = mpicoll.iallreduce(x)
+        h2 = mpicoll.iallgather(fakegpu.produce(rt, g), counts=counts)
+        h3 = mpicoll.ireduce_scatter(fakegpu.produce(rt, s), op=MPI.MAX)
+        r3, r2, r1 = h3.wait().get(), h2.wait().get(), h1.wait().get()
+        y = rt.xp.empty(n, np.float64)
+        req = mpicoll.Comm(WORLD).Iallreduce(fakegpu.produce(rt, a), y, op=MPI.MIN)
+        req.Wait()
+        rmin = y.get()
+    bad = problems([("iallreduce", r1, builtin_allreduce(a)),
+                    ("iallgather", r2, builtin_allgatherv(g, counts)),
+                    ("ireduce_scatter", r3, builtin_reduce_scatter(s, rs_counts, MPI.MAX)),
+                    ("Iallreduce", rmin, builtin_allreduce(a, MPI.MIN))])
+    _util.assert_all(WORLD, not bad, bad)
+
+
+# ---------------------------------------------------------------------------
 # python -m mpicoll.tools.overlap
 # ---------------------------------------------------------------------------
 
