@@ -3,6 +3,7 @@
     mpirun -n 4 python examples/data_parallel.py
     mpirun -n 3 python examples/data_parallel.py --steps 500
     mpirun -n 4 python examples/data_parallel.py --device gpu
+    mpirun -n 4 python examples/data_parallel.py --overlap
 
 A two-layer perceptron (tanh hidden layer, logistic output) is trained by
 full-batch gradient descent on synthetic data generated from a fixed seed.
@@ -22,6 +23,17 @@ At the end each rank also trains the same model in one process on the whole
 batch and checks that the data-parallel weights equal those within a stated
 tolerance (the sums are only grouped differently), and that all ranks hold
 bitwise-identical weights.
+
+``--overlap`` overlaps communication with the backward pass, as data-parallel
+frameworks do: the gradient buffer is cut into buckets, one per layer, and
+the backward pass hands each bucket to ``mpicoll.iallreduce`` as soon as it
+is complete (the output layer's first, with the loss and count, then the
+hidden layer's), so the reduction of one bucket runs while the next is
+computed; both are waited for before the update.  Besides the checks above,
+the run then trains once more with each bucket's reduction completed before
+the backward pass goes on (the same calls, nothing overlapped) and checks that
+the two give bitwise-identical weights: overlapping changes when a bucket is
+reduced, never how.
 """
 
 import _common as ex
@@ -58,21 +70,35 @@ class MLP:
     def size(cls):
         return sum(int(np.prod(s)) for s in cls.shapes.values())
 
-    def gradient(self, X, y, out, scale):
+    @classmethod
+    def split(cls):
+        """Where the hidden layer's parameters (W1, b1) end in the flat vector."""
+        return FEATURES * HIDDEN + HIDDEN
+
+    def gradient(self, X, y, out, scale, ready=None):
         """Write scale * (sum of per-sample gradients) into ``out`` (same layout as
-        the parameters) followed by scale * loss sum and the count of correct predictions."""
+        the parameters) followed by scale * loss sum and the count of correct predictions.
+
+        ``ready(bucket)``, if given, is called with each bucket of ``out`` as soon as
+        the backward pass has filled it: ``out[split():]`` (the output layer, the loss
+        and the count) first, then ``out[:split()]`` (the hidden layer).
+        """
         xp, p = self.xp, self.views
         g = MLP(xp, out[: self.size()]).views
         h = xp.tanh(X @ p["W1"] + p["b1"])
         z = h @ p["W2"] + p["b2"][0]
+        out[-2] = (xp.logaddexp(0.0, z) - y * z).sum() * scale
+        out[-1] = ((z > 0) == (y > 0.5)).sum()
         dz = 1.0 / (1.0 + xp.exp(-z)) - y               # d loss / d z for the logistic loss
         g["W2"][...] = (h.T @ dz) * scale
         g["b2"][...] = dz.sum() * scale
+        if ready is not None:
+            ready(out[self.split():])
         dh = xp.outer(dz, p["W2"]) * (1.0 - h * h)
         g["W1"][...] = (X.T @ dh) * scale
         g["b1"][...] = dh.sum(axis=0) * scale
-        out[-2] = (xp.logaddexp(0.0, z) - y * z).sum() * scale
-        out[-1] = ((z > 0) == (y > 0.5)).sum()
+        if ready is not None:
+            ready(out[: self.split()])
 
 
 def make_data(n, seed=7):
@@ -90,14 +116,21 @@ def initial_weights(seed=11):
     return rng.standard_normal(MLP.size()) * 0.3
 
 
-def train(xp, X, y, batch, steps, lr, allreduce=None, log=None):
-    """Full-batch gradient descent; ``X``/``y`` are this process's shard of a ``batch``-sample batch."""
+def train(xp, X, y, batch, steps, lr, allreduce=None, log=None, buckets=None):
+    """Full-batch gradient descent; ``X``/``y`` are this process's shard of a ``batch``-sample batch.
+
+    ``allreduce(buf)`` sums the whole gradient buffer after the backward pass;
+    ``buckets`` instead is ``(ready, wait)``: ``ready(bucket)`` as each bucket is
+    complete, ``wait()`` before the update.
+    """
     model = MLP(xp, xp.asarray(initial_weights()))
     buf = xp.empty(MLP.size() + 2)
     for step in range(steps + 1):
-        model.gradient(X, y, buf, 1.0 / batch)
+        model.gradient(X, y, buf, 1.0 / batch, None if buckets is None else buckets[0])
         if allreduce is not None:
             allreduce(buf)
+        if buckets is not None:
+            buckets[1]()
         if log is not None and (step % max(steps // 5, 1) == 0 or step == steps):
             log(step, float(buf[-2]), float(buf[-1]) / batch)
         if step < steps:
@@ -110,6 +143,9 @@ def main():
     p.add_argument("--samples", type=ex.count, default=1001, help="global batch size (default 1001)")
     p.add_argument("--steps", type=ex.count, default=300, help="gradient steps (default 300)")
     p.add_argument("--lr", type=float, default=0.5, help="learning rate (default 0.5)")
+    p.add_argument("--overlap", action="store_true",
+                   help="reduce each layer's gradients with mpicoll.iallreduce as the backward "
+                        "pass produces them (default: one allreduce after it)")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size
@@ -128,8 +164,23 @@ def main():
     def allreduce(buf):
         mpicoll.allreduce(buf, op=MPI.SUM, out=buf)      # in place: the sum replaces buf
 
+    in_flight = []
+
+    def start(bucket):                                   # backward pass: bucket complete
+        in_flight.append(mpicoll.iallreduce(bucket, op=MPI.SUM, out=bucket))
+
+    def wait():                                          # before the update
+        mpicoll.waitall(in_flight)
+        in_flight.clear()
+
     Xs, ys = xp.asarray(X[lo:hi]), xp.asarray(y[lo:hi])
-    theta = ex.to_host(train(xp, Xs, ys, args.samples, args.steps, args.lr, allreduce, log))
+    if args.overlap:
+        ex.print0("overlapped: each layer's gradient bucket is reduced with mpicoll.iallreduce "
+                  "during the backward pass")
+        theta = ex.to_host(train(xp, Xs, ys, args.samples, args.steps, args.lr, log=log,
+                                 buckets=(start, wait)))
+    else:
+        theta = ex.to_host(train(xp, Xs, ys, args.samples, args.steps, args.lr, allreduce, log))
 
     # The same training in one process on the whole batch (every rank does it locally).
     ref = ex.to_host(train(xp, xp.asarray(X), xp.asarray(y), args.samples, args.steps, args.lr))
@@ -141,6 +192,17 @@ def main():
     identical = ex.same_on_all_ranks(theta)
     ex.print0(f"weights bitwise identical on all {size} rank(s): {identical}")
     ok &= ex.check(identical, "ranks hold different weights")
+    if args.overlap:
+        # the same bucket reductions, each completed before the backward pass goes on
+        def reduce_now(bucket):
+            mpicoll.iallreduce(bucket, op=MPI.SUM, out=bucket).wait()
+
+        blocking = ex.to_host(train(xp, Xs, ys, args.samples, args.steps, args.lr,
+                                    buckets=(reduce_now, lambda: None)))
+        same = bool(np.array_equal(theta.view(np.uint64), blocking.view(np.uint64)))
+        ex.print0(f"overlapped weights bitwise equal to blocking bucket reductions: "
+                  f"{comm.allreduce(same, op=MPI.LAND)}")
+        ok &= ex.check(same, "overlapped and blocking bucket reductions give different weights")
     ex.finish(ok, f"data-parallel training on {size} rank(s) equals single-process training ({device})")
 
 

@@ -5,8 +5,9 @@ plus latency-optimal algorithms for small messages, on NumPy arrays and
 (with CuPy) GPU arrays, checked against MPI's built-in collectives.
 """
 
-from .api.arrays import allgather, allreduce, reduce_scatter
+from .api.arrays import allgather, allreduce, iallgather, iallreduce, ireduce_scatter, reduce_scatter
 from .api.comm import Comm
+from .api.requests import Handle, Request, testall, waitall
 from .backends.cuda import cuda_aware_mpi
 from .backends.devices import bind_device
 from .core.config import configure, options
@@ -22,6 +23,13 @@ __all__ = [
     "allreduce",
     "allgather",
     "reduce_scatter",
+    "iallreduce",
+    "iallgather",
+    "ireduce_scatter",
+    "Request",
+    "Handle",
+    "waitall",
+    "testall",
     "configure",
     "options",
     "MpicollError",

@@ -73,6 +73,16 @@ def test_example(launcher, name, nranks):
         assert "equal the unsharded ones bitwise: True" in out, _describe(res)
 
 
+@pytest.mark.parametrize("nranks", (2, 3))
+def test_data_parallel_overlap(launcher, nranks):
+    """--overlap: gradient buckets reduced with iallreduce during the backward pass."""
+    res = run_example(launcher, "data_parallel", nranks, "--device", "cpu", "--overlap",
+                      "--steps", "50")
+    _check_common(res, nranks)
+    assert f"weights bitwise identical on all {nranks} rank(s): True" in res.stdout, _describe(res)
+    assert "bitwise equal to blocking bucket reductions: True" in res.stdout, _describe(res)
+
+
 def test_allreduce_8_ranks(launcher):
     """The README's bigger run: 8 ranks print 36.0."""
     res = run_example(launcher, "allreduce", 8, "--device", "cpu", "--count", "100003")

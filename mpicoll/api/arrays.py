@@ -29,6 +29,7 @@ from ..engine import collectives as _collectives
 from ..engine import plan as _plan
 from ..engine import select as _select
 from ..engine.context import check_comm
+from . import requests as _requests
 from .buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
 
 _WORLD = MPI.COMM_WORLD
@@ -357,3 +358,50 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
     after = None if work is result else _copier(backend, result, work)
     return ((comm, msg_of_array(src, backend), msg_of_array(work, backend), ecounts, edispls, op,
              algorithm), timeout, result, after)
+
+
+# -- non-blocking forms (see mpicoll.api.requests) ------------------------------------
+# The same checks as the blocking functions (the one validation path), then the
+# engine's start_* function.
+
+
+def _start(start, args, timeout, result, after):
+    _requests.check_progress()
+    return _requests.Handle(start(*args, timeout=timeout), _finisher(result, after))
+
+
+def _finisher(result, after):
+    """``finish()``: the result, once ``after`` (the copy out of a C-ordered work array) ran."""
+    def finish():
+        if after is not None:
+            after()
+        return result
+    return finish
+
+
+def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None):
+    """Start an :func:`allreduce`; returns a handle whose ``wait()`` returns the result.
+
+    The arguments are :func:`allreduce`'s.  ``x`` and ``out`` belong to the
+    collective until ``wait()`` returns (or ``test()`` returns True).
+
+    Example (2 ranks)::
+
+        h = mpicoll.iallreduce(np.full(3, rank + 1.0))   # rank r: [r+1, r+1, r+1]
+        ...                                              # other work meanwhile
+        y = h.wait()                                     # every rank: [3., 3., 3.]
+    """
+    return _start(_requests.start_allreduce, *_allreduce_args(x, op, comm, out, algorithm, timeout))
+
+
+def iallgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
+    """Start an :func:`allgather` (same arguments); ``wait()`` on the handle returns the result."""
+    return _start(_requests.start_allgather,
+                  *_allgather_args(x, comm, out, counts, algorithm, timeout))
+
+
+def ireduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
+                    timeout=None):
+    """Start a :func:`reduce_scatter` (same arguments); ``wait()`` on the handle returns the result."""
+    return _start(_requests.start_reduce_scatter,
+                  *_reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout))

@@ -11,6 +11,7 @@ from ..engine import collectives as _collectives
 from ..engine import plan as _plan
 from ..engine import select as _select
 from ..engine.context import check_comm
+from . import requests as _requests
 from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
 
 
@@ -307,6 +308,66 @@ class Comm(MPI.Intracomm):
         _types.check_op_applies(op, rmsg.category, rmsg.typename)
         return smsg, rmsg, counts
 
+
+    # -- non-blocking and persistent collectives (see mpicoll.api.requests) ----------
+    # The same checks as the blocking calls (the _*_args functions above), then
+    # the engine's start_* function; the request keeps the buffers alive.
+
+    def _start(self, start, args, persistent=False):
+        _requests.check_progress()
+        op = start(*args, persistent=persistent)
+        return _requests.Request(op, args[1:3], persistent)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""
+        return self._start(_requests.start_allreduce, self._allreduce_args(sendbuf, recvbuf, op))
+
+    def Iallgather(self, sendbuf, recvbuf):
+        """Start an :meth:`Allgather`; returns a request (``Test``/``Wait``)."""
+        return self._start(_requests.start_allgather, self._allgather_args(sendbuf, recvbuf))
+
+    def Iallgatherv(self, sendbuf, recvbuf):
+        """Start an :meth:`Allgatherv`; returns a request (``Test``/``Wait``)."""
+        return self._start(_requests.start_allgather, self._allgatherv_args(sendbuf, recvbuf))
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
+        """Start a :meth:`Reduce_scatter_block`; returns a request (``Test``/``Wait``)."""
+        return self._start(_requests.start_reduce_scatter,
+                           self._reduce_scatter_block_args(sendbuf, recvbuf, op))
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
+        """Start a :meth:`Reduce_scatter`; returns a request (``Test``/``Wait``).
+
+        Without ``recvcounts`` the receive counts are exchanged first, before
+        this returns (as for the blocking call).
+        """
+        return self._start(_requests.start_reduce_scatter,
+                           self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op))
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL):
+        """A persistent :meth:`Allreduce` (MPI-4): inactive until ``Start()``; ``Free()`` at the end."""
+        return self._start(_requests.start_allreduce, self._allreduce_args(sendbuf, recvbuf, op),
+                           True)
+
+    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL):
+        """A persistent :meth:`Allgather` (MPI-4): inactive until ``Start()``."""
+        return self._start(_requests.start_allgather, self._allgather_args(sendbuf, recvbuf), True)
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL):
+        """A persistent :meth:`Allgatherv` (MPI-4): inactive until ``Start()``."""
+        return self._start(_requests.start_allgather, self._allgatherv_args(sendbuf, recvbuf),
+                           True)
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL):
+        """A persistent :meth:`Reduce_scatter_block` (MPI-4): inactive until ``Start()``."""
+        return self._start(_requests.start_reduce_scatter,
+                           self._reduce_scatter_block_args(sendbuf, recvbuf, op), True)
+
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
+                            info=MPI.INFO_NULL):
+        """A persistent :meth:`Reduce_scatter` (MPI-4): inactive until ``Start()``."""
+        return self._start(_requests.start_reduce_scatter,
+                           self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op), True)
 
 def _memo(name, key, sendbuf, recvbuf, op=None):
     """(name, key) to keep a plain call as a plan: bare NumPy buffers (or IN_PLACE) and a

@@ -6,6 +6,7 @@ option         environment variable    meaning
 check          MPICOLL_CHECK           ranks agree on a call fingerprint first
 timeout        MPICOLL_TIMEOUT         seconds without progress before raising
 cuda_aware     MPICOLL_CUDA_AWARE      hand device pointers straight to MPI
+progress       MPICOLL_PROGRESS        a thread advances non-blocking collectives
 =============  ======================  ==========================================
 
 ``mpicoll.configure(check=True)`` sets options for the process (``None``
@@ -23,7 +24,9 @@ _ENV = {
     "check": "MPICOLL_CHECK",
     "timeout": "MPICOLL_TIMEOUT",
     "cuda_aware": "MPICOLL_CUDA_AWARE",
+    "progress": "MPICOLL_PROGRESS",
 }
+_FLAGS = ("check", "cuda_aware", "progress")
 _UNSET = object()
 _settings: dict = {}
 
@@ -31,7 +34,7 @@ _settings: dict = {}
 def _check_value(name, value):
     if value is None:
         return None
-    if name in ("check", "cuda_aware"):
+    if name in _FLAGS:
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool or None, got {type(value).__name__}")
         return value
@@ -49,6 +52,7 @@ def configure(**kwargs) -> dict:
         check: agree on a fingerprint of every call across ranks (bool).
         timeout: seconds a collective may go without progress (float).
         cuda_aware: force (True) or forbid (False) CUDA-aware MPI.
+        progress: advance non-blocking collectives in a background thread (bool).
         Each accepts None to fall back to its environment variable.
     """
     previous = {}
@@ -83,7 +87,7 @@ def get(name: str):
     raw = env_value(var)
     if raw is None or raw.strip() == "":
         return None
-    if name in ("check", "cuda_aware"):
+    if name in _FLAGS:
         return env_flag(var)
     try:
         seconds = float(raw)

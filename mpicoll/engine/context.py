@@ -126,7 +126,8 @@ class Context:
                     pending = [dup.Ibarrier()]
                     self._wait(pending, "waiting for every rank to reach the set-up (MPI_Ibarrier)")
                 mine = np.array([_topology.node_label(dup, fake)], dtype=np.int64)
-                pending = [dup.Iallgather(mine, labels)]
+                # MPI's own method: the duplicate of an mpicoll.Comm is an mpicoll.Comm
+                pending = [MPI.Intracomm.Iallgather(dup, mine, labels)]
                 self._wait(pending, "exchanging node labels (MPI_Iallgather)")
         except BaseException:
             if MPI.Request.Testall(pending):

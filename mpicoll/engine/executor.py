@@ -192,7 +192,7 @@ class Operation:
 
     def __init__(self, run, persistent: bool):
         self.algorithm = run.name
-        self.done = not persistent  # a persistent operation is inactive until start()
+        self.done = True  # an inactive persistent operation counts as complete (MPI)
         self.persistent = persistent
         self._run = run
         self._i = 0

@@ -1,0 +1,356 @@
+"""Requests for non-blocking and persistent collectives, and the optional progress thread.
+
+:class:`Request` is what ``mpicoll.Comm.Iallreduce`` (etc.) and the
+persistent ``Allreduce_init`` (etc.) return: mpi4py's ``Test``/``Wait``/
+``Start``/``Free`` and the class methods ``Waitall``/``Testall``.
+:class:`Handle` is what :func:`mpicoll.iallreduce` (etc.) return: ``test()``
+and ``wait()``, which returns the result array.  Both drive an engine
+``Operation`` (``test()`` advances it without blocking, ``wait()`` blocks).
+
+Progress happens inside ``Test``/``Wait``, and, with the ``progress``
+option (``mpicoll.configure(progress=True)`` or ``MPICOLL_PROGRESS=1``), in a
+background thread that advances every operation started while the option is
+on.  One lock per operation keeps the thread and the caller from advancing
+the same operation at once; the thread sleeps while nothing is in flight and
+is stopped (and joined) at interpreter exit, before mpi4py finalizes MPI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+
+from mpi4py import MPI
+
+from ..core import config as _config
+from ..core.errors import MpicollError
+
+# The engine's start functions (each returns an engine.executor.Operation).
+from ..engine.collectives import start_allgather, start_allreduce, start_reduce_scatter
+
+__all__ = ["Request", "Handle", "waitall", "testall", "check_progress",
+           "start_allreduce", "start_allgather", "start_reduce_scatter"]
+
+
+class _Active:
+    """An operation with its lock and the error the progress thread met, if any."""
+
+    __slots__ = ("op", "lock", "error", "__weakref__")
+
+    def __init__(self, op):
+        self.op = op
+        self.lock = threading.Lock()
+        self.error = None
+
+    def test(self) -> bool:
+        with self.lock:
+            self._raise()
+            return self.op.test()
+
+    def wait(self) -> None:
+        with self.lock:
+            self._raise()
+            self.op.wait()
+
+    def _raise(self):
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def start(self) -> None:
+        check_progress()
+        with self.lock:
+            self.op.start()
+        _progress_add(self)
+
+
+# ---------------------------------------------------------------------------
+# Communicator API: mpi4py-style requests
+# ---------------------------------------------------------------------------
+
+
+def _empty_status(status):
+    """Fill ``status`` as MPI does for a completed collective (an empty status)."""
+    if status is not None:
+        status.Set_source(MPI.ANY_SOURCE)
+        status.Set_tag(MPI.ANY_TAG)
+        status.Set_error(MPI.SUCCESS)
+        status.Set_elements(MPI.BYTE, 0)
+
+
+class Request:
+    """A non-blocking or persistent mpicoll collective (``Comm.Iallreduce``, ``Comm.Allreduce_init``...).
+
+    As for mpi4py's requests, the buffers belong to the collective until it
+    is complete: do not read the receive buffer or write either buffer before
+    ``Wait`` (or a ``Test`` returning True).  A persistent request is
+    inactive until ``Start()``, may be started again once complete, and is
+    released by ``Free()``.
+
+    Attributes:
+        algorithm: the algorithm the collective runs.
+    """
+
+    __slots__ = ("_active", "_buffers", "persistent", "_algorithm", "_started", "__weakref__")
+
+    def __init__(self, op, buffers=(), persistent=False):
+        self._active = _Active(op)
+        self._algorithm = None
+        # started and its completion not yet seen by Test/Wait: MPI's "active" (a
+        # persistent request may not be started again before that)
+        self._started = False
+        self._buffers = buffers  # kept alive until the request is released, as mpi4py does
+        self.persistent = persistent
+        if not persistent:
+            _progress_add(self._active)
+
+    @property
+    def algorithm(self) -> str:
+        return self._algorithm if self._active is None else self._active.op.algorithm
+
+    @property
+    def done(self) -> bool:
+        """Whether the collective is known complete (or inactive), without advancing it."""
+        return self._active is None or self._active.op.done
+
+    def _live(self, what):
+        if self._active is None:
+            raise ValueError(f"{what}: the request has been freed (MPI.REQUEST_NULL)")
+        return self._active
+
+    def Test(self, status=None) -> bool:
+        """Advance without blocking; True (and ``status`` filled) once complete."""
+        if self._active is None:  # a null request is complete, as in MPI
+            _empty_status(status)
+            return True
+        done = self._active.test()
+        if done:
+            self._started = False
+            _empty_status(status)
+        return done
+
+    def Wait(self, status=None) -> bool:
+        """Block until complete; returns True (mpi4py's ``Literal[True]``)."""
+        if self._active is not None:
+            self._active.wait()
+        self._started = False
+        _empty_status(status)
+        return True
+
+    def Start(self) -> None:
+        """Persistent requests: run the collective again on the buffers' current contents."""
+        if not self.persistent:
+            raise ValueError("Start: expected a persistent request (Allreduce_init...), "
+                             "got a non-blocking one")
+        active = self._live("Start")
+        if self._started:
+            raise ValueError("Start: the request is active (started, not completed by Wait or "
+                             "a Test returning True)")
+        active.start()
+        self._started = True
+
+    def Free(self) -> None:
+        """Release the request; an active one completes first.  Freeing twice is harmless."""
+        active, self._active = self._active, None
+        if active is not None:
+            self._algorithm = active.op.algorithm
+            with active.lock:
+                active.op.wait()
+                if self.persistent:
+                    active.op.free()
+        self._buffers = ()
+
+    @classmethod
+    def Waitall(cls, requests, statuses=None) -> bool:
+        """Wait for every request (any mix of mpicoll requests), in order; returns True."""
+        requests = list(requests)
+        for i, req in enumerate(requests):
+            req.Wait(None if statuses is None else statuses[i])
+        return True
+
+    @classmethod
+    def Testall(cls, requests, statuses=None) -> bool:
+        """Advance every request once; True when all are complete."""
+        requests = list(requests)
+        done = True
+        for req in requests:
+            done &= req.Test()
+        if done and statuses is not None:
+            for status in statuses[: len(requests)]:
+                _empty_status(status)
+        return done
+
+
+# ---------------------------------------------------------------------------
+# Array API: handles
+# ---------------------------------------------------------------------------
+
+
+class Handle:
+    """A non-blocking array collective (``mpicoll.iallreduce``...): ``test()`` and ``wait()``.
+
+    Neither ``x`` nor ``out`` may be touched until ``wait()`` has returned (or
+    ``test()`` returned True); ``wait()`` returns the result, as the blocking
+    function does.
+    """
+
+    __slots__ = ("_active", "_finish", "_result", "__weakref__")
+
+    def __init__(self, op, finish):
+        self._active = _Active(op)
+        self._finish = finish
+        self._result = None
+        _progress_add(self._active)
+
+    @property
+    def algorithm(self) -> str:
+        return self._active.op.algorithm
+
+    @property
+    def done(self) -> bool:
+        """Whether the collective is known complete, without advancing it."""
+        return self._finish is None or self._active.op.done
+
+    def test(self) -> bool:
+        """Advance without blocking; True once complete (then ``wait()`` returns at once)."""
+        if self._finish is None:
+            return True
+        if self._active.test():
+            self._complete()
+            return True
+        return False
+
+    def wait(self):
+        """Block until complete; returns the result array."""
+        if self._finish is not None:
+            self._active.wait()
+            self._complete()
+        return self._result
+
+    def _complete(self):
+        finish, self._finish = self._finish, None
+        self._result = finish()
+
+
+def waitall(handles) -> list:
+    """Wait for every handle or request; the results (arrays for handles, True for requests)."""
+    return [h.wait() if isinstance(h, Handle) else h.Wait() for h in handles]
+
+
+def testall(handles) -> bool:
+    """Advance every handle or request once; True when all are complete."""
+    done = True
+    for h in handles:
+        done &= h.test() if isinstance(h, Handle) else h.Test()
+    return done
+
+
+# ---------------------------------------------------------------------------
+# The progress thread
+# ---------------------------------------------------------------------------
+
+_POLL_S = 50e-6  # pause between sweeps over the in-flight operations
+
+
+class _Progress:
+    """A daemon thread that calls ``test()`` on every registered in-flight operation."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.active: list = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="mpicoll-progress", daemon=True)
+        self.thread.start()
+
+    def add(self, active: _Active) -> None:
+        with self.cond:
+            self.active.append(active)
+            self.cond.notify()
+
+    def _run(self):
+        while True:
+            with self.cond:
+                while not self.active and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+                batch = list(self.active)
+            if MPI.Is_finalized():
+                return
+            finished = []
+            for active in batch:
+                if not active.lock.acquire(blocking=False):
+                    continue  # the caller is advancing it
+                try:
+                    if active.error is not None or active.op.test():
+                        finished.append(active)
+                except BaseException as exc:  # handed to the caller's next Test/Wait
+                    active.error = exc
+                    finished.append(active)
+                finally:
+                    active.lock.release()
+            with self.cond:
+                for active in finished:
+                    self.active.remove(active)
+            time.sleep(_POLL_S)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join(timeout=10.0)
+
+
+_thread: _Progress | None = None
+_thread_lock = threading.Lock()
+
+
+def check_progress() -> None:
+    """Raise before anything starts if the ``progress`` option is on and MPI cannot host the thread.
+
+    Also raises for a bad ``MPICOLL_PROGRESS`` value.  Called by the API
+    before it starts an operation.
+    """
+    if _config.get("progress") and _thread is None:
+        _check_threads()
+
+
+def _progress_add(active: _Active) -> None:
+    """Hand a started operation to the progress thread when the ``progress`` option is on."""
+    if active.op.done or not _config.get("progress"):
+        return
+    global _thread
+    if _thread is None:
+        with _thread_lock:
+            if _thread is None:
+                _check_threads()
+                _thread = _Progress()
+    _thread.add(active)
+
+
+def _check_threads() -> None:
+    provided = MPI.Query_thread()
+    if provided != MPI.THREAD_MULTIPLE:
+        names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+                 MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
+        raise MpicollError(
+            f"progress: the progress thread needs MPI_THREAD_MULTIPLE, but MPI was initialised "
+            f"with {names.get(provided, provided)}; initialise MPI with MPI_THREAD_MULTIPLE "
+            f"(mpi4py's default: mpi4py.rc.thread_level = 'multiple') or turn the progress "
+            f"option off"
+        )
+
+
+def stop_progress() -> None:
+    """Stop the progress thread if it runs (at exit; a later operation starts a new one)."""
+    global _thread
+    with _thread_lock:
+        thread, _thread = _thread, None
+    if thread is not None:
+        thread.stop()
+
+
+# Registered after mpi4py's own exit hook (mpi4py is imported above), so it
+# runs first: the thread is gone before MPI is finalized.
+atexit.register(stop_progress)

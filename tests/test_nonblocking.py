@@ -1,0 +1,566 @@
+"""Non-blocking and persistent collectives: mpicoll.Comm.I*/*_init, mpicoll.i*, the progress thread.
+
+Expected values are MPI's built-in collective on the same rank-asymmetric
+input (``MPI.Intracomm.Allreduce(comm, ...)`` calls mpi4py's own method even
+on an mpicoll.Comm).  Runs at any rank count.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import _util
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll.api import requests as _requests
+from mpicoll.engine import select as _select
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+COMM = mpicoll.Comm(WORLD)
+SENTINEL = -7
+MPI_COMM = MPI.Intracomm  # mpi4py's own methods: the built-in reference
+
+
+def rank_data(n, dtype=np.float64, rank=RANK, salt=0):
+    """Rank-asymmetric data: 10 r + 3 salt + [0, 1, ...] (+ 0.25 for floats)."""
+    x = 10 * rank + 3 * salt + np.arange(n)
+    return (x + 0.25 if np.dtype(dtype).kind == "f" else x).astype(dtype)
+
+
+def uneven(n_per=3):
+    """Counts that differ by rank and include 0: rank r gets (r + n_per) % 4."""
+    counts = [(r + n_per) % 4 for r in range(SIZE)]
+    displs = [sum(counts[:r]) for r in range(SIZE)]
+    return counts, displs
+
+
+def builtin_allreduce(x, op=MPI.SUM, comm=WORLD):
+    out = np.empty_like(x)
+    MPI_COMM.Allreduce(comm, x, out, op)
+    return out
+
+
+def builtin_allgatherv(x, counts, comm=WORLD):
+    out = np.empty(sum(counts), x.dtype)
+    MPI_COMM.Allgatherv(comm, x, [out, counts])
+    return out
+
+
+def builtin_reduce_scatter(x, counts, op=MPI.SUM, comm=WORLD):
+    out = np.empty(counts[comm.Get_rank()], x.dtype)
+    MPI_COMM.Reduce_scatter(comm, x, out, counts, op)
+    return out
+
+
+def problems(pairs):
+    """'' if every (name, got, expected) pair is bitwise equal, else what differs."""
+    bad = [f"{name}: got {got!r}, expected {exp!r}" for name, got, exp in pairs
+           if not _util.same_bytes(got, exp)]
+    return "; ".join(bad)
+
+
+# ---------------------------------------------------------------------------
+# Several in flight on one communicator
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["world", "split_reversed", "split_parity"])
+def test_three_collectives_in_flight_waited_in_reverse_order(kind):
+    comms = _util.make_comms()
+    try:
+        raw = comms[kind]
+        comm = mpicoll.Comm(raw)
+        rank, size = comm.Get_rank(), comm.Get_size()
+        counts = [(r + 1) % 3 + (r == 0) for r in range(size)]  # uneven, >= 1 on rank 0
+        a = rank_data(7, np.float64, rank, 1)
+        b = rank_data(counts[rank], np.int32, rank, 2)
+        c = rank_data(sum(counts), np.float32, rank, 3)
+        a0, b0, c0 = a.copy(), b.copy(), c.copy()
+        ra = np.full(7, SENTINEL, np.float64)
+        rb = np.full(sum(counts), SENTINEL, np.int32)
+        rc = np.full(counts[rank], SENTINEL, np.float32)
+        reqs = [comm.Iallreduce(a, ra, op=MPI.SUM),
+                comm.Iallgatherv(b, [rb, counts]),
+                comm.Ireduce_scatter(c, rc, counts, op=MPI.MAX)]
+        for req in reversed(reqs):
+            req.Wait()
+        bad = problems([
+            ("allreduce", ra, builtin_allreduce(a, MPI.SUM, raw)),
+            ("allgatherv", rb, builtin_allgatherv(b, counts, raw)),
+            ("reduce_scatter", rc, builtin_reduce_scatter(c, counts, MPI.MAX, raw)),
+            ("sendbufs untouched", np.concatenate([a, b, c]), np.concatenate([a0, b0, c0])),
+        ])
+        _util.assert_all(WORLD, not bad, bad)
+    finally:
+        _util.free_comms(comms)
+
+
+def test_array_api_three_in_flight_waited_in_reverse_order():
+    x = rank_data(6, np.float64, salt=4).reshape(2, 3).T  # Fortran-ordered on every rank
+    g = rank_data(RANK % 3, np.int64, salt=5)                # uneven rows, some 0
+    counts = [r % 3 for r in range(SIZE)]
+    s = rank_data(2 * SIZE + 1, np.float64, salt=6)
+    h1 = mpicoll.iallreduce(x, op=MPI.MIN)
+    h2 = mpicoll.iallgather(g, counts=counts)
+    h3 = mpicoll.ireduce_scatter(s)
+    r3, r2, r1 = h3.wait(), h2.wait(), h1.wait()
+    rs_counts = [len(b) for b in np.array_split(np.arange(len(s)), SIZE)]
+    bad = problems([
+        ("iallreduce", np.ascontiguousarray(r1),
+         builtin_allreduce(np.ascontiguousarray(x), MPI.MIN)),
+        ("iallgather", r2, builtin_allgatherv(g, counts)),
+        ("ireduce_scatter", r3, builtin_reduce_scatter(s, rs_counts)),
+    ])
+    ok_types = r1.shape == x.shape and r2.dtype == g.dtype and h1.wait() is r1
+    _util.assert_all(WORLD, not bad and ok_types, bad or "shapes/dtypes/repeat wait")
+
+
+def test_blocking_call_while_nonblocking_in_flight():
+    """MPI allows a blocking collective between start and wait of a non-blocking one."""
+    a = rank_data(1000, salt=7)
+    ra = np.empty_like(a)
+    req = COMM.Iallreduce(a, ra)
+    b = rank_data(5, np.int32, salt=8)
+    rb = np.empty_like(b)
+    COMM.Allreduce(b, rb, op=MPI.MAX)
+    req.Wait()
+    bad = problems([("nonblocking", ra, builtin_allreduce(a)),
+                    ("blocking", rb, builtin_allreduce(b, MPI.MAX))])
+    _util.assert_all(WORLD, not bad, bad)
+
+
+# ---------------------------------------------------------------------------
+# Test(), Waitall, statuses
+# ---------------------------------------------------------------------------
+
+
+def test_test_polling_to_completion():
+    a = rank_data(50_000, salt=9)
+    ra = np.full_like(a, SENTINEL)
+    status = MPI.Status()
+    req = COMM.Iallreduce(a, ra)
+    polls, deadline = 0, time.monotonic() + 60
+    while not req.Test(status):
+        polls += 1
+        assert time.monotonic() < deadline, "Test() never returned True"
+    again = req.Test() and req.Wait() and req.done
+    bad = problems([("allreduce", ra, builtin_allreduce(a))])
+    status_ok = status.Get_source() == MPI.ANY_SOURCE and status.Get_error() == MPI.SUCCESS
+    _util.assert_all(WORLD, not bad and again and status_ok,
+                     bad or f"again={again} status_ok={status_ok}")
+
+
+def test_waitall_and_testall():
+    data = [rank_data(n, salt=10 + n) for n in (0, 1, SIZE - 1, 33)]
+    outs = [np.full_like(d, SENTINEL) for d in data]
+    reqs = [COMM.Iallreduce(d, o) for d, o in zip(data, outs)]
+    statuses = [MPI.Status() for _ in reqs]
+    assert mpicoll.Request.Waitall(reqs, statuses) is True
+    done = mpicoll.Request.Testall(reqs)
+    handles = [mpicoll.iallreduce(d) for d in data]
+    results = mpicoll.waitall(handles)
+    more = [mpicoll.iallgather(d) for d in data]
+    while not mpicoll.testall(more):
+        pass
+    bad = problems([(f"Waitall[{i}]", o, builtin_allreduce(d)) for i, (d, o) in
+                    enumerate(zip(data, outs))]
+                   + [(f"waitall[{i}]", r, builtin_allreduce(d)) for i, (d, r) in
+                      enumerate(zip(data, results))]
+                   + [(f"testall[{i}]", h.wait(), builtin_allgatherv(d, [len(d)] * SIZE))
+                      for i, (d, h) in enumerate(zip(data, more))])
+    _util.assert_all(WORLD, not bad and done, bad or "Testall after Waitall is False")
+
+
+# ---------------------------------------------------------------------------
+# Counts 0, 1, < ranks, uneven; in place; dtypes and ops
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, 1, max(SIZE - 1, 0), 2 * SIZE + 3])
+@pytest.mark.parametrize("dtype,op", [(np.float64, MPI.SUM), (np.int32, MPI.PROD),
+                                      (np.int64, MPI.BXOR), (np.float32, MPI.MAX)])
+def test_counts_and_types(n, dtype, op):
+    x = rank_data(n, dtype, salt=11) % 5 + 1 if op is MPI.PROD else rank_data(n, dtype, salt=11)
+    x = x.astype(dtype)
+    r1 = np.full(n, SENTINEL, dtype)
+    r2 = np.full(n * SIZE, SENTINEL, dtype)
+    r3 = np.full(n, SENTINEL, dtype)
+    big = rank_data(n * SIZE, dtype, salt=12)
+    reqs = [COMM.Iallreduce(x, r1, op), COMM.Iallgather(x, r2),
+            COMM.Ireduce_scatter_block(big, r3, op)]
+    mpicoll.Request.Waitall(reqs)
+    bad = problems([("Iallreduce", r1, builtin_allreduce(x, op)),
+                    ("Iallgather", r2, builtin_allgatherv(x, [n] * SIZE)),
+                    ("Ireduce_scatter_block", r3, builtin_reduce_scatter(big, [n] * SIZE, op))])
+    _util.assert_all(WORLD, not bad, bad)
+
+
+def test_in_place_forms():
+    n = 5
+    counts, displs = uneven()
+    ar = rank_data(n, salt=13)
+    ag = np.full(SIZE * n, SENTINEL, np.float64)
+    ag[RANK * n:(RANK + 1) * n] = rank_data(n, salt=14)
+    agv = np.full(sum(counts), SENTINEL, np.float64)
+    agv[displs[RANK]:displs[RANK] + counts[RANK]] = rank_data(counts[RANK], salt=15)
+    rsb = rank_data(SIZE * n, salt=16)
+    rs = rank_data(sum(counts), salt=17)
+    exp = [builtin_allreduce(ar), builtin_allgatherv(rank_data(n, salt=14), [n] * SIZE),
+           builtin_allgatherv(rank_data(counts[RANK], salt=15), counts),
+           builtin_reduce_scatter(rsb, [n] * SIZE), builtin_reduce_scatter(rs, counts)]
+    reqs = [COMM.Iallreduce(MPI.IN_PLACE, ar), COMM.Iallgather(MPI.IN_PLACE, ag),
+            COMM.Iallgatherv(MPI.IN_PLACE, [agv, counts]),
+            COMM.Ireduce_scatter_block(MPI.IN_PLACE, rsb),
+            COMM.Ireduce_scatter(MPI.IN_PLACE, rs, counts)]
+    for r in reversed(reqs):
+        r.Wait()
+    x = rank_data(SIZE * 2 + 1, salt=18)
+    x_exp = builtin_allreduce(x)
+    hx = mpicoll.iallreduce(x, out=x)
+    y = rank_data(SIZE * 2, salt=19)
+    y_exp = builtin_reduce_scatter(y, [2] * SIZE)
+    hy = mpicoll.ireduce_scatter(y, out=y)
+    bad = problems([("Iallreduce", ar, exp[0]), ("Iallgather", ag, exp[1]),
+                    ("Iallgatherv", agv, exp[2]), ("Ireduce_scatter_block", rsb[:n], exp[3]),
+                    ("Ireduce_scatter", rs[:counts[RANK]], exp[4]),
+                    ("iallreduce out=x", hx.wait(), x_exp),
+                    ("ireduce_scatter out=x", hy.wait(), y_exp)])
+    same = hx.wait() is x
+    _util.assert_all(WORLD, not bad and same, bad or "out=x: result is not x")
+
+
+def test_reduce_scatter_without_recvcounts():
+    counts, _ = uneven(1)
+    x = rank_data(sum(counts), salt=20)
+    out = np.full(counts[RANK], SENTINEL, np.float64)
+    COMM.Ireduce_scatter(x, out).Wait()
+    bad = problems([("Ireduce_scatter", out, builtin_reduce_scatter(x, counts))])
+    _util.assert_all(WORLD, not bad, bad)
+
+
+# ---------------------------------------------------------------------------
+# Persistent requests
+# ---------------------------------------------------------------------------
+
+
+def test_persistent_allreduce_restarted_with_new_data():
+    x = np.empty(11, np.float64)
+    y = np.full(11, SENTINEL, np.float64)
+    req = COMM.Allreduce_init(x, y, op=MPI.SUM)
+    bad = []
+    inactive_done = req.done and req.Test()  # an inactive persistent request is complete
+    for it in range(4):
+        x[:] = rank_data(11, salt=30 + it)
+        req.Start()
+        req.Wait()
+        if not _util.same_bytes(y, builtin_allreduce(x)):
+            bad.append(f"start #{it + 1}: {y!r}")
+    req.Free()
+    req.Free()  # harmless twice
+    try:
+        req.Start()
+        bad.append("Start after Free did not raise")
+    except ValueError as exc:
+        if "freed" not in str(exc):
+            bad.append(f"Start after Free: {exc}")
+    _util.assert_all(WORLD, not bad and inactive_done, "; ".join(bad) or "inactive not done")
+
+
+def test_persistent_allgather_and_reduce_scatter_block():
+    n = 3
+    sx = np.empty(n, np.int32)
+    gy = np.full(n * SIZE, SENTINEL, np.int32)
+    bx = np.empty(n * SIZE, np.float64)
+    by = np.full(n, SENTINEL, np.float64)
+    reqs = [COMM.Allgather_init(sx, gy), COMM.Reduce_scatter_block_init(bx, by, op=MPI.MAX)]
+    bad = []
+    for it in range(3):
+        sx[:] = rank_data(n, np.int32, salt=40 + it)
+        bx[:] = rank_data(n * SIZE, salt=50 + it) * (-1) ** (RANK + it)
+        for r in reqs:
+            r.Start()
+        polls = 0
+        while not mpicoll.Request.Testall(reqs):
+            polls += 1
+        bad.append(problems([
+            (f"Allgather #{it}", gy, builtin_allgatherv(sx, [n] * SIZE)),
+            (f"Reduce_scatter_block #{it}", by, builtin_reduce_scatter(bx, [n] * SIZE, MPI.MAX)),
+        ]))
+    for r in reqs:
+        r.Free()
+    bad = "; ".join(b for b in bad if b)
+    _util.assert_all(WORLD, not bad, bad)
+
+
+def test_persistent_free_without_start():
+    x, y = rank_data(4), np.full(4, SENTINEL, np.float64)
+    reqs = [COMM.Allreduce_init(x, y), COMM.Allgather_init(x, np.empty(4 * SIZE)),
+            COMM.Reduce_scatter_block_init(np.empty(4 * SIZE), y)]
+    for r in reqs:
+        r.Free()
+    # the communicator still works afterwards, and y was never written
+    z = np.empty(4)
+    COMM.Allreduce(x, z)
+    ok = bool(np.all(y == SENTINEL)) and _util.same_bytes(z, builtin_allreduce(x))
+    _util.assert_all(WORLD, ok, f"y={y} z={z}")
+
+
+def test_start_on_an_active_or_nonblocking_request_raises():
+    x, y = rank_data(4), np.empty(4)
+    p = COMM.Allreduce_init(x, y)
+    p.Start()
+    problem = ""
+    try:
+        p.Start()
+        problem = "Start on an active request did not raise"
+    except ValueError:
+        pass
+    p.Wait()
+    p.Free()
+    r = COMM.Iallreduce(x, y)
+    try:
+        r.Start()
+        problem += "; Start on a non-blocking request did not raise"
+    except ValueError:
+        pass
+    r.Wait()
+    _util.assert_all(WORLD, not problem, problem)
+
+
+# ---------------------------------------------------------------------------
+# Bad input: the blocking calls' errors, before anything starts, buffers untouched
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def refuse_start(monkeypatch):
+    """Make starting any operation fail loudly (a call that should be refused must not start)."""
+    def refuse(*args, **kwargs):
+        raise _util.MessageSent("an operation was started although the call should be refused")
+    for name in ("start_allreduce", "start_allgather", "start_reduce_scatter"):
+        monkeypatch.setattr(_requests, name, refuse)
+
+
+def _error_of(fn):
+    try:
+        fn()
+    except Exception as exc:  # compared below
+        return type(exc), str(exc)
+    return None, ""
+
+
+def _bad_cases():
+    f8 = lambda n: np.zeros(n, np.float64)  # noqa: E731
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    over = np.zeros(8)
+    return {
+        # name: (blocking call, non-blocking call, persistent call or None)
+        "allreduce count": ("Allreduce", "Iallreduce", "Allreduce_init", (f8(3), f8(4))),
+        "allreduce type": ("Allreduce", "Iallreduce", "Allreduce_init",
+                           (np.zeros(4, np.int32), f8(4))),
+        "allreduce readonly": ("Allreduce", "Iallreduce", "Allreduce_init", (f8(4), ro)),
+        "allreduce op": ("Allreduce", "Iallreduce", "Allreduce_init", (f8(4), f8(4), "sum")),
+        "allreduce op/type": ("Allreduce", "Iallreduce", "Allreduce_init",
+                              (f8(4), f8(4), MPI.BAND)),
+        "allreduce overlap": ("Allreduce", "Iallreduce", "Allreduce_init",
+                              (over[:5], over[3:])),
+        "allgather count": ("Allgather", "Iallgather", "Allgather_init", (f8(2), f8(2 * SIZE + 1))),
+        "allgatherv counts": ("Allgatherv", "Iallgatherv", None,
+                              (f8(1), [f8(SIZE + 1), [1] * (SIZE + 1)])),
+        "rsb count": ("Reduce_scatter_block", "Ireduce_scatter_block",
+                      "Reduce_scatter_block_init", (f8(2 * SIZE + 1), f8(2))),
+        "rs counts": ("Reduce_scatter", "Ireduce_scatter", None, (f8(SIZE), f8(1), [2] * SIZE)),
+        "rs in place without counts": ("Reduce_scatter", "Ireduce_scatter", None,
+                                       (MPI.IN_PLACE, f8(SIZE))),
+    }
+
+
+@pytest.mark.parametrize("name", list(_bad_cases()))
+def test_bad_arguments_raise_as_the_blocking_call(name, refuse_start):
+    blocking, nonblocking, persistent, args = _bad_cases()[name]
+    expected = _error_of(lambda: getattr(COMM, blocking)(*args))
+    _util.assert_all(WORLD, expected[0] is not None, f"{blocking} accepted {name}")
+    buffers = [a for a in args if isinstance(a, np.ndarray)]
+    for method in (nonblocking, persistent):
+        if method is None:
+            continue
+        _util.raises_everywhere(COMM, expected[0], "^" + re.escape(expected[1]) + "$",
+                                lambda m=method: getattr(COMM, m)(*args), *buffers)
+
+
+@pytest.mark.parametrize("fn,kwargs", [
+    ("allreduce", {"out": np.zeros(3)}),
+    ("allreduce", {"op": MPI.BAND}),
+    ("allreduce", {"algorithm": "bogus"}),
+    ("allreduce", {"timeout": -1}),
+    ("allgather", {"counts": [1] * (SIZE + 1)}),
+    ("reduce_scatter", {"counts": [5] * SIZE}),
+    ("reduce_scatter", {"out": np.zeros((1, 1))}),
+])
+def test_array_bad_arguments_raise_as_the_blocking_call(fn, kwargs, refuse_start):
+    x = rank_data(4)
+    expected = _error_of(lambda: getattr(mpicoll, fn)(x, **kwargs))
+    _util.assert_all(WORLD, expected[0] is not None, f"{fn} accepted {kwargs}")
+    buffers = [x] + [v for v in kwargs.values() if isinstance(v, np.ndarray)]
+    _util.raises_everywhere(COMM, expected[0], "^" + re.escape(expected[1]) + "$",
+                            lambda: getattr(mpicoll, "i" + fn)(x, **kwargs), *buffers)
+
+
+# ---------------------------------------------------------------------------
+# The progress thread
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def progress():
+    _requests.stop_progress()
+    with mpicoll.options(progress=True):
+        yield
+    _requests.stop_progress()
+
+
+def test_progress_thread_completes_without_test_calls(progress):
+    """With the thread on, an operation completes while the caller never calls Test/Wait."""
+    a = rank_data(200_000, salt=60)
+    ra = np.empty_like(a)
+    req = COMM.Iallreduce(a, ra)
+    h = mpicoll.iallgather(rank_data(3, salt=61))
+    deadline = time.monotonic() + 60
+    while not (req.done and h.done) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    completed = req.done and h.done
+    req.Wait()
+    bad = problems([("Iallreduce", ra, builtin_allreduce(a)),
+                    ("iallgather", h.wait(), builtin_allgatherv(rank_data(3, salt=61), [3] * SIZE))])
+    _util.assert_all(WORLD, completed and not bad, bad or "not completed by the progress thread")
+
+
+def test_progress_thread_many_operations_and_persistent(progress):
+    data = [rank_data(n, salt=70 + n) for n in (0, 1, 5, 1000, 30_000)]
+    handles = [mpicoll.iallreduce(d, op=MPI.MAX) for d in data]
+    x, y = np.empty(64), np.empty(64)
+    p = COMM.Allreduce_init(x, y)
+    bad = []
+    for it in range(3):
+        x[:] = rank_data(64, salt=80 + it)
+        p.Start()
+        while not p.Test():  # the caller and the thread both advance it
+            pass
+        bad.append(problems([(f"persistent #{it}", y, builtin_allreduce(x))]))
+    p.Free()
+    results = [h.wait() for h in reversed(handles)][::-1]
+    bad.append(problems([(f"iallreduce[{i}]", r, builtin_allreduce(d, MPI.MAX))
+                         for i, (d, r) in enumerate(zip(data, results))]))
+    bad = "; ".join(b for b in bad if b)
+    _util.assert_all(WORLD, not bad, bad)
+
+
+def test_progress_thread_stops_and_restarts(progress):
+    h = mpicoll.iallreduce(rank_data(10, salt=90))
+    h.wait()
+    thread = _requests._thread
+    _requests.stop_progress()
+    stopped = thread is not None and not thread.thread.is_alive()
+    r = mpicoll.iallreduce(rank_data(10, salt=91)).wait()  # starts a new thread
+    bad = problems([("after restart", r, builtin_allreduce(rank_data(10, salt=91)))])
+    _util.assert_all(WORLD, stopped and not bad, bad or "thread still alive after stop")
+
+
+def test_progress_needs_thread_multiple(monkeypatch, refuse_start):
+    _requests.stop_progress()
+    monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
+    x = rank_data(4)
+    y = np.full(4, SENTINEL, np.float64)
+    with mpicoll.options(progress=True):
+        _util.raises_everywhere(COMM, mpicoll.MpicollError, "MPI_THREAD_MULTIPLE.*"
+                                "MPI_THREAD_SERIALIZED", lambda: COMM.Iallreduce(x, y), x, y)
+        _util.raises_everywhere(COMM, mpicoll.MpicollError, "MPI_THREAD_MULTIPLE",
+                                lambda: mpicoll.iallreduce(x), x)
+
+
+def test_progress_environment_variable(monkeypatch, refuse_start):
+    monkeypatch.setenv("MPICOLL_PROGRESS", "maybe")
+    x = rank_data(4)
+    _util.raises_everywhere(COMM, ValueError, "MPICOLL_PROGRESS: expected 1/0",
+                            lambda: mpicoll.iallreduce(x), x)
+
+
+# ---------------------------------------------------------------------------
+# mpicoll's algorithms, seen by mpicoll.traffic()
+# ---------------------------------------------------------------------------
+
+def test_nonblocking_runs_mpicolls_algorithms():
+    """The inherited Iallreduce etc. ran MPI's built-ins: these must be mpicoll's."""
+    a = rank_data(1000, salt=95)
+    ra = np.empty_like(a)
+    with mpicoll.traffic() as t:
+        req = COMM.Iallreduce(a, ra)
+        req.Wait()
+        h = mpicoll.iallgather(a)
+        h.wait()
+    by = t.by_collective()
+    ok = (req.algorithm in _select.ALGORITHMS["allreduce"]
+          and h.algorithm in _select.ALGORITHMS["allgather"]
+          and by.get("allreduce") is not None and by["allreduce"].calls == 1
+          and by.get("allgather") is not None and by["allgather"].calls == 1
+          and (SIZE == 1 or by["allreduce"].messages_sent > 0))
+    _util.assert_all(WORLD, ok, f"algorithms {req.algorithm}, {h.algorithm}; traffic {by}")
+
+
+# ---------------------------------------------------------------------------
+# Device arrays (fake GPU: mpicoll's device code on a fake CUDA runtime, see fakegpu)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cuda_aware", [False, True])
+def test_device_arrays(cuda_aware):
+    import fakegpu
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    rt = be.rt
+    n = 2 * SIZE + 1
+    a, g, s = rank_data(n, salt=100), rank_data(RANK % 3, salt=101), rank_data(n, salt=102)
+    counts = [r % 3 for r in range(SIZE)]
+    rs_counts = [len(b) for b in np.array_split(np.arange(n), SIZE)]
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=cuda_aware):
+        x = fakegpu.produce(rt, a)          # written by a kernel still queued at the start
+        h1 = mpicoll.iallreduce(x)
+        h2 = mpicoll.iallgather(fakegpu.produce(rt, g), counts=counts)
+        h3 = mpicoll.ireduce_scatter(fakegpu.produce(rt, s), op=MPI.MAX)
+        r3, r2, r1 = h3.wait().get(), h2.wait().get(), h1.wait().get()
+        y = rt.xp.empty(n, np.float64)
+        req = mpicoll.Comm(WORLD).Iallreduce(fakegpu.produce(rt, a), y, op=MPI.MIN)
+        req.Wait()
+        rmin = y.get()
+    bad = problems([("iallreduce", r1, builtin_allreduce(a)),
+                    ("iallgather", r2, builtin_allgatherv(g, counts)),
+                    ("ireduce_scatter", r3, builtin_reduce_scatter(s, rs_counts, MPI.MAX)),
+                    ("Iallreduce", rmin, builtin_allreduce(a, MPI.MIN))])
+    _util.assert_all(WORLD, not bad, bad)
+
+
+# ---------------------------------------------------------------------------
+# python -m mpicoll.tools.overlap
+# ---------------------------------------------------------------------------
+
+
+def test_overlap_formula():
+    from mpicoll.tools.overlap import overlap
+    assert overlap(10.0, 10.0, 10.0) == 1.0    # the shorter hidden completely
+    assert overlap(10.0, 4.0, 14.0) == 0.0     # one after the other
+    assert overlap(10.0, 4.0, 12.0) == 0.5
+    assert overlap(10.0, 4.0, 16.0) == -0.5    # together slower than in sequence
+
+
+def test_overlap_tool_runs_and_checks(capsys):
+    from mpicoll.tools import overlap
+    rc = overlap.main(["--size", "64K", "--reps", "1", "--warmup", "0", "--matrix", "16"])
+    out = capsys.readouterr().out
+    ok = rc == 0 and (RANK != 0 or ("wrong elements over all ranks and runs: 0" in out
+                                    and all(m in out for m in overlap.MODES)))
+    _util.assert_all(WORLD, ok, f"rc={rc}\n{out}")
