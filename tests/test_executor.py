@@ -244,12 +244,13 @@ def test_leases_released_out_of_order_never_alias():
 
 
 @pytest.mark.timeout(60)
-def test_device_operations_in_flight_together_stage_per_message():
-    """Two small non-blocking AllReduces of (fake) device arrays in flight together: both right.
+def test_device_operations_started_together():
+    """Two small non-blocking AllReduces of (fake) device arrays started together: both right.
 
-    Small blocking device calls run on one pinned copy per context
-    (WholeStage); two operations in flight would share that copy, so
-    operations stage message by message instead.
+    Device transport serves one call at a time per context (one pinned copy
+    per context for small calls, WholeStage; the compute stream orders calls),
+    so device operations run to the end when they start; two in flight at
+    once shared that copy and hung.
     """
     import fakegpu
 

@@ -35,7 +35,7 @@ class _Run:
     __slots__ = ("name", "fn", "build", "ctx", "comm", "collective", "label", "msg", "smsg", "total",
                  "counts", "displs", "op", "red", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "bound", "nops", "ch", "be",
-                 "call", "stage", "observed", "_red0")
+                 "call", "stage", "observed", "plannable", "_red0")
 
     def begin(self):
         """Set up one start: bound ops to run, or None once a schedule-less algorithm ran."""
@@ -44,10 +44,9 @@ class _Run:
         msg = self.msg
         be = msg.backend
         nbytes = self.total * msg.dtype.itemsize
-        # small blocking device calls on the staging path run the host algorithm on
-        # one pinned copy (see backends.devices.WholeStage); that copy is one buffer
-        # per context, so operations that may be in flight together stage per message
-        whole = getattr(be, "whole_stage", None) if self.blocking else None
+        # small device calls on the staging path run the host algorithm on one
+        # pinned copy (see backends.devices.WholeStage)
+        whole = getattr(be, "whole_stage", None)
         stage = self.stage = None if whole is None else whole(ctx, nbytes, msg, self.op
                                                               if self._red0 is not None else None)
         if stage is not None:
@@ -184,6 +183,12 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.build, run.fn = build, (None if build is not None else entry)
     run.msg, run.total, run.counts, run.displs, run.op = msg, total, counts, displs, op
     run._red0 = red
+    # Device arrays: every operation runs to the end when it starts.  Their
+    # transport (staging pool, pinned whole-call copy, the compute stream's
+    # ordering of one call after the other; backends.devices) serves one call
+    # at a time per context, so operations on them never overlap.
+    run.plannable = blocking  # run_*: the caller may keep it as a plan (engine.plan)
+    blocking = blocking or msg.backend.name != "numpy"
     run.timeout, run.check, run.blocking = timeout, check, blocking
     run.src, run.dst, run.in_place = src, dst, in_place
     run.schedule = run.lease = run.bound = run.call = run.stage = None

@@ -220,7 +220,7 @@ class Operation:
             raise RuntimeError("start: the persistent operation was freed")
         if self._active:
             raise RuntimeError("start: the persistent operation is still active; wait for it first")
-        self._begin()
+        self._begin(self._run.blocking)
 
     def free(self) -> None:
         """Persistent: give back its work memory (idempotent).  An active one completes first."""
@@ -287,7 +287,7 @@ class Operation:
         self._reqs = None
         run = self._run
         # a blocking call's caller may keep its work memory for a plan (engine.plan)
-        run.end(failed, release=failed or not (self.persistent or run.blocking))
+        run.end(failed, release=failed or not (self.persistent or run.plannable))
         self.done = not failed
 
 
