@@ -56,7 +56,7 @@ from mpi4py import MPI
 from ..core import types as _types
 
 __all__ = [
-    "Reference", "Comparison", "reduce_rows", "gather_rows", "reference_allreduce",
+    "Reference", "Comparison", "reduce_rows", "rounded_reference", "gather_rows", "reference_allreduce",
     "reference_allgatherv", "builtin_can_reduce", "needs_tolerance", "magnitude", "tolerance",
     "compare", "value_bytes", "same_values", "digest", "identical_across_ranks",
 ]
@@ -186,6 +186,19 @@ def reduce_rows(rows, opname: str) -> Reference:
         _types.NUMPY_UFUNCS[opname](value, row.astype(wide), out=value)
     error = _gamma(n - 1, _unit_roundoff(wide, opname)) * scale
     return Reference(value, scale, f"rank order in {np.dtype(wide).name}", error)
+
+
+def rounded_reference(value, scale, opname: str, nranks: int, source: str) -> Reference:
+    """A reference reduced in some order in the dtype itself (MPI's built-in, say).
+
+    Its own error is what the rule allows any order: ``gamma(n-1) * scale``,
+    so a result is compared with it within twice that.
+    """
+    value = np.asarray(value)
+    error = None
+    if needs_tolerance(opname, value.dtype):
+        error = _gamma(nranks - 1, _unit_roundoff(value.dtype, opname)) * np.asarray(scale, np.float64)
+    return Reference(value, None if error is None else np.asarray(scale, np.float64), source, error)
 
 
 def gather_rows(comm, x) -> np.ndarray:
