@@ -141,7 +141,7 @@ def _nothing_selected(path: Path, wanted, size: int) -> bool:
         return "launch" not in wanted
     text = path.read_text(encoding="utf-8", errors="replace")
     if "mpi" not in wanted:
-        return "mark.local" not in text
+        return "local" not in wanted or "mark.local" not in text
     found = _MODULE_RANKS.search(text)
     if found is None or text.count("mark.ranks(") > 1 or "local" in wanted:
         return False
