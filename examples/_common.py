@@ -13,7 +13,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.tools.verify import identical_across_ranks
+from mpicoll.tools.arrays import to_host as _to_host
+from mpicoll.tools.results import identical_across_ranks
 
 DEVICES = ("auto", "cpu", "gpu")
 
@@ -66,9 +67,8 @@ def array_module(device: str, comm=MPI.COMM_WORLD):
 
 
 def to_host(a) -> np.ndarray:
-    """A NumPy copy (or view) of a NumPy or CuPy array."""
-    get = getattr(a, "get", None)
-    return get() if callable(get) and not isinstance(a, np.ndarray) else np.asarray(a)
+    """A NumPy copy (or view) of a NumPy or CuPy array (mpicoll.tools.arrays.to_host)."""
+    return _to_host(a)
 
 
 def blocks(total: int, nblocks: int):

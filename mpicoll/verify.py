@@ -1,4 +1,4 @@
-"""``python -m mpicoll.verify``: the command-line tool in mpicoll/tools/verify.py."""
+"""``python -m mpicoll.verify``: the command-line tool in mpicoll/tools/verify/ (cli.py)."""
 
 import sys
 

@@ -8,8 +8,8 @@ Rules every MPI test follows (the suite runs under ``mpirun -n 1..5``):
   failed on one rank: collect local results, then decide together with
   :func:`assert_all` / :func:`assert_case`, so all ranks pass or fail together
   and the next test does not hang on a rank that left early.
-* Expected values are functions of rank and size (or MPI's built-in on the
-  same input, see :mod:`mpicoll.verify`).
+* Expected values are functions of rank and size, or the exact reference of
+  the same input judged by :mod:`mpicoll.tools.results` (one tolerance rule).
 
 Tests that start ``mpirun`` themselves live in ``tests/test_launch_*.py``;
 conftest.py leaves them out under an MPI launcher, and ``tests/run_tests.sh``
@@ -110,7 +110,7 @@ def check_cases(comm, run) -> None:
 
 def same_bytes(a, b) -> bool:
     """Whether two host arrays hold bitwise the same values (padding ignored)."""
-    from mpicoll.tools.verify import same_values
+    from mpicoll.tools.results import same_values
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype.hasobject or b.dtype.hasobject:  # Python objects: no bytes to compare
         return a.shape == b.shape and a.tolist() == b.tolist()

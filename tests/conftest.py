@@ -1,10 +1,31 @@
-"""pytest set-up for mpicoll's tests: header, shared communicators, launch tests, summary.
+"""pytest set-up for mpicoll's tests: header, groups, shared communicators, launch tests, summary.
 
 Run the MPI tests under a launcher at any rank count::
 
     mpirun -n 4 python -m pytest tests/
 
-or the whole suite (1-5 ranks, launch tests, verify) with ``bash tests/run_tests.sh``.
+or the whole suite, each group where it means something, with ``bash tests/run_tests.sh``.
+
+Groups (what a test needs; ``--group`` selects them, ``tests/README.md`` has the table):
+
+``local``
+    No peer: argument parsing, tables, probes, simulators, fake-GPU logic.
+    Mark with ``pytest.mark.local`` (a test, or ``pytestmark`` for a file).
+    run_tests.sh runs them once per MPI with plain pytest (one singleton rank).
+``mpi``
+    Everything else outside ``test_launch_*.py``: run under the launcher at
+    the rank counts of its ``pytest.mark.ranks(...)`` marker, default
+    :data:`ALL_RANKS` (1-5).  Give a test fewer counts only where its
+    outcome cannot change between the counts left out (say why beside
+    the marker): 1 is the trivial path, 2 and 4 powers of two, 3 and 5 not.
+``launch``
+    ``tests/test_launch_*.py``: they start ``mpirun`` themselves, so they run
+    under plain pytest only (left out under a launcher).
+
+Without ``--group`` (a run by hand) every test collected runs, at any rank
+count, as before: the markers only select in ``--group`` runs.  A new test
+file goes in tests/ as ``test_*.py``; mark it ``local`` if it needs no peer,
+``ranks(...)`` if only some counts can fail it, nothing otherwise.
 
 * The header names the MPI library, mpi4py/NumPy, the rank count and the
   array backends.
@@ -21,6 +42,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import _util
@@ -54,10 +76,87 @@ def pytest_report_header(config):
     ]
 
 
+ALL_RANKS = (1, 2, 3, 4, 5)
+GROUPS = ("local", "mpi", "launch")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--group", default="", metavar="GROUP[,GROUP]",
+        help="run only these test groups (local, mpi, launch; see conftest.py): "
+             "mpi tests only at the rank counts of their ranks marker")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "local: needs no peer; runs in the plain-pytest group")
+    config.addinivalue_line(
+        "markers", "ranks(*counts): the rank counts at which the mpi group runs this test")
+    wanted = [g for g in config.getoption("--group").split(",") if g]
+    bad = [g for g in wanted if g not in GROUPS]
+    if bad:
+        raise pytest.UsageError(f"--group: expected some of {', '.join(GROUPS)}, got {bad[0]!r}")
+
+
+def group_of(item) -> str:
+    """The group of a collected test: launch, local or mpi."""
+    if item.path.name.startswith("test_launch_"):
+        return "launch"
+    return "local" if item.get_closest_marker("local") else "mpi"
+
+
+def rank_counts(item) -> tuple:
+    """The rank counts at which the mpi group runs ``item``."""
+    mark = item.get_closest_marker("ranks")
+    return tuple(mark.args) if mark else ALL_RANKS
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``--group``: keep the tests of those groups, mpi ones at their rank counts only."""
+    wanted = [g for g in config.getoption("--group").split(",") if g]
+    if not wanted:
+        return
+    size = MPI.COMM_WORLD.Get_size()
+    keep, drop = [], []
+    for item in items:
+        group = group_of(item)
+        ok = group in wanted and (group != "mpi" or size in rank_counts(item))
+        (keep if ok else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+_MODULE_RANKS = re.compile(r"^pytestmark = .*\bmark\.ranks\(([0-9, ]+)\)", re.M)
+
+
+def _nothing_selected(path: Path, wanted, size: int) -> bool:
+    """Whether a ``--group`` run would deselect every test of a file (read as text, not imported).
+
+    Conservative: true only when the file cannot hold a test of the wanted
+    groups (no ``mark.local`` for local; its file-wide ``ranks`` excludes
+    this rank count and no test has a ``ranks`` of its own, for mpi), so
+    the run does not import and collect it for nothing.
+    """
+    if path.name.startswith("test_launch_"):
+        return "launch" not in wanted
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if "mpi" not in wanted:
+        return "local" not in wanted or "mark.local" not in text
+    found = _MODULE_RANKS.search(text)
+    if found is None or text.count("mark.ranks(") > 1 or "local" in wanted:
+        return False
+    return size not in {int(n) for n in found.group(1).replace(",", " ").split()}
+
+
 def pytest_ignore_collect(collection_path: Path, config):
-    """Leave tests/test_launch_*.py to the plain pytest run (they start mpirun themselves)."""
+    """Leave tests/test_launch_*.py to the plain pytest run (they start mpirun themselves);
+    with ``--group``, skip files none of whose tests the run would keep."""
     if collection_path.name.startswith("test_launch_") and _util.under_launcher():
         return True
+    wanted = [g for g in config.getoption("--group").split(",") if g]
+    if wanted and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        if _nothing_selected(collection_path, wanted, MPI.COMM_WORLD.Get_size()):
+            return True
     return None
 
 

@@ -20,6 +20,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll.algorithms.ring import split
 from mpicoll.engine import select as _select
+from mpicoll.tools import results as _results
 
 # CUDA source of a producer kernel that spins ``spin`` clock cycles, then copies
 # ``n`` bytes: an input still being written when a collective starts (the CuPy
@@ -131,33 +132,26 @@ def _vspec(x, counts, displs, dtype):
 
 
 def _same_everywhere(comm, arr):
-    blobs = comm.allgather(arr.tobytes())
-    return all(b == blobs[0] for b in blobs)
+    return _results.identical_across_ranks(comm, arr)
 
 
 def _reduce_ref(comm, h, op_name):
-    """The reduction of every rank's ``h``: MPI's built-in on host copies (float16: in NumPy)."""
-    op = op_of(op_name)
-    if _native(h.dtype):
-        ref = np.empty_like(h)
-        comm.Allreduce(h, ref, op=op)
-        return ref
-    ufunc = mpicoll.core.types.NUMPY_UFUNCS[op_name]
-    parts = comm.allgather(h)
-    ref = parts[0].copy()
-    for p in parts[1:]:
-        ufunc(ref, p, out=ref)
-    return ref
+    """The exact reduction of every rank's ``h`` (mpicoll.tools.results), in ``h``'s dtype.
+
+    The data are small integers, so the exact result is representable in
+    every dtype here and the cast loses nothing.
+    """
+    ref = _results.reference_allreduce(comm, h, op_of(op_name))
+    return np.asarray(ref.value).astype(h.dtype)
 
 
 def _check(comm, dev, got, ref, x, h, in_place, what, same=True):
     if got.shape != ref.shape or got.dtype != ref.dtype:
         return f"{what}: got shape {got.shape} {got.dtype}, expected {ref.shape} {ref.dtype}"
-    if not np.array_equal(got, ref):
-        bad = np.flatnonzero(got.reshape(-1) != ref.reshape(-1))[:5]
-        return (f"{what}: wrong at {bad.tolist()}: got {got.reshape(-1)[bad].tolist()}, "
-                f"expected {ref.reshape(-1)[bad].tolist()}")
-    if not in_place and not np.array_equal(dev.get(x), h):
+    res = _results.compare(got.reshape(-1), ref.reshape(-1), None, comm.Get_size(), exact=True)
+    if not res.ok:
+        return f"{what}: {res.nbad} element(s) wrong, {res.worst}"
+    if not in_place and not _results.same_values(dev.get(x), h):
         return f"{what}: the input changed"
     if same and not _same_everywhere(comm, got):
         return f"{what}: ranks hold different bytes"

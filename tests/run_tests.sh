@@ -3,11 +3,14 @@
 #
 #   bash tests/run_tests.sh [--mpi openmpi|mpich] [--quick]
 #
-# 1. pytest under the MPI launcher at 1, 2, 3, 4 and 5 ranks (--quick: 2 and 4);
-#    tests/test_launch_*.py are left out there (conftest.py) because they start
-#    mpirun themselves;
-# 2. plain pytest once on tests/test_launch_*.py (skipped by --quick);
-# 3. mpirun -n 4 python -m mpicoll.verify --quick.
+# Each group of tests where it means something (tests/README.md has the table):
+# 1. local+launch: plain pytest once, --group local,launch: the tests that need
+#    no peer (marked local) and tests/test_launch_*.py, which start mpirun
+#    themselves (--quick: local only);
+# 2. mpi: pytest under the MPI launcher at 1, 2, 3, 4 and 5 ranks (--quick: 2
+#    and 3), --group mpi: each test only at the rank counts of its
+#    pytest.mark.ranks (default: all five);
+# 3. verify: mpirun -n 4 python -m mpicoll.verify --quick.
 #
 # Every run is under an outer `timeout`; each test under pytest-timeout (thread
 # method: a rank stuck inside MPI is killed and the launcher ends the job).
@@ -18,10 +21,11 @@
 #
 # Environment: PYTHON (default: python), MPICOLL_RUN_TIMEOUT (seconds per run,
 # default 600), MPICOLL_TEST_TIMEOUT (seconds per test without a timeout mark, default 120),
-# MPICOLL_TEST_ARGS (extra pytest arguments, e.g. "-k allreduce").
+# MPICOLL_TEST_ARGS (extra pytest arguments, e.g. "-k allreduce"), MPICOLL_TEST_JUNIT
+# (a directory: rank 0 of each run writes <run>.xml there, for a per-test record).
 set -u -o pipefail
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 
 flavour=""
 quick=0
@@ -76,7 +80,7 @@ if [ "$flavour" = openmpi ]; then
     fi
 fi
 
-if [ "$quick" = 1 ]; then ranks=(2 4); else ranks=(1 2 3 4 5); fi
+if [ "$quick" = 1 ]; then ranks=(2 3); plain=local; else ranks=(1 2 3 4 5); plain=local,launch; fi
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-tests.XXXXXX")
 trap 'rm -rf "$logdir"' EXIT
 pytest_opts=(-p no:cacheprovider --timeout="$TEST_TIMEOUT" --timeout-method=thread)
@@ -89,7 +93,7 @@ summary=()
 status=0
 
 echo "mpicoll tests: $library ($flavour), launcher $launcher, python $(command -v "$PY")"
-echo "runs: pytest at ${ranks[*]} rank(s)$([ "$quick" = 1 ] || echo ', launch tests'), verify at 4 ranks"
+echo "runs: plain pytest ($plain), pytest at ${ranks[*]} rank(s) (mpi), verify at 4 ranks"
 
 # Add up the per-rank outcome files "$1.<rank>" of a pytest run over "$2" ranks.
 #   prints "passed failed skipped problem" (problem: why the run counts as failed, or "")
@@ -125,17 +129,19 @@ run_pytest() {
     start=$(date +%s)
     echo
     echo "=== $label: $([ "$nranks" = 0 ] && echo "plain pytest" || echo "$launcher -n $nranks") ==="
+    local junit=${MPICOLL_TEST_JUNIT:+--junitxml=$MPICOLL_TEST_JUNIT/$label.xml}
     if [ "$nranks" = 0 ]; then
-        MPICOLL_TEST_SUMMARY=$prefix timeout -k 10 "$RUN_TIMEOUT" "$PY" -m pytest "${pytest_opts[@]}" "$@"
+        MPICOLL_TEST_SUMMARY=$prefix timeout -k 10 "$RUN_TIMEOUT" "$PY" -m pytest "${pytest_opts[@]}" \
+            ${junit:+"$junit"} "$@"
         rc=$?
         result=$(tally "$prefix" 1 "$rc")
     else
         # rank 0 writes to the terminal, the others to $prefix.rank<r>.log
         # shellcheck disable=SC2016  # expanded by the bash each rank runs
-        MPICOLL_TEST_SUMMARY=$prefix MPICOLL_TEST_LOG=$prefix timeout -k 10 "$RUN_TIMEOUT" \
-            "$launcher" -n "$nranks" "${launch_opts[@]}" bash -c '
+        MPICOLL_TEST_SUMMARY=$prefix MPICOLL_TEST_LOG=$prefix MPICOLL_TEST_JUNIT_OPT=$junit \
+            timeout -k 10 "$RUN_TIMEOUT" "$launcher" -n "$nranks" "${launch_opts[@]}" bash -c '
                 r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-0}}}
-                if [ "$r" = 0 ]; then exec "$@"; fi
+                if [ "$r" = 0 ]; then exec "$@" ${MPICOLL_TEST_JUNIT_OPT:+"$MPICOLL_TEST_JUNIT_OPT"}; fi
                 exec "$@" >"$MPICOLL_TEST_LOG.rank$r.log" 2>&1' bash \
             "$PY" -m pytest "${pytest_opts[@]}" "$@"
         rc=$?
@@ -145,7 +151,7 @@ run_pytest() {
     if [ -n "$problem" ] && ((failed == 0)); then failed=1; fi
     total_passed=$((total_passed + passed))
     total_failed=$((total_failed + failed))
-    summary+=("$(printf '%-10s %5d passed, %3d failed, %3d skipped  (%ss)%s' "$label" "$passed" \
+    summary+=("$(printf '%-12s %5d passed, %3d failed, %3d skipped  (%ss)%s' "$label" "$passed" \
         "$failed" "$skipped" "$(($(date +%s) - start))" "${problem:+  -- $problem}")")
     if ((failed > 0)); then
         status=1
@@ -158,14 +164,11 @@ run_pytest() {
     fi
 }
 
-for n in "${ranks[@]}"; do
-    run_pytest "np$n" "$n" tests ${extra[@]+"${extra[@]}"}
-done
+run_pytest "$plain" 0 --group "$plain" tests ${extra[@]+"${extra[@]}"}
 
-launch_tests=(tests/test_launch_*.py)
-if [ "$quick" = 0 ] && [ -e "${launch_tests[0]}" ]; then
-    run_pytest "launch" 0 "${launch_tests[@]}" ${extra[@]+"${extra[@]}"}
-fi
+for n in "${ranks[@]}"; do
+    run_pytest "np$n" "$n" --group mpi tests ${extra[@]+"${extra[@]}"}
+done
 
 echo
 echo "=== verify: $launcher -n 4 $PY -m mpicoll.verify --quick ==="
@@ -177,11 +180,11 @@ rc=$?
 grep -v -E ' ok$' "$logdir/verify.log" | grep -v -E '^-+$' | head -n 200
 if [ "$rc" = 0 ] && grep -q '^PASS' "$logdir/verify.log"; then
     total_passed=$((total_passed + 1))
-    summary+=("$(printf '%-10s %5d passed, %3d failed  (%ss)' verify 1 0 "$(($(date +%s) - start))")")
+    summary+=("$(printf '%-12s %5d passed, %3d failed  (%ss)' verify 1 0 "$(($(date +%s) - start))")")
 else
     total_failed=$((total_failed + 1))
     status=1
-    summary+=("$(printf '%-10s %5d passed, %3d failed  (%ss)  -- exit status %s' verify 0 1 \
+    summary+=("$(printf '%-12s %5d passed, %3d failed  (%ss)  -- exit status %s' verify 0 1 \
         "$(($(date +%s) - start))" "$rc")")
 fi
 

@@ -15,6 +15,10 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll.tools import verify as V
 
+# the API layer (arguments, shapes, layouts): 1 rank, 2 (a power of two), 3 (not);
+# the algorithms behind it run at 1-5 ranks in test_collectives, through the same API
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 

@@ -28,6 +28,9 @@ import mpicoll
 from mpicoll.core import types as _types
 from mpicoll.engine import select as _select
 
+# refused before any message: 1 rank (trivial path) and 2 (every case, min_size 2 included)
+pytestmark = pytest.mark.ranks(1, 2)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 COMM = mpicoll.Comm(WORLD)

@@ -21,6 +21,9 @@ from mpi4py import MPI
 from mpicoll.engine import select as _select
 from mpicoll.tools import bench
 
+# the benchmark tool: 1 rank, and 3 for bus-bandwidth factors and #wrong over ranks
+pytestmark = pytest.mark.ranks(1, 3)
+
 WORLD = MPI.COMM_WORLD
 SMALL = ["-b", "1K", "-e", "64K", "-f", "4", "-n", "3", "-w", "1", "--batch", "2", "-q"]
 
@@ -332,6 +335,18 @@ def test_expected_values_are_exact():
     y = x.copy()
     y[3] += 1
     assert bench.count_wrong(y, x, np.dtype(np.float32), 3) == 1
+    # floating SUM: rounding within the checker's rule passes, a wrong element does not
+    want = bench.expected("allreduce", 3, 10, np.dtype(np.float32), "sum", 0)
+    scale = bench.error_scale("allreduce", 3, 10, np.dtype(np.float32), "sum", 0)
+    assert scale is not None and np.all(scale >= np.abs(want))
+    rounded = want.copy()
+    big = int(np.argmax(scale))
+    rounded[big] = np.nextafter(rounded[big], np.float32(np.inf))
+    assert bench.count_wrong(rounded, want, np.dtype(np.float32), 3, "sum", scale) == 0
+    assert bench.count_wrong(rounded, want, np.dtype(np.float32), 3) == 1  # no scale: exact
+    rounded[0] += 1
+    assert bench.count_wrong(rounded, want, np.dtype(np.float32), 3, "sum", scale) == 1
+    assert bench.error_scale("allreduce", 3, 10, np.dtype(np.int32), "sum", 0) is None
 
 
 @pytest.mark.timeout(120)

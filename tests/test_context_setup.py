@@ -19,7 +19,8 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll.engine import context as _context
 
-pytestmark = pytest.mark.timeout(300)
+# context creation: 1 rank and 2 (a peer that misses or is late)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.ranks(1, 2)]
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

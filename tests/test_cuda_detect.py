@@ -15,6 +15,9 @@ import pytest
 import mpicoll
 from mpicoll.backends import cuda as _cuda
 
+# no messages: the same at any rank count (the local group)
+pytestmark = pytest.mark.local
+
 
 class FakeLib:
     """A loaded library: C functions as attributes, AttributeError for missing symbols."""

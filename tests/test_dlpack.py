@@ -18,6 +18,9 @@ from mpi4py import MPI
 
 import mpicoll
 
+# buffer export (DLPack): 1 rank, and 3 for a collective over peers
+pytestmark = pytest.mark.ranks(1, 3)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 COMM = mpicoll.Comm(WORLD)

@@ -25,6 +25,9 @@ from mpicoll.backends import devices as _devices
 from mpicoll.engine import context as _context
 from mpicoll.transport import staging as _staging
 
+# fake-GPU device paths: 1 rank, 2 (a power of two), 3 (not)
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 WORLD = MPI.COMM_WORLD
 
 # (transport, fake stream behaviour, MPICOLL timeout: polling waits)

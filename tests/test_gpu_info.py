@@ -13,6 +13,9 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll.tools import info
 
+# python -m mpicoll.info: 1 rank, and 2 (a rank that differs is named)
+pytestmark = pytest.mark.ranks(1, 2)
+
 WORLD = MPI.COMM_WORLD
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,6 +90,7 @@ def _singleton(args, extra_path=None, timeout=120):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.local
 @pytest.mark.skipif(_LAUNCHED, reason="starts a singleton MPI process: run with plain pytest")
 def test_module_runs_without_mpirun():
     proc = _singleton(["-m", "mpicoll.info"])
@@ -94,6 +98,7 @@ def test_module_runs_without_mpirun():
     assert "cuda-aware: " in proc.stdout and "ranks         1" in proc.stdout
 
 
+@pytest.mark.local
 @pytest.mark.skipif(_LAUNCHED, reason="starts a singleton MPI process: run with plain pytest")
 def test_cpu_work_never_imports_cupy(tmp_path):
     """import mpicoll and host collectives do not import CuPy, even where it is installed."""

@@ -20,6 +20,9 @@ from mpicoll.backends import devices as _devices
 from mpicoll.engine import context as _context
 from mpicoll.engine import select as _select
 
+# staging: 1 rank, 2 (a power of two), 3 (not; AllGather forwarding needs 3)
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 WORLD = MPI.COMM_WORLD
 
 

@@ -21,6 +21,9 @@ import mpicoll
 from mpicoll.backends import devices as _devices
 from mpicoll.engine import context as _context
 
+# device streams: 1 rank, 2 (a power of two), 3 (not)
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 WORLD = MPI.COMM_WORLD
 
 

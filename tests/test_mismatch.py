@@ -17,7 +17,8 @@ import mpicoll
 from mpicoll.engine import context as _context
 from mpicoll.observe import check as _check
 
-pytestmark = pytest.mark.timeout(60)
+# mismatch detection: 1 rank, 2 (a power of two), 3 (not)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.ranks(1, 2, 3)]
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

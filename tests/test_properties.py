@@ -1,4 +1,4 @@
-"""Property tests: random calls of every collective agree with MPI's built-in.
+"""Property tests: random calls of every collective agree with the exact result.
 
 Run under an MPI launcher (2-4 ranks is the intended range; any count works).
 Hypothesis draws the collective's arguments (counts, dtype, op, algorithm,
@@ -11,11 +11,11 @@ together instead of one rank leaving the others waiting.
 
 Properties, per example:
 
-* the result equals MPI's built-in on the same input (exact for integers
-  and bool, MIN/MAX exact everywhere, a stated relative tolerance for float
-  and complex SUM/PROD; float16, which MPI cannot reduce, against NumPy in
-  float64).  Signed SUM/PROD inputs stay clear of overflow, which C leaves
-  undefined (Open MPI's int8 SUM saturates where NumPy, hence mpicoll, wraps);
+* the result equals the exact reduction of the same inputs, judged by
+  :mod:`mpicoll.tools.results` (exact for integers, bool and MIN/MAX; float
+  and complex SUM/PROD within its one rounding rule).  Signed SUM/PROD inputs
+  stay clear of overflow, which C leaves undefined (Open MPI's int8 SUM
+  saturates where NumPy, hence mpicoll, wraps);
 * AllReduce results are bitwise identical on every rank;
 * inputs are unchanged (out of place);
 * MPICOLL_CHECK on changes nothing;
@@ -33,8 +33,10 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll.core import types as _types
 from mpicoll.engine import select as _select
+from mpicoll.tools import results as _results
 
-pytestmark = pytest.mark.timeout(600)
+# random calls: 2-4 ranks, powers of two and not (1 rank: test_collectives)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ranks(2, 3, 4)]
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
@@ -47,8 +49,6 @@ SETTINGS = settings(
 DTYPES = ["int8", "uint8", "int16", "int32", "int64", "uint64", "float16", "float32", "float64",
           "complex64", "complex128", "bool"]
 CATEGORY = {"i": "integer", "u": "integer", "f": "floating", "c": "complex", "b": "logical"}
-# relative tolerance of a SUM/PROD over n ranks, per float type (elementwise, vs MPI)
-RTOL = {"float16": 2e-2, "float32": 1e-5, "float64": 1e-12, "complex64": 1e-5, "complex128": 1e-12}
 
 
 def ops_for(dtype):
@@ -103,39 +103,12 @@ def make_input(dtype, n, op, seed, rank=RANK):
     return (real + 1j * imag).astype(dt) if dt.kind == "c" else real.astype(dt)
 
 
-def reference_reduce(call, x, total):
-    """MPI's built-in AllReduce of ``x`` (float16: NumPy over everybody's input, in float64)."""
-    op = getattr(MPI, call["op"])
-    if call["dtype"] == "float16":
-        everyone = [make_input("float16", total, call["op"], call["seed"], r) for r in range(SIZE)]
-        acc = everyone[0].astype(np.float64)
-        for other in everyone[1:]:
-            acc = _types.NUMPY_UFUNCS[call["op"]](acc, other.astype(np.float64))
-        return acc.astype(np.float16)
-    out = np.empty_like(x)
-    WORLD.Allreduce(x, out, op)
-    return out
-
-
 def close(call, got, want):
-    """(ok, detail): exact unless a float/complex SUM/PROD."""
-    if got.shape != want.shape:
-        return False, f"shape {got.shape} != {want.shape}"
-    if call["dtype"] in RTOL and call["op"] in ("SUM", "PROD"):
-        tol = RTOL[call["dtype"]] * SIZE
-        scale = np.maximum(np.abs(want.astype(np.complex128)), 1.0)
-        err = np.abs(got.astype(np.complex128) - want.astype(np.complex128)) / scale
-        bad = np.flatnonzero(~(err <= tol))
-    elif len(got):
-        g = got.view(np.uint8).reshape(len(got), -1)
-        w = want.view(np.uint8).reshape(len(want), -1)
-        bad = np.flatnonzero(np.any(g != w, axis=1))
-    else:
-        bad = []
-    if len(bad):
-        i = bad[0]
-        return False, f"{len(bad)} of {len(got)} elements differ, first at {i}: {got[i]!r} vs {want[i]!r}"
-    return True, ""
+    """(ok, detail) by mpicoll.tools.results' rule: exact unless a float/complex SUM/PROD."""
+    res = _results.compare(got, want, call["op"], SIZE)
+    if res.ok:
+        return True, ""
+    return False, f"{res.nbad} of {got.size} elements differ, {res.worst}"
 
 
 def run(call):
@@ -190,12 +163,12 @@ def run(call):
 
 
 def expected(call, x_original):
+    """This rank's expected result: the exact reduction (mpicoll.tools.results), or the gather."""
     counts = call["counts"]
     if call["collective"] == "allgather":
         return np.concatenate([make_input(call["dtype"], counts[r], None, call["seed"], r)
                                for r in range(SIZE)]) if sum(counts) else np.zeros(0, call["dtype"])
-    total = len(x_original)
-    full = reference_reduce(call, x_original, total)
+    full = _results.reference_allreduce(WORLD, x_original, getattr(MPI, call["op"]))
     if call["collective"] == "allreduce":
         return full
     lo = sum(counts[:RANK])

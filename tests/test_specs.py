@@ -18,6 +18,9 @@ from mpi4py import MPI
 
 import mpicoll
 
+# buffer specs against mpi4py: 1 rank, and 3 for per-rank counts/displacements
+pytestmark = pytest.mark.ranks(1, 3)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 SENTINEL = -7

@@ -17,6 +17,7 @@ WORLD = MPI.COMM_WORLD
 
 # --- ring order from node membership (no messages) ----------------------------
 
+@pytest.mark.local
 @pytest.mark.parametrize("nodes, ring", [
     ([0, 0, 1, 1], [0, 1, 2, 3]),                  # block placement: identity
     ([0, 1, 0, 1], [0, 2, 1, 3]),                  # cyclic over 2 nodes
@@ -29,6 +30,7 @@ def test_ring_from_nodes(nodes, ring):
     assert _topology.ring_from_nodes(nodes) == ring
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("n", [2, 5, 8, 12])
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_ring_crosses_each_node_once(n, k):
@@ -44,6 +46,7 @@ def test_ring_crosses_each_node_once(n, k):
         assert _topology.crossings(list(range(n)), cyclic) == n
 
 
+@pytest.mark.local
 def test_parse_fake_nodes():
     assert _topology.parse_fake_nodes("block:2", 5) == [0, 0, 0, 1, 1]
     assert _topology.parse_fake_nodes("cyclic:2", 5) == [0, 1, 0, 1, 0]

@@ -21,6 +21,9 @@ from mpi4py.util import dtlib
 import mpicoll
 from mpicoll.core import types as _types
 
+# user ops: 1 rank, 2 (a power of two), 3 (not)
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 COMM = mpicoll.Comm(WORLD)

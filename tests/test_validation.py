@@ -18,6 +18,9 @@ from mpi4py import MPI
 
 import mpicoll
 
+# refused before any message: 1 rank (trivial path) and 2 (cases that need a peer)
+pytestmark = pytest.mark.ranks(1, 2)
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 COMM = mpicoll.Comm(WORLD)

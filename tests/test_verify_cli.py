@@ -15,6 +15,9 @@ from mpi4py import MPI
 
 from mpicoll.tools import verify as V
 
+# the command line: 1 rank, and 3 for every rank exiting the same way
+pytestmark = pytest.mark.ranks(1, 3)
+
 WORLD = MPI.COMM_WORLD
 
 

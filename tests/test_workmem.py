@@ -21,6 +21,9 @@ from mpicoll.backends.host import NUMPY
 from mpicoll.engine import context as _context
 from mpicoll.engine.workmem import WorkMemory, scoped
 
+# work memory by purpose: up to 4 ranks (several slots in flight on the ring)
+pytestmark = pytest.mark.ranks(1, 2, 3, 4)
+
 WORLD = MPI.COMM_WORLD
 
 

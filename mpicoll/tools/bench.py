@@ -16,10 +16,11 @@ collective in the same run, on the same input:
 * reported: the median over calls, algbw = size / time and busbw = algbw x
   the collective's factor (AllReduce 2(n-1)/n, AllGather and ReduceScatter
   (n-1)/n, as nccl-tests), and the time ratio mpicoll / built-in;
-* checked (``-c 1``): the inputs are small integers (exact in every type),
-  mpicoll's output is compared with the built-in's (exactly for integers,
-  with ``rtol = 8 n eps`` for floating types) and the built-in's with the
-  exact expected values; ``#wrong`` counts wrong elements over all ranks.
+* checked (``-c 1``): the inputs are small integers (exact in every type);
+  mpicoll's output and the built-in's are each compared with the exact
+  expected values by the one rule of :mod:`mpicoll.tools.results`
+  (integers exactly, floating SUM/PROD within ``gamma(n-1) * sum|x|``);
+  ``#wrong`` counts wrong elements over all ranks.
 
 Sizes follow nccl-tests: ``size`` is the whole array in bytes (AllReduce:
 each rank's array; AllGather: the gathered array; ReduceScatter: each rank's
@@ -54,6 +55,8 @@ import mpicoll
 from ..algorithms.ring import parse_bytes
 from ..core import types as _types
 from ..engine import select as _select
+from . import arrays as _arrays
+from . import results as _results
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 
@@ -68,15 +71,28 @@ BUSBW_FACTOR = {
 # values (_types' tables), named in lower case as nccl-tests does; any case is accepted.
 OPS = tuple(name.lower() for name in _types.NUMPY_UFUNCS)
 
-# types MPI's built-in collectives reduce natively (float16 has no MPI type)
-DTYPES = {
-    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
-    "int32": np.int32, "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
-    "float32": np.float32, "float64": np.float64,
-    "complex64": np.complex64, "complex128": np.complex128,
-    # nccl-tests / C spellings
-    "int": np.int32, "float": np.float32, "double": np.float64,
-}
+def _builtin_dtypes() -> dict:
+    """-d/--datatype choices: every dtype mpicoll carries (core.types) that MPI's built-in
+    collectives reduce natively, by NumPy name, plus the nccl-tests / C spellings.
+
+    float16 is left out (it has no MPI datatype), long double too (its name
+    and size differ between platforms).
+    """
+    out = {}
+    for code in np.typecodes["AllInteger"] + np.typecodes["AllFloat"]:
+        dtype = np.dtype(code)
+        if dtype.char in "eEgG":
+            continue
+        try:
+            _types.category_of_dtype(dtype)
+        except TypeError:  # no MPI datatype for it in this build
+            continue
+        out[dtype.name] = dtype
+    out.update(int=np.dtype(np.int32), float=np.dtype(np.float32), double=np.dtype(np.float64))
+    return out
+
+
+DTYPES = _builtin_dtypes()
 
 RECORD_FIELDS = (
     "collective", "algorithm", "selected", "nranks", "dtype", "op", "bytes", "count",
@@ -258,21 +274,43 @@ def expected(collective, nranks, count, dtype, op, rank):
     return acc
 
 
-def count_wrong(got, want, dtype, nranks) -> int:
-    """Elements of ``got`` that differ from ``want`` (floats: rtol = 8 n eps)."""
-    if got.shape != want.shape:
-        return max(got.size, want.size)
-    if dtype.kind in "fc":
-        eps = np.finfo(dtype).eps
-        ok = np.isclose(got, want, rtol=8 * nranks * eps, atol=8 * nranks * eps)
-        return int(got.size - np.count_nonzero(ok))
-    return int(np.count_nonzero(got != want))
+def error_scale(collective, nranks, count, dtype, op, rank):
+    """``sum_r |x_r|`` (SUM) or ``prod_r |x_r|`` (PROD) of this rank's result elements, or None.
+
+    The scale of mpicoll.tools.results' tolerance rule; None where the result must be exact.
+    """
+    opname = op.upper()
+    if collective == "allgather" or not _results.needs_tolerance(opname, dtype):
+        return None
+    scale = None
+    for r in range(nranks):
+        mag = _results.magnitude(rank_data(r, nranks, count, dtype, op), opname)
+        scale = mag if scale is None else (scale + mag if opname == "SUM" else scale * mag)
+    if collective == "reduce_scatter":
+        per = count // nranks
+        scale = scale[rank * per: (rank + 1) * per]
+    return scale
+
+
+def count_wrong(got, want, dtype, nranks, op=None, scale=None) -> int:
+    """Elements of ``got`` that differ from the exact ``want`` (mpicoll.tools.results' rule).
+
+    With ``op`` and ``scale`` (:func:`error_scale`) floating SUM/PROD may
+    differ by rounding, within ``gamma(n-1) * scale``; everything else must
+    be identical.
+    """
+    got = np.asarray(got)
+    if got.shape != np.shape(want):
+        return max(got.size, np.size(want))
+    ref = _results.Reference(np.asarray(want, dtype), scale, "exact")
+    opname = op.upper() if op is not None and scale is not None else None
+    return _results.compare(got, ref, opname, nranks).nbad
 
 
 # --- devices --------------------------------------------------------------------
 
-class HostDevice:
-    """NumPy arrays; nothing to synchronise."""
+class HostDevice(_arrays.NumpyArrays):
+    """NumPy arrays (mpicoll.tools.arrays); the input is used as it is, nothing to synchronise."""
 
     name = "cpu"
 
@@ -280,17 +318,8 @@ class HostDevice:
     def upload(host):
         return host
 
-    @staticmethod
-    def empty(n, dtype):
-        return np.empty(n, dtype)
-
-    @staticmethod
-    def download(arr):
-        return arr
-
-    @staticmethod
-    def sync():
-        pass
+    def download(self, arr):
+        return self.get(arr)
 
     def builtin_call(self, call, sbuf, rbuf):
         """The built-in collective as a user of these arrays calls it."""
@@ -299,27 +328,18 @@ class HostDevice:
         return run
 
 
-class GpuDevice:
+class GpuDevice(_arrays.DeviceArrays):
     """Device arrays of a registered mpicoll device backend (CuPy by default)."""
 
-    name = "gpu"
-
     def __init__(self, backend):
+        super().__init__(backend.rt, "gpu")
         self.backend = backend
-        self.rt = backend.rt
-        self.xp = self.rt.xp
 
     def upload(self, host):
-        return self.xp.asarray(host)
-
-    def empty(self, n, dtype):
-        return self.xp.empty(n, dtype)
+        return self.put(host)
 
     def download(self, arr):
-        return self.rt.to_host(arr)
-
-    def sync(self):
-        self.rt.synchronize(self.rt.current_stream())
+        return self.get(arr)
 
     def _pinned(self, n, dtype):
         return self.rt.pinned(max(n, 1) * dtype.itemsize).view(dtype)[:n]
@@ -512,8 +532,9 @@ def measure(comm, case, device, args, meta) -> dict:
         got_m = device.download(case.out_m)
         got_b = device.download(case.out_b)
         want = expected(case.collective, n, case.count, case.dtype, args.op, comm.rank)
-        wrong = comm.allreduce(count_wrong(got_m, got_b, case.dtype, n))
-        builtin_wrong = comm.allreduce(count_wrong(got_b, want, case.dtype, n))
+        scale = error_scale(case.collective, n, case.count, case.dtype, args.op, comm.rank)
+        wrong = comm.allreduce(count_wrong(got_m, want, case.dtype, n, args.op, scale))
+        builtin_wrong = comm.allreduce(count_wrong(got_b, want, case.dtype, n, args.op, scale))
     factor = BUSBW_FACTOR[case.collective](n)
 
     def bw(seconds):
@@ -628,8 +649,8 @@ class Table:
           f"(batches of {args.batch}, interleaved, Barrier before each batch);\n"
           f"# time: median over calls of the slowest rank; busbw factors: allreduce 2(n-1)/n, "
           f"allgather and reduce_scatter (n-1)/n\n")
-        w(f"# check {args.check}: #wrong = wrong elements over all ranks (mpicoll against the "
-          f"built-in, the built-in against exact values)\n")
+        w(f"# check {args.check}: #wrong = wrong elements over all ranks (mpicoll and the "
+          f"built-in each against the exact values, mpicoll.tools.results' rule)\n")
         if args.memory:
             w("# work memory: scratch = bytes mpicoll's context holds after one call on a fresh "
               "communicator, peak = tracemalloc peak during that call (host allocations), "
