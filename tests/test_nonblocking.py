@@ -134,6 +134,36 @@ def test_blocking_call_while_nonblocking_in_flight():
     _util.assert_all(WORLD, not bad, bad)
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_ranks_wait_in_different_orders(algorithm):
+    """MPI lets every rank complete operations in its own order: a rank blocked in the
+    wait of one operation must still advance the others, whose later steps its peers
+    wait for (the executor's progress rule).  Multi-step schedules (several segments
+    per block with a small segment) hung here when a wait advanced only its own
+    operation."""
+    comm = mpicoll.Comm(WORLD, algorithm=algorithm)
+    n = 64 * SIZE + 5
+    xs = [rank_data(n, salt=60 + k) for k in range(3)]
+    outs = [np.full(n, SENTINEL, np.float64) for _ in xs]
+    with mpicoll.options(timeout=60):
+        reqs = [comm.Iallreduce(x, y) for x, y in zip(xs, outs)]
+        order = list(range(3)) if RANK % 2 == 0 else list(reversed(range(3)))
+        for k in order:
+            reqs[k].Wait()
+        # a blocking call on a rank while its peer still waits for a non-blocking one
+        y = np.full(n, SENTINEL, np.float64)
+        late = comm.Iallreduce(xs[0], y)
+        if RANK % 2 == 0:
+            comm.Allreduce(xs[1], outs[1])
+            late.Wait()
+        else:
+            late.Wait()
+            comm.Allreduce(xs[1], outs[1])
+    bad = problems([(f"op {k}", outs[k], builtin_allreduce(xs[k])) for k in range(3)]
+                   + [("late", y, builtin_allreduce(xs[0]))])
+    _util.assert_all(WORLD, not bad, bad)
+
+
 # ---------------------------------------------------------------------------
 # Test(), Waitall, statuses
 # ---------------------------------------------------------------------------

@@ -39,6 +39,8 @@ from mpicoll.algorithms import bruck, halving, recursive, ring, steps
 from mpicoll.algorithms.schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Send, Wait
 from mpicoll.engine import select as _select
 
+pytestmark = pytest.mark.local  # simulated ranks in one process: no MPI peer
+
 WORLD = MPI.COMM_WORLD
 
 

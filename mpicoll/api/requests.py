@@ -317,8 +317,11 @@ def check_progress() -> None:
 
 
 def _progress_add(active: _Active) -> None:
-    """Hand a started operation to the progress thread when the ``progress`` option is on."""
-    if active.op.done or not _config.get("progress"):
+    """Hand a started operation to the progress thread when the ``progress`` option is on.
+
+    The thread starts with the first operation started under the option, even
+    one that completed at once (at one rank, or a message that was there)."""
+    if not _config.get("progress"):
         return
     global _thread
     if _thread is None:
@@ -326,7 +329,8 @@ def _progress_add(active: _Active) -> None:
             if _thread is None:
                 _check_threads()
                 _thread = _Progress()
-    _thread.add(active)
+    if not active.op.done:
+        _thread.add(active)
 
 
 def _check_threads() -> None:

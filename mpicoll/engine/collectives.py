@@ -194,10 +194,19 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.schedule = run.lease = run.bound = run.call = run.stage = None
     run.observed = False
     run.nops = 0
-    run.tag = _executor.TAG if blocking else _executor.tag_of(ctx.seq + 1, ctx.tag_ub)
+    if blocking:
+        run.tag = _executor.TAG
+    elif persistent:
+        # a tag of its own for the operation's life: reserve its call number now
+        # (every rank creates persistent operations in the same order)
+        ctx.seq += 1
+        run.tag = _executor.tag_of(ctx.seq, ctx.tag_ub)
+    else:
+        run.tag = _executor.tag_of(ctx.seq + 1, ctx.tag_ub)  # begin() takes this call number
     operation = Operation(run, persistent)
     if not persistent:
-        operation._begin(blocking)
+        with _executor.LOCK:  # the progress thread may be advancing others
+            operation._begin(blocking)
     return operation
 
 

@@ -23,6 +23,18 @@ Running (:class:`Operation`)
     observe.calls).  Timeouts, traffic counting and traces see the
     operation's messages through its channel, like any blocking call.
 
+Progress
+    Operations started and not yet complete are listed in :data:`IN_FLIGHT`.
+    A blocking wait -- of an operation, or inside a blocking call -- while
+    another operation is in flight polls instead of blocking, and advances
+    every operation in flight as it goes (MPI's progress rule): ranks may
+    complete operations in different orders, and a rank waiting for one
+    operation must still send the messages of the others that its peers wait
+    for.  A wait under a timeout falls back to the channel's timed wait once
+    nothing moved for that long, so such a wait still ends.  :data:`LOCK`
+    (re-entrant) serialises all of this between the caller and the progress
+    thread (api.requests): one thread advances operations at a time.
+
 Tags
     Blocking calls use the channel's default tag: they never overlap on a
     rank, and MPI's non-overtaking rule keeps their messages in order.  A
@@ -34,10 +46,28 @@ Tags
 
 from __future__ import annotations
 
+import threading
+from time import perf_counter
+
 from mpi4py import MPI
 
 from ..algorithms.schedule import DST, SRC, Copy, Recv, Reduce, Send, Shape, Wait
 from ..transport.channel import TAG, Channel, mpi_requests
+
+# operations started and not yet complete (non-blocking and persistent), oldest first
+IN_FLIGHT: list = []
+LOCK = threading.RLock()
+
+
+def progress_others(me=None) -> bool:
+    """Advance every operation in flight except ``me`` without blocking; True if any completed."""
+    moved = False
+    for other in tuple(IN_FLIGHT):
+        if other is not me and other._active:
+            other._advance(False)
+            moved = moved or not other._active
+    return moved
+
 
 # bound op kinds
 SEND, RECV, WAIT, REDUCE, COPY, SENDRECV = range(6)
@@ -204,13 +234,17 @@ class Operation:
     def test(self) -> bool:
         """Advance without blocking; True once complete."""
         if self._active:
-            self._advance(False)
+            with LOCK:
+                if self._active:
+                    self._advance(False)
         return not self._active
 
     def wait(self) -> None:
-        """Block until complete (CollectiveTimeout under a timeout)."""
+        """Block until complete (CollectiveTimeout under a timeout); see "Progress"."""
         if self._active:
-            self._advance(True)
+            with LOCK:
+                if self._active:
+                    self._advance(True)
 
     def start(self) -> None:
         """Persistent only: run again on the buffers' current contents."""
@@ -220,7 +254,8 @@ class Operation:
             raise RuntimeError("start: the persistent operation was freed")
         if self._active:
             raise RuntimeError("start: the persistent operation is still active; wait for it first")
-        self._begin(self._run.blocking)
+        with LOCK:
+            self._begin(self._run.blocking)
 
     def free(self) -> None:
         """Persistent: give back its work memory (idempotent).  An active one completes first."""
@@ -246,6 +281,8 @@ class Operation:
         self._reqs = [None] * run.nops
         self._i = 0
         self._active = True
+        if not block:
+            IN_FLIGHT.append(self)
         self._advance(block)
 
     def _advance(self, block: bool) -> None:
@@ -262,10 +299,16 @@ class Operation:
                     reqs[op[3]] = ch.irecv(op[1], op[2])
                 elif k == WAIT:
                     rs = [reqs[j] for j in op[1]]
-                    if not block and not testall(ch, rs):
+                    if not block:
+                        if not testall(ch, rs):
+                            self._i = i
+                            return
+                    elif IN_FLIGHT and (len(IN_FLIGHT) > 1 or IN_FLIGHT[0] is not self):
                         self._i = i
-                        return
-                    ch.waitall(rs)  # complete: returns at once, but does the books
+                        self._poll(ch, rs)
+                    # complete (or, after _poll gave up under a timeout, a timed wait):
+                    # returns at once, but does the books
+                    ch.waitall(rs)
                     for j in op[1]:
                         reqs[j] = None
                 elif k == REDUCE:
@@ -282,7 +325,25 @@ class Operation:
         self._i = i
         self._end(False)
 
+    def _poll(self, ch, rs) -> None:
+        """Wait for ``rs`` while advancing every other operation in flight (see "Progress").
+
+        Returns when ``rs`` completed, or -- under a timeout -- when nothing
+        moved for that long: the caller's timed wait then decides.
+        """
+        timeout = self._run.timeout
+        quiet_since = perf_counter()
+        while not testall(ch, rs):
+            if progress_others(self):
+                quiet_since = perf_counter()
+            elif timeout is not None and perf_counter() - quiet_since > timeout:
+                return
+            if not IN_FLIGHT or (len(IN_FLIGHT) == 1 and IN_FLIGHT[0] is self):
+                return  # nothing else to advance: block in the channel's wait
+
     def _end(self, failed: bool) -> None:
+        if self in IN_FLIGHT:
+            IN_FLIGHT.remove(self)
         self._active = False
         self._reqs = None
         run = self._run
@@ -291,5 +352,5 @@ class Operation:
         self.done = not failed
 
 
-__all__ = ["Operation", "bind", "run_blocking", "run_on", "shape_of", "tag_of", "testall",
-           "TAG", "Channel"]
+__all__ = ["IN_FLIGHT", "LOCK", "Operation", "progress_others", "bind", "run_blocking", "run_on",
+           "shape_of", "tag_of", "testall", "TAG", "Channel"]

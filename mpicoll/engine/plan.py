@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from ..observe import calls as _observe
 from . import context as _context
-from .executor import COPY, REDUCE, SENDRECV, run_blocking
+from .executor import COPY, IN_FLIGHT, REDUCE, SENDRECV, run_blocking
 
 # function name -> the Plan of its last plain call (any communicator); see "Cost of a hit"
 _LAST: dict = {}
@@ -100,8 +100,8 @@ def repeat(comm, name: str, args: tuple) -> bool:
                 if plan is None:
                     return False
                 break
-    if not _observe.quiet():
-        return False
+    if IN_FLIGHT or not _observe.quiet():
+        return False  # (a blocking wait must advance the operations in flight: executor)
     plan.run()
     return True
 
