@@ -17,7 +17,6 @@ import time
 import _util
 import pytest
 
-
 LIMIT = 120  # seconds: a hang fails the test here
 
 SCRIPT = r'''
