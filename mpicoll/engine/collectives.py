@@ -61,7 +61,7 @@ class _Run:
         self.observed = call is not None or stage is not None
         if call is not None:
             if self.check:
-                call.check()
+                call.check(_executor.run_on)
             ch, run_be, red = call.wrap(ch, run_be, red)
         self.ch, self.be, self.red = ch, run_be, red
         be.prepare()

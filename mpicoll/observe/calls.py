@@ -127,8 +127,12 @@ class Call:
         self.t0 = perf_counter()
 
     # -- set-up ---------------------------------------------------------------
-    def check(self) -> None:
-        """Agree on the call fingerprint with every rank (MPICOLL_CHECK)."""
+    def check(self, run) -> None:
+        """Agree on the call fingerprint with every rank (MPICOLL_CHECK).
+
+        ``run(schedule, ctx, ch, be, red, src, dst)`` runs a schedule to the
+        end (the engine passes its executor's run_on; see observe.check.agree).
+        """
         if self.size == 1:
             return
         ch = _check.channel(self.ctx)
@@ -136,7 +140,7 @@ class Call:
             ch = ObservedChannel(ch, self, account=False, phase="check")
         t0 = perf_counter()
         try:
-            _check.agree(self, ch)
+            _check.agree(self, ch, run)
         finally:
             if self.events is not None:
                 self.events.append(("check", t0, perf_counter(), None, 0, None, -1))

@@ -4,7 +4,8 @@
 message the collectives inside the block complete (the payload only: the
 ``MPICOLL_CHECK`` fingerprint exchange is not counted).  Bytes are elements
 times the size of the MPI datatype on the wire.  Steps are the algorithm steps
-(see :mod:`mpicoll.algorithms.steps`) in which the rank sent (received) at least one
+(the ``step`` of each message's label in its schedule, see
+:mod:`mpicoll.algorithms.schedule`) in which the rank sent (received) at least one
 message; a step may carry several messages when a block is cut into segments.
 """
 
