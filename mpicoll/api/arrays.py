@@ -25,10 +25,10 @@ from mpi4py import MPI
 
 from ..core import config as _config
 from ..core import types as _types
+from ..core.comms import check_comm
 from ..engine import collectives as _collectives
 from ..engine import plan as _plan
 from ..engine import select as _select
-from ..engine.context import check_comm
 from . import requests as _requests
 from .buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
 

@@ -28,8 +28,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core import types as _types
+from ..core.comms import check_comm
 from ..core.errors import MpicollError
-from ..engine.context import check_comm
 from ..transport import staging as _staging
 from . import cuda as _cuda
 from . import host as _backend
@@ -273,7 +273,7 @@ class DeviceBackend:
             self._staging.close()
             self._staging = None
         ctx, key, stream = opened
-        ctx.__dict__.setdefault("_device_done", {})[key] = self.rt.record(stream)
+        ctx.devices.setdefault("done", {})[key] = self.rt.record(stream)
 
     def reducer(self, op, mpitype, category):
         name = _types.op_name(op)
@@ -309,7 +309,7 @@ class DeviceBackend:
         rt = self.rt
         stream = rt.current_stream()
         key = (self.name, rt.current_device())
-        previous = ctx.__dict__.get("_device_done", {}).get(key)
+        previous = ctx.devices.get("done", {}).get(key)
         if previous is not None:
             rt.wait_event(stream, previous)
         self._open = (ctx, key, stream)
@@ -333,7 +333,7 @@ class DeviceBackend:
 
     def staging_pool(self, ctx):
         """The pinned buffers and copy streams kept for ``ctx`` on the current device."""
-        pools = ctx.__dict__.setdefault("_staging_pools", {})
+        pools = ctx.devices.setdefault("staging pools", {})
         key = (self.name, self.rt.current_device())
         pool = pools.get(key)
         if pool is None:

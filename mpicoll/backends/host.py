@@ -164,7 +164,7 @@ def backend_of(obj):
             return backend
     if _is_device_object(obj):
         try:
-            from .. import _devices  # noqa: F401  registers the CuPy backend
+            from . import devices  # noqa: F401  registers the CuPy backend
         except ImportError:
             return None
         for backend in _DEVICE_BACKENDS:
