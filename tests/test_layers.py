@@ -96,3 +96,31 @@ def _defines(module: str, name: str) -> bool:
             if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
                 return True
     return False
+
+
+def test_no_module_reads_another_modules_private_names():
+    """``_mod._name`` where ``_mod`` is an imported mpicoll module: private state read from outside."""
+    aliases = {}  # file -> {local name: module} of the mpicoll modules it imports
+    for f, _, target, names in _imports():
+        spec = importlib.util.find_spec(target)
+        if spec is None or spec.submodule_search_locations is None:
+            continue
+        for node_name in names:
+            if importlib.util.find_spec(f"{target}.{node_name}") is not None:
+                aliases.setdefault(f, {})[node_name] = f"{target}.{node_name}"
+    bad = []
+    for f in sorted(ROOT.rglob("*.py")):
+        rel = f.relative_to(ROOT.parent)
+        tree = ast.parse(f.read_text(), str(f))
+        local = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                for a in node.names:
+                    if a.name in aliases.get(rel, {}):
+                        local[a.asname or a.name] = aliases[rel][a.name]
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in local and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                bad.append(f"{rel}:{node.lineno}: {local[node.value.id]}.{node.attr}")
+    assert not bad, "private names read from another module:\n" + "\n".join(bad)

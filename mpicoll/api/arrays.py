@@ -148,7 +148,7 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
 def _allreduce_args(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeout=None):
     """((comm, smsg, rmsg, op, algorithm), timeout, result, after) of an allreduce call."""
     comm = _comm(comm)
-    timeout = _config._check_value("timeout", timeout)
+    timeout = _config.check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("allreduce", algorithm)
     backend, x = array_arg(x, "x")
@@ -230,7 +230,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
 def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """((comm, smsg, rmsg, counts, displs, algorithm), timeout, result, after) of an allgather."""
     comm = _comm(comm)
-    timeout = _config._check_value("timeout", timeout)
+    timeout = _config.check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
     backend, x = array_arg(x, "x")
@@ -320,7 +320,7 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
                          timeout=None):
     """((comm, smsg, rmsg, counts, displs, op, algorithm), timeout, result, after)."""
     comm = _comm(comm)
-    timeout = _config._check_value("timeout", timeout)
+    timeout = _config.check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("reduce_scatter", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()

@@ -218,7 +218,7 @@ class DeviceBackend:
 
     # -- what backend_of needs ----------------------------------------------
     def claims(self, obj) -> bool:
-        if not _backend._is_device_object(obj) or not self.available():
+        if not _backend.is_device_object(obj) or not self.available():
             return False
         return self.rt.claims(obj)
 
@@ -367,8 +367,8 @@ class WholeStage:
         """Host arrays (pinned) standing for ``src`` (None: in place) and ``dst``."""
         rt, stream = self.be.rt, self.stream
         prefix = src is not None and dst.nbytes <= src.nbytes and (
-            src.nbytes == 0 or _staging._address(src) == _staging._address(dst))
-        sbytes = 0 if src is None or prefix else _staging._round(src.nbytes)
+            src.nbytes == 0 or _staging.address(src) == _staging.address(dst))
+        sbytes = 0 if src is None or prefix else _staging.round_bytes(src.nbytes)
         buf = self.pool.whole(sbytes + max(src.nbytes if prefix else dst.nbytes, 1))
         if prefix:  # in place: dst is the start of src (AllReduce, ReduceScatter)
             hsrc = buf[: src.nbytes].view(src.dtype)

@@ -58,7 +58,7 @@ def quiet() -> bool:
     No traffic counter, trace, timeout or check is on, and
     ``MPICOLL_ALGORITHM`` is unset (engine.plan runs only such calls again).
     """
-    return not _traffic._active and not _trace.active() and _config.unset(_QUIET_ENV)
+    return not _traffic.ACTIVE and not _trace.active() and _config.unset(_QUIET_ENV)
 
 
 # variables that change how a call runs: with any of them set, no call runs from a plan
@@ -68,10 +68,10 @@ _QUIET_ENV = ("MPICOLL_TIMEOUT", "MPICOLL_CHECK", "MPICOLL_ALGORITHM")
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
     """A :class:`Call` for this collective, or None when nothing observes it."""
     tracers = _trace.active()
-    if timeout is None and not check and not tracers and not _traffic._active:
+    if timeout is None and not check and not tracers and not _traffic.ACTIVE:
         return None
     return Call(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout,
-                tuple(_traffic._active), tracers)
+                tuple(_traffic.ACTIVE), tracers)
 
 
 class _Req:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-_active: list = []   # Traffic objects inside their ``with`` block
+ACTIVE: list = []   # Traffic objects inside their ``with`` block (read by observe.calls)
 
 
 class CallTraffic(NamedTuple):
@@ -58,11 +58,11 @@ class Traffic:
         self.calls: list[CallTraffic] = []
 
     def __enter__(self) -> Traffic:
-        _active.append(self)
+        ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        _active.remove(self)
+        ACTIVE.remove(self)
 
     def _add(self, record: CallTraffic) -> None:
         self.calls.append(record)
