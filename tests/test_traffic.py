@@ -1,31 +1,30 @@
-"""mpicoll.traffic(): exact message, byte and step counts against the algorithms' formulas.
+"""mpicoll.traffic(): exact message, byte and step counts against the algorithms' schedules.
 
-Run under an MPI launcher at any rank count.  Expected figures are computed
-here from the documented algorithms (ring position p = ``ctx.ring_pos``,
-chunks ``split(N, n)``, segments of ``ctx.segment_bytes``), not from the
-library's own schedule tables:
+Run under an MPI launcher at any rank count.  The expected figures of a call
+are read from the schedule its algorithm's builder gives for that call's
+shape (tests/schedsim.py's ``traffic``: the messages, bytes and labelled
+steps of one rank), built here from the communicator's ring and the small
+segment the fixture sets -- so what the executor sends and what the counters
+report must both be what the schedule says.  Independent hand checks on
+top, from the documented algorithms:
 
-ring AllReduce      sends every chunk but p (reduce-scatter) and every chunk
-                    but p+1 (allgather): 2(n-1) steps, 2(n-1)N elements summed
-                    over ranks, 2(n-1)/n of the data per rank when even
-ring ReduceScatter  sends every block but its own: (n-1)/n of the data when
-                    even; every block travels as the same number of pieces
-ring AllGather      sends every block but that of position p+1
-recursive doubling  log2(n) whole-array exchanges (+ fold and unfold)
+ring AllReduce      2(n-1) send steps; 2(n-1)N elements summed over ranks
+ring ReduceScatter  (n-1)/n of the data sent by every rank when blocks are even
+ring AllGather      (n-1)/n of the data received by every rank when even
+Bruck AllGather     ceil(log2 n) send steps
+(tests/test_schedules.py checks recursive doubling's schedule against its
+hand formula.)
 """
 
 from __future__ import annotations
 
-import math
-
 import _util
 import numpy as np
 import pytest
+import schedsim as sim
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.algorithms import steps as _steps
-from mpicoll.algorithms.ring import AG_SEGMENT_FACTOR, split
 from mpicoll.engine import context as _context
 from mpicoll.engine import select as _select
 
@@ -52,44 +51,17 @@ def data(n, dtype=np.float64):
     return (np.arange(n) % 11 + RANK).astype(dtype)
 
 
-def nmsg(count, seg):
-    return math.ceil(count / seg)
+def expect(ctx, collective, algorithm, itemsize, total=None, counts=None, in_place=False):
+    """(messages_sent, bytes_sent, messages_received, bytes_received, send_steps) of the call.
 
-
-def expect_ring_allreduce(ctx, N, itemsize):
-    """(messages_sent, bytes_sent, messages_received, bytes_received, send_steps)."""
-    n, p = ctx.size, ctx.ring_pos
-    if n == 1 or N == 0:
-        return 0, 0, 0, 0, 0
-    c, _ = split(N, n)
-    seg = max(1, SEG_BYTES // itemsize)
-    sent = [q for q in range(n) if q != p] + [q for q in range(n) if q != (p + 1) % n]
-    recv = [q for q in range(n) if q != (p - 1) % n] + [q for q in range(n) if q != p]
-    return (sum(nmsg(c[q], seg) for q in sent), sum(c[q] for q in sent) * itemsize,
-            sum(nmsg(c[q], seg) for q in recv), sum(c[q] for q in recv) * itemsize,
-            sum(1 for q in sent if c[q]))
-
-
-def expect_ring_reduce_scatter(ctx, counts, itemsize):
-    n, p, order = ctx.size, ctx.ring_pos, ctx.ring
-    if n == 1 or max(counts) == 0:
-        return 0, 0, 0, 0, 0
-    total = sum(counts)
-    nseg = math.ceil(max(counts) / max(1, SEG_BYTES // itemsize))
-    return ((n - 1) * nseg, (total - counts[order[p]]) * itemsize,
-            (n - 1) * nseg, (total - counts[order[(p - 1) % n]]) * itemsize, n - 1)
-
-
-def expect_ring_allgather(ctx, counts, itemsize):
-    n, p, order = ctx.size, ctx.ring_pos, ctx.ring
-    if n == 1:
-        return 0, 0, 0, 0, 0
-    seg = max(1, SEG_BYTES // itemsize) * AG_SEGMENT_FACTOR  # AllGather pieces: 16 segments
-    sent = [order[q] for q in range(n) if q != (p + 1) % n]
-    recv = [order[q] for q in range(n) if q != p]
-    return (sum(nmsg(counts[r], seg) for r in sent), sum(counts[r] for r in sent) * itemsize,
-            sum(nmsg(counts[r], seg) for r in recv), sum(counts[r] for r in recv) * itemsize,
-            sum(1 for r in sent if counts[r]))
+    Read from the algorithm's schedule for this rank, with the ring order of
+    ``ctx`` and segments of :data:`SEG_BYTES`.
+    """
+    build = _select.BUILDERS[collective][algorithm]
+    shape = sim.shape(collective, ctx.size, ctx.rank, counts=counts, total=total,
+                      ring=ctx.ring, segment=max(1, SEG_BYTES // itemsize), window=ctx.window,
+                      in_place=in_place)
+    return tuple(sim.traffic(build(shape), itemsize)[:5])
 
 
 def measured(t):
@@ -111,9 +83,9 @@ def test_ring_allreduce(comm, dtype):
         x = data(N, dtype)
         with mpicoll.traffic() as t:
             mpicoll.allreduce(x, comm=comm, algorithm="ring")
-        want = expect_ring_allreduce(ctx, N, itemsize)
+        want = expect(ctx, "allreduce", "ring", itemsize, total=N)
         if measured(t) != want:
-            problems.append(f"N={N}: measured {measured(t)}, formula {want}")
+            problems.append(f"N={N}: measured {measured(t)}, schedule {want}")
         if N >= SIZE > 1 and t.calls[-1].send_steps != 2 * (SIZE - 1):
             problems.append(f"N={N}: {t.calls[-1].send_steps} send steps, not 2(n-1)")
         total = WORLD.allreduce(t.calls[-1].bytes_sent)
@@ -131,9 +103,9 @@ def test_ring_reduce_scatter_even_and_uneven(comm):
         x = data(sum(counts))
         with mpicoll.traffic() as t:
             mpicoll.reduce_scatter(x, comm=comm, counts=counts, algorithm="ring")
-        want = expect_ring_reduce_scatter(ctx, counts, 8)
+        want = expect(ctx, "reduce_scatter", "ring", 8, counts=counts)
         if measured(t) != want:
-            problems.append(f"counts={counts}: measured {measured(t)}, formula {want}")
+            problems.append(f"counts={counts}: measured {measured(t)}, schedule {want}")
         if len(set(counts)) == 1 and SIZE > 1:
             # (n-1)/n of the data on every rank
             if t.calls[-1].bytes_sent * SIZE != (SIZE - 1) * sum(counts) * 8:
@@ -149,9 +121,9 @@ def test_ring_allgather_even_and_uneven(comm):
         x = data(counts[RANK])
         with mpicoll.traffic() as t:
             mpicoll.allgather(x, comm=comm, counts=counts, algorithm="ring")
-        want = expect_ring_allgather(ctx, counts, 8)
+        want = expect(ctx, "allgather", "ring", 8, counts=counts)
         if measured(t) != want:
-            problems.append(f"counts={counts}: measured {measured(t)}, formula {want}")
+            problems.append(f"counts={counts}: measured {measured(t)}, schedule {want}")
         if len(set(counts)) == 1 and SIZE > 1 and counts[0]:
             if t.calls[-1].bytes_received * SIZE != (SIZE - 1) * sum(counts) * 8:
                 problems.append(f"counts={counts}: received {t.calls[-1].bytes_received}, not (n-1)/n")
@@ -159,17 +131,12 @@ def test_ring_allgather_even_and_uneven(comm):
 
 
 def test_recursive_doubling_allreduce(comm):
+    ctx = _context.context(comm)
     N = 10
-    pof2 = 1 << (SIZE.bit_length() - 1)
-    rem, rounds = SIZE - pof2, pof2.bit_length() - 1
     with mpicoll.traffic() as t:
         mpicoll.allreduce(data(N), comm=comm, algorithm="recursive_doubling")
-    if RANK < 2 * rem:
-        msgs, steps = (1, 1) if RANK % 2 == 0 else (rounds + 1, rounds + 1)
-    else:
-        msgs, steps = rounds, rounds
-    want = (msgs, msgs * N * 8, msgs, msgs * N * 8, steps)
-    _util.assert_all(WORLD, measured(t) == want, f"measured {measured(t)}, formula {want}")
+    want = expect(ctx, "allreduce", "recursive_doubling", 8, total=N)
+    _util.assert_all(WORLD, measured(t) == want, f"measured {measured(t)}, schedule {want}")
 
 
 def test_totals_per_collective_and_gather(comm):
@@ -220,25 +187,42 @@ def test_nested_counters_and_nothing_outside(comm):
     assert inner.calls[0] == outer.calls[1]
 
 
-def test_algorithms_without_schedule_count_rounds(comm):
-    """Messages and bytes are always counted; steps of sendrecv-only algorithms are their rounds."""
-    unknown = [a for a in _select.ALGORITHMS["allgather"] if ("allgather", a) not in _steps.SCHEDULES]
-    if not unknown:
-        pytest.skip("every allgather algorithm has a schedule")
+def _calls(collective, algorithm, counts, comm):
+    """Run one call of ``algorithm`` on ``counts`` (AllReduce: their sum); (result, expected)."""
+    x = data(sum(counts) if collective != "allgather" else counts[RANK])
+    if collective == "allreduce":
+        return (mpicoll.allreduce(x, comm=comm, algorithm=algorithm),
+                WORLD.allreduce(x))
+    if collective == "reduce_scatter":
+        at = sum(counts[:RANK])
+        return (mpicoll.reduce_scatter(x, comm=comm, counts=counts, algorithm=algorithm),
+                WORLD.allreduce(x)[at: at + counts[RANK]])
+    return (mpicoll.allgather(x, comm=comm, counts=counts, algorithm=algorithm),
+            np.concatenate(WORLD.allgather(x)))
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_every_algorithm_counts_its_schedule(comm, collective):
+    """Every algorithm of the collective, even and uneven blocks, counts what its schedule sends."""
+    ctx = _context.context(comm)
     problems = []
-    for algo in unknown:
-        with mpicoll.traffic() as t:
-            g = mpicoll.allgather(data(4), comm=comm, algorithm=algo)
-        if not np.array_equal(g, np.concatenate(WORLD.allgather(data(4)))):
-            problems.append(f"{algo}: wrong result")
-        call = t.calls[0]
-        if call.algorithm != algo or call.send_steps is None or call.recv_steps is None:
-            problems.append(f"{algo}: {call}")
-        # every rank receives the others' blocks at least once
-        if SIZE > 1 and call.bytes_received < (SIZE - 1) * 4 * 8:
-            problems.append(f"{algo}: received only {call.bytes_received} bytes")
-        if algo == "bruck" and call.send_steps != (SIZE - 1).bit_length():
-            problems.append(f"bruck: {call.send_steps} send steps, not ceil(log2 n)")
-        if WORLD.allreduce(call.bytes_sent) != WORLD.allreduce(call.bytes_received):
-            problems.append(f"{algo}: bytes sent and received differ over the ranks")
+    for algo in _select.ALGORITHMS[collective]:
+        for counts in ([4] * SIZE, [(r * 5) % 3 + 9 * r for r in range(SIZE)]):
+            with mpicoll.traffic() as t:
+                got, ref = _calls(collective, algo, counts, comm)
+            if not np.array_equal(got, ref):
+                problems.append(f"{algo} counts={counts}: wrong result")
+            if collective == "allreduce":
+                want = expect(ctx, collective, algo, 8, total=sum(counts))
+            else:
+                want = expect(ctx, collective, algo, 8, counts=counts)
+            call = t.calls[-1]
+            if call.algorithm != algo or measured(t) != want:
+                problems.append(f"{algo} counts={counts}: measured {call.algorithm} "
+                                f"{measured(t)}, schedule {want}")
+            if (algo == "bruck" and SIZE > 1 and min(counts) > 0
+                    and call.send_steps != (SIZE - 1).bit_length()):
+                problems.append(f"bruck: {call.send_steps} send steps, not ceil(log2 n)")
+            if WORLD.allreduce(call.bytes_sent) != WORLD.allreduce(call.bytes_received):
+                problems.append(f"{algo}: bytes sent and received differ over the ranks")
     _util.assert_all(WORLD, not problems, "; ".join(problems))

@@ -19,7 +19,7 @@ import mpicoll
 from mpicoll.algorithms.ring import split
 from mpicoll.backends.host import NUMPY
 from mpicoll.engine import context as _context
-from mpicoll.engine.workmem import WorkMemory, scoped
+from mpicoll.engine.workmem import WorkMemory
 
 # work memory by purpose: up to 4 ranks (several slots in flight on the ring)
 pytestmark = pytest.mark.ranks(1, 2, 3, 4)
@@ -206,19 +206,17 @@ def test_take_outside_a_scope_raises():
         mem.take(np.dtype(np.float64), 4, "stray")
 
 
-def test_scoped_algorithm_gets_distinct_buffers_for_any_count():
-    """An algorithm asking for many buffers of one purpose gets distinct ones (no slot ids)."""
+def test_scope_gets_distinct_buffers_for_any_count():
+    """A run asking for many buffers of one purpose gets distinct ones (no slot ids)."""
+    work = WorkMemory()
 
-    class Ctx:
-        work = WorkMemory()
-
-    @scoped
-    def algorithm(ctx, ch, be, count):
-        bufs = [ctx.work.take(np.dtype(np.float64), 2, "receive slot") for _ in range(count)]
-        for i, b in enumerate(bufs):
-            b[:] = i
-        return [float(b[0]) for b in bufs]
+    def algorithm(count):
+        with work.scope(NUMPY):
+            bufs = [work.take(np.dtype(np.float64), 2, "receive slot") for _ in range(count)]
+            for i, b in enumerate(bufs):
+                b[:] = i
+            return [float(b[0]) for b in bufs]
 
     for count in (1, 11, 64, 130):
-        assert algorithm(Ctx, None, NUMPY, count) == [float(i) for i in range(count)]
-    assert Ctx.work.nbytes == 130 * 2 * 8
+        assert algorithm(count) == [float(i) for i in range(count)]
+    assert work.nbytes == 130 * 2 * 8

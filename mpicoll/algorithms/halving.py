@@ -24,7 +24,7 @@ their neighbours, i.e. not in rank order: only commutative ops may use it.
 
 Schedules
     :func:`reduce_scatter_schedule` and :func:`allreduce_schedule` are the
-    same algorithms as step schedules (:data:`SCHEDULES`, see
+    algorithms as step schedules (:data:`SCHEDULES`, see
     :mod:`mpicoll.algorithms.schedule`): step 0 the fold (when n is not a
     power of two), then the halving steps (Rabenseifner: then the doubling
     steps), then the unfold.
@@ -32,141 +32,19 @@ Schedules
 
 from __future__ import annotations
 
-from ..engine.workmem import scoped
-from .recursive import exchange, fold, fold_steps, is_packed, new_rank, real_rank, recv_from, send_to
+from .recursive import exchange, fold_steps, is_packed, new_rank, real_rank, recv_from, send_to
 from .ring import split
 from .schedule import DST, SRC, Builder, Label, Region
 
-
-def _halve(ch, red, rank, newrank, pof2, rem, cur, acc, tmp, edge):
-    """Recursive halving among the active ranks; returns the array holding the result.
-
-    ``cur`` holds this rank's data (never written: it may be the input);
-    reduced ranges are written to ``acc`` at the same offsets; ``tmp`` takes
-    the incoming halves.  On return new block ``newrank`` (``edge[newrank]``
-    .. ``edge[newrank + 1]``) is reduced over all ranks.
-    """
-    lo, hi = 0, pof2
-    mask = pof2 >> 1
-    while mask:
-        newpeer = newrank ^ mask
-        peer = real_rank(newpeer, rem)
-        mid = lo + mask
-        if newrank < newpeer:
-            keep_lo, keep_hi, give_lo, give_hi = lo, mid, mid, hi
-        else:
-            keep_lo, keep_hi, give_lo, give_hi = mid, hi, lo, mid
-        ka, kb = edge[keep_lo], edge[keep_hi]
-        incoming = tmp[: kb - ka]
-        ch.sendrecv(cur[edge[give_lo]: edge[give_hi]], peer, incoming, peer)
-        if peer < rank:
-            red(incoming, cur[ka:kb], acc[ka:kb])
-        else:
-            red(cur[ka:kb], incoming, acc[ka:kb])
-        cur = acc
-        lo, hi = keep_lo, keep_hi
-        mask >>= 1
-    return cur
-
-
-@scoped
-def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
-    """Recursive halving ReduceScatter: ``dst`` gets this rank's block (``counts[rank]``).
-
-    ``src`` holds the blocks laid out by ``counts``/``displs``; in place,
-    ``dst`` is the start of ``src``'s buffer and is written only at the end.
-    """
-    n, rank = ctx.size, ctx.rank
-    own, mine = displs[rank], counts[rank]
-    if n == 1:
-        be.copy(dst, src[own: own + mine])
-        return
-    total = sum(counts)
-    if not is_packed(counts, displs):
-        packed = ctx.work.take(src.dtype, total, "recursive halving: packed input")
-        at = 0
-        for c, d in zip(counts, displs):
-            be.copy(packed[at: at + c], src[d: d + c])
-            at += c
-        src = packed
-    if total == 0:
-        return
-    start = [0] * (n + 1)
-    for r in range(n):
-        start[r + 1] = start[r] + counts[r]
-    pof2, rem = fold(n)
-    edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
-    acc = ctx.work.take(src.dtype, total, "recursive halving: reduced halves")
-    # largest incoming piece: the whole input for the fold, else the first kept half
-    half = edge[pof2 // 2]
-    tmp = ctx.work.take(src.dtype, total if rem else max(half, total - half),
-                        "recursive halving: incoming half")
-    cur = src
-    if rank < 2 * rem:
-        if rank % 2 == 0:
-            ch.sendrecv(src[:total], rank + 1, None, None)
-            ch.sendrecv(None, None, dst, rank + 1)
-            return
-        ch.sendrecv(None, None, tmp[:total], rank - 1)
-        red(tmp[:total], src[:total], acc[:total])
-        cur = acc
-    cur = _halve(ch, red, rank, new_rank(rank, rem), pof2, rem, cur, acc, tmp, edge)
-    if rank < 2 * rem:
-        ch.sendrecv(cur[start[rank - 1]: start[rank]], rank - 1, None, None)
-    be.copy(dst, cur[start[rank]: start[rank] + mine])
-
-
-@scoped
-def allreduce(ctx, ch, be, red, src, dst):
-    """Rabenseifner AllReduce: recursive halving ReduceScatter + recursive doubling AllGather."""
-    n, rank = ctx.size, ctx.rank
-    N = len(dst)
-    if n == 1 or N == 0:
-        if src is not dst:
-            be.copy(dst, src)
-        return
-    pof2, rem = fold(n)
-    counts, displs = split(N, pof2)
-    edge = displs + [N]
-    # largest incoming piece: the whole array for the fold, else the first kept half
-    half = edge[pof2 // 2]
-    tmp = ctx.work.take(dst.dtype, N if rem else max(half, N - half),
-                        "rabenseifner: incoming half")
-    cur = src
-    if rank < 2 * rem:
-        if rank % 2 == 0:
-            ch.sendrecv(src, rank + 1, None, None)
-            ch.sendrecv(None, None, dst, rank + 1)
-            return
-        ch.sendrecv(None, None, tmp[:N], rank - 1)
-        red(tmp[:N], src, dst)
-        cur = dst
-    newrank = new_rank(rank, rem)
-    _halve(ch, red, rank, newrank, pof2, rem, cur, dst, tmp, edge)
-    mask = 1
-    while mask < pof2:
-        newpeer = newrank ^ mask
-        peer = real_rank(newpeer, rem)
-        mine = newrank & ~(mask - 1)
-        theirs = newpeer & ~(mask - 1)
-        ch.sendrecv(dst[edge[mine]: edge[mine + mask]], peer,
-                    dst[edge[theirs]: edge[theirs + mask]], peer)
-        mask <<= 1
-    if rank < 2 * rem:
-        ch.sendrecv(dst, rank - 1, None, None)
-
-
 # --- schedules (see mpicoll.algorithms.schedule) ------------------------------------
 #
-# The same algorithms as step schedules: the same messages (peers, sizes,
-# order; empty messages are not sent), reductions and work buffers as the
-# functions above.  Steps: 0 is the fold (only when n is not a power of
-# two), then the halving steps, (Rabenseifner: then the doubling steps),
-# then the unfold.
+# Empty messages are not sent (both ends know their sizes).  Steps: 0 is the
+# fold (only when n is not a power of two), then the halving steps,
+# (Rabenseifner: then the doubling steps), then the unfold.
 
 
 def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step):
-    """Emit recursive halving among the active ranks (see :func:`_halve`); the result's buffer.
+    """Emit recursive halving among the active ranks; the result's buffer.
 
     ``cur`` names the buffer holding this rank's data (never written),
     ``acc`` the one reduced ranges are written to, ``tmp`` the incoming halves.

@@ -22,18 +22,16 @@ exchange and one reduction, with no copies.
 
 Schedules
     :func:`allreduce_schedule`, :func:`reduce_scatter_schedule` and
-    :func:`allgather_schedule` describe the same algorithms as step schedules
-    (see :mod:`mpicoll.algorithms.schedule`; :data:`SCHEDULES` lists them):
-    the same messages, reductions and work buffers as the functions above,
-    which the call path still runs.  Step 0 is the fold (only when n is not a
-    power of two), then one exchange step per bit of pof2, then the unfold;
+    :func:`allgather_schedule` are the algorithms as step schedules (see
+    :mod:`mpicoll.algorithms.schedule`; :data:`SCHEDULES` lists them).  Step 0
+    is the fold (only when n is not a power of two), then one exchange step per
+    bit of pof2, then the unfold;
     each exchange is "post the receive, post the send, wait for both" and an
     empty message is not sent (both ends know its size).
 """
 
 from __future__ import annotations
 
-from ..engine.workmem import scoped
 from .schedule import DST, SRC, Builder, Label, Region
 
 
@@ -55,74 +53,6 @@ def real_rank(newrank: int, rem: int) -> int:
     return newrank * 2 + 1 if newrank < rem else newrank + rem
 
 
-@scoped
-def allreduce(ctx, ch, be, red, src, dst):
-    """Recursive-doubling AllReduce of 1-D arrays ``src`` -> ``dst`` (``src is dst``: in place)."""
-    n, rank = ctx.size, ctx.rank
-    N = len(dst)
-    if n == 1 or N == 0:
-        if src is not dst:
-            be.copy(dst, src)
-        return
-    pof2, rem = fold(n)
-    tmp = ctx.work.take(dst.dtype, N, "recursive doubling: incoming partial")
-    cur = src  # array holding this rank's partial result; src is never written
-    if rank < 2 * rem:
-        if rank % 2 == 0:
-            # Sit out: hand the data to rank + 1 (the left operand there), wait for the result.
-            ch.sendrecv(src, rank + 1, None, None)
-            ch.sendrecv(None, None, dst, rank + 1)
-            return
-        ch.sendrecv(None, None, tmp, rank - 1)
-        red(tmp, src, dst)
-        cur = dst
-    newrank = new_rank(rank, rem)
-    mask = 1
-    while mask < pof2:
-        peer = real_rank(newrank ^ mask, rem)
-        if cur is src:
-            # First exchange: receive straight into dst when the peer's data is the
-            # right operand; src and dst are disjoint unless in place.
-            rbuf = dst if peer > rank and src is not dst else tmp
-        else:
-            rbuf = tmp if cur is dst else dst
-        ch.sendrecv(cur, peer, rbuf, peer)
-        if peer < rank:
-            # peer's (lower ranks) op mine, written over mine (a copy of it if mine is
-            # the input): the right operand is the output on both partners, as in the
-            # branch below, because NumPy may round differently when the output is a
-            # separate array (complex multiply of one element does), and both partners
-            # must produce the same bits.
-            if cur is src:
-                if src is not dst:
-                    be.copy(dst, src)
-                cur = dst
-            red(rbuf, cur, cur)
-        else:
-            red(cur, rbuf, rbuf)  # mine op peer's (higher ranks)
-            cur = rbuf
-        mask <<= 1
-    if rank < 2 * rem:
-        ch.sendrecv(cur, rank - 1, None, None)
-    if cur is not dst:
-        be.copy(dst, cur)
-
-
-@scoped
-def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
-    """ReduceScatter as a recursive-doubling AllReduce of the whole input.
-
-    Moves log2(n) whole arrays per rank instead of (n-1)/n of one: used for
-    small inputs and for non-commutative ops, whose rank order the ring and
-    recursive halving cannot keep.
-    """
-    total = max((d + c for c, d in zip(counts, displs)), default=0)
-    full = ctx.work.take(src.dtype, total, "recursive doubling reduce_scatter: whole result")
-    allreduce(ctx, ch, be, red, src[:total], full)
-    own = displs[ctx.rank]
-    be.copy(dst, full[own: own + counts[ctx.rank]])
-
-
 def is_packed(counts, displs) -> bool:
     """True if block r starts where block r-1 ends, from 0 (rank-ordered, no gaps)."""
     at = 0
@@ -133,74 +63,11 @@ def is_packed(counts, displs) -> bool:
     return True
 
 
-@scoped
-def allgather(ctx, ch, be, src, dst, counts, displs):
-    """Recursive-doubling AllGather(v) (any rank count, via the fold).
-
-    At the step with distance ``mask`` new rank i swaps the run of blocks it
-    holds (new blocks ``i & ~(mask-1)`` .. ``+mask``) with new rank
-    ``i ^ mask``; blocks go straight into ``dst`` when they are packed in rank
-    order, else through a packed work array.  ``src`` None: own block in place.
-    """
-    n, rank = ctx.size, ctx.rank
-    own_lo = displs[rank]
-    own = dst[own_lo: own_lo + counts[rank]]
-    if src is not None:
-        be.copy(own, src)
-    if n == 1:
-        return
-    packed = is_packed(counts, displs)
-    total = sum(counts)
-    if packed:
-        work = dst
-    else:
-        work = ctx.work.take(dst.dtype, total, "recursive doubling allgather: packed blocks")
-        at = sum(counts[:rank])
-        be.copy(work[at: at + counts[rank]], own)
-    start = [0] * (n + 1)
-    for r in range(n):
-        start[r + 1] = start[r] + counts[r]
-    pof2, rem = fold(n)
-    # New block i: the blocks of the real ranks new rank i stands for.
-    edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
-    if rank < 2 * rem:
-        if rank % 2 == 0:
-            ch.sendrecv(work[start[rank]: start[rank + 1]], rank + 1, None, None)
-            ch.sendrecv(None, None, work[:total], rank + 1)
-            _unpack(be, work, dst, counts, displs, packed)
-            return
-        ch.sendrecv(None, None, work[start[rank - 1]: start[rank]], rank - 1)
-    newrank = new_rank(rank, rem)
-    mask = 1
-    while mask < pof2:
-        newpeer = newrank ^ mask
-        peer = real_rank(newpeer, rem)
-        mine = newrank & ~(mask - 1)
-        theirs = newpeer & ~(mask - 1)
-        ch.sendrecv(work[edge[mine]: edge[mine + mask]], peer,
-                    work[edge[theirs]: edge[theirs + mask]], peer)
-        mask <<= 1
-    if rank < 2 * rem:
-        ch.sendrecv(work[:total], rank - 1, None, None)
-    _unpack(be, work, dst, counts, displs, packed)
-
-
-def _unpack(be, work, dst, counts, displs, packed):
-    if packed:
-        return
-    at = 0
-    for c, d in zip(counts, displs):
-        if c:
-            be.copy(dst[d: d + c], work[at: at + c])
-        at += c
-
-
 # --- schedules (see mpicoll.algorithms.schedule) ------------------------------------
 #
-# The same algorithms as step schedules: the same messages (peers, sizes,
-# order; empty messages are not sent) and the same reductions as the
-# functions above.  Steps: 0 is the fold (only when n is not a power of two),
-# then one step per bit of pof2, then the unfold.
+# Empty messages are not sent (both ends know their sizes).  Steps: 0 is the
+# fold (only when n is not a power of two), then one step per bit of pof2,
+# then the unfold.
 
 
 def exchange(b: Builder, peer: int, send: Region, recv: Region, label: Label) -> None:
@@ -255,8 +122,10 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
             rbuf = tmp if cur == dst else dst
         exchange(b, peer, cur, rbuf, Label(base + k, "exchange", None, 0, N))
         if peer < rank:
-            # peer's (lower ranks) op mine, written over mine: see allreduce() for why the
-            # right operand is the output on both partners
+            # peer's (lower ranks) op mine, written over mine (a copy of it if mine is the
+            # input): the right operand is the output on both partners, as in the branch
+            # below, because NumPy may round differently when the output is a separate
+            # array (complex multiply of one element does), and both must produce the same bits
             if cur == src:
                 if not in_place:
                     b.copy(dst, src)

@@ -25,10 +25,7 @@ Schedules
     Each algorithm is a schedule builder ``*_schedule(shape) -> Schedule`` (see
     algorithms.schedule): the messages, reductions and copies of one rank in
     issue order, with the step, block and segment of every message on its
-    label.  The executor (engine.executor) runs them; ``allreduce``,
-    ``reduce_scatter`` and ``allgather`` below run one on a given channel
-    with the old algorithm signature (tests drive them on a simulated
-    network).
+    label.  The executor (engine.executor) runs them.
 
 Pipelining
     Blocks are cut into segments of ``seg`` elements.  Receives are posted
@@ -39,7 +36,7 @@ Pipelining
     segments of work memory: partials live in the output buffer.
     ReduceScatter forwards partials from ``window`` send slots, reused once
     their sends complete; it processes segments in groups (see
-    :func:`reduce_scatter`) so that this bounded memory cannot deadlock.
+    :func:`reduce_scatter_schedule`) so that this bounded memory cannot deadlock.
     The AllGather reduces nothing, so it moves pieces of
     ``AG_SEGMENT_FACTOR`` segments: fewer messages, and every link is busy at
     every step anyway.
@@ -113,10 +110,6 @@ def split(total: int, n: int):
 def _segments(lo: int, count: int, seg: int):
     """[(start, stop), ...] covering lo..lo+count in pieces of at most ``seg``."""
     return [(a, min(a + seg, lo + count)) for a in range(lo, lo + count, seg)]
-
-
-def _segment_elems(ctx, itemsize: int) -> int:
-    return max(1, getattr(ctx, "segment_bytes", DEFAULT_SEGMENT_BYTES) // max(itemsize, 1))
 
 
 def _ring_pass(b, s, first_block, blocks, seg, window, first_step, phase, label_of, sent,
@@ -386,42 +379,3 @@ SCHEDULES = {
     ("reduce_scatter", "ring"): reduce_scatter_schedule,
     ("allgather", "ring"): allgather_schedule,
 }
-
-
-# The old algorithm signature: run the schedule on a given channel (tests, simulators).
-
-def allreduce(ctx, ch, be, red, src, dst):
-    """Ring AllReduce of 1-D arrays ``src`` -> ``dst`` (``src is dst``: in place)."""
-    from ..engine import executor
-    shape = executor.shape_of(ctx, len(dst), (len(dst),), (0,), dst.dtype.itemsize, src is dst)
-    executor.run_on(allreduce_schedule(shape), ctx, ch, be, red, src, dst)
-
-
-def reduce_scatter(ctx, ch, be, red, src, dst, counts, displs):
-    """Ring ReduceScatter: ``dst`` (``counts[rank]`` elements) gets this rank's block."""
-    from ..engine import executor
-    shape = executor.shape_of(ctx, sum(counts), tuple(counts), tuple(displs), src.dtype.itemsize,
-                              _shares_memory(src, dst))
-    executor.run_on(reduce_scatter_schedule(shape), ctx, ch, be, red, src, dst)
-
-
-def allgather(ctx, ch, be, src, dst, counts, displs):
-    """Ring AllGather(v); ``src`` None: this rank's block is already in place in ``dst``."""
-    from ..engine import executor
-    shape = executor.shape_of(ctx, sum(counts), tuple(counts), tuple(displs), dst.dtype.itemsize,
-                              src is None)
-    executor.run_on(allgather_schedule(shape), ctx, ch, be, None, src, dst)
-
-
-def _shares_memory(a, b) -> bool:
-    try:
-        import numpy as np
-        return bool(np.shares_memory(a, b)) if isinstance(a, np.ndarray) else _device_overlap(a, b)
-    except Exception:
-        return True
-
-
-def _device_overlap(a, b) -> bool:
-    ia = a.__cuda_array_interface__["data"][0]
-    ib = b.__cuda_array_interface__["data"][0]
-    return ia < ib + b.nbytes and ib < ia + a.nbytes

@@ -25,10 +25,10 @@ from mpi4py import MPI
 
 from ..core import config as _config
 from ..core import types as _types
+from ..core.comms import check_comm
 from ..engine import collectives as _collectives
 from ..engine import plan as _plan
 from ..engine import select as _select
-from ..engine.context import check_comm
 from . import requests as _requests
 from .buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
 
@@ -148,7 +148,7 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
 def _allreduce_args(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeout=None):
     """((comm, smsg, rmsg, op, algorithm), timeout, result, after) of an allreduce call."""
     comm = _comm(comm)
-    timeout = _config._check_value("timeout", timeout)
+    timeout = _config.check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("allreduce", algorithm)
     backend, x = array_arg(x, "x")
@@ -230,7 +230,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
 def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """((comm, smsg, rmsg, counts, displs, algorithm), timeout, result, after) of an allgather."""
     comm = _comm(comm)
-    timeout = _config._check_value("timeout", timeout)
+    timeout = _config.check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
     backend, x = array_arg(x, "x")
@@ -320,7 +320,7 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
                          timeout=None):
     """((comm, smsg, rmsg, counts, displs, op, algorithm), timeout, result, after)."""
     comm = _comm(comm)
-    timeout = _config._check_value("timeout", timeout)
+    timeout = _config.check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("reduce_scatter", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()

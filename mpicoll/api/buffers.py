@@ -21,28 +21,7 @@ from mpi4py import MPI
 from ..backends import dlpack as _dlpack
 from ..backends import host as _backend
 from ..core import types as _types
-
-
-class Msg:
-    __slots__ = ("array", "dtype", "category", "mpitype", "typename", "backend",
-                 "counts", "displs", "optype")
-
-    def __init__(self, array, dtype, category, mpitype, typename, backend,
-                 counts=None, displs=None, optype=None):
-        self.array = array        # 1-D view, exactly the message's elements
-        self.dtype = dtype
-        self.category = category
-        self.mpitype = mpitype    # datatype used on the wire
-        # datatype handed to user-defined ops: the one mpi4py would pass for this spec
-        self.optype = optype or mpitype
-        self.typename = typename  # for messages: "float64", "MPI.INT", ...
-        self.backend = backend
-        self.counts = counts      # vector specs only
-        self.displs = displs
-
-    @property
-    def count(self) -> int:
-        return len(self.array)
+from ..core.message import Msg
 
 
 def is_in_place(obj) -> bool:

@@ -7,10 +7,10 @@ from mpi4py import MPI
 
 from ..backends.host import NUMPY
 from ..core import types as _types
+from ..core.comms import check_comm
 from ..engine import collectives as _collectives
 from ..engine import plan as _plan
 from ..engine import select as _select
-from ..engine.context import check_comm
 from . import requests as _requests
 from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
 

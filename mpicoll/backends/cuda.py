@@ -75,7 +75,7 @@ def cuda_aware_mpi(cuda_aware: bool | None = None) -> Decision:
         return Decision(cuda_aware, f"forced by the argument cuda_aware={cuda_aware}")
     setting = _config.get("cuda_aware")
     if setting is not None:
-        if "cuda_aware" in _config._settings:
+        if _config.configured("cuda_aware"):
             how = f"mpicoll.configure(cuda_aware={setting})"
         else:
             how = f"MPICOLL_CUDA_AWARE={os.environ.get('MPICOLL_CUDA_AWARE', '').strip()}"

@@ -28,8 +28,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core import types as _types
+from ..core.comms import check_comm
 from ..core.errors import MpicollError
-from ..engine.context import check_comm
 from ..transport import staging as _staging
 from . import cuda as _cuda
 from . import host as _backend
@@ -218,7 +218,7 @@ class DeviceBackend:
 
     # -- what backend_of needs ----------------------------------------------
     def claims(self, obj) -> bool:
-        if not _backend._is_device_object(obj) or not self.available():
+        if not _backend.is_device_object(obj) or not self.available():
             return False
         return self.rt.claims(obj)
 
@@ -273,7 +273,7 @@ class DeviceBackend:
             self._staging.close()
             self._staging = None
         ctx, key, stream = opened
-        ctx.__dict__.setdefault("_device_done", {})[key] = self.rt.record(stream)
+        ctx.devices.setdefault("done", {})[key] = self.rt.record(stream)
 
     def reducer(self, op, mpitype, category):
         name = _types.op_name(op)
@@ -309,7 +309,7 @@ class DeviceBackend:
         rt = self.rt
         stream = rt.current_stream()
         key = (self.name, rt.current_device())
-        previous = ctx.__dict__.get("_device_done", {}).get(key)
+        previous = ctx.devices.get("done", {}).get(key)
         if previous is not None:
             rt.wait_event(stream, previous)
         self._open = (ctx, key, stream)
@@ -333,7 +333,7 @@ class DeviceBackend:
 
     def staging_pool(self, ctx):
         """The pinned buffers and copy streams kept for ``ctx`` on the current device."""
-        pools = ctx.__dict__.setdefault("_staging_pools", {})
+        pools = ctx.devices.setdefault("staging pools", {})
         key = (self.name, self.rt.current_device())
         pool = pools.get(key)
         if pool is None:
@@ -367,8 +367,8 @@ class WholeStage:
         """Host arrays (pinned) standing for ``src`` (None: in place) and ``dst``."""
         rt, stream = self.be.rt, self.stream
         prefix = src is not None and dst.nbytes <= src.nbytes and (
-            src.nbytes == 0 or _staging._address(src) == _staging._address(dst))
-        sbytes = 0 if src is None or prefix else _staging._round(src.nbytes)
+            src.nbytes == 0 or _staging.address(src) == _staging.address(dst))
+        sbytes = 0 if src is None or prefix else _staging.round_bytes(src.nbytes)
         buf = self.pool.whole(sbytes + max(src.nbytes if prefix else dst.nbytes, 1))
         if prefix:  # in place: dst is the start of src (AllReduce, ReduceScatter)
             hsrc = buf[: src.nbytes].view(src.dtype)

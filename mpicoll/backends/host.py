@@ -162,9 +162,9 @@ def backend_of(obj):
     for backend in _DEVICE_BACKENDS:
         if backend.claims(obj):
             return backend
-    if _is_device_object(obj):
+    if is_device_object(obj):
         try:
-            from .. import _devices  # noqa: F401  registers the CuPy backend
+            from . import devices  # noqa: F401  registers the CuPy backend
         except ImportError:
             return None
         for backend in _DEVICE_BACKENDS:
@@ -174,7 +174,7 @@ def backend_of(obj):
     return NUMPY
 
 
-def _is_device_object(obj) -> bool:
+def is_device_object(obj) -> bool:
     if hasattr(obj, "__cuda_array_interface__"):
         return True
     dev = getattr(obj, "__dlpack_device__", None)

@@ -31,7 +31,8 @@ _UNSET = object()
 _settings: dict = {}
 
 
-def _check_value(name, value):
+def check_value(name, value):
+    """``value`` checked for option ``name`` (TypeError/ValueError naming it); None stays None."""
     if value is None:
         return None
     if name in _FLAGS:
@@ -59,7 +60,7 @@ def configure(**kwargs) -> dict:
     for name, value in kwargs.items():
         if name not in _ENV:
             raise TypeError(f"configure: unknown option {name!r}; expected one of {', '.join(_ENV)}")
-        value = _check_value(name, value)
+        value = check_value(name, value)
         previous[name] = _settings.get(name)
         if value is None:
             _settings.pop(name, None)
@@ -76,6 +77,11 @@ def options(**kwargs):
         yield
     finally:
         configure(**previous)
+
+
+def configured(name: str) -> bool:
+    """True if option ``name`` is set through configure()/options() (not the environment)."""
+    return name in _settings
 
 
 def get(name: str):

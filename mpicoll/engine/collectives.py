@@ -1,7 +1,7 @@
 """Start a validated collective: pick the algorithm, set up transport, run its schedule.
 
 Both public layers (the drop-in :class:`mpicoll.Comm` and the array functions)
-validate their arguments into :class:`~mpicoll.api.buffers.Msg` objects and then
+validate their arguments into :class:`~mpicoll.core.message.Msg` objects and then
 call the ``start_*`` functions here (non-blocking and persistent operations)
 or the ``run_*`` functions (blocking: ``start_*(...).wait()``, without the
 per-operation tag); nothing below this point raises for bad user input.
@@ -61,7 +61,7 @@ class _Run:
         self.observed = call is not None or stage is not None
         if call is not None:
             if self.check:
-                call.check()
+                call.check(_executor.run_on)
             ch, run_be, red = call.wrap(ch, run_be, red)
         self.ch, self.be, self.red = ch, run_be, red
         be.prepare()
@@ -289,12 +289,16 @@ def exchange_counts(comm, count: int) -> tuple[int, ...]:
     """Every rank's ``count`` (metadata for Reduce_scatter without recvcounts)."""
     import numpy as np
 
-    from ..api.buffers import msg_of_array
     from ..backends.host import NUMPY
+    from ..core import types as _types
+    from ..core.message import Msg
 
     size = comm.Get_size()
     out = np.zeros(size, dtype=np.int64)
     mine = np.array([count], dtype=np.int64)
-    run_allgather(comm, msg_of_array(mine, NUMPY), msg_of_array(out, NUMPY),
+    dt = out.dtype
+    info = (_types.category_of_dtype(dt), _types.wire_type(dt), str(dt), NUMPY)
+    optype = _types.natural_type(dt)
+    run_allgather(comm, Msg(mine, dt, *info, optype=optype), Msg(out, dt, *info, optype=optype),
                   [1] * size, list(range(size)), label="reduce_scatter.recvcounts")
     return tuple(int(c) for c in out)

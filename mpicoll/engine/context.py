@@ -107,6 +107,7 @@ class Context:
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
         self.plans = {}  # public function name -> engine.plan.Plan of its last plain call
         self.schedules = OrderedDict()  # (collective, algorithm, Shape) -> Schedule, LRU
+        self.devices = {}  # device backends' state for this communicator (backends.devices)
         self.tag_ub = 32767  # largest tag (MPI guarantees at least this), read from the duplicate
         self.comm = MPI.COMM_NULL
         self._timeout, self._describe = timeout, describe
@@ -190,19 +191,6 @@ class Context:
         self.schedules.clear()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
-
-
-def check_comm(comm, argname: str = "comm") -> MPI.Intracomm:
-    """TypeError/ValueError unless ``comm`` is a usable intra-communicator."""
-    if not isinstance(comm, MPI.Comm):
-        raise TypeError(f"{argname}: expected an mpi4py.MPI.Intracomm, got {type(comm).__name__}")
-    if comm == MPI.COMM_NULL:
-        raise ValueError(f"{argname}: expected a valid communicator, got MPI.COMM_NULL")
-    if comm.Is_inter():
-        raise TypeError(f"{argname}: expected an intra-communicator, got an inter-communicator")
-    if not isinstance(comm, MPI.Intracomm):
-        raise TypeError(f"{argname}: expected an mpi4py.MPI.Intracomm, got {type(comm).__name__}")
-    return comm
 
 
 def keyval() -> int:

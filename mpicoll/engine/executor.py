@@ -46,6 +46,7 @@ Tags
 
 from __future__ import annotations
 
+import functools
 import threading
 from time import perf_counter
 
@@ -207,6 +208,50 @@ def run_on(schedule, ctx, ch, be, red, src, dst) -> None:
         views[DST] = dst
         views[SRC] = dst if src is None else src
         run_blocking(bind(schedule, views), len(schedule.ops), ch, red, be)
+
+
+def as_function(collective: str, build):
+    """The schedule builder ``build`` as a function of the old algorithm signature.
+
+    ``allreduce``: ``fn(ctx, ch, be, red, src, dst)``, in place when ``src is dst``;
+    ``reduce_scatter``: ``fn(ctx, ch, be, red, src, dst, counts, displs)``, in
+    place when ``src`` and ``dst`` share memory; ``allgather``:
+    ``fn(ctx, ch, be, src, dst, counts, displs)``, in place when ``src`` is None.
+    Each call builds the schedule of its shape and runs it to the end with
+    :func:`run_on` (tests drive algorithms on simulated channels this way).
+    """
+    if collective == "allreduce":
+        def fn(ctx, ch, be, red, src, dst):
+            shape = shape_of(ctx, len(dst), (len(dst),), (0,), dst.dtype.itemsize, src is dst)
+            run_on(build(shape), ctx, ch, be, red, src, dst)
+    elif collective == "reduce_scatter":
+        def fn(ctx, ch, be, red, src, dst, counts, displs):
+            shape = shape_of(ctx, sum(counts), tuple(counts), tuple(displs), src.dtype.itemsize,
+                             _shares_memory(src, dst))
+            run_on(build(shape), ctx, ch, be, red, src, dst)
+    elif collective == "allgather":
+        def fn(ctx, ch, be, src, dst, counts, displs):
+            shape = shape_of(ctx, sum(counts), tuple(counts), tuple(displs), dst.dtype.itemsize,
+                             src is None)
+            run_on(build(shape), ctx, ch, be, None, src, dst)
+    else:
+        raise ValueError(f"collective: expected allreduce, reduce_scatter or allgather, "
+                         f"got {collective!r}")
+    functools.update_wrapper(fn, build)  # its module, name and docstring: the algorithm's
+    return fn
+
+
+def _shares_memory(a, b) -> bool:
+    """True if arrays ``a`` and ``b`` (NumPy, or with ``__cuda_array_interface__``) overlap."""
+    try:
+        import numpy as np
+        if isinstance(a, np.ndarray):
+            return bool(np.shares_memory(a, b))
+        ia = a.__cuda_array_interface__["data"][0]
+        ib = b.__cuda_array_interface__["data"][0]
+        return ia < ib + b.nbytes and ib < ia + a.nbytes
+    except Exception:
+        return True
 
 
 class Operation:

@@ -1,11 +1,10 @@
 """Work memory: one arena per context; buffers are asked for by purpose, never by number.
 
-An algorithm that needs work arrays runs inside a *scope* of its context's
-arena (:func:`scoped` opens one around the algorithm function) and asks for
-each array by what it is for::
+A run that needs work arrays opens a *scope* of its context's arena (the
+executor's ``run_on`` does, around a schedule) and asks for each array by
+what it is for::
 
-    @scoped
-    def allreduce(ctx, ch, be, red, src, dst):
+    with ctx.work.scope(be):
         tmp = ctx.work.take(dst.dtype, len(dst), "partner's partial result")
 
 Leases: work memory of an operation that outlives a function call
@@ -38,8 +37,6 @@ reuses that memory.
 
 from __future__ import annotations
 
-import functools
-
 
 class WorkMemory:
     """The arena of one context: see the module docstring.
@@ -65,7 +62,7 @@ class WorkMemory:
         return sum(int(arr.nbytes) for arr in self._blocks.values())
 
     def scope(self, backend) -> _Scope:
-        """A context manager for one algorithm call on ``backend`` (nests); see :func:`scoped`."""
+        """A context manager for one algorithm run on ``backend`` (nests)."""
         return _Scope(self, backend)
 
     def lease(self, backend) -> Lease:
@@ -191,14 +188,3 @@ class _Scope(Lease):
         self.mem._scopes.remove(self)
         self.release()
         return False
-
-
-def scoped(fn):
-    """Run the algorithm ``fn(ctx, ch, be, ...)`` inside a work-memory scope of ``ctx`` on ``be``."""
-
-    @functools.wraps(fn)
-    def run(ctx, ch, be, *args):
-        with _Scope(ctx.work, be):
-            return fn(ctx, ch, be, *args)
-
-    return run

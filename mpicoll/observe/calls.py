@@ -58,7 +58,7 @@ def quiet() -> bool:
     No traffic counter, trace, timeout or check is on, and
     ``MPICOLL_ALGORITHM`` is unset (engine.plan runs only such calls again).
     """
-    return not _traffic._active and not _trace.active() and _config.unset(_QUIET_ENV)
+    return not _traffic.ACTIVE and not _trace.active() and _config.unset(_QUIET_ENV)
 
 
 # variables that change how a call runs: with any of them set, no call runs from a plan
@@ -68,10 +68,10 @@ _QUIET_ENV = ("MPICOLL_TIMEOUT", "MPICOLL_CHECK", "MPICOLL_ALGORITHM")
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
     """A :class:`Call` for this collective, or None when nothing observes it."""
     tracers = _trace.active()
-    if timeout is None and not check and not tracers and not _traffic._active:
+    if timeout is None and not check and not tracers and not _traffic.ACTIVE:
         return None
     return Call(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout,
-                tuple(_traffic._active), tracers)
+                tuple(_traffic.ACTIVE), tracers)
 
 
 class _Req:
@@ -127,8 +127,12 @@ class Call:
         self.t0 = perf_counter()
 
     # -- set-up ---------------------------------------------------------------
-    def check(self) -> None:
-        """Agree on the call fingerprint with every rank (MPICOLL_CHECK)."""
+    def check(self, run) -> None:
+        """Agree on the call fingerprint with every rank (MPICOLL_CHECK).
+
+        ``run(schedule, ctx, ch, be, red, src, dst)`` runs a schedule to the
+        end (the engine passes its executor's run_on; see observe.check.agree).
+        """
         if self.size == 1:
             return
         ch = _check.channel(self.ctx)
@@ -136,7 +140,7 @@ class Call:
             ch = ObservedChannel(ch, self, account=False, phase="check")
         t0 = perf_counter()
         try:
-            _check.agree(self, ch)
+            _check.agree(self, ch, run)
         finally:
             if self.events is not None:
                 self.events.append(("check", t0, perf_counter(), None, 0, None, -1))

@@ -39,6 +39,7 @@ from mpi4py import MPI
 
 from ..algorithms import recursive as _recursive
 from ..algorithms import ring as _ring
+from ..algorithms.schedule import Shape
 from ..backends.host import NUMPY
 from ..core import types as _types
 from ..core.errors import MismatchError
@@ -158,18 +159,22 @@ def _decode(words) -> dict:
     return out
 
 
-def agree(call, ch) -> None:
+def agree(call, ch, run) -> None:
     """Raise MismatchError on every rank unless all ranks' fingerprints are equal.
 
     ``ch`` is the transport for fingerprints (a _CheckChannel, possibly wrapped
-    for timeouts).  Collective over ``call.ctx``; sends nothing else.
+    for timeouts); ``run(schedule, ctx, ch, be, red, src, dst)`` runs a
+    schedule to the end (the engine's executor.run_on: observe does not
+    import the engine, which imports observe).  Collective over
+    ``call.ctx``; sends nothing else.
     """
     ctx = call.ctx
     f = fingerprint(call)
     both = np.concatenate([f, -f])
     out = np.empty_like(both)
     red = NUMPY.reducer(MPI.MIN, MPI.INT64_T, "integer")
-    _recursive.allreduce(ctx, ch, NUMPY, red, both, out)
+    run(_recursive.allreduce_schedule(_shape(ctx, len(both), (len(both),), (0,))),
+        ctx, ch, NUMPY, red, both, out)
     if np.count_nonzero(out[:WORDS] + out[WORDS:]) == 0:  # min == max in every field
         return
     # Every rank got the same minima and maxima, so all take this path together.
@@ -181,12 +186,19 @@ def agree(call, ch) -> None:
         mine[WORDS:] = call.counts[:d]
     table = np.empty((n, WORDS + d), dtype=np.int64)
     width = WORDS + d
-    _ring.allgather(ctx, ch, NUMPY, mine, table.reshape(-1), [width] * n,
-                    [width * r for r in range(n)])
+    sched = _ring.allgather_schedule(_shape(ctx, width * n, (width,) * n,
+                                            tuple(width * r for r in range(n))))
+    run(sched, ctx, ch, NUMPY, None, mine, table.reshape(-1))
     err = mismatch_error(table[:, :WORDS], table[:, WORDS:])
     if err.field == "call number":
         ctx.seq = max(err.values.values())  # resynchronise, so later calls can agree
     raise err
+
+
+def _shape(ctx, total, counts, displs) -> Shape:
+    """The Shape of a fingerprint exchange on ``ctx`` (out of place, one segment)."""
+    return Shape(ctx.size, ctx.rank, tuple(ctx.ring), ctx.ring_pos, total, counts, displs,
+                 max(total, 1), 2, False)
 
 
 def mismatch_error(fps, details) -> MismatchError:

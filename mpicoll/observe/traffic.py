@@ -4,7 +4,8 @@
 message the collectives inside the block complete (the payload only: the
 ``MPICOLL_CHECK`` fingerprint exchange is not counted).  Bytes are elements
 times the size of the MPI datatype on the wire.  Steps are the algorithm steps
-(see :mod:`mpicoll.algorithms.steps`) in which the rank sent (received) at least one
+(the ``step`` of each message's label in its schedule, see
+:mod:`mpicoll.algorithms.schedule`) in which the rank sent (received) at least one
 message; a step may carry several messages when a block is cut into segments.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-_active: list = []   # Traffic objects inside their ``with`` block
+ACTIVE: list = []   # Traffic objects inside their ``with`` block (read by observe.calls)
 
 
 class CallTraffic(NamedTuple):
@@ -57,11 +58,11 @@ class Traffic:
         self.calls: list[CallTraffic] = []
 
     def __enter__(self) -> Traffic:
-        _active.append(self)
+        ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        _active.remove(self)
+        ACTIVE.remove(self)
 
     def _add(self, record: CallTraffic) -> None:
         self.calls.append(record)

@@ -63,12 +63,12 @@ def _completed(reqs) -> set:
     return {i for i, req in enumerate(reqs) if is_null(req)}
 
 
-def _round(nbytes: int) -> int:
+def round_bytes(nbytes: int) -> int:
     """``nbytes`` rounded up to a multiple of 256 (alignment of a second array in a buffer)."""
     return (nbytes + 255) & ~255
 
 
-def _address(arr) -> int:
+def address(arr) -> int:
     """The device address of ``arr``'s first element."""
     return arr.__cuda_array_interface__["data"][0]
 
@@ -263,7 +263,7 @@ class StagingChannel:
         if landed is not None and self._forwarding < self.pool.max_send:
             # Data that arrived here and was not changed since: send it from the
             # pinned buffer it arrived in, no device-to-host copy (AllGather).
-            off = _address(arr) - landed.ptr
+            off = address(arr) - landed.ptr
             send.host = landed.buf[off: off + arr.nbytes].view(arr.dtype)
             send.landed = landed
             landed.users += 1
@@ -353,7 +353,7 @@ class StagingChannel:
             landed = rt.record(pool.h2d_stream)
             rt.wait_event(self.stream, landed)
             if r.arr.nbytes:
-                self._keep_landed(_Landed(_address(r.arr), r.arr.nbytes, r.buf, landed))
+                self._keep_landed(_Landed(address(r.arr), r.arr.nbytes, r.buf, landed))
             else:
                 pool.give_recv(r.buf, landed)
             r.state = DONE
@@ -431,7 +431,7 @@ class StagingChannel:
         """The landed buffer whose data ``arr`` (device) holds unchanged, or None."""
         if not self._landed or not arr.nbytes:
             return None
-        ptr = _address(arr)
+        ptr = address(arr)
         for e in reversed(self._landed):
             if e.ptr <= ptr and ptr + arr.nbytes <= e.ptr + e.nbytes:
                 return e
@@ -440,7 +440,7 @@ class StagingChannel:
     def forget(self, arr):
         """Device work is about to write ``arr``: data landed there can no longer be forwarded."""
         if self._landed and arr.nbytes:
-            self.forget_range(_address(arr), arr.nbytes)
+            self.forget_range(address(arr), arr.nbytes)
 
     def forget_range(self, ptr, nbytes):
         for e in [e for e in self._landed if e.ptr < ptr + nbytes and ptr < e.ptr + e.nbytes]:
