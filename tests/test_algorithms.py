@@ -687,6 +687,49 @@ def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "complex128", "int8",
+                                   "uint64", "bool"])
+def test_plan_hits_are_right_for_every_dtype_and_in_place(dtype):
+    """Calls run from a plan (messages of bare arrays, one object per region) stay exact.
+
+    A plan passes a message's array without its datatype only when mpi4py
+    would infer that same datatype (float16 travels as 16-bit words: it keeps
+    the spec); every repeat gets new contents and is judged by values.
+    """
+    import mpicoll
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        rank, n = WORLD.rank, WORLD.size
+        op = MPI.LOR if dtype == "bool" else MPI.SUM
+        for N in (1, 5, 300):
+            x = np.empty(N * n, dtype)
+            ar, rs, ag = np.empty_like(x), np.empty(N, dtype), np.empty(N * n * n, dtype)
+            inplace, inplace_rs = np.empty_like(x), np.empty_like(x)
+            for step in range(3):
+                rows = [(np.arange(N * n) * 3 + r + step) % 5 for r in range(n)]
+                if dtype == "bool":
+                    rows = [row % 2 == (r % 2) for r, row in enumerate(rows)]
+                x[...] = rows[rank]
+                want = np.logical_or.reduce(rows) if dtype == "bool" else np.sum(rows, axis=0)
+                want = want.astype(dtype)
+                mc.Allreduce(x, ar, op)
+                mc.Reduce_scatter_block(x, rs, op)
+                mc.Allgather(x, ag)
+                inplace[...] = x
+                mc.Allreduce(MPI.IN_PLACE, inplace, op)
+                inplace_rs[...] = x
+                mc.Reduce_scatter_block(MPI.IN_PLACE, inplace_rs, op)
+                np.testing.assert_array_equal(ar, want)
+                np.testing.assert_array_equal(inplace, want)
+                np.testing.assert_array_equal(rs, want[rank * N:(rank + 1) * N])
+                np.testing.assert_array_equal(inplace_rs[:N], want[rank * N:(rank + 1) * N])
+                np.testing.assert_array_equal(ag, np.concatenate(rows).astype(dtype))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
 def test_plan_is_not_used_when_observed_or_arguments_change():
     """Other objects, an observer or an option change take the validating path again."""
     import mpicoll
