@@ -153,3 +153,26 @@ def unset(names: tuple) -> bool:
 
 
 _UNSET_KEYS: dict = {}  # names -> their encoded keys in os.environ._data
+
+
+def unset_test(names: tuple):
+    """A function of no arguments returning :func:`unset` ``(names)``, at less cost per call.
+
+    The variables are still read at every call (a test or a user may set one
+    at run time); only their encoded keys and the lookups are prepared.
+    """
+    if not _ENV_BYTES:
+        return lambda: unset(names)
+    keys = frozenset(os.fsencode(name) for name in names)
+    settings = _settings
+
+    def test() -> bool:
+        if settings:
+            return False
+        data = os.environ._data
+        for key in keys:
+            if key in data:
+                return False
+        return True
+
+    return test

@@ -58,11 +58,12 @@ def quiet() -> bool:
     No traffic counter, trace, timeout or check is on, and
     ``MPICOLL_ALGORITHM`` is unset (engine.plan runs only such calls again).
     """
-    return not _traffic._active and not _trace.active() and _config.unset(_QUIET_ENV)
+    return not _traffic._active and _env_unset() and not _trace.active()
 
 
 # variables that change how a call runs: with any of them set, no call runs from a plan
 _QUIET_ENV = ("MPICOLL_TIMEOUT", "MPICOLL_CHECK", "MPICOLL_ALGORITHM")
+_env_unset = _config.unset_test(_QUIET_ENV)
 
 
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
