@@ -761,6 +761,49 @@ def test_plan_is_not_used_when_observed_or_arguments_change():
 
 
 @pytest.mark.timeout(60)
+def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
+    """``options(check=False)`` (what ``python -m mpicoll.bench`` wraps its batches in) is quiet.
+
+    A plan runs again when every API setting only switches the check off --
+    even with MPICOLL_CHECK set, which that setting overrides -- and not when
+    the check or a timeout is on, by setting or by variable.
+    """
+    import mpicoll
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        checks = _spy(monkeypatch, mpicoll.Comm, ["_allreduce_args"])
+        x = np.arange(5.0) * (WORLD.rank + 2)
+        y, want = np.empty(5), np.empty(5)
+        WORLD.Allreduce(x, want)
+
+        def validated(**options):
+            with mpicoll.options(**options):
+                before = len(checks)
+                mc.Allreduce(x, y)
+                np.testing.assert_array_equal(y, want)
+                return len(checks) - before
+
+        monkeypatch.delenv("MPICOLL_CHECK", raising=False)
+        monkeypatch.delenv("MPICOLL_TIMEOUT", raising=False)
+        validated(check=False)  # (keeps the plan)
+        assert validated(check=False) == 0
+        assert validated() == 0
+        assert validated(check=True) == 1
+        assert validated(timeout=60.0) == 1
+        assert validated(progress=False) == 1  # any other setting: the general path
+        monkeypatch.setenv("MPICOLL_CHECK", "1")
+        assert validated() == 1
+        validated(check=False)
+        assert validated(check=False) == 0  # the setting wins over the variable
+        monkeypatch.delenv("MPICOLL_CHECK")
+        monkeypatch.setenv("MPICOLL_TIMEOUT", "60")
+        assert validated(check=False) == 1
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
 def test_plan_and_general_paths_mix_across_ranks():
     """Ranks on different paths in one call agree on algorithm and call number."""
     import mpicoll

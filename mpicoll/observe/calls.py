@@ -61,9 +61,11 @@ def quiet() -> bool:
     return not _traffic._active and _env_unset() and not _trace.active()
 
 
-# variables that change how a call runs: with any of them set, no call runs from a plan
-_QUIET_ENV = ("MPICOLL_TIMEOUT", "MPICOLL_CHECK", "MPICOLL_ALGORITHM")
-_env_unset = _config.unset_test(_QUIET_ENV)
+# What changes how a call runs: with MPICOLL_ALGORITHM set, a timeout or the check on
+# (API setting, else MPICOLL_TIMEOUT / MPICOLL_CHECK set), or any other option set
+# through the API, no call runs from a plan; ``options(check=False)`` is quiet.
+_QUIET_ENV = ("MPICOLL_ALGORITHM",)
+_env_unset = _config.unset_test(_QUIET_ENV, {"check": "MPICOLL_CHECK", "timeout": "MPICOLL_TIMEOUT"})
 
 
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
