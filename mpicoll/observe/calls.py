@@ -55,8 +55,10 @@ def _drop_plans(ctx) -> None:
 def quiet() -> bool:
     """Whether a call now would run unobserved, on the algorithm its plan chose.
 
-    No traffic counter, trace, timeout or check is on, and
-    ``MPICOLL_ALGORITHM`` is unset (engine.plan runs only such calls again).
+    No traffic counter, trace, timeout or check is on (an API setting, else
+    MPICOLL_TIMEOUT / MPICOLL_CHECK), no other option is set through the API
+    (``options(check=False)`` is quiet), and ``MPICOLL_ALGORITHM`` is unset;
+    engine.plan runs only such calls again.
     """
     return not _traffic._active and _env_unset() and not _trace.active()
 
