@@ -804,6 +804,33 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
 
 
 @pytest.mark.timeout(60)
+def test_an_algorithm_that_is_a_function_runs_every_call(monkeypatch):
+    """A registered function algorithm (no schedule, nothing bound) is never kept as a plan.
+
+    Plain calls of one used to fail after running ('NoneType' object is not
+    iterable, in plan.keep).
+    """
+    import mpicoll
+    ran = []
+
+    def local(ctx, ch, be, red, src, dst):
+        ran.append(1)
+        be.copy(dst, src)
+
+    monkeypatch.setitem(_select.ALGORITHMS["allreduce"], "local", local)
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm, algorithm="local")
+        x, y = np.arange(4.0) + WORLD.rank, np.empty(4)
+        for k in range(3):
+            mc.Allreduce(x, y)
+            np.testing.assert_array_equal(y, x)
+            assert len(ran) == k + 1
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
 def test_plan_and_general_paths_mix_across_ranks():
     """Ranks on different paths in one call agree on algorithm and call number."""
     import mpicoll

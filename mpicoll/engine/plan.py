@@ -145,6 +145,9 @@ def keep(ctx, comm, name: str, args: tuple, run) -> None:
     old = plans.pop(name, None)
     if old is not None:
         old.release()
+    if run.bound is None:  # an algorithm that runs as a function: no bound ops to run again
+        run.release()
+        return
     plan = Plan()
     plan.comm, plan.ctx, plan.args, plan.algorithm = comm, ctx, args, run.name
     plan.bound, plan.nops, plan.ch, plan.red, plan.be = run.bound, run.nops, run.ch, run.red, run.be
