@@ -687,6 +687,49 @@ def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "complex128", "int8",
+                                   "uint64", "bool"])
+def test_plan_hits_are_right_for_every_dtype_and_in_place(dtype):
+    """Calls run from a plan (messages of bare arrays, one object per region) stay exact.
+
+    A plan passes a message's array without its datatype only when mpi4py
+    would infer that same datatype (float16 travels as 16-bit words: it keeps
+    the spec); every repeat gets new contents and is judged by values.
+    """
+    import mpicoll
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        rank, n = WORLD.rank, WORLD.size
+        op = MPI.LOR if dtype == "bool" else MPI.SUM
+        for N in (1, 5, 300):
+            x = np.empty(N * n, dtype)
+            ar, rs, ag = np.empty_like(x), np.empty(N, dtype), np.empty(N * n * n, dtype)
+            inplace, inplace_rs = np.empty_like(x), np.empty_like(x)
+            for step in range(3):
+                rows = [(np.arange(N * n) * 3 + r + step) % 5 for r in range(n)]
+                if dtype == "bool":
+                    rows = [row % 2 == (r % 2) for r, row in enumerate(rows)]
+                x[...] = rows[rank]
+                want = np.logical_or.reduce(rows) if dtype == "bool" else np.sum(rows, axis=0)
+                want = want.astype(dtype)
+                mc.Allreduce(x, ar, op)
+                mc.Reduce_scatter_block(x, rs, op)
+                mc.Allgather(x, ag)
+                inplace[...] = x
+                mc.Allreduce(MPI.IN_PLACE, inplace, op)
+                inplace_rs[...] = x
+                mc.Reduce_scatter_block(MPI.IN_PLACE, inplace_rs, op)
+                np.testing.assert_array_equal(ar, want)
+                np.testing.assert_array_equal(inplace, want)
+                np.testing.assert_array_equal(rs, want[rank * N:(rank + 1) * N])
+                np.testing.assert_array_equal(inplace_rs[:N], want[rank * N:(rank + 1) * N])
+                np.testing.assert_array_equal(ag, np.concatenate(rows).astype(dtype))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
 def test_plan_is_not_used_when_observed_or_arguments_change():
     """Other objects, an observer or an option change take the validating path again."""
     import mpicoll
@@ -713,6 +756,76 @@ def test_plan_is_not_used_when_observed_or_arguments_change():
         WORLD.Allreduce(x, want, MPI.MAX)
         mc.Allreduce(x, y, MPI.MAX)  # another op, same buffers
         np.testing.assert_array_equal(y, want)
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
+    """``options(check=False)`` (what ``python -m mpicoll.bench`` wraps its batches in) is quiet.
+
+    A plan runs again when every API setting only switches the check off --
+    even with MPICOLL_CHECK set, which that setting overrides -- and not when
+    the check or a timeout is on, by setting or by variable.
+    """
+    import mpicoll
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        checks = _spy(monkeypatch, mpicoll.Comm, ["_allreduce_args"])
+        x = np.arange(5.0) * (WORLD.rank + 2)
+        y, want = np.empty(5), np.empty(5)
+        WORLD.Allreduce(x, want)
+
+        def validated(**options):
+            with mpicoll.options(**options):
+                before = len(checks)
+                mc.Allreduce(x, y)
+                np.testing.assert_array_equal(y, want)
+                return len(checks) - before
+
+        monkeypatch.delenv("MPICOLL_CHECK", raising=False)
+        monkeypatch.delenv("MPICOLL_TIMEOUT", raising=False)
+        validated(check=False)  # (keeps the plan)
+        assert validated(check=False) == 0
+        assert validated() == 0
+        assert validated(check=True) == 1
+        assert validated(timeout=60.0) == 1
+        assert validated(progress=False) == 1  # any other setting: the general path
+        monkeypatch.setenv("MPICOLL_CHECK", "1")
+        assert validated() == 1
+        validated(check=False)
+        assert validated(check=False) == 0  # the setting wins over the variable
+        monkeypatch.delenv("MPICOLL_CHECK")
+        monkeypatch.setenv("MPICOLL_TIMEOUT", "60")
+        assert validated(check=False) == 1
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_an_algorithm_that_is_a_function_runs_every_call(monkeypatch):
+    """A registered function algorithm (no schedule, nothing bound) is never kept as a plan.
+
+    Plain calls of one used to fail after running ('NoneType' object is not
+    iterable, in plan.keep).
+    """
+    import mpicoll
+    ran = []
+
+    def local(ctx, ch, be, red, src, dst):
+        ran.append(1)
+        be.copy(dst, src)
+
+    monkeypatch.setitem(_select.ALGORITHMS["allreduce"], "local", local)
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm, algorithm="local")
+        x, y = np.arange(4.0) + WORLD.rank, np.empty(4)
+        for k in range(3):
+            mc.Allreduce(x, y)
+            np.testing.assert_array_equal(y, x)
+            assert len(ran) == k + 1
     finally:
         comm.Free()
 

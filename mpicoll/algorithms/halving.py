@@ -43,11 +43,13 @@ from .schedule import DST, SRC, Builder, Label, Region
 # (Rabenseifner: then the doubling steps), then the unfold.
 
 
-def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step):
+def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step, last=None):
     """Emit recursive halving among the active ranks; the result's buffer.
 
     ``cur`` names the buffer holding this rank's data (never written),
     ``acc`` the one reduced ranges are written to, ``tmp`` the incoming halves.
+    ``last``: a buffer the last step reduces into, at offset 0, instead of
+    ``acc`` (the ReduceScatter's output: no copy after); then returns None.
     """
     lo, hi = 0, pof2
     mask, step = pof2 >> 1, first_step
@@ -65,6 +67,8 @@ def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step):
                  Label(step, "reduce-scatter", None, 0, 0))
         if kb > ka:
             mine, out = Region(cur, ka, kb), Region(acc, ka, kb)
+            if last is not None and mask == 1:
+                out = Region(last, 0, kb - ka)
             if peer < rank:
                 b.reduce(incoming, mine, out)
             else:
@@ -73,7 +77,7 @@ def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step):
         lo, hi = keep_lo, keep_hi
         mask >>= 1
         step += 1
-    return cur
+    return None if last is not None else cur
 
 
 def reduce_scatter_schedule(shape):
@@ -114,7 +118,11 @@ def reduce_scatter_schedule(shape):
         send_to(b, rank + 1, Region(src, 0, total), fold_lab)
         recv_from(b, rank + 1, Region(DST, 0, mine), unfold._replace(block=rank))
         return b.build(rounds + 2 * base)
-    acc = b.buffer("reduced halves", total)
+    # A rank outside the fold ends holding its own block: out of place, the last
+    # step reduces it straight into DST.  (In place DST is the start of SRC, which
+    # at two ranks is still read by that step, so the result goes through acc.)
+    direct = rank >= 2 * rem and not shape.in_place
+    acc = b.buffer("reduced halves", total) if not (direct and pof2 == 2) else None
     # largest incoming piece: the whole input for the fold, else the first kept half
     half = edge[pof2 // 2]
     tmp = b.buffer("incoming half", total if rem else max(half, total - half))
@@ -123,7 +131,10 @@ def reduce_scatter_schedule(shape):
         recv_from(b, rank - 1, Region(tmp, 0, total), fold_lab)
         b.reduce(Region(tmp, 0, total), Region(src, 0, total), Region(acc, 0, total))
         cur = acc
-    cur = _halve_steps(b, rank, new_rank(rank, rem), pof2, rem, cur, acc, tmp, edge, base)
+    cur = _halve_steps(b, rank, new_rank(rank, rem), pof2, rem, cur, acc, tmp, edge, base,
+                       DST if direct else None)
+    if direct:
+        return b.build(rounds + 2 * base)
     if rank < 2 * rem:
         send_to(b, rank - 1, Region(cur, start[rank - 1], start[rank]), unfold._replace(block=rank - 1))
     if mine:

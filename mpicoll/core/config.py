@@ -159,3 +159,48 @@ def unset(names: tuple) -> bool:
 
 
 _UNSET_KEYS: dict = {}  # names -> their encoded keys in os.environ._data
+
+
+def unset_test(names: tuple, off: dict | None = None):
+    """A function of no arguments: whether nothing of ``names`` and ``off`` is on, cheaply.
+
+    ``names``: environment variables that must be unset.  ``off``: {option:
+    its variable}: options that must not be on.  An API setting of False
+    switches one off whatever its variable says (``with mpicoll.options(
+    check=False)``); without an API setting its variable must be unset.  Any
+    other API setting makes the function return False.  The variables are
+    read at every call (a test or a user may set one at run time); only the
+    encoded keys and the lookups are prepared.
+    """
+    off = dict(off or {})
+    if not _ENV_BYTES:
+        def slow() -> bool:
+            for name, value in _settings.items():
+                if name not in off or value is not False:
+                    return False
+            return (all(os.environ.get(n) is None for n in names)
+                    and all(os.environ.get(var) is None
+                            for opt, var in off.items() if opt not in _settings))
+        return slow
+    keys = tuple(os.fsencode(name) for name in names) + tuple(os.fsencode(v) for v in off.values())
+    off_keys = tuple((opt, os.fsencode(var)) for opt, var in off.items())
+    settings = _settings
+
+    def test() -> bool:
+        data = os.environ._data
+        if settings:
+            for name, value in settings.items():
+                if name not in off or value is not False:
+                    return False
+            for opt, key in off_keys:
+                if opt not in settings and key in data:
+                    return False
+            keys_now = keys[:len(names)]
+        else:
+            keys_now = keys
+        for key in keys_now:
+            if key in data:
+                return False
+        return True
+
+    return test

@@ -5,7 +5,9 @@ the algorithm, finds the schedule (cached per call shape on the context,
 :meth:`Context.schedule`), binds it to the call's arrays and runs it.  When
 the call was plain -- host (NumPy) arrays the algorithm runs on directly,
 nothing observing it (no check, timeout, trace or traffic counter, no
-``MPICOLL_ALGORITHM``) -- it leaves a :class:`Plan` on the context, under
+``MPICOLL_ALGORITHM``, no API option set but ``check=False``; see
+:func:`mpicoll.observe.calls.quiet`) -- it leaves a :class:`Plan` on the
+context, under
 the public function's name: the argument objects it was called with and
 everything decided from them (the algorithm, the bound operations, the
 channel, the reducer, the work memory, held by a lease of the arena).
@@ -28,42 +30,43 @@ Cost of a hit
     communicator's attribute) serves other objects of the same communicator.
     A plan whose schedule is only ``Sendrecv``, reductions and copies (every
     latency-bound schedule: recursive doubling, halving, Bruck) is compiled
-    into a tuple of ready calls -- ``comm.Sendrecv`` with its buffer specs,
-    the reduction's ufunc with its operands -- run one after the other.
+    into a tuple of ready calls -- ``comm.Sendrecv`` with its arrays (bare
+    when mpi4py infers the same datatype), the reduction's ufunc with its
+    operands, one array object per memory region -- run one after the other.
     Point-to-point persistent requests (``Send_init``/``Recv_init``,
     ``Startall``) were measured against ``Sendrecv`` for these fixed buffers
     (``python -m mpicoll.tools.latency``, columns ``sendrecv`` and
-    ``persist``) and were not faster, so a plan uses ``Sendrecv``.
+    ``persist``, 2 ranks, loaded machine): on Open MPI not faster at 16 B
+    (0.1 us slower) and 0.3 us faster at 4 KiB; on MPICH 0.3-0.5 us faster.
+    A plan still uses ``Sendrecv``: persistent requests would have to be
+    freed before their communicator and before ``MPI_Finalize``, which plans
+    do not arrange yet.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from operator import is_
 
+import numpy as np
 from mpi4py import MPI
 
+from ..core import types as _types
 from ..observe import calls as _observe
 from . import context as _context
 from .executor import COPY, IN_FLIGHT, REDUCE, SENDRECV, run_blocking
+
+_quiet = _observe.quiet
 
 # function name -> the Plan of its last plain call (any communicator); see "Cost of a hit"
 _LAST: dict = {}
 
 
 class Plan:
-    """A bound blocking call, run again by :func:`repeat`."""
+    """A bound blocking call, run again by :func:`repeat` (its ``steps``, else its ``bound`` ops)."""
 
     __slots__ = ("comm", "ctx", "args", "algorithm", "steps", "bound", "nops", "ch", "red",
                  "be", "lease", "live")
-
-    def run(self) -> None:
-        self.ctx.seq += 1
-        steps = self.steps
-        if steps is not None:
-            for step in steps:
-                step()
-        else:
-            run_blocking(self.bound, self.nops, self.ch, self.red, self.be)
 
     def release(self) -> None:
         """The plan is dropped: it never runs again; its work memory goes back."""
@@ -89,20 +92,19 @@ def repeat(comm, name: str, args: tuple) -> bool:
     op, algorithm), compared by identity.
     """
     plan = _LAST.get(name)
-    if plan is None or plan.comm is not comm or not plan.live:
+    if plan is None or plan.comm is not comm or not plan.live or not all(map(is_, plan.args, args)):
         plan = _from_context(comm, name, args)
         if plan is None:
             return False
-    else:
-        for a, b in zip(plan.args, args):
-            if a is not b:
-                plan = _from_context(comm, name, args)
-                if plan is None:
-                    return False
-                break
-    if IN_FLIGHT or not _observe.quiet():
+    if IN_FLIGHT or not _quiet():
         return False  # (a blocking wait must advance the operations in flight: executor)
-    plan.run()
+    plan.ctx.seq += 1
+    steps = plan.steps
+    if steps is not None:
+        for step in steps:
+            step()
+    else:
+        run_blocking(plan.bound, plan.nops, plan.ch, plan.red, plan.be)
     return True
 
 
@@ -143,6 +145,9 @@ def keep(ctx, comm, name: str, args: tuple, run) -> None:
     old = plans.pop(name, None)
     if old is not None:
         old.release()
+    if run.bound is None:  # an algorithm that runs as a function: no bound ops to run again
+        run.release()
+        return
     plan = Plan()
     plan.comm, plan.ctx, plan.args, plan.algorithm = comm, ctx, args, run.name
     plan.bound, plan.nops, plan.ch, plan.red, plan.be = run.bound, run.nops, run.ch, run.red, run.be
@@ -158,17 +163,58 @@ def _compile(bound, red, be):
     """The bound ops as a tuple of ready calls, or None if some op needs requests kept."""
     steps = []
     ufunc = getattr(red, "ufunc", None)
+    one = _Views()
     for op in bound:
         k = op[0]
         if k == SENDRECV:
-            steps.append(partial(*op[1:]))
+            fn, sspec, dest, stag, rspec, src, rtag = op[1:]
+            steps.append(partial(fn, one(_bare(sspec)), dest, stag, one(_bare(rspec)), src, rtag))
         elif k == REDUCE:
+            a, b, out = one(op[1]), one(op[2]), one(op[3])
             if ufunc is not None:
-                steps.append(partial(ufunc, op[1], op[2], out=op[3]))
+                steps.append(partial(ufunc, a, b, out))  # (positional out: no kwargs dict)
             else:
-                steps.append(partial(red, op[1], op[2], op[3]))
+                steps.append(partial(red, a, b, out))
         elif k == COPY:
-            steps.append(partial(be.copy, op[1], op[2]))
+            steps.append(partial(be.copy, one(op[1]), one(op[2])))
         else:
             return None
     return tuple(steps)
+
+
+class _Views:
+    """One array object per memory region: the first view seen of the same bytes.
+
+    The bound ops take a new view of a region for each use; a reduction whose
+    output is a second view of one of its inputs makes NumPy check the two for
+    overlap on every call (0.15-0.2 us at 16 B, measured), which the same object skips.
+    """
+
+    def __init__(self):
+        self.seen: dict = {}
+
+    def __call__(self, arr):
+        if type(arr) is not np.ndarray:
+            return arr
+        key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
+        return self.seen.setdefault(key, arr)
+
+
+def _bare(spec):
+    """The array of a ``[array, datatype]`` spec when mpi4py infers that datatype from it.
+
+    mpi4py reads a bare NumPy array's datatype from its type code
+    (:func:`mpicoll.core.types.natural_type`); parsing the two-item list
+    costs up to 0.4 us more per ``Sendrecv`` at 16 B (measured at 2 ranks,
+    loaded machine, noisy), so a plan passes the array alone
+    whenever that is the same message: a C-contiguous NumPy array whose
+    natural datatype is the very datatype of the spec.
+    """
+    if type(spec) is not list or len(spec) != 2:
+        return spec
+    arr, mpitype = spec
+    if type(arr) is not np.ndarray or not arr.flags.c_contiguous:
+        return spec
+    natural = _types.natural_type(arr.dtype)
+    same = natural is not None and natural == mpitype
+    return arr if same else spec

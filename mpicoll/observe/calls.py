@@ -55,14 +55,19 @@ def _drop_plans(ctx) -> None:
 def quiet() -> bool:
     """Whether a call now would run unobserved, on the algorithm its plan chose.
 
-    No traffic counter, trace, timeout or check is on, and
-    ``MPICOLL_ALGORITHM`` is unset (engine.plan runs only such calls again).
+    No traffic counter, trace, timeout or check is on (an API setting, else
+    MPICOLL_TIMEOUT / MPICOLL_CHECK), no other option is set through the API
+    (``options(check=False)`` is quiet), and ``MPICOLL_ALGORITHM`` is unset;
+    engine.plan runs only such calls again.
     """
-    return not _traffic.ACTIVE and not _trace.active() and _config.unset(_QUIET_ENV)
+    return not _traffic.ACTIVE and _env_unset() and not _trace.active()
 
 
-# variables that change how a call runs: with any of them set, no call runs from a plan
-_QUIET_ENV = ("MPICOLL_TIMEOUT", "MPICOLL_CHECK", "MPICOLL_ALGORITHM")
+# What changes how a call runs: with MPICOLL_ALGORITHM set, a timeout or the check on
+# (API setting, else MPICOLL_TIMEOUT / MPICOLL_CHECK set), or any other option set
+# through the API, no call runs from a plan; ``options(check=False)`` is quiet.
+_QUIET_ENV = ("MPICOLL_ALGORITHM",)
+_env_unset = _config.unset_test(_QUIET_ENV, {"check": "MPICOLL_CHECK", "timeout": "MPICOLL_TIMEOUT"})
 
 
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
