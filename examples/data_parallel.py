@@ -193,9 +193,10 @@ def main():
     ex.print0(f"weights bitwise identical on all {size} rank(s): {identical}")
     ok &= ex.check(identical, "ranks hold different weights")
     if args.overlap:
-        # the same bucket reductions, each completed before the backward pass goes on
+        # the same bucket reductions as blocking calls, before the backward pass goes on:
+        # overlap changes when a bucket is reduced, never how (the same schedule runs)
         def reduce_now(bucket):
-            mpicoll.iallreduce(bucket, op=MPI.SUM, out=bucket).wait()
+            mpicoll.allreduce(bucket, op=MPI.SUM, out=bucket)
 
         blocking = ex.to_host(train(xp, Xs, ys, args.samples, args.steps, args.lr,
                                     buckets=(reduce_now, lambda: None)))
