@@ -14,7 +14,7 @@ rank counts that are not powers of two, at the price of two local copies.
 
 from __future__ import annotations
 
-from .schedule import DST, SRC, Builder, Label, Region
+from .schedule import DST, Builder, Label, Region, own_block
 
 
 def allgather_schedule(shape):
@@ -28,9 +28,7 @@ def allgather_schedule(shape):
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
     b = Builder()
-    own = Region(DST, displs[rank], displs[rank] + counts[rank])
-    if not shape.in_place and own.count:
-        b.copy(own, Region(SRC, 0, own.count))
+    own = own_block(b, shape)
     # offset of position j in the rotated work buffer
     at = [0] * (n + 1)
     for j in range(n):

@@ -32,7 +32,7 @@ Schedules
 
 from __future__ import annotations
 
-from .schedule import DST, SRC, Builder, Label, Region
+from .schedule import DST, SRC, Builder, Label, Region, own_block
 
 
 def fold(n: int):
@@ -190,9 +190,7 @@ def allgather_schedule(shape):
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
     b = Builder()
-    own = Region(DST, displs[rank], displs[rank] + counts[rank])
-    if not shape.in_place and own.count:
-        b.copy(own, Region(SRC, 0, own.count))
+    own = own_block(b, shape)
     if n == 1:
         return b.build(0)
     packed = is_packed(counts, displs)

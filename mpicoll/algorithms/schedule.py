@@ -181,3 +181,13 @@ class Builder:
 
 
 EMPTY = Schedule((), {}, 0)
+
+
+def own_block(b: Builder, shape: Shape) -> Region:
+    """This rank's block of ``DST`` in an AllGather, with ``SRC`` copied into it first
+    unless the call is in place (then ``SRC`` is that block already)."""
+    rank = shape.rank
+    own = Region(DST, shape.displs[rank], shape.displs[rank] + shape.counts[rank])
+    if not shape.in_place and own.count:
+        b.copy(own, Region(SRC, 0, own.count))
+    return own
