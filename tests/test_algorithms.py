@@ -690,11 +690,10 @@ def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "complex128", "int8",
                                    "uint64", "bool"])
 def test_plan_hits_are_right_for_every_dtype_and_in_place(dtype):
-    """Calls run from a plan (messages of bare arrays, one object per region) stay exact.
+    """Calls run from a plan (persistent requests, one object per region) stay exact.
 
-    A plan passes a message's array without its datatype only when mpi4py
-    would infer that same datatype (float16 travels as 16-bit words: it keeps
-    the spec); every repeat gets new contents and is judged by values.
+    Every message keeps the channel's datatype (float16 travels as 16-bit
+    words); every repeat gets new contents and is judged by values.
     """
     import mpicoll
     comm = WORLD.Dup()
@@ -828,6 +827,43 @@ def test_an_algorithm_that_is_a_function_runs_every_call(monkeypatch):
             assert len(ran) == k + 1
     finally:
         comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_plan_requests_are_freed_with_the_plan():
+    """A plan's persistent requests are freed when it is dropped: another call of its
+    function (on any rank), the communicator freed; the work goes on right."""
+    import mpicoll
+    from mpicoll.engine import plan as _plan
+    comm = WORLD.Dup()
+    mc = mpicoll.Comm(comm)
+    n, rank = WORLD.size, WORLD.rank
+    x = np.arange(4.0 * n) + rank
+    y, y2 = np.empty_like(x), np.empty_like(x)
+    want = np.empty_like(x)
+    WORLD.Allreduce(x, want)
+
+    def plan_requests():
+        return list(_context.context(comm).plans["Comm.Allreduce"].requests)
+
+    try:
+        mc.Allreduce(x, y)
+        first = plan_requests()
+        # one receive and one send per exchange; 2 ranks: one exchange; 1 rank: a copy
+        assert len(first) == {1: 0, 2: 2}.get(n, len(first)) and len(first) % 2 == 0
+        if n > 1:
+            assert first and all(r != MPI.REQUEST_NULL for r in first)
+        mc.Allreduce(x, y)  # a hit: the same requests again
+        assert plan_requests() == first and all(r != MPI.REQUEST_NULL for r in first)
+        mc.Allreduce(x, y2)  # other buffers: the old plan goes, with its requests
+        assert all(r == MPI.REQUEST_NULL for r in first)
+        second = plan_requests()
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(y2, want)
+    finally:
+        comm.Free()
+    assert all(r == MPI.REQUEST_NULL for r in second)
+    assert not [p for p in _plan._HOLDING if p.comm is None or p.comm is mc]
 
 
 @pytest.mark.timeout(60)

@@ -133,10 +133,10 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         x = np.array([rank, 10 * rank])      # rank r: [r, 10r]
         y = mpicoll.allreduce(x)             # every rank: [6, 60]
     """
-    key = (x, out, op, algorithm)
     if out is not None and timeout is None and _plan.repeat(_WORLD if comm is None else comm,
-                                                              "allreduce", key):
+                                                              "allreduce", x, out, op, algorithm):
         return out
+    key = _plan.key(x, out, op, algorithm)
     args, timeout, result, after = _allreduce_args(x, op, comm, out, algorithm, timeout)
     _collectives.run_allreduce(*args, timeout=timeout,
                                memo=_memo("allreduce", key, x, out, after, op))
@@ -214,10 +214,10 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         x = np.full(2, rank)                 # rank r: [r, r]
         y = mpicoll.allgather(x)             # every rank: [0, 0, 1, 1, 2, 2]
     """
-    key = (x, out, algorithm)
     if out is not None and counts is None and timeout is None and \
-            _plan.repeat(_WORLD if comm is None else comm, "allgather", key):
+            _plan.repeat(_WORLD if comm is None else comm, "allgather", x, out, algorithm):
         return out
+    key = _plan.key(x, out, algorithm)
     args, timeout, result, after = _allgather_args(x, comm, out, counts, algorithm, timeout)
     _collectives.run_allgather(*args, timeout=timeout,
                                memo=None if counts is not None else
@@ -302,10 +302,11 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         x = np.arange(4) + 10 * rank         # rank 0: [0,1,2,3]  rank 1: [10,11,12,13]
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
-    key = (x, out, op, algorithm)
+    # (in-place calls are not kept as plans: their result is a view of x)
     if out is not None and counts is None and timeout is None and \
-            _plan.repeat(_WORLD if comm is None else comm, "reduce_scatter", key):
-        return out  # (in-place calls are not kept as plans: their result is a view of x)
+            _plan.repeat(_WORLD if comm is None else comm, "reduce_scatter", x, out, op, algorithm):
+        return out
+    key = _plan.key(x, out, op, algorithm)
     args, timeout, result, after = _reduce_scatter_args(x, op, comm, out, counts, algorithm,
                                                         timeout)
     _collectives.run_reduce_scatter(*args, timeout=timeout,

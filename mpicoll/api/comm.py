@@ -120,9 +120,9 @@ class Comm(MPI.Intracomm):
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
         algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
-        key = (sendbuf, recvbuf, op, algorithm)
-        if _plan.repeat(self, "Comm.Allreduce", key):
+        if _plan.repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm):
             return
+        key = _plan.key(sendbuf, recvbuf, op, algorithm)
         _collectives.run_allreduce(*self._allreduce_args(sendbuf, recvbuf, op),
                                    memo=_memo("Comm.Allreduce", key, sendbuf, recvbuf, op))
 
@@ -145,9 +145,9 @@ class Comm(MPI.Intracomm):
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
         algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
-        key = (sendbuf, recvbuf, algorithm)
-        if _plan.repeat(self, "Comm.Allgather", key):
+        if _plan.repeat(self, "Comm.Allgather", sendbuf, recvbuf, algorithm):
             return
+        key = _plan.key(sendbuf, recvbuf, algorithm)
         _collectives.run_allgather(*self._allgather_args(sendbuf, recvbuf),
                                    memo=_memo("Comm.Allgather", key, sendbuf, recvbuf))
 
@@ -205,9 +205,9 @@ class Comm(MPI.Intracomm):
         As in mpi4py, a count given in a ``sendbuf`` spec is also per rank.
         """
         algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
-        key = (sendbuf, recvbuf, op, algorithm)
-        if _plan.repeat(self, "Comm.Reduce_scatter_block", key):
+        if _plan.repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op, algorithm):
             return
+        key = _plan.key(sendbuf, recvbuf, op, algorithm)
         _collectives.run_reduce_scatter(
             *self._reduce_scatter_block_args(sendbuf, recvbuf, op),
             memo=_memo("Comm.Reduce_scatter_block", key, sendbuf, recvbuf, op))

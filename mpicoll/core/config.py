@@ -185,22 +185,18 @@ def unset_test(names: tuple, off: dict | None = None):
     keys = tuple(os.fsencode(name) for name in names) + tuple(os.fsencode(v) for v in off.values())
     off_keys = tuple((opt, os.fsencode(var)) for opt, var in off.items())
     settings = _settings
+    env = os.environ._data.keys()  # a live view of the environment (os.environ writes through)
 
     def test() -> bool:
-        data = os.environ._data
-        if settings:
-            for name, value in settings.items():
-                if name not in off or value is not False:
-                    return False
-            for opt, key in off_keys:
-                if opt not in settings and key in data:
-                    return False
-            keys_now = keys[:len(names)]
-        else:
-            keys_now = keys
-        for key in keys_now:
-            if key in data:
+        if not settings:
+            return env.isdisjoint(keys)
+        for name, value in settings.items():
+            if name not in off or value is not False:
                 return False
-        return True
+        data = os.environ._data
+        for opt, key in off_keys:
+            if opt not in settings and key in data:
+                return False
+        return env.isdisjoint(keys[:len(names)])
 
     return test

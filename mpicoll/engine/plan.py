@@ -33,47 +33,76 @@ Cost of a hit
     into a tuple of ready calls -- ``comm.Sendrecv`` with its arrays (bare
     when mpi4py infers the same datatype), the reduction's ufunc with its
     operands, one array object per memory region -- run one after the other.
-    Point-to-point persistent requests (``Send_init``/``Recv_init``,
-    ``Startall``) were measured against ``Sendrecv`` for these fixed buffers
-    (``python -m mpicoll.tools.latency``, columns ``sendrecv`` and
-    ``persist``, 2 ranks, loaded machine): on Open MPI not faster at 16 B
-    (0.1 us slower) and 0.3 us faster at 4 KiB; on MPICH 0.3-0.5 us faster.
-    A plan still uses ``Sendrecv``: persistent requests would have to be
-    freed before their communicator and before ``MPI_Finalize``, which plans
-    do not arrange yet.
+    Each ``Sendrecv`` of such a schedule becomes a pair of persistent
+    requests made once per plan (``Recv_init``/``Send_init`` on the
+    context's duplicate communicator), run as ``recv.Start, send.Start,
+    send.Wait, recv.Wait``: on the plan's fixed buffers this is the cheapest
+    exchange mpi4py offers (``python -m mpicoll.tools.latency``, columns
+    ``sendrecv`` and ``persist``, docs/performance.md).  The plan frees its
+    requests when it is dropped (another call of the function, the
+    communicator freed or unusable) and at interpreter exit, before MPI is
+    finalized.  The hit itself -- one dictionary lookup, the identity of up
+    to four arguments, :func:`mpicoll.observe.calls.quiet` -- costs about
+    0.3 us (docs/performance.md has the measurement).
 """
 
 from __future__ import annotations
 
+import atexit
 from functools import partial
-from operator import is_
 
 import numpy as np
 from mpi4py import MPI
 
-from ..core import types as _types
 from ..observe import calls as _observe
+from ..transport.channel import Channel
 from . import context as _context
-from .executor import COPY, IN_FLIGHT, REDUCE, SENDRECV, run_blocking
+from .executor import COPY, IN_FLIGHT, RECV, REDUCE, SEND, SENDRECV, WAIT, run_blocking
 
 _quiet = _observe.quiet
 
 # function name -> the Plan of its last plain call (any communicator); see "Cost of a hit"
 _LAST: dict = {}
+# the plans holding persistent requests: freed at exit, before MPI_Finalize (see release)
+_HOLDING: set = set()
 
 
 class Plan:
     """A bound blocking call, run again by :func:`repeat` (its ``steps``, else its ``bound`` ops)."""
 
-    __slots__ = ("comm", "ctx", "args", "algorithm", "steps", "bound", "nops", "ch", "red",
-                 "be", "lease", "live")
+    __slots__ = ("comm", "ctx", "args", "a", "b", "c", "d", "algorithm", "steps", "requests",
+                 "bound", "nops", "ch", "red", "be", "lease", "live")
 
     def release(self) -> None:
-        """The plan is dropped: it never runs again; its work memory goes back."""
+        """The plan is dropped: it never runs again; its requests and work memory go back."""
         self.live = False
+        self.comm = None  # (a hit compares the communicator first)
+        _free(self.requests)
+        self.requests = ()
+        _HOLDING.discard(self)
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+
+
+def _free(requests) -> None:
+    """Free a plan's persistent requests (inactive: every run waits for them)."""
+    if requests and not MPI.Is_finalized():
+        for req in requests:
+            req.Free()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    # Persistent requests must be freed before MPI_Finalize (MPICH warns of each one
+    # left); mpi4py finalizes MPI after the interpreter's atexit handlers have run.
+    for plan in tuple(_HOLDING):
+        plan.release()
+
+
+def key(a, b, c=None, d=None) -> tuple:
+    """The arguments :func:`repeat` compares, as :func:`keep` takes them."""
+    return (a, b, c, d)
 
 
 def _same(mine: tuple, args: tuple) -> bool:
@@ -85,15 +114,16 @@ def _same(mine: tuple, args: tuple) -> bool:
     return True
 
 
-def repeat(comm, name: str, args: tuple) -> bool:
-    """Run ``comm``'s plan for ``name`` again if ``args`` are its objects; False if not done.
+def repeat(comm, name: str, a, b, c=None, d=None) -> bool:
+    """Run ``comm``'s plan for ``name`` again if ``a, b, c, d`` are its objects; False if not done.
 
-    ``args``: the public function's arguments that decide the call (buffers,
-    op, algorithm), compared by identity.
+    ``a``-``d``: the public function's arguments that decide the call
+    (buffers, op, algorithm; :func:`key` of the same), compared by identity.
     """
     plan = _LAST.get(name)
-    if plan is None or plan.comm is not comm or not plan.live or not all(map(is_, plan.args, args)):
-        plan = _from_context(comm, name, args)
+    if plan is None or plan.comm is not comm or plan.a is not a or plan.b is not b \
+            or plan.c is not c or plan.d is not d:
+        plan = _from_context(comm, name, (a, b, c, d))
         if plan is None:
             return False
     if IN_FLIGHT or not _quiet():
@@ -150,25 +180,53 @@ def keep(ctx, comm, name: str, args: tuple, run) -> None:
         return
     plan = Plan()
     plan.comm, plan.ctx, plan.args, plan.algorithm = comm, ctx, args, run.name
+    plan.a, plan.b, plan.c, plan.d = args
     plan.bound, plan.nops, plan.ch, plan.red, plan.be = run.bound, run.nops, run.ch, run.red, run.be
     plan.lease = run.lease
     run.lease = None  # the plan holds the work memory now
-    plan.steps = _compile(run.bound, run.red, run.be)
+    plan.steps, plan.requests = _compile(run.bound, run.ch, run.red, run.be)
+    if plan.requests:
+        _HOLDING.add(plan)
     plan.live = True
     plans[name] = plan
     _LAST[name] = plan
 
 
-def _compile(bound, red, be):
-    """The bound ops as a tuple of ready calls, or None if some op needs requests kept."""
-    steps = []
+def _compile(bound, ch, red, be):
+    """(the bound ops as a tuple of ready calls, their persistent requests); (None, ()) when
+    some op cannot be: a message over one piece, a channel that is not the plain host one."""
+    steps, requests = [], []
     ufunc = getattr(red, "ufunc", None)
     one = _Views()
+    posted = {}  # bound op index -> its persistent request (Send/Recv ops)
+    plain = type(ch) is Channel
+
+    def persistent(init, arr, peer):
+        if not plain or len(arr) > ch.piece:
+            return None
+        req = init([arr, ch.mpitype], peer, ch.tag)
+        requests.append(req)
+        return req
+
     for op in bound:
         k = op[0]
         if k == SENDRECV:
-            fn, sspec, dest, stag, rspec, src, rtag = op[1:]
-            steps.append(partial(fn, one(_bare(sspec)), dest, stag, one(_bare(rspec)), src, rtag))
+            _, sspec, dest, stag, rspec, src, rtag = op[1:]
+            recv = ch.comm.Recv_init(rspec, src, rtag)
+            requests.append(recv)
+            send = ch.comm.Send_init(sspec, dest, stag)
+            requests.append(send)
+            # both started before either is waited for: no order between the peers
+            steps += (recv.Start, send.Start, send.Wait, recv.Wait)
+        elif k == SEND or k == RECV:
+            req = persistent(ch.comm.Send_init if k == SEND else ch.comm.Recv_init,
+                             op[1], op[2])
+            if req is None:
+                break
+            posted[op[3]] = req
+            steps.append(req.Start)
+        elif k == WAIT:
+            steps += tuple(posted[h].Wait for h in op[1])
         elif k == REDUCE:
             a, b, out = one(op[1]), one(op[2]), one(op[3])
             if ufunc is not None:
@@ -178,8 +236,11 @@ def _compile(bound, red, be):
         elif k == COPY:
             steps.append(partial(be.copy, one(op[1]), one(op[2])))
         else:
-            return None
-    return tuple(steps)
+            break
+    else:
+        return tuple(steps), tuple(requests)
+    _free(requests)
+    return None, ()
 
 
 class _Views:
@@ -199,22 +260,3 @@ class _Views:
         key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
         return self.seen.setdefault(key, arr)
 
-
-def _bare(spec):
-    """The array of a ``[array, datatype]`` spec when mpi4py infers that datatype from it.
-
-    mpi4py reads a bare NumPy array's datatype from its type code
-    (:func:`mpicoll.core.types.natural_type`); parsing the two-item list
-    costs up to 0.4 us more per ``Sendrecv`` at 16 B (measured at 2 ranks,
-    loaded machine, noisy), so a plan passes the array alone
-    whenever that is the same message: a C-contiguous NumPy array whose
-    natural datatype is the very datatype of the spec.
-    """
-    if type(spec) is not list or len(spec) != 2:
-        return spec
-    arr, mpitype = spec
-    if type(arr) is not np.ndarray or not arr.flags.c_contiguous:
-        return spec
-    natural = _types.natural_type(arr.dtype)
-    same = natural is not None and natural == mpitype
-    return arr if same else spec

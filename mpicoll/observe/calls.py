@@ -58,9 +58,10 @@ def quiet() -> bool:
     No traffic counter, trace, timeout or check is on (an API setting, else
     MPICOLL_TIMEOUT / MPICOLL_CHECK), no other option is set through the API
     (``options(check=False)`` is quiet), and ``MPICOLL_ALGORITHM`` is unset;
-    engine.plan runs only such calls again.
+    engine.plan runs only such calls again.  (MPICOLL_TRACE is read at the
+    first collective, which comes before any plan.)
     """
-    return not _traffic.ACTIVE and _env_unset() and not _trace.active()
+    return not (_traffic.ACTIVE or _trace.RECORDING) and _env_unset()
 
 
 # What changes how a call runs: with MPICOLL_ALGORITHM set, a timeout or the check on

@@ -50,7 +50,8 @@ PHASE_TIDS = {"collective": 1, "check": 2, "send": 3, "recv": 4, "reduce": 5, "c
 FIELDS = ("phase", "start", "end", "collective", "call", "algorithm", "step", "stage",
           "block", "segment", "peer", "bytes")
 
-_active: list = []
+# The traces recording now: MPICOLL_TRACE's first (once read), then the ``with trace()`` blocks
+RECORDING: list = []
 _env_trace: list = []  # [Trace or None] once MPICOLL_TRACE has been read
 
 
@@ -64,11 +65,9 @@ def active() -> tuple:
         tr = Trace() if path else None
         if tr is not None:
             atexit.register(_save_at_exit, tr, path)
+            RECORDING.insert(0, tr)
         _env_trace.append(tr)
-    env = _env_trace[0]
-    if env is None:
-        return tuple(_active)
-    return (env, *_active)
+    return tuple(RECORDING)
 
 
 class Trace:
@@ -80,11 +79,11 @@ class Trace:
         self._records: list[tuple] = []
 
     def __enter__(self) -> Trace:
-        _active.append(self)
+        RECORDING.append(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        _active.remove(self)
+        RECORDING.remove(self)
         if self.path is not None and exc_type is None:
             self.save(self.path, self.comm)
 

@@ -1,0 +1,56 @@
+"""Plans free their persistent requests at exit, before MPI is finalized.
+
+A plan (engine.plan) holds persistent point-to-point requests; MPI must see
+them freed before ``MPI_Finalize`` (MPICH warns of each one left).  The job
+below keeps plans on COMM_WORLD and on a duplicate it never frees, and checks
+from an ``atexit`` handler registered before mpicoll was imported -- so it
+runs after mpicoll's own, and before mpi4py finalizes MPI -- that every
+request is already freed.  Starts its own ``mpirun`` (plain pytest only).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import _util
+import pytest
+
+SCRIPT = r'''
+import atexit
+from mpi4py import MPI
+held = []
+
+@atexit.register
+def check():
+    left = [r for r in held if r != MPI.REQUEST_NULL]
+    print(f"rank {MPI.COMM_WORLD.rank}: {len(held)} requests, {len(left)} left at exit", flush=True)
+
+import numpy as np
+import mpicoll
+from mpicoll.engine import context, plan
+
+comm = mpicoll.Comm(MPI.COMM_WORLD)
+dup = mpicoll.Comm(MPI.COMM_WORLD.Dup())
+x = np.arange(8.0) + comm.rank
+for c in (comm, dup):
+    y, z = np.empty(8), np.empty(8 * c.size)
+    for _ in range(2):
+        c.Allreduce(x, y)
+        c.Allgather(x, z)
+    for p in context.context(c).plans.values():
+        held.extend(p.requests)
+assert np.array_equal(y, sum(np.arange(8.0) + r for r in range(comm.size)))
+'''
+
+
+@pytest.mark.timeout(150)
+def test_plan_requests_are_freed_before_finalize(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    cmd, env = _util.mpirun_cmd(2, [script])
+    res = subprocess.run(cmd, cwd=_util.ROOT, env=env, capture_output=True, text=True, timeout=120)
+    report = f"exit {res.returncode}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
+    assert res.returncode == 0, report
+    for r in range(2):
+        assert f"rank {r}: 8 requests, 0 left at exit" in res.stdout, report
+    assert "persistent request" not in res.stderr, report  # MPICH's warning
