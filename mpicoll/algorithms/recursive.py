@@ -190,10 +190,17 @@ def allgather_schedule(shape):
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
     b = Builder()
-    own = own_block(b, shape)
+    packed = is_packed(counts, displs)
+    pof2, rem, rounds, base = fold_steps(n)
+    # With n a power of two and the blocks packed, the first exchange sends this rank's
+    # block straight from SRC and the copy into DST runs while it is on the wire.
+    late = n > 1 and packed and rem == 0 and not shape.in_place
+    if late:
+        own = Region(DST, displs[rank], displs[rank] + counts[rank])
+    else:
+        own = own_block(b, shape)
     if n == 1:
         return b.build(0)
-    packed = is_packed(counts, displs)
     total = sum(counts)
     start = [0] * (n + 1)
     for r in range(n):
@@ -203,7 +210,6 @@ def allgather_schedule(shape):
     else:
         work = b.buffer("packed blocks", total)
         b.copy(Region(work, start[rank], start[rank + 1]), own)
-    pof2, rem, rounds, base = fold_steps(n)
     # new block i: the blocks of the real ranks new rank i stands for
     edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
     lab = Label(0, "fold", None, 0, 0)
@@ -221,9 +227,18 @@ def allgather_schedule(shape):
             newpeer = newrank ^ mask
             mine = newrank & ~(mask - 1)
             theirs = newpeer & ~(mask - 1)
-            exchange(b, real_rank(newpeer, rem), Region(work, edge[mine], edge[mine + mask]),
-                     Region(work, edge[theirs], edge[theirs + mask]),
-                     Label(base + k, "exchange", None, 0, 0))
+            peer = real_rank(newpeer, rem)
+            send = Region(work, edge[mine], edge[mine + mask])
+            recv = Region(work, edge[theirs], edge[theirs + mask])
+            label = Label(base + k, "exchange", None, 0, 0)
+            if late and k == 0:  # send = own
+                src = Region(SRC, 0, own.count)
+                r = b.recv(peer, recv, label._replace(count=recv.count)) if recv.count else None
+                s = b.send(peer, src, label._replace(count=src.count)) if src.count else None
+                b.copy(own, src)
+                b.wait(r, s)
+            else:
+                exchange(b, peer, send, recv, label)
         if rank < 2 * rem:
             send_to(b, rank - 1, Region(work, 0, total), unfold)
     if not packed:
