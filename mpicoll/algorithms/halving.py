@@ -32,7 +32,7 @@ Schedules
 
 from __future__ import annotations
 
-from .recursive import exchange, fold_steps, is_packed, new_rank, real_rank, recv_from, send_to
+from .recursive import exchange, fold_in, fold_steps, is_packed, new_rank, real_rank, recv_from, send_to
 from .ring import split
 from .schedule import DST, SRC, Builder, Label, Region
 
@@ -128,8 +128,8 @@ def reduce_scatter_schedule(shape):
     tmp = b.buffer("incoming half", total if rem else max(half, total - half))
     cur = src
     if rank < 2 * rem:
-        recv_from(b, rank - 1, Region(tmp, 0, total), fold_lab)
-        b.reduce(Region(tmp, 0, total), Region(src, 0, total), Region(acc, 0, total))
+        fold_in(b, rank, Region(tmp, 0, total), Region(src, 0, total), Region(acc, 0, total),
+                fold_lab)
         cur = acc
     cur = _halve_steps(b, rank, new_rank(rank, rem), pof2, rem, cur, acc, tmp, edge, base,
                        DST if direct else None)
@@ -164,8 +164,7 @@ def allreduce_schedule(shape):
     tmp = b.buffer("incoming half", N if rem else max(half, N - half))
     cur = SRC
     if rank < 2 * rem:
-        recv_from(b, rank - 1, Region(tmp, 0, N), fold_lab)
-        b.reduce(Region(tmp, 0, N), Region(SRC, 0, N), Region(DST, 0, N))
+        fold_in(b, rank, Region(tmp, 0, N), Region(SRC, 0, N), Region(DST, 0, N), fold_lab)
         cur = DST
     newrank = new_rank(rank, rem)
     _halve_steps(b, rank, newrank, pof2, rem, cur, DST, tmp, edge, base)

@@ -89,6 +89,15 @@ def recv_from(b: Builder, peer: int, region: Region, label: Label) -> None:
         b.wait(b.recv(peer, region, label._replace(count=region.count)))
 
 
+def fold_in(b: Builder, rank: int, incoming: Region, src: Region, into: Region,
+            label: Label) -> Region:
+    """The fold on an odd rank below 2*rem: receive the even rank's data into ``incoming``,
+    reduce ``incoming op src`` (the lower rank's data on the left) into ``into``; returns it."""
+    recv_from(b, rank - 1, incoming, label)
+    b.reduce(incoming, src, into)
+    return into
+
+
 def fold_steps(n: int):
     """(pof2, rem, rounds, base): base = 1 when step 0 is a fold."""
     pof2, rem = fold(n)
@@ -109,9 +118,7 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
     tmp = Region(b.buffer(tmp_name, N), 0, N)
     cur = src  # region holding this rank's partial result; src is never written
     if rank < 2 * rem:
-        recv_from(b, rank - 1, tmp, lab)
-        b.reduce(tmp, src, dst)
-        cur = dst
+        cur = fold_in(b, rank, tmp, src, dst, lab)
     newrank = new_rank(rank, rem)
     for k in range(rounds):
         peer = real_rank(newrank ^ (1 << k), rem)

@@ -161,14 +161,22 @@ def _allreduce_args(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeou
     category, _, typename = dtype_info(x.dtype)
     _types.check_op_applies(op, category, typename)
     # every rank reduces its elements in logical (C) order, whatever its layout
-    if in_place:
-        work = _c_order(backend, x)
+    smsg, rmsg, after = _logical(backend, x, out, x if in_place else None)
+    return (comm, smsg, rmsg, op, algorithm), timeout, out, after
+
+
+def _logical(backend, x, out, held):
+    """(send message or None in place, receive message, copy-back or None): ``x`` and
+    ``out`` as C-ordered arrays, copies where a layout is not (``out`` copied back after).
+    ``held``: in place, the array that holds the input (None: out of place)."""
+    if held is not None:
+        work = _c_order(backend, held)
         smsg = None
     else:
         work = _c_order(backend, out, fill=False)
         smsg = msg_of_array(_c_order(backend, x), backend)
     after = None if work is out else _copier(backend, out, work)
-    return (comm, smsg, msg_of_array(work, backend), op, algorithm), timeout, out, after
+    return smsg, msg_of_array(work, backend), after
 
 
 def _copier(backend, dst, src):
@@ -264,15 +272,8 @@ def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeo
     for r in range(1, size):
         edispls[r] = edispls[r - 1] + ecounts[r - 1]
     # rows in logical (C) order on every rank, whatever its layout
-    if in_place:
-        work = _c_order(backend, out)
-        smsg = None
-    else:
-        work = _c_order(backend, out, fill=False)
-        smsg = msg_of_array(_c_order(backend, x), backend)
-    after = None if work is out else _copier(backend, out, work)
-    return ((comm, smsg, msg_of_array(work, backend), ecounts, edispls, algorithm), timeout, out,
-            after)
+    smsg, rmsg, after = _logical(backend, x, out, out if in_place else None)
+    return (comm, smsg, rmsg, ecounts, edispls, algorithm), timeout, out, after
 
 
 def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
