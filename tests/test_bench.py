@@ -361,3 +361,32 @@ def test_gpu_path_with_fake_device():
     if WORLD.rank == 0:
         assert "device gpu" in text
         assert all(r[8] == "0" and r[12] == "0" for r in _rows(text))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.ranks(2, 3)  # the floors exist at 2 ranks only; 3: the columns without them
+def test_latency_tool_checks_every_variant(capsys, monkeypatch):
+    """``python -m mpicoll.tools.latency``: a table row per size and collective, every
+    variant judged against the built-in (a wrong one makes it fail), requests freed."""
+    from mpicoll.tools import latency
+    argv = ["--sizes", "16", "4096", "--reps", "1", "--inner", "2", "--warmup", "1"]
+    assert latency.main(argv) == 0
+    if MPI.COMM_WORLD.rank == 0:
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()
+                if line and line[0] == " " and line.split()[0].isdigit()]
+        assert [(r[0], r[1]) for r in rows] == [(s, c) for s in ("16", "4096")
+                                                for c in latency.COLLECTIVES]
+        width = 11 if MPI.COMM_WORLD.size == 2 else 9  # with sendrecv and persist, or "-"
+        assert all(len(r) == width for r in rows), rows
+    # a variant that gets it wrong is reported
+    real = latency._variants
+
+    def wrong(collective, *args):
+        out = real(collective, *args)
+        fn, y = out["Comm"]
+        out["Comm"] = ((lambda: (fn(), y.__setitem__(0, y[0] + 1))), y)
+        return out
+
+    monkeypatch.setattr(latency, "_variants", wrong)
+    assert latency.main(["--sizes", "16", "--collectives", "allreduce", "--reps", "1",
+                         "--inner", "1", "--warmup", "0"]) == 1

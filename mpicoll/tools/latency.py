@@ -13,7 +13,8 @@ For every size and collective it interleaves, in one run, rep after rep:
 ``sendrecv``  the floor from Python (2 ranks only): one ``Sendrecv`` of what the
               collective exchanges plus one ``np.add`` (``np.copyto`` for AllGather)
 ``persist``   the same with persistent requests built once
-              (``Send_init``/``Recv_init``, ``Prequest.Startall``, ``Waitall``)
+              (``Recv_init``/``Send_init``; ``Start``, ``Start``, ``Wait``, ``Wait``:
+              what a plan runs, engine.plan)
 
 Each timing is ``--inner`` calls between barriers, after ``--warmup`` calls;
 the table shows the median over ``--reps`` reps in microseconds per call and
@@ -86,19 +87,23 @@ def _variants(collective, comm, mc, x, n, rank):
         recv2, own2 = y2[peer * len(x):(peer + 1) * len(x)], y2[rank * len(x):(rank + 1) * len(x)]
     else:
         recv2 = np.empty(len(recv), dt)
-    reqs = [comm.Recv_init(recv2, peer, 1), comm.Send_init(send, peer, 1)]
-    startall, waitall = MPI.Prequest.Startall, MPI.Request.Waitall
+    rreq, sreq = comm.Recv_init(recv2, peer, 1), comm.Send_init(send, peer, 1)
     if collective == "allgather":
         def persist():
-            startall(reqs)
-            waitall(reqs)
+            rreq.Start()
+            sreq.Start()
+            sreq.Wait()
+            rreq.Wait()
             np.copyto(own2, x)
     else:
         def persist():
-            startall(reqs)
-            waitall(reqs)
+            rreq.Start()
+            sreq.Start()
+            sreq.Wait()
+            rreq.Wait()
             np.add(a, recv2, out=y2)
     out["persist"] = (persist, y2)
+    out["free"] = (rreq, sreq)
     return out
 
 
@@ -135,6 +140,7 @@ def main(argv=None) -> int:
         x = ((np.arange(count) * 7 + rank * 3) % 101).astype(np.float64)
         for collective in args.collectives:
             variants = _variants(collective, comm, mc, x, n, rank)
+            held = variants.pop("free", ())
             for fn, _ in variants.values():
                 for _ in range(args.warmup):
                     fn()
@@ -146,11 +152,13 @@ def main(argv=None) -> int:
             for name, (_, y) in variants.items():
                 if not np.array_equal(y, want):
                     bad.append(f"{collective} {size} B {name}")
+            for req in held:
+                req.Free()
             med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
             rows.append((size, collective, med))
     if rank == 0:
         names = ["builtin", "Comm", "array", "sendrecv", "persist"]
-        print(f"{'bytes':>6} {'collective':<15}" + "".join(f"{h:>16}" for h in names))
+        print(f"{'bytes':>9} {'collective':<15}" + "".join(f"{h:>16}" for h in names))
         for size, collective, med in rows:
             base = med["builtin"]
             cells = []
@@ -160,7 +168,7 @@ def main(argv=None) -> int:
                                  else f"{med[h]:8.2f}       ")
                 else:
                     cells.append(f"{'-':>14}")
-            print(f"{size:>6} {collective:<15}" + "".join(f"{c:>16}" for c in cells))
+            print(f"{size:>9} {collective:<15}" + "".join(f"{c:>16}" for c in cells))
     bad = comm.allreduce(bad, op=MPI.SUM) if n else bad
     if bad and rank == 0:
         print("WRONG RESULTS: " + ", ".join(sorted(set(bad))), file=sys.stderr)
