@@ -886,3 +886,41 @@ def test_plan_and_general_paths_mix_across_ranks():
             mpicoll.allreduce(np.ones(3), comm=comm)
     finally:
         comm.Free()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.ranks(1, 2, 3)  # 1: no requests; 2: one exchange; 3: the fold
+def test_interrupted_plan_is_dropped():
+    """A plan interrupted between starting its requests and waiting for them (Ctrl-C, an
+    MPI error) never runs again: the next call takes the general path and is right."""
+    import mpicoll
+    from mpicoll.engine import plan as _plan
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        ctx = _context.context(comm)
+        x = np.arange(6.0) + WORLD.rank
+        y = np.empty(6)
+        want = np.empty(6)
+        WORLD.Allreduce(x, want)
+        mc.Allreduce(x, y)
+        plan = ctx.plans["Comm.Allreduce"]
+        steps = list(plan.steps)
+        starts = [i for i, s in enumerate(steps) if getattr(s, "__name__", "") == "Start"]
+        at = starts[-1] + 1 if starts else len(steps)  # every request started, none waited
+
+        def interrupt():
+            raise KeyboardInterrupt
+
+        plan.steps = tuple(steps[:at] + [interrupt] + steps[at:])
+        with pytest.raises(KeyboardInterrupt):
+            mc.Allreduce(x, y)
+        assert "Comm.Allreduce" not in ctx.plans and not plan.live
+        assert all(r == MPI.REQUEST_NULL for r in plan.requests) and plan not in _plan._HOLDING
+        for _ in range(3):  # the general path, then a new plan
+            y[...] = -1
+            mc.Allreduce(x, y)
+            np.testing.assert_array_equal(y, want)
+        assert ctx.plans["Comm.Allreduce"] is not plan
+    finally:
+        comm.Free()

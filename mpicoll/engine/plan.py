@@ -130,12 +130,27 @@ def repeat(comm, name: str, a, b, c=None, d=None) -> bool:
         return False  # (a blocking wait must advance the operations in flight: executor)
     plan.ctx.seq += 1
     steps = plan.steps
-    if steps is not None:
-        for step in steps:
-            step()
-    else:
-        run_blocking(plan.bound, plan.nops, plan.ch, plan.red, plan.be)
+    try:
+        if steps is not None:
+            for step in steps:
+                step()
+        else:
+            run_blocking(plan.bound, plan.nops, plan.ch, plan.red, plan.be)
+    except BaseException:
+        # interrupted (KeyboardInterrupt, an MPI error): its requests may still be
+        # active, so the plan never runs again; they are freed (MPI completes them)
+        _drop(plan, name)
+        raise
     return True
+
+
+def _drop(plan, name: str) -> None:
+    plans = plan.ctx.plans
+    if plans.get(name) is plan:
+        del plans[name]
+    if _LAST.get(name) is plan:
+        del _LAST[name]
+    plan.release()
 
 
 def _from_context(comm, name, args):
