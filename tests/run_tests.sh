@@ -4,13 +4,17 @@
 #   bash tests/run_tests.sh [--mpi openmpi|mpich] [--quick]
 #
 # Each group of tests where it means something (tests/README.md has the table):
-# 1. local+launch: plain pytest once, --group local,launch: the tests that need
-#    no peer (marked local) and tests/test_launch_*.py, which start mpirun
-#    themselves (--quick: local only);
-# 2. mpi: pytest under the MPI launcher at 1, 2, 3, 4 and 5 ranks (--quick: 2
+# 1. launch: plain pytest, --group launch: tests/test_launch_*.py, which start
+#    mpirun themselves (not with --quick);
+# 2. local: plain pytest, --group local: the tests that need no peer (marked
+#    local);
+# 3. mpi: pytest under the MPI launcher at 1, 2, 3, 4 and 5 ranks (--quick: 2
 #    and 3), --group mpi: each test only at the rank counts of its
 #    pytest.mark.ranks (default: all five);
-# 3. verify: mpirun -n 4 python -m mpicoll.verify --quick.
+# 4. verify: mpirun -n 4 python -m mpicoll.verify --quick.
+# The single-process runs (local, and mpi at 1 rank) run one after the other
+# in the background, beside launch (a whole run: the machine's idle core);
+# their output is printed when they are done.
 #
 # Every run is under an outer `timeout`; each test under pytest-timeout (thread
 # method: a rank stuck inside MPI is killed and the launcher ends the job).
@@ -25,7 +29,7 @@
 # (a directory: rank 0 of each run writes <run>.xml there, for a per-test record).
 set -u -o pipefail
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
 
 flavour=""
 quick=0
@@ -80,9 +84,23 @@ if [ "$flavour" = openmpi ]; then
     fi
 fi
 
-if [ "$quick" = 1 ]; then ranks=(2 3); plain=local; else ranks=(1 2 3 4 5); plain=local,launch; fi
+if [ "$quick" = 1 ]; then ranks=(2 3); else ranks=(1 2 3 4 5); fi
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-tests.XXXXXX")
-trap 'rm -rf "$logdir"' EXIT
+beside=""  # pid of the runs in the background, while they run
+# at exit (also on a signal): stop the background runs (their `timeout`s end pytest) and
+# remove the logs
+# shellcheck disable=SC2317  # called from the EXIT trap
+stop_beside() {
+    [ -n "$beside" ] || return 0
+    local kids
+    kids=$(pgrep -P "$beside")  # the `timeout`s: each ends its pytest or launcher on TERM
+    kill "$beside" 2>/dev/null
+    # shellcheck disable=SC2086  # a list of pids
+    [ -z "$kids" ] || kill $kids 2>/dev/null
+}
+trap 'stop_beside; rm -rf "$logdir"' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 pytest_opts=(-p no:cacheprovider --timeout="$TEST_TIMEOUT" --timeout-method=thread)
 # shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
 extra=(${MPICOLL_TEST_ARGS:-})
@@ -93,7 +111,12 @@ summary=()
 status=0
 
 echo "mpicoll tests: $library ($flavour), launcher $launcher, python $(command -v "$PY")"
-echo "runs: plain pytest ($plain), pytest at ${ranks[*]} rank(s) (mpi), verify at 4 ranks"
+if [ "$quick" = 1 ]; then
+    echo "runs: plain pytest (local), pytest at ${ranks[*]} rank(s) (mpi), verify at 4 ranks"
+else
+    echo "runs: plain pytest (launch; beside it plain pytest (local), then pytest at 1 rank (mpi)),"
+    echo "      pytest at ${ranks[*]:1} rank(s) (mpi), verify at 4 ranks"
+fi
 
 # Add up the per-rank outcome files "$1.<rank>" of a pytest run over "$2" ranks.
 #   prints "passed failed skipped problem" (problem: why the run counts as failed, or "")
@@ -122,10 +145,11 @@ tally() {
     echo "$passed $failed $skipped $problem"
 }
 
-# run_pytest LABEL NRANKS (0: plain pytest) PYTEST-ARGS...
-run_pytest() {
+# start_pytest LABEL NRANKS (0: plain pytest) PYTEST-ARGS...: run one pytest run, under the
+# outer timeout; its exit status and seconds go to $logdir/LABEL.rc and .secs for account.
+start_pytest() {
     local label=$1 nranks=$2; shift 2
-    local prefix="$logdir/$label" start rc result passed failed skipped problem
+    local prefix="$logdir/$label" start rc
     start=$(date +%s)
     echo
     echo "=== $label: $([ "$nranks" = 0 ] && echo "plain pytest" || echo "$launcher -n $nranks") ==="
@@ -134,7 +158,6 @@ run_pytest() {
         MPICOLL_TEST_SUMMARY=$prefix timeout -k 10 "$RUN_TIMEOUT" "$PY" -m pytest "${pytest_opts[@]}" \
             ${junit:+"$junit"} "$@"
         rc=$?
-        result=$(tally "$prefix" 1 "$rc")
     else
         # rank 0 writes to the terminal, the others to $prefix.rank<r>.log
         # shellcheck disable=SC2016  # expanded by the bash each rank runs
@@ -145,14 +168,24 @@ run_pytest() {
                 exec "$@" >"$MPICOLL_TEST_LOG.rank$r.log" 2>&1' bash \
             "$PY" -m pytest "${pytest_opts[@]}" "$@"
         rc=$?
-        result=$(tally "$prefix" "$nranks" "$rc")
     fi
+    echo "$rc" >"$prefix.rc"
+    echo "$(($(date +%s) - start))" >"$prefix.secs"
+}
+
+# account LABEL NRANKS: add a finished run's outcome to the totals and the summary; on a
+# failure print why and the other ranks' logs.
+account() {
+    local label=$1 nranks=$2
+    local prefix="$logdir/$label" rc result passed failed skipped problem
+    rc=$(cat "$prefix.rc" 2>/dev/null || echo "none")
+    result=$(tally "$prefix" "$((nranks > 0 ? nranks : 1))" "$rc")
     read -r passed failed skipped problem <<<"$result"
     if [ -n "$problem" ] && ((failed == 0)); then failed=1; fi
     total_passed=$((total_passed + passed))
     total_failed=$((total_failed + failed))
     summary+=("$(printf '%-12s %5d passed, %3d failed, %3d skipped  (%ss)%s' "$label" "$passed" \
-        "$failed" "$skipped" "$(($(date +%s) - start))" "${problem:+  -- $problem}")")
+        "$failed" "$skipped" "$(cat "$prefix.secs" 2>/dev/null || echo '?')" "${problem:+  -- $problem}")")
     if ((failed > 0)); then
         status=1
         [ "$rc" = 124 ] && echo "!!! $label: killed after $RUN_TIMEOUT s (MPICOLL_RUN_TIMEOUT)"
@@ -164,9 +197,34 @@ run_pytest() {
     fi
 }
 
-run_pytest "$plain" 0 --group "$plain" tests ${extra[@]+"${extra[@]}"}
+run_pytest() {  # run_pytest LABEL NRANKS PYTEST-ARGS...: start_pytest, then account
+    start_pytest "$@"
+    account "$1" "$2"
+}
+
+if [ "$quick" = 1 ]; then
+    run_pytest local 0 --group local tests ${extra[@]+"${extra[@]}"}
+else
+    # The single-process runs (local, then np1) in the background, beside the launch
+    # tests: one core each on a two-core machine.  Their output goes to a file, printed
+    # once they are done; each is under its own outer timeout like any run.
+    (
+        start_pytest local 0 --group local tests ${extra[@]+"${extra[@]}"}
+        start_pytest np1 1 --group mpi tests ${extra[@]+"${extra[@]}"}
+    ) >"$logdir/beside.out" 2>&1 &
+    beside=$!
+    run_pytest launch 0 --group launch tests ${extra[@]+"${extra[@]}"}
+    wait "$beside"
+    beside=""
+    echo
+    echo "=== (beside launch: local, np1) ==="
+    cat "$logdir/beside.out"
+    account local 0
+    account np1 1
+fi
 
 for n in "${ranks[@]}"; do
+    [ "$n" = 1 ] && [ "$quick" = 0 ] && continue  # (ran beside launch)
     run_pytest "np$n" "$n" --group mpi tests ${extra[@]+"${extra[@]}"}
 done
 

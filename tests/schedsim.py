@@ -215,17 +215,19 @@ class _Rank:
 
     def check_access(self, reads=(), writes=(), skip=None):
         """Refuse touching a pending Recv's memory, or writing a pending Send's."""
+        if not self.pending:
+            return
+        wrote = [_span(v) for v in writes if v.size]  # (each view's span once, not per pending op)
+        touched = [_span(v) for v in reads if v.size] + wrote
         for h, (kind, span) in self.pending.items():
             if h == skip or span[0] == span[1]:
                 continue
-            for v in (*reads, *writes):
-                if v.size and _overlap(_span(v), span) and kind == "recv":
-                    raise ScheduleError(f"{self.where()}: touches memory of the Recv posted at op {h}, "
-                                        "not waited yet (overlap)")
-            for v in writes:
-                if v.size and _overlap(_span(v), span) and kind == "send":
-                    raise ScheduleError(f"{self.where()}: overwrites the region of the Send posted at "
-                                        f"op {h} before it was waited")
+            if kind == "recv" and any(_overlap(s, span) for s in touched):
+                raise ScheduleError(f"{self.where()}: touches memory of the Recv posted at op {h}, "
+                                    "not waited yet (overlap)")
+            if kind == "send" and any(_overlap(s, span) for s in wrote):
+                raise ScheduleError(f"{self.where()}: overwrites the region of the Send posted at "
+                                    f"op {h} before it was waited")
 
 
 def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:

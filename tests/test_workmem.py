@@ -81,6 +81,9 @@ def test_comm_reduce_scatter_block_in_place_large_window():
 # --- every window the docs allow ----------------------------------------------------
 
 @pytest.mark.timeout(120)
+# not 4: the ring's slots and pieces per block are the same at any count (blocks of
+# 2*window + 1 pieces, uneven at 3 as at 4); 3 is where issue 9 showed
+@pytest.mark.ranks(1, 2, 3)
 def test_ring_every_window():
     """Ring ReduceScatter and AllReduce, in and out of place, windows 1-64, bitwise."""
     comm = WORLD.Dup()
