@@ -86,7 +86,8 @@ class Plan:
 
 
 def _free(requests) -> None:
-    """Free a plan's persistent requests (inactive: every run waits for them)."""
+    """Free a plan's persistent requests: inactive after a run, which waits for them;
+    active only after an interrupted run, which MPI then completes on its own."""
     if requests and not MPI.Is_finalized():
         for req in requests:
             req.Free()
