@@ -28,15 +28,15 @@ Cost of a hit
     the communicator *object* it was called with, so a hit needs no MPI
     attribute lookup; the context's table (``ctx.plans``, found through the
     communicator's attribute) serves other objects of the same communicator.
-    A plan whose schedule is only ``Sendrecv``, reductions and copies (every
-    latency-bound schedule: recursive doubling, halving, Bruck) is compiled
-    into a tuple of ready calls -- ``comm.Sendrecv`` with its arrays (bare
-    when mpi4py infers the same datatype), the reduction's ufunc with its
-    operands, one array object per memory region -- run one after the other.
-    Each ``Sendrecv`` of such a schedule becomes a pair of persistent
-    requests made once per plan (``Recv_init``/``Send_init`` on the
-    context's duplicate communicator), run as ``recv.Start, send.Start,
-    send.Wait, recv.Wait``: on the plan's fixed buffers this is the cheapest
+    A plan whose messages are each at most one piece (every latency-bound
+    schedule: recursive doubling, halving, Bruck, and the ring on small
+    arrays) is compiled into a tuple of ready calls, run one after the
+    other: the reduction's ufunc with its operands, copies, one array object
+    per memory region, and each message a persistent request made once per
+    plan (``Recv_init``/``Send_init`` on the context's duplicate
+    communicator), started where the schedule posts it and waited for where
+    it waits (an exchange: ``recv.Start, send.Start, send.Wait, recv.Wait``).
+    On the plan's fixed buffers this is the cheapest
     exchange mpi4py offers (``python -m mpicoll.tools.latency``, columns
     ``sendrecv`` and ``persist``, docs/performance.md).  The plan frees its
     requests when it is dropped (another call of the function, the
@@ -70,7 +70,7 @@ _HOLDING: set = set()
 class Plan:
     """A bound blocking call, run again by :func:`repeat` (its ``steps``, else its ``bound`` ops)."""
 
-    __slots__ = ("comm", "ctx", "args", "a", "b", "c", "d", "algorithm", "steps", "requests",
+    __slots__ = ("comm", "ctx", "a", "b", "c", "d", "algorithm", "steps", "requests",
                  "bound", "nops", "ch", "red", "be", "lease", "live")
 
     def release(self) -> None:
@@ -106,15 +106,6 @@ def key(a, b, c=None, d=None) -> tuple:
     return (a, b, c, d)
 
 
-def _same(mine: tuple, args: tuple) -> bool:
-    if len(mine) != len(args):
-        return False
-    for a, b in zip(mine, args):
-        if a is not b:
-            return False
-    return True
-
-
 def repeat(comm, name: str, a, b, c=None, d=None) -> bool:
     """Run ``comm``'s plan for ``name`` again if ``a, b, c, d`` are its objects; False if not done.
 
@@ -122,9 +113,10 @@ def repeat(comm, name: str, a, b, c=None, d=None) -> bool:
     (buffers, op, algorithm; :func:`key` of the same), compared by identity.
     """
     plan = _LAST.get(name)
+    # (the test of _from_context, written out: this is the hot path)
     if plan is None or plan.comm is not comm or plan.a is not a or plan.b is not b \
             or plan.c is not c or plan.d is not d:
-        plan = _from_context(comm, name, (a, b, c, d))
+        plan = _from_context(comm, name, a, b, c, d)
         if plan is None:
             return False
     if IN_FLIGHT or not _quiet():
@@ -154,8 +146,8 @@ def _drop(plan, name: str) -> None:
     plan.release()
 
 
-def _from_context(comm, name, args):
-    """The plan of ``name`` on ``comm``'s context if ``args`` are its objects, else None."""
+def _from_context(comm, name, a, b, c, d):
+    """The plan of ``name`` on ``comm``'s context if ``a``-``d`` are its objects, else None."""
     try:
         ctx = comm.Get_attr(_context.keyval())
     except (AttributeError, TypeError, MPI.Exception):
@@ -166,7 +158,7 @@ def _from_context(comm, name, args):
     plan = plans.get(name)
     if plan is None:
         return None
-    if not plan.live or not _same(plan.args, args):
+    if not plan.live or plan.a is not a or plan.b is not b or plan.c is not c or plan.d is not d:
         # another call of this function: its work memory goes back before that
         # call takes its own (it keeps a new plan if it is plain)
         del plans[name]
@@ -195,8 +187,8 @@ def keep(ctx, comm, name: str, args: tuple, run) -> None:
         run.release()
         return
     plan = Plan()
-    plan.comm, plan.ctx, plan.args, plan.algorithm = comm, ctx, args, run.name
-    plan.a, plan.b, plan.c, plan.d = args
+    plan.comm, plan.ctx, plan.algorithm = comm, ctx, run.name
+    plan.a, plan.b, plan.c, plan.d = args  # (plan.key's four)
     plan.bound, plan.nops, plan.ch, plan.red, plan.be = run.bound, run.nops, run.ch, run.red, run.be
     plan.lease = run.lease
     run.lease = None  # the plan holds the work memory now
