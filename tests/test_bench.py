@@ -382,10 +382,10 @@ def test_latency_tool_checks_every_variant(capsys, monkeypatch):
     real = latency._variants
 
     def wrong(collective, *args):
-        out = real(collective, *args)
+        out, held = real(collective, *args)
         fn, y = out["Comm"]
         out["Comm"] = ((lambda: (fn(), y.__setitem__(0, y[0] + 1))), y)
-        return out
+        return out, held
 
     monkeypatch.setattr(latency, "_variants", wrong)
     assert latency.main(["--sizes", "16", "--collectives", "allreduce", "--reps", "1",

@@ -36,7 +36,8 @@ COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
 
 def _variants(collective, comm, mc, x, n, rank):
-    """{name: (call, output array)} for one collective; the built-in first."""
+    """({name: (call, output array)} for one collective, the built-in first; the persistent
+    requests the floor holds, for the caller to free)."""
     import mpicoll
 
     dt = x.dtype
@@ -60,7 +61,7 @@ def _variants(collective, comm, mc, x, n, rank):
     y = np.empty(shape_out, dt)
     out["array"] = ((lambda y=y: array(x, comm=comm, out=y)), y)
     if n != 2:
-        return out
+        return out, ()
     peer = 1 - rank
     tmp = np.empty(len(x), dt)
     y = np.empty(shape_out, dt)
@@ -103,8 +104,7 @@ def _variants(collective, comm, mc, x, n, rank):
             rreq.Wait()
             np.add(a, recv2, out=y2)
     out["persist"] = (persist, y2)
-    out["free"] = (rreq, sreq)
-    return out
+    return out, (rreq, sreq)
 
 
 def _time(comm, fn, inner):
@@ -139,8 +139,7 @@ def main(argv=None) -> int:
         count = max(n, size // 8 // n * n)  # a multiple of the rank count (Reduce_scatter_block)
         x = ((np.arange(count) * 7 + rank * 3) % 101).astype(np.float64)
         for collective in args.collectives:
-            variants = _variants(collective, comm, mc, x, n, rank)
-            held = variants.pop("free", ())
+            variants, held = _variants(collective, comm, mc, x, n, rank)
             for fn, _ in variants.values():
                 for _ in range(args.warmup):
                     fn()
