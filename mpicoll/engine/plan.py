@@ -71,12 +71,16 @@ class Plan:
     """A bound blocking call, run again by :func:`repeat` (its ``steps``, else its ``bound`` ops)."""
 
     __slots__ = ("comm", "ctx", "a", "b", "c", "d", "algorithm", "steps", "requests",
-                 "bound", "nops", "ch", "red", "be", "lease", "live")
+                 "bound", "nops", "ch", "red", "be", "lease")
+
+    @property
+    def live(self) -> bool:
+        """False once dropped (it never runs again)."""
+        return self.comm is not None
 
     def release(self) -> None:
         """The plan is dropped: it never runs again; its requests and work memory go back."""
-        self.live = False
-        self.comm = None  # (a hit compares the communicator first)
+        self.comm = None  # dropped (a hit compares the communicator first)
         _free(self.requests)
         self.requests = ()
         _HOLDING.discard(self)
@@ -195,7 +199,6 @@ def keep(ctx, comm, name: str, args: tuple, run) -> None:
     plan.steps, plan.requests = _compile(run.bound, run.ch, run.red, run.be)
     if plan.requests:
         _HOLDING.add(plan)
-    plan.live = True
     plans[name] = plan
     _LAST[name] = plan
 
