@@ -353,3 +353,39 @@ def test_traffic_of_recursive_doubling_is_test_traffics_formula():
             want = (msgs, msgs * N * itemsize, msgs, msgs * N * itemsize, nsteps)
             s = recursive.allreduce_schedule(sim.shape("allreduce", n, rank, total=N))
             assert tuple(sim.traffic(s, itemsize))[:5] == want, f"n={n} rank={rank}"
+
+
+# --- recursive doubling: what the partners of an exchange compute ---------------------------
+
+def _exchange_reduces(n, rank, in_place):
+    """The reductions that follow this rank's exchanges (fold excluded), each as the
+    aliasing of its output: "a" or "b" (written over that operand) or "new"."""
+    s = recursive.allreduce_schedule(sim.shape("allreduce", n, rank, total=5, in_place=in_place))
+    out, last_recv = [], None
+    for op in s.ops:
+        if type(op) is Recv:
+            last_recv = op.label.phase
+        elif type(op) is Reduce and last_recv == "exchange":
+            out.append("a" if op.out == op.a else "b" if op.out == op.b else "new")
+    return s, out
+
+
+def test_recursive_doubling_partners_alias_alike_and_copy_nothing():
+    """Both partners of every exchange reduce with the same aliasing (NumPy may round
+    differently when the output is a separate array, and they must get the same bits);
+    an out-of-place 2-rank AllReduce is one exchange and one reduction on both ranks."""
+    for n in range(2, 10):
+        pof2, rem = recursive.fold(n)
+        for in_place in (False, True):
+            pattern = {}
+            for rank in range(n):
+                s, reduces = _exchange_reduces(n, rank, in_place)
+                if n == 2 and not in_place:
+                    assert [type(op).__name__ for op in s.ops] == ["Recv", "Send", "Wait",
+                                                                   "Reduce"], rank
+                new = recursive.new_rank(rank, rem)
+                if new >= 0:
+                    pattern[new] = reduces
+            for new, reduces in pattern.items():
+                for k, how in enumerate(reduces):
+                    assert pattern[new ^ (1 << k)][k] == how, (n, in_place, new, k)

@@ -122,6 +122,14 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
     newrank = new_rank(rank, rem)
     for k in range(rounds):
         peer = real_rank(newrank ^ (1 << k), rem)
+        if cur == src and peer >= 2 * rem and not in_place:
+            # both partners exchange their inputs (neither folded in): each reduces
+            # ``lower op higher`` of its input and the peer's into dst, a separate output
+            # on both, so neither copies its input first
+            exchange(b, peer, src, tmp, Label(base + k, "exchange", None, 0, N))
+            b.reduce(tmp, src, dst) if peer < rank else b.reduce(src, tmp, dst)
+            cur = dst
+            continue
         if cur == src:
             # first exchange: straight into dst when the peer's data is the right operand
             rbuf = dst if peer > rank and not in_place else tmp
