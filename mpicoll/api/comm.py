@@ -47,6 +47,8 @@ class Comm(MPI.Intracomm):
         comm.Allreduce(x, y, op=MPI.SUM)      # every rank: [10., 10., 10.]
     """
 
+    _algorithm = "auto"  # (forced for every call; set by __init__ and _derived)
+
     def __new__(cls, comm=None, algorithm: str = "auto"):
         comm = MPI.COMM_WORLD if comm is None else comm
         check_comm(comm)
@@ -62,7 +64,7 @@ class Comm(MPI.Intracomm):
         self._algorithm = algorithm
 
     def _algo(self, collective):
-        algo = getattr(self, "_algorithm", "auto")
+        algo = self._algorithm
         return algo if algo in _select.ALGORITHMS[collective] else "auto"
 
     # -- communicators made from this one keep its forced algorithm ----------------
@@ -77,7 +79,7 @@ class Comm(MPI.Intracomm):
             return new
         if not isinstance(new, Comm):
             new = MPI.Intracomm.__new__(Comm, new)
-        new._algorithm = getattr(self, "_algorithm", "auto")
+        new._algorithm = self._algorithm
         return new
 
     def Dup(self, info=None):
@@ -91,12 +93,12 @@ class Comm(MPI.Intracomm):
 
     def Idup(self, info=None):
         comm, request = super().Idup(info)  # already a Comm; its handle is set on completion
-        comm._algorithm = getattr(self, "_algorithm", "auto")
+        comm._algorithm = self._algorithm
         return comm, request
 
     def Idup_with_info(self, info):
         comm, request = super().Idup_with_info(info)
-        comm._algorithm = getattr(self, "_algorithm", "auto")
+        comm._algorithm = self._algorithm
         return comm, request
 
     def Split(self, color=0, key=0):
@@ -119,7 +121,7 @@ class Comm(MPI.Intracomm):
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
-        algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
+        algorithm = self._algorithm  # (as forced; resolved on the slow path)
         if _plan.repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, op, algorithm)
@@ -144,7 +146,7 @@ class Comm(MPI.Intracomm):
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
-        algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
+        algorithm = self._algorithm  # (as forced; resolved on the slow path)
         if _plan.repeat(self, "Comm.Allgather", sendbuf, recvbuf, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, algorithm)
@@ -204,7 +206,7 @@ class Comm(MPI.Intracomm):
         means count = len(recvbuf) / size, ``[buf, count, type]`` states it.
         As in mpi4py, a count given in a ``sendbuf`` spec is also per rank.
         """
-        algorithm = getattr(self, "_algorithm", "auto")  # (as forced; resolved on the slow path)
+        algorithm = self._algorithm  # (as forced; resolved on the slow path)
         if _plan.repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, op, algorithm)
