@@ -29,6 +29,7 @@ _ENV = {
 _FLAGS = ("check", "cuda_aware", "progress")
 _UNSET = object()
 _settings: dict = {}
+SETTINGS = _settings  # the same dict, read-only for other modules (observe.calls)
 
 
 def check_value(name, value):
@@ -138,27 +139,18 @@ def env_flag(name: str) -> bool | None:
     raise ValueError(f"{name}: expected 1/0, yes/no, true/false or on/off, got {value!r}")
 
 
-def unset(names: tuple) -> bool:
-    """True when no option is set through the API and no variable of ``names`` is set.
+def live_env(names: tuple):
+    """(the dict ``os.environ`` keeps its contents in, the keys ``names`` have in it), for a
+    membership test inline on a hot path; None where ``os.environ`` keeps no such dict.
 
-    Cheap (no decoding, no exception): the per-call test of whether a call
-    may run from its plan (engine.plan).
+    Every change made through ``os.environ`` (``monkeypatch.setenv`` included)
+    writes through to that dict, so testing it is reading the environment now.
     """
-    if _settings:
-        return False
-    data = os.environ._data if _ENV_BYTES else None
-    if type(data) is not dict:
-        return all(os.environ.get(name) is None for name in names)
-    keys = _UNSET_KEYS.get(names)
-    if keys is None:
-        keys = _UNSET_KEYS[names] = tuple(os.fsencode(name) for name in names)
-    for key in keys:
-        if key in data:
-            return False
-    return True
-
-
-_UNSET_KEYS: dict = {}  # names -> their encoded keys in os.environ._data
+    data = getattr(os.environ, "_data", None)
+    encode = getattr(os.environ, "encodekey", None)
+    if type(data) is not dict or encode is None:
+        return None
+    return data, tuple(encode(name) for name in names)
 
 
 def unset_test(names: tuple, off: dict | None = None):

@@ -54,12 +54,14 @@ from functools import partial
 import numpy as np
 from mpi4py import MPI
 
+from ..backends.host import NUMPY
 from ..observe import calls as _observe
 from ..transport.channel import Channel
 from . import context as _context
 from .executor import COPY, IN_FLIGHT, RECV, REDUCE, SEND, SENDRECV, WAIT, run_blocking
 
 _quiet = _observe.quiet
+_ACTIVE, _RECORDING, _SETTINGS, _ENV, (_K1, _K2, _K3) = _observe.COMMON_QUIET
 
 # function name -> the Plan of its last plain call (any communicator); see "Cost of a hit"
 _LAST: dict = {}
@@ -123,8 +125,11 @@ def repeat(comm, name: str, a, b, c=None, d=None) -> bool:
         plan = _from_context(comm, name, a, b, c, d)
         if plan is None:
             return False
-    if IN_FLIGHT or not _quiet():
-        return False  # (a blocking wait must advance the operations in flight: executor)
+    # (quiet() written out for its common case: nothing on, nothing set)
+    if IN_FLIGHT or _ACTIVE or _RECORDING or _SETTINGS or _K1 in _ENV or _K2 in _ENV \
+            or _K3 in _ENV:
+        if IN_FLIGHT or not _quiet():
+            return False  # (a blocking wait must advance the operations in flight: executor)
     plan.ctx.seq += 1
     steps = plan.steps
     try:
@@ -245,7 +250,11 @@ def _compile(bound, ch, red, be):
             else:
                 steps.append(partial(red, a, b, out))
         elif k == COPY:
-            steps.append(partial(be.copy, one(op[1]), one(op[2])))
+            dst, src = one(op[1]), one(op[2])
+            if be.copy is NUMPY.copy and type(dst) is np.ndarray and type(src) is np.ndarray:
+                steps.append(partial(np.copyto, dst, src))  # (what NUMPY.copy calls)
+            else:
+                steps.append(partial(be.copy, dst, src))
         else:
             break
     else:

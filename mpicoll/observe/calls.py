@@ -68,7 +68,16 @@ def quiet() -> bool:
 # (API setting, else MPICOLL_TIMEOUT / MPICOLL_CHECK set), or any other option set
 # through the API, no call runs from a plan; ``options(check=False)`` is quiet.
 _QUIET_ENV = ("MPICOLL_ALGORITHM",)
-_env_unset = _config.unset_test(_QUIET_ENV, {"check": "MPICOLL_CHECK", "timeout": "MPICOLL_TIMEOUT"})
+_QUIET_OFF = {"check": "MPICOLL_CHECK", "timeout": "MPICOLL_TIMEOUT"}
+_env_unset = _config.unset_test(_QUIET_ENV, _QUIET_OFF)
+
+# quiet()'s common case, tested inline by engine.plan on every repeated call (a call of
+# quiet() costs more than the test): when these three are empty and none of the keys
+# is in the environment's dict, quiet() is True.  Without such a dict (see
+# config.live_env) the keys are in the stand-in, so the test always defers to quiet().
+_live = _config.live_env(_QUIET_ENV + tuple(_QUIET_OFF.values()))
+COMMON_QUIET = (_traffic.ACTIVE, _trace.RECORDING, _config.SETTINGS) + \
+    (_live if _live is not None else ({None: None}, (None,) * 3))
 
 
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
