@@ -802,6 +802,24 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
         comm.Free()
 
 
+@pytest.mark.local
+def test_a_bad_option_changes_no_setting():
+    """configure() checks every value before it sets any (it used to set ``check``
+    before refusing the ``timeout`` after it)."""
+    import mpicoll
+    from mpicoll.core import config
+    from mpicoll.observe import calls
+    with pytest.raises(ValueError, match="^timeout: "):
+        mpicoll.configure(check=True, timeout=0)
+    assert not config.configured("check")
+    assert calls.COMMON_QUIET[2] == []  # what a plan's hit reads: no setting made
+    with mpicoll.options(check=False):
+        assert calls.COMMON_QUIET[2] == []  # check=False keeps calls quiet
+        with mpicoll.options(timeout=5.0):
+            assert calls.COMMON_QUIET[2] == [True]
+        assert calls.COMMON_QUIET[2] == []
+
+
 @pytest.mark.timeout(60)
 def test_an_algorithm_that_is_a_function_runs_every_call(monkeypatch):
     """A registered function algorithm (no schedule, nothing bound) is never kept as a plan.

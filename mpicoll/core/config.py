@@ -29,7 +29,7 @@ _ENV = {
 _FLAGS = ("check", "cuda_aware", "progress")
 _UNSET = object()
 _settings: dict = {}
-SETTINGS = _settings  # the same dict, read-only for other modules (observe.calls)
+_watchers: list = []  # called with the settings after every change (see watch)
 
 
 def check_value(name, value):
@@ -57,17 +57,30 @@ def configure(**kwargs) -> dict:
         progress: advance non-blocking collectives in a background thread (bool).
         Each accepts None to fall back to its environment variable.
     """
-    previous = {}
-    for name, value in kwargs.items():
+    for name in kwargs:
         if name not in _ENV:
             raise TypeError(f"configure: unknown option {name!r}; expected one of {', '.join(_ENV)}")
-        value = check_value(name, value)
+    values = {name: check_value(name, value) for name, value in kwargs.items()}
+    previous = {}
+    for name, value in values.items():
         previous[name] = _settings.get(name)
         if value is None:
             _settings.pop(name, None)
         else:
             _settings[name] = value
+    for fn in _watchers:
+        fn(_settings)
     return previous
+
+
+def watch(fn) -> None:
+    """Call ``fn(settings)`` now and after every change made by configure()/options().
+
+    ``settings`` is the live {option: value} dict of the API settings, to be read,
+    not changed (observe.calls keeps what a plan's hit tests up to date this way).
+    """
+    _watchers.append(fn)
+    fn(_settings)
 
 
 @contextlib.contextmanager

@@ -61,7 +61,7 @@ from . import context as _context
 from .executor import COPY, IN_FLIGHT, RECV, REDUCE, SEND, SENDRECV, WAIT, run_blocking
 
 _quiet = _observe.quiet
-_ACTIVE, _RECORDING, _SETTINGS, _ENV, (_K1, _K2, _K3) = _observe.COMMON_QUIET
+_ACTIVE, _RECORDING, _LOUD, _ENV, (_K1, _K2, _K3) = _observe.COMMON_QUIET
 
 # function name -> the Plan of its last plain call (any communicator); see "Cost of a hit"
 _LAST: dict = {}
@@ -125,8 +125,8 @@ def repeat(comm, name: str, a, b, c=None, d=None) -> bool:
         plan = _from_context(comm, name, a, b, c, d)
         if plan is None:
             return False
-    # (quiet() written out for its common case: nothing on, nothing set)
-    if IN_FLIGHT or _ACTIVE or _RECORDING or _SETTINGS or _K1 in _ENV or _K2 in _ENV \
+    # (quiet() written out for its common case: nothing on, no setting but check=False)
+    if IN_FLIGHT or _ACTIVE or _RECORDING or _LOUD or _K1 in _ENV or _K2 in _ENV \
             or _K3 in _ENV:
         if IN_FLIGHT or not _quiet():
             return False  # (a blocking wait must advance the operations in flight: executor)

@@ -72,11 +72,20 @@ _QUIET_OFF = {"check": "MPICOLL_CHECK", "timeout": "MPICOLL_TIMEOUT"}
 _env_unset = _config.unset_test(_QUIET_ENV, _QUIET_OFF)
 
 # quiet()'s common case, tested inline by engine.plan on every repeated call (a call of
-# quiet() costs more than the test): when these three are empty and none of the keys
-# is in the environment's dict, quiet() is True.  Without such a dict (see
+# quiet() costs more than the test): when these three lists are empty and none of the
+# keys is in the environment's dict, quiet() is True.  Without such a dict (see
 # config.live_env) the keys are in the stand-in, so the test always defers to quiet().
+_LOUD_SETTINGS: list = []  # [True] while an API setting other than check=False is made
+
+
+def _settings_changed(settings) -> None:
+    loud = any(name not in _QUIET_OFF or value is not False for name, value in settings.items())
+    _LOUD_SETTINGS[:] = [True] if loud else []
+
+
+_config.watch(_settings_changed)
 _live = _config.live_env(_QUIET_ENV + tuple(_QUIET_OFF.values()))
-COMMON_QUIET = (_traffic.ACTIVE, _trace.RECORDING, _config.SETTINGS) + \
+COMMON_QUIET = (_traffic.ACTIVE, _trace.RECORDING, _LOUD_SETTINGS) + \
     (_live if _live is not None else ({None: None}, (None,) * 3))
 
 
