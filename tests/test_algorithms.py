@@ -687,6 +687,35 @@ def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
 
 
 @pytest.mark.timeout(60)
+def test_plan_hits_and_persistent_starts_warn_for_no_op():
+    """Every predefined op runs from a plan and a persistent program without a warning
+    (NumPy 2.4 deprecates a positional output for maximum and minimum; the compiled
+    reductions passed it positionally)."""
+    import warnings
+
+    import mpicoll
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        x = (np.arange(6) * 7 + WORLD.rank * 3 % 5).astype(np.int64)
+        y, want = np.empty_like(x), np.empty_like(x)
+        for name in ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"):
+            op = getattr(MPI, name)
+            req = mc.Allreduce_init(x, y, op)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                for _ in range(3):  # the general path, then the plan / the program
+                    mc.Allreduce(x, y, op)
+                    req.Start()
+                    req.Wait()
+            req.Free()
+            WORLD.Allreduce(x, want, op)
+            np.testing.assert_array_equal(y, want, err_msg=name)
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "complex128", "int8",
                                    "uint64", "bool"])
 def test_plan_hits_are_right_for_every_dtype_and_in_place(dtype):

@@ -1,8 +1,10 @@
-"""Plans free their persistent requests at exit, before MPI is finalized.
+"""Plans and persistent programs free their persistent requests at exit, before MPI is finalized.
 
-A plan (engine.plan) holds persistent point-to-point requests; MPI must see
-them freed before ``MPI_Finalize`` (MPICH warns of each one left).  The job
-below keeps plans on COMM_WORLD and on a duplicate it never frees, and checks
+A plan (engine.plan) and a persistent collective's program (engine.executor)
+hold persistent point-to-point requests; MPI must see them freed before
+``MPI_Finalize`` (MPICH warns of each one left).  The job below keeps plans
+on COMM_WORLD and on a duplicate it never frees, and a persistent collective
+it never frees, and checks
 from an ``atexit`` handler registered before mpicoll was imported -- so it
 runs after mpicoll's own, and before mpi4py finalizes MPI -- that every
 request is already freed.  Starts its own ``mpirun`` (plain pytest only).
@@ -39,7 +41,15 @@ for c in (comm, dup):
         c.Allgather(x, z)
     for p in context.context(c).plans.values():
         held.extend(p.requests)
+# a persistent collective on its program (two requests), never freed
+w = np.empty(8)
+req = dup.Allreduce_init(x, w)
+for _ in range(2):
+    req.Start()
+    req.Wait()
+held.extend(req._active.op._preqs)
 assert np.array_equal(y, sum(np.arange(8.0) + r for r in range(comm.size)))
+assert np.array_equal(w, y)
 '''
 
 
@@ -52,5 +62,5 @@ def test_plan_requests_are_freed_before_finalize(tmp_path):
     report = f"exit {res.returncode}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
     assert res.returncode == 0, report
     for r in range(2):
-        assert f"rank {r}: 8 requests, 0 left at exit" in res.stdout, report
+        assert f"rank {r}: 10 requests, 0 left at exit" in res.stdout, report
     assert "persistent request" not in res.stderr, report  # MPICH's warning

@@ -327,6 +327,89 @@ def test_persistent_allgather_and_reduce_scatter_block():
     _util.assert_all(WORLD, not bad, bad)
 
 
+@pytest.mark.timeout(60)
+def test_persistent_starts_run_on_persistent_requests(monkeypatch):
+    """After one plain start, a persistent collective runs its compiled program
+    (engine.executor, "Persistent operations"): later starts set nothing up again,
+    results stay right with new data, a start under a traffic counter takes the
+    observed path (and is counted), and Free frees the program's requests."""
+    from mpicoll.engine import collectives as _collectives
+    from mpicoll.engine import executor as _executor
+    begins = []
+    real = _collectives._Run.begin
+    monkeypatch.setattr(_collectives._Run, "begin", lambda run: begins.append(1) or real(run))
+    x = np.empty(7)
+    y = np.full(7, SENTINEL, np.float64)
+    req = COMM.Allreduce_init(x, y)
+    op = req._active.op
+    bad = []
+    for it in range(4):
+        x[:] = rank_data(7, salt=70 + it)
+        req.Start()
+        req.Wait()
+        bad.append(problems([(f"start #{it + 1}", y, builtin_allreduce(x))]))
+    compiled = op._prog is not None and op in _executor._PROGRAMS
+    with mpicoll.traffic() as t:
+        x[:] = rank_data(7, salt=80)
+        req.Start()
+        req.Wait()
+    bad.append(problems([("counted start", y, builtin_allreduce(x))]))
+    counted = len(t.calls) == 1 and (SIZE == 1 or t.calls[0].messages_sent > 0)
+    requests = op._preqs
+    req.Free()
+    freed = op._prog is None and op not in _executor._PROGRAMS and \
+        all(r == MPI.REQUEST_NULL for r in requests)
+    bad = "; ".join(b for b in bad if b)
+    _util.assert_all(WORLD, not bad and compiled and counted and freed and len(begins) == 2,
+                     f"{bad} compiled={compiled} counted={counted} freed={freed} "
+                     f"begins={len(begins)} (expected 2: the first start and the counted one)")
+
+
+@pytest.mark.timeout(60)
+def test_persistent_programs_and_nonblocking_waited_in_rank_dependent_orders():
+    """Persistent collectives on their programs, in flight with a non-blocking one; each rank
+    waits in its own order, so a blocked program wait must advance the others."""
+    n = 5 * SIZE + 2
+    x = np.empty(n)
+    y = np.full(n, SENTINEL, np.float64)
+    g = np.full(n * SIZE, SENTINEL, np.float64)
+    p1, p2 = COMM.Allreduce_init(x, y, op=MPI.MAX), COMM.Allgather_init(x, g)
+    bad = []
+    for it in range(4):
+        x[:] = rank_data(n, salt=90 + it)
+        z = np.full(n, SENTINEL, np.float64)
+        p1.Start()
+        h = COMM.Iallreduce(x, z)
+        p2.Start()
+        reqs = [p1, h, p2]
+        for r in (reqs if (RANK + it) % 2 == 0 else reqs[::-1]):
+            r.Wait()
+        bad.append(problems([(f"allreduce #{it}", y, builtin_allreduce(x, MPI.MAX)),
+                             (f"iallreduce #{it}", z, builtin_allreduce(x)),
+                             (f"allgather #{it}", g, builtin_allgatherv(x, [n] * SIZE))]))
+    compiled = p1._active.op._prog is not None and p2._active.op._prog is not None
+    p1.Free()
+    p2.Free()
+    bad = "; ".join(b for b in bad if b)
+    _util.assert_all(WORLD, not bad and compiled, bad or "no program compiled")
+
+
+def test_freeing_the_communicator_frees_the_programs():
+    from mpicoll.engine import executor as _executor
+    comm = mpicoll.Comm(WORLD.Dup())
+    x, y = rank_data(3), np.empty(3)
+    req = comm.Allreduce_init(x, y)
+    for _ in range(2):
+        req.Start()
+        req.Wait()
+    op = req._active.op
+    requests, held = op._preqs, op in _executor._PROGRAMS
+    comm.Free()
+    ok = held and op._prog is None and all(r == MPI.REQUEST_NULL for r in requests)
+    req.Free()
+    _util.assert_all(WORLD, ok, f"held={held} program={op._prog} requests={requests}")
+
+
 def test_persistent_free_without_start():
     x, y = rank_data(4), np.full(4, SENTINEL, np.float64)
     reqs = [COMM.Allreduce_init(x, y), COMM.Allgather_init(x, np.empty(4 * SIZE)),

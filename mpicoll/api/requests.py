@@ -59,10 +59,11 @@ class _Active:
             raise error
 
     def start(self) -> None:
-        check_progress()
+        progress = check_progress()
         with self.lock:
             self.op.start()
-        _progress_add(self)
+        if progress:
+            _progress_add(self)
 
 
 # ---------------------------------------------------------------------------
@@ -306,14 +307,17 @@ _thread: _Progress | None = None
 _thread_lock = threading.Lock()
 
 
-def check_progress() -> None:
-    """Raise before anything starts if the ``progress`` option is on and MPI cannot host the thread.
+def check_progress() -> bool:
+    """Whether the ``progress`` option is on; raises before anything starts if it is on and
+    MPI cannot host the thread.
 
     Also raises for a bad ``MPICOLL_PROGRESS`` value.  Called by the API
     before it starts an operation.
     """
-    if _config.get("progress") and _thread is None:
+    progress = bool(_config.get("progress"))
+    if progress and _thread is None:
         _check_threads()
+    return progress
 
 
 def _progress_add(active: _Active) -> None:

@@ -181,9 +181,12 @@ class Context:
         return sched
 
     def drop_plans(self) -> None:
-        """Drop the plans of this context (engine.plan): freed, or unusable after a timeout."""
+        """Drop the plans of this context (engine.plan) and the programs of its persistent
+        operations (engine.executor): freed, or unusable after a timeout."""
+        from .executor import drop_programs
         from .plan import drop_all
         drop_all(self)
+        drop_programs(self)
 
     def free(self) -> None:
         self.drop_plans()

@@ -49,20 +49,14 @@ Cost of a hit
 from __future__ import annotations
 
 import atexit
-from functools import partial
-from operator import setitem
 
-import numpy as np
 from mpi4py import MPI
 
-from ..backends.host import NUMPY
 from ..observe import calls as _observe
-from ..transport.channel import Channel
 from . import context as _context
-from .executor import COPY, IN_FLIGHT, RECV, REDUCE, SEND, SENDRECV, WAIT, run_blocking
+from .executor import IN_FLIGHT, START, WAIT, compile_bound, free_requests, run_blocking
 
 _quiet = _observe.quiet
-_ALL = slice(None)
 _ACTIVE, _RECORDING, _LOUD, _ENV, (_K1, _K2, _K3) = _observe.COMMON_QUIET
 
 # function name -> the Plan of its last plain call (any communicator); see "Cost of a hit"
@@ -85,20 +79,12 @@ class Plan:
     def release(self) -> None:
         """The plan is dropped: it never runs again; its requests and work memory go back."""
         self.comm = None  # dropped (a hit compares the communicator first)
-        _free(self.requests)
+        free_requests(self.requests)
         self.requests = ()
         _HOLDING.discard(self)
         if self.lease is not None:
             self.lease.release()
             self.lease = None
-
-
-def _free(requests) -> None:
-    """Free a plan's persistent requests: inactive after a run, which waits for them;
-    active only after an interrupted run, which MPI then completes on its own."""
-    if requests and not MPI.Is_finalized():
-        for req in requests:
-            req.Free()
 
 
 @atexit.register
@@ -212,76 +198,16 @@ def keep(ctx, comm, name: str, args: tuple, run) -> None:
 
 def _compile(bound, ch, red, be):
     """(the bound ops as a tuple of ready calls, their persistent requests); (None, ()) when
-    some op cannot be: a message over one piece, a channel that is not the plain host one."""
-    steps, requests = [], []
-    ufunc = getattr(red, "ufunc", None)
-    one = _Views()
-    posted = {}  # bound op index -> its persistent request (Send/Recv ops)
-    plain = type(ch) is Channel
-
-    def persistent(init, arr, peer):
-        if not plain or len(arr) > ch.piece:
-            return None
-        req = init([arr, ch.mpitype], peer, ch.tag)
-        requests.append(req)
-        return req
-
-    for op in bound:
-        k = op[0]
-        if k == SENDRECV:
-            _, sspec, dest, stag, rspec, src, rtag = op[1:]
-            recv = ch.comm.Recv_init(rspec, src, rtag)
-            requests.append(recv)
-            send = ch.comm.Send_init(sspec, dest, stag)
-            requests.append(send)
-            # both started before either is waited for: no order between the peers
-            steps += (recv.Start, send.Start, send.Wait, recv.Wait)
-        elif k == SEND or k == RECV:
-            req = persistent(ch.comm.Send_init if k == SEND else ch.comm.Recv_init,
-                             op[1], op[2])
-            if req is None:
-                break
-            posted[op[3]] = req
-            steps.append(req.Start)
-        elif k == WAIT:
-            steps += tuple(posted[h].Wait for h in op[1])
-        elif k == REDUCE:
-            a, b, out = one(op[1]), one(op[2]), one(op[3])
-            if ufunc is not None:
-                steps.append(partial(ufunc, a, b, out))  # (positional out: no kwargs dict)
-            else:
-                steps.append(partial(red, a, b, out))
-        elif k == COPY:
-            dst, src = one(op[1]), one(op[2])
-            if be.copy is NUMPY.copy and type(dst) is np.ndarray and type(src) is np.ndarray \
-                    and dst.shape == src.shape and dst.dtype == src.dtype:
-                # dst[:] = src: the same bytes as NUMPY.copy's np.copyto, 40-55 ns less
-                # per call (16 B - 4 KiB, measured)
-                steps.append(partial(setitem, dst, _ALL, src))
-            else:
-                steps.append(partial(be.copy, dst, src))
+    some op cannot be (executor.compile_bound)."""
+    prog, requests = compile_bound(bound, ch, red, be)
+    if prog is None:
+        return None, ()
+    steps = []
+    for kind, x in prog:
+        if kind == START:
+            steps.append(x.Start)
+        elif kind == WAIT:
+            steps += [req.Wait for req in x]
         else:
-            break
-    else:
-        return tuple(steps), tuple(requests)
-    _free(requests)
-    return None, ()
-
-
-class _Views:
-    """One array object per memory region: the first view seen of the same bytes.
-
-    The bound ops take a new view of a region for each use; a reduction whose
-    output is a second view of one of its inputs makes NumPy check the two for
-    overlap on every call (0.15-0.2 us at 16 B, measured), which the same object skips.
-    """
-
-    def __init__(self):
-        self.seen: dict = {}
-
-    def __call__(self, arr):
-        if type(arr) is not np.ndarray:
-            return arr
-        key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
-        return self.seen.setdefault(key, arr)
-
+            steps.append(x)
+    return tuple(steps), requests
