@@ -410,6 +410,122 @@ def test_freeing_the_communicator_frees_the_programs():
     _util.assert_all(WORLD, ok, f"held={held} program={op._prog} requests={requests}")
 
 
+# ---------------------------------------------------------------------------
+# Repeated non-blocking calls restart their kept operation (engine.plan.restart)
+# ---------------------------------------------------------------------------
+
+
+def _count_validations(monkeypatch):
+    from mpicoll.api import arrays as _arrays
+    calls = []
+    for owner, names in ((mpicoll.Comm, ["_allreduce_args", "_allgather_args",
+                                         "_reduce_scatter_block_args"]),
+                         (_arrays, ["_allreduce_args", "_allgather_args", "_reduce_scatter_args"])):
+        for name in names:
+            real = getattr(owner, name)
+            monkeypatch.setattr(owner, name, lambda *a, _r=real, **k: calls.append(1) or _r(*a, **k))
+    return calls
+
+
+@pytest.mark.timeout(60)
+def test_repeated_nonblocking_calls_restart_their_operations(monkeypatch):
+    """Gradient buckets: the same three buffers started and waited every step.  From the
+    second step on, no call is validated again, and every result is right."""
+    validated = _count_validations(monkeypatch)
+    n = 4 * SIZE + 1
+    x, y = np.empty(n), np.full(n, SENTINEL, np.float64)
+    g = np.full(n * SIZE, SENTINEL, np.float64)
+    b, rs = np.empty(n * SIZE), np.full(n, SENTINEL, np.float64)
+    z = np.full(n, SENTINEL, np.float64)
+    bad = []
+    for step in range(5):
+        x[:] = rank_data(n, salt=100 + step)
+        b[:] = rank_data(n * SIZE, salt=110 + step)
+        reqs = [COMM.Iallreduce(x, y), COMM.Iallgather(x, g),
+                COMM.Ireduce_scatter_block(b, rs, MPI.MAX)]
+        h = mpicoll.iallreduce(x, MPI.MIN, out=z)
+        got = h.wait()
+        mpicoll.Request.Waitall(reqs[::-1] if (RANK + step) % 2 else reqs)
+        bad.append(problems([
+            (f"Iallreduce #{step}", y, builtin_allreduce(x)),
+            (f"Iallgather #{step}", g, builtin_allgatherv(x, [n] * SIZE)),
+            (f"Ireduce_scatter_block #{step}", rs, builtin_reduce_scatter(b, [n] * SIZE, MPI.MAX)),
+            (f"iallreduce #{step}", z, builtin_allreduce(x, MPI.MIN))]))
+        if got is not z:
+            bad.append(f"iallreduce #{step} returned another array")
+        if step == 0:
+            first = len(validated)
+    bad = "; ".join(b for b in bad if b)
+    _util.assert_all(WORLD, not bad and len(validated) == first == 4,
+                     f"{bad} validations: {len(validated)} (first step {first}; expected 4, 4)")
+
+
+@pytest.mark.timeout(60)
+def test_restart_is_a_per_rank_decision():
+    """Even ranks call with the same buffers every time (their operations restart), odd
+    ranks with new ones (the general path), with a second operation in flight: the tags
+    must still agree (a mismatch hangs or crosses the results)."""
+    n = 6
+    keep_x, keep_y = np.empty(n), np.empty(n)
+    bad = []
+    for step in range(4):
+        x, y = (keep_x, keep_y) if RANK % 2 == 0 else (np.empty(n), np.empty(n))
+        x[:] = rank_data(n, salt=120 + step)
+        other = rank_data(n, salt=130 + step)
+        w = np.full(n * SIZE, SENTINEL, np.float64)
+        r1 = COMM.Iallreduce(x, y)
+        r2 = COMM.Iallgather(other, w)
+        for r in ((r2, r1) if RANK % 2 else (r1, r2)):
+            r.Wait()
+        bad.append(problems([(f"allreduce #{step}", y, builtin_allreduce(x)),
+                             (f"allgather #{step}", w, builtin_allgatherv(other, [n] * SIZE))]))
+    bad = "; ".join(b for b in bad if b)
+    _util.assert_all(WORLD, not bad, bad)
+
+
+@pytest.mark.timeout(60)
+def test_no_restart_before_the_last_request_was_seen_complete(monkeypatch):
+    """A repeat while the last request was not waited (erroneous in MPI, but the operation
+    may be complete) starts a new operation: the old request stays its own."""
+    validated = _count_validations(monkeypatch)
+    x, y = rank_data(5, salt=140), np.empty(5)
+    COMM.Iallreduce(x, y).Wait()
+    r1 = COMM.Iallreduce(x, y)  # restarted
+    r1_op = r1._active.op
+    while not r1_op.done:  # complete, but r1 has not seen it
+        r1_op.test()
+    before = len(validated)
+    r2 = COMM.Iallreduce(x, y)
+    fresh = len(validated) == before + 1 and r2._active.op is not r1_op
+    r2.Wait()
+    r1.Wait()
+    ok = fresh and _util.same_bytes(y, builtin_allreduce(x))
+    _util.assert_all(WORLD, ok, f"fresh={fresh} y={y}")
+
+
+@pytest.mark.timeout(60)
+def test_kept_operations_are_bounded_and_observed_calls_are_counted():
+    from mpicoll.engine import context as _context
+    from mpicoll.engine import plan as _plan
+    comm = mpicoll.Comm(WORLD.Dup())
+    try:
+        xs = [rank_data(3, salt=150 + k) for k in range(_plan.KEPT + 3)]
+        ys = [np.empty(3) for _ in xs]
+        for x, y in zip(xs, ys):
+            comm.Iallreduce(x, y).Wait()
+        ctx = _context.context(comm)
+        kept = len(ctx.kept)
+        with mpicoll.traffic() as t:  # observed: the general path, counted
+            comm.Iallreduce(xs[-1], ys[-1]).Wait()
+        counted = len(t.calls) == 1
+        ok = kept == _plan.KEPT and counted and \
+            all(_util.same_bytes(y, builtin_allreduce(x)) for x, y in zip(xs, ys))
+    finally:
+        comm.Free()
+    emptied = not ctx.kept
+    _util.assert_all(WORLD, ok and emptied, f"kept={kept} counted={counted} emptied={emptied}")
+
+
 def test_persistent_free_without_start():
     x, y = rank_data(4), np.full(4, SENTINEL, np.float64)
     reqs = [COMM.Allreduce_init(x, y), COMM.Allgather_init(x, np.empty(4 * SIZE)),

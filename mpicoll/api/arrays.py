@@ -367,9 +367,20 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
 # engine's start_* function.
 
 
-def _start(start, args, timeout, result, after):
+# A repeated call with ``out`` (the same array objects, the last handle seen complete)
+# restarts the operation that call left (engine.plan.restart): no validation.
+
+
+def _start(start, args, timeout, result, after, memo=None):
     _requests.check_progress()
-    return _requests.Handle(start(*args, timeout=timeout), _finisher(result, after))
+    return _requests.Handle(start(*args, timeout=timeout, memo=memo), _finisher(result, after))
+
+
+def _restart(name, comm, x, out, op, algorithm):
+    """A handle of the kept operation of ``name`` restarted (its result: ``out``), or None."""
+    _requests.check_progress()
+    kept = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm)
+    return None if kept is None else _requests.Handle(kept, _finisher(out, None))
 
 
 def _finisher(result, after):
@@ -393,17 +404,40 @@ def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=
         ...                                              # other work meanwhile
         y = h.wait()                                     # every rank: [3., 3., 3.]
     """
-    return _start(_requests.start_allreduce, *_allreduce_args(x, op, comm, out, algorithm, timeout))
+    if out is not None and timeout is None:
+        h = _restart("iallreduce", comm, x, out, op, algorithm)
+        if h is not None:
+            return h
+    key = _plan.key(x, out, op, algorithm)
+    args, timeout, result, after = _allreduce_args(x, op, comm, out, algorithm, timeout)
+    return _start(_requests.start_allreduce, args, timeout, result, after,
+                  memo=None if out is None else _memo("iallreduce", key, x, out, after, op))
 
 
 def iallgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """Start an :func:`allgather` (same arguments); ``wait()`` on the handle returns the result."""
-    return _start(_requests.start_allgather,
-                  *_allgather_args(x, comm, out, counts, algorithm, timeout))
+    if out is not None and counts is None and timeout is None:
+        h = _restart("iallgather", comm, x, out, None, algorithm)
+        if h is not None:
+            return h
+    key = _plan.key(x, out, None, algorithm)
+    args, timeout, result, after = _allgather_args(x, comm, out, counts, algorithm, timeout)
+    return _start(_requests.start_allgather, args, timeout, result, after,
+                  memo=None if out is None or counts is not None else
+                  _memo("iallgather", key, x, out, after))
 
 
 def ireduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
                     timeout=None):
     """Start a :func:`reduce_scatter` (same arguments); ``wait()`` on the handle returns the result."""
-    return _start(_requests.start_reduce_scatter,
-                  *_reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout))
+    if out is not None and counts is None and timeout is None:
+        h = _restart("ireduce_scatter", comm, x, out, op, algorithm)
+        if h is not None:
+            return h
+    key = _plan.key(x, out, op, algorithm)
+    args, timeout, result, after = _reduce_scatter_args(x, op, comm, out, counts, algorithm,
+                                                        timeout)
+    # (in-place calls are not kept: their result is a view of x)
+    return _start(_requests.start_reduce_scatter, args, timeout, result, after,
+                  memo=None if out is None or counts is not None or result is not out else
+                  _memo("ireduce_scatter", key, x, out, after, op))

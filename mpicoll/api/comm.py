@@ -315,18 +315,37 @@ class Comm(MPI.Intracomm):
     # The same checks as the blocking calls (the _*_args functions above), then
     # the engine's start_* function; the request keeps the buffers alive.
 
-    def _start(self, start, args, persistent=False):
+    # A repeated call (the same buffer objects, the last one's request seen complete)
+    # restarts the operation that call left (engine.plan.restart): no validation.
+
+    def _start(self, start, args, persistent=False, memo=None):
         _requests.check_progress()
-        op = start(*args, persistent=persistent)
+        op = start(*args, persistent=persistent, memo=memo)
         return _requests.Request(op, args[1:3], persistent)
+
+    def _restart(self, name, sendbuf, recvbuf, op=None):
+        """A request of the kept operation of ``name`` restarted, or None (engine.plan)."""
+        _requests.check_progress()
+        kept = _plan.restart(self, name, sendbuf, recvbuf, op, self._algorithm)
+        return None if kept is None else _requests.Request(kept, (sendbuf, recvbuf))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""
-        return self._start(_requests.start_allreduce, self._allreduce_args(sendbuf, recvbuf, op))
+        req = self._restart("Comm.Iallreduce", sendbuf, recvbuf, op)
+        if req is not None:
+            return req
+        key = _plan.key(sendbuf, recvbuf, op, self._algorithm)
+        return self._start(_requests.start_allreduce, self._allreduce_args(sendbuf, recvbuf, op),
+                           memo=_memo("Comm.Iallreduce", key, sendbuf, recvbuf, op))
 
     def Iallgather(self, sendbuf, recvbuf):
         """Start an :meth:`Allgather`; returns a request (``Test``/``Wait``)."""
-        return self._start(_requests.start_allgather, self._allgather_args(sendbuf, recvbuf))
+        req = self._restart("Comm.Iallgather", sendbuf, recvbuf)
+        if req is not None:
+            return req
+        key = _plan.key(sendbuf, recvbuf, None, self._algorithm)
+        return self._start(_requests.start_allgather, self._allgather_args(sendbuf, recvbuf),
+                           memo=_memo("Comm.Iallgather", key, sendbuf, recvbuf))
 
     def Iallgatherv(self, sendbuf, recvbuf):
         """Start an :meth:`Allgatherv`; returns a request (``Test``/``Wait``)."""
@@ -334,8 +353,13 @@ class Comm(MPI.Intracomm):
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start a :meth:`Reduce_scatter_block`; returns a request (``Test``/``Wait``)."""
+        req = self._restart("Comm.Ireduce_scatter_block", sendbuf, recvbuf, op)
+        if req is not None:
+            return req
+        key = _plan.key(sendbuf, recvbuf, op, self._algorithm)
         return self._start(_requests.start_reduce_scatter,
-                           self._reduce_scatter_block_args(sendbuf, recvbuf, op))
+                           self._reduce_scatter_block_args(sendbuf, recvbuf, op),
+                           memo=_memo("Comm.Ireduce_scatter_block", key, sendbuf, recvbuf, op))
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """Start a :meth:`Reduce_scatter`; returns a request (``Test``/``Wait``).

@@ -104,6 +104,7 @@ class Request:
         self._buffers = buffers  # kept alive until the request is released, as mpi4py does
         self.persistent = persistent
         if not persistent:
+            op.owner = self  # until this request has seen it complete (engine.plan.restart)
             _progress_add(self._active)
 
     @property
@@ -128,6 +129,7 @@ class Request:
         done = self._active.test()
         if done:
             self._started = False
+            self._seen_complete()
             _empty_status(status)
         return done
 
@@ -135,9 +137,20 @@ class Request:
         """Block until complete; returns True (mpi4py's ``Literal[True]``)."""
         if self._active is not None:
             self._active.wait()
+            self._seen_complete()
         self._started = False
         _empty_status(status)
         return True
+
+    def _seen_complete(self) -> None:
+        """A non-blocking request, complete: it lets go of its operation (MPI: the request
+        is now null), which a repeat of the call may restart (engine.plan.restart)."""
+        if not self.persistent:
+            active, self._active = self._active, None
+            self._algorithm = active.op.algorithm
+            if active.op.owner is self:
+                active.op.owner = None
+            self._buffers = ()
 
     def Start(self) -> None:
         """Persistent requests: run the collective again on the buffers' current contents."""
@@ -160,6 +173,8 @@ class Request:
                 active.op.wait()
                 if self.persistent:
                     active.op.free()
+                elif active.op.owner is self:
+                    active.op.owner = None
         self._buffers = ()
 
     @classmethod
@@ -202,6 +217,7 @@ class Handle:
         self._active = _Active(op)
         self._finish = finish
         self._result = None
+        op.owner = self  # until this handle has seen it complete (engine.plan.restart)
         _progress_add(self._active)
 
     @property
@@ -231,6 +247,9 @@ class Handle:
 
     def _complete(self):
         finish, self._finish = self._finish, None
+        op = self._active.op
+        if op.owner is self:
+            op.owner = None
         self._result = finish()
 
 

@@ -155,7 +155,7 @@ def _schedule(run, ctx, msg):
 
 def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=None, op=None,
            counts=None, displs=None, timeout=None, label=None, persistent=False,
-           blocking=False) -> Operation:
+           blocking=False, memo=None) -> Operation:
     """Choose the algorithm, set up the context; start the operation unless persistent.
 
     ``total`` is the element count selection and the fingerprint use: the
@@ -187,7 +187,8 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     # transport (staging pool, pinned whole-call copy, the compute stream's
     # ordering of one call after the other; backends.devices) serves one call
     # at a time per context, so operations on them never overlap.
-    run.plannable = blocking  # run_*: the caller may keep it as a plan (engine.plan)
+    # run_*, or a non-blocking start with a memo: kept as a plan (engine.plan) if plain
+    run.plannable = blocking or (memo is not None and not persistent)
     blocking = blocking or msg.backend.name != "numpy"
     run.timeout, run.check, run.blocking = timeout, check, blocking
     run.src, run.dst, run.in_place = src, dst, in_place
@@ -207,7 +208,22 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     if not persistent:
         with _executor.LOCK:  # the progress thread may be advancing others
             operation._begin(blocking)
+        if run.plannable and not blocking:
+            _kept(operation, memo)
     return operation
+
+
+def _kept(operation, memo) -> None:
+    """After a non-blocking start with ``memo``: keep the operation for the call's repeat
+    (engine.plan) when it is plain, as a blocking call is kept (:func:`_finished`)."""
+    run = operation._run
+    if not run.observed and run.msg.backend.name == "numpy" and run.bound is not None \
+            and _observe.quiet():
+        _plan.keep_started(run.ctx, memo[0], memo[1], operation)
+    else:
+        run.plannable = False  # its work memory goes back when it ends
+        if not operation._active:
+            run.release()
 
 
 def reducer(msg, op):
@@ -216,16 +232,21 @@ def reducer(msg, op):
 
 
 def start_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None, persistent=False,
-                    _blocking=False) -> Operation:
-    """``rmsg`` <- reduction of every rank's ``smsg`` (None: in place in ``rmsg``)."""
+                    memo=None, _blocking=False) -> Operation:
+    """``rmsg`` <- reduction of every rank's ``smsg`` (None: in place in ``rmsg``).
+
+    ``memo`` (non-blocking): (name, argument objects) of a public function whose
+    arrays are ``smsg``/``rmsg`` themselves: the operation is kept for that call's
+    repeat (engine.plan.restart).
+    """
     return _start(comm, "allreduce", algorithm, rmsg, rmsg.count, red=reducer(rmsg, op), op=op,
                   src=rmsg.array if smsg is None else smsg.array, dst=rmsg.array,
                   in_place=smsg is None, timeout=timeout, persistent=persistent,
-                  blocking=_blocking)
+                  blocking=_blocking, memo=memo)
 
 
 def start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None,
-                         persistent=False, _blocking=False) -> Operation:
+                         persistent=False, memo=None, _blocking=False) -> Operation:
     """``rmsg`` <- this rank's block of the reduction; ``smsg`` None: input in ``rmsg``'s buffer.
 
     In place, ``rmsg.array`` is the whole input and the result goes to its start.
@@ -237,17 +258,17 @@ def start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto",
         src, dst = smsg.array, rmsg.array
     return _start(comm, "reduce_scatter", algorithm, rmsg, sum(counts), red=reducer(rmsg, op),
                   op=op, counts=counts, displs=displs, src=src, dst=dst, in_place=smsg is None,
-                  timeout=timeout, persistent=persistent, blocking=_blocking)
+                  timeout=timeout, persistent=persistent, blocking=_blocking, memo=memo)
 
 
 def start_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeout=None,
-                    persistent=False, _blocking=False, _label=None) -> Operation:
+                    persistent=False, memo=None, _blocking=False, _label=None) -> Operation:
     """``rmsg`` block r (``counts[r]`` at ``displs[r]``) <- rank r's ``smsg`` (None: in place)."""
     counts, displs = tuple(counts), tuple(displs)
     return _start(comm, "allgather", algorithm, rmsg, sum(counts), counts=counts, displs=displs,
                   src=None if smsg is None else smsg.array, dst=rmsg.array,
                   in_place=smsg is None, timeout=timeout, label=_label, persistent=persistent,
-                  blocking=_blocking)
+                  blocking=_blocking, memo=memo)
 
 
 def _finished(operation, memo) -> str:

@@ -106,6 +106,8 @@ class Context:
         self.seq = 0  # collectives started on this communicator
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
         self.plans = {}  # public function name -> engine.plan.Plan of its last plain call
+        # (name, ids of the arguments) -> engine.plan.Kept: non-blocking operations to restart
+        self.kept = OrderedDict()
         self.schedules = OrderedDict()  # (collective, algorithm, Shape) -> Schedule, LRU
         self.devices = {}  # device backends' state for this communicator (backends.devices)
         self.tag_ub = 32767  # largest tag (MPI guarantees at least this), read from the duplicate

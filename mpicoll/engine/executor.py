@@ -391,7 +391,7 @@ class Operation:
     """
 
     __slots__ = ("algorithm", "done", "persistent", "_run", "_i", "_reqs", "_active", "_freed",
-                 "_prog", "_preqs", "_on_prog", "__weakref__")
+                 "_prog", "_preqs", "_on_prog", "owner", "__weakref__")
 
     def __init__(self, run, persistent: bool):
         self.algorithm = run.name
@@ -407,6 +407,9 @@ class Operation:
         self._prog = None
         self._preqs = ()
         self._on_prog = False
+        # non-blocking: the request or handle whose caller has not seen it complete yet
+        # (api.requests); a kept operation restarts only without one (engine.plan)
+        self.owner = None
 
     # -- the interface --------------------------------------------------------
     def test(self) -> bool:
@@ -437,6 +440,14 @@ class Operation:
                 self._begin_prog()
             else:
                 self._begin(self._run.blocking)
+
+    def restart(self) -> None:
+        """Non-blocking, complete and kept (engine.plan): run again on the same buffers,
+        with the tag of the call it now is."""
+        run = self._run
+        run.tag = tag_of(run.ctx.seq + 1, run.ctx.tag_ub)  # (begin() counts the call)
+        with LOCK:
+            self._begin(False)
 
     def free(self) -> None:
         """Persistent: give back its work memory and requests (idempotent).  An active one

@@ -166,12 +166,17 @@ def _from_context(comm, name, a, b, c, d):
 
 
 def drop_all(ctx) -> None:
-    """Drop every plan of ``ctx`` (its communicator is freed or unusable)."""
+    """Drop every plan and kept operation of ``ctx`` (its communicator is freed or unusable)."""
     plans = getattr(ctx, "plans", None)
     if plans:
         for plan in plans.values():
             plan.release()
         plans.clear()
+    kept = getattr(ctx, "kept", None)
+    if kept:
+        for entry in kept.values():
+            entry.release()
+        kept.clear()
 
 
 def keep(ctx, comm, name: str, args: tuple, run) -> None:
@@ -211,3 +216,68 @@ def _compile(bound, ch, red, be):
         else:
             steps.append(x)
     return tuple(steps), requests
+
+
+# --- repeated non-blocking calls -------------------------------------------------------
+# A plain non-blocking call (engine.collectives._kept) leaves its operation on the
+# context, keyed by the public function's name and the ids of its argument objects
+# (which the entry keeps referenced, so the ids cannot be reused).  The same call
+# again -- the same objects, the operation complete and seen complete by its
+# caller, nothing observing -- restarts that operation with the tag of the call it
+# now is: no validation, no choice, no binding, no allocation.  The messages keep
+# the general path's isend/irecv, because a non-blocking operation's tag comes from
+# the call counter and a kept operation is a per-rank decision (persistent requests
+# would fix the tag).
+KEPT = 16  # kept operations per context (least recently started dropped first)
+
+
+class Kept:
+    """A kept non-blocking operation and the argument objects it was started with."""
+
+    __slots__ = ("args", "op")
+
+    def __init__(self, args, op):
+        self.args, self.op = args, op
+
+    def release(self) -> None:
+        """Never restarted again: its work memory goes back (now, or when it ends)."""
+        op = self.op
+        op._run.plannable = False
+        if not op._active:
+            op._run.release()
+
+
+def keep_started(ctx, name: str, args: tuple, op) -> None:
+    """Keep the started non-blocking ``op`` of ``name`` with argument objects ``args``."""
+    kept = ctx.kept
+    key = (name,) + tuple(map(id, args))
+    old = kept.pop(key, None)
+    if old is not None:
+        old.release()
+    kept[key] = Kept(args, op)
+    while len(kept) > KEPT:
+        kept.popitem(last=False)[1].release()
+
+
+def restart(comm, name: str, a, b, c=None, d=None):
+    """``comm``'s kept operation of ``name`` for the objects ``a``-``d``, started again; None
+    when there is none, or it is not complete, or its caller has not seen it complete, or
+    something observes calls (then the general path runs)."""
+    try:
+        ctx = comm.Get_attr(_context.keyval())
+    except (AttributeError, TypeError, MPI.Exception):
+        return None
+    kept = getattr(ctx, "kept", None)
+    if not kept:
+        return None
+    key = (name, id(a), id(b), id(c), id(d))
+    entry = kept.get(key)
+    if entry is None:
+        return None
+    op = entry.op
+    if op._active or op.owner is not None or not _quiet():
+        return None
+    kept.move_to_end(key)
+    op.restart()
+    return op
+
