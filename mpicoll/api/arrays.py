@@ -372,15 +372,16 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
 
 
 def _start(start, args, timeout, result, after, memo=None):
-    _requests.check_progress()
-    return _requests.Handle(start(*args, timeout=timeout, memo=memo), _finisher(result, after))
+    progress = _requests.check_progress()
+    return _requests.Handle(start(*args, timeout=timeout, memo=memo), _finisher(result, after),
+                            progress)
 
 
 def _restart(name, comm, x, out, op, algorithm):
     """A handle of the kept operation of ``name`` restarted (its result: ``out``), or None."""
-    _requests.check_progress()
+    progress = _requests.check_progress()
     kept = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm)
-    return None if kept is None else _requests.Handle(kept, _finisher(out, None))
+    return None if kept is None else _requests.Handle(kept, _finisher(out, None), progress)
 
 
 def _finisher(result, after):

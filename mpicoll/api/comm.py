@@ -319,15 +319,16 @@ class Comm(MPI.Intracomm):
     # restarts the operation that call left (engine.plan.restart): no validation.
 
     def _start(self, start, args, persistent=False, memo=None):
-        _requests.check_progress()
+        progress = _requests.check_progress()
         op = start(*args, persistent=persistent, memo=memo)
-        return _requests.Request(op, args[1:3], persistent)
+        return _requests.Request(op, args[1:3], persistent, progress)
 
     def _restart(self, name, sendbuf, recvbuf, op=None):
         """A request of the kept operation of ``name`` restarted, or None (engine.plan)."""
-        _requests.check_progress()
+        progress = _requests.check_progress()
         kept = _plan.restart(self, name, sendbuf, recvbuf, op, self._algorithm)
-        return None if kept is None else _requests.Request(kept, (sendbuf, recvbuf))
+        return None if kept is None else _requests.Request(kept, (sendbuf, recvbuf), False,
+                                                           progress)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""

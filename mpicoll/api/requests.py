@@ -63,7 +63,7 @@ class _Active:
         with self.lock:
             self.op.start()
         if progress:
-            _progress_add(self)
+            _progress_add(self, True)
 
 
 # ---------------------------------------------------------------------------
@@ -95,7 +95,7 @@ class Request:
 
     __slots__ = ("_active", "_buffers", "persistent", "_algorithm", "_started", "__weakref__")
 
-    def __init__(self, op, buffers=(), persistent=False):
+    def __init__(self, op, buffers=(), persistent=False, progress=None):
         self._active = _Active(op)
         self._algorithm = None
         # started and its completion not yet seen by Test/Wait: MPI's "active" (a
@@ -105,7 +105,7 @@ class Request:
         self.persistent = persistent
         if not persistent:
             op.owner = self  # until this request has seen it complete (engine.plan.restart)
-            _progress_add(self._active)
+            _progress_add(self._active, progress)
 
     @property
     def algorithm(self) -> str:
@@ -213,12 +213,12 @@ class Handle:
 
     __slots__ = ("_active", "_finish", "_result", "__weakref__")
 
-    def __init__(self, op, finish):
+    def __init__(self, op, finish, progress=None):
         self._active = _Active(op)
         self._finish = finish
         self._result = None
         op.owner = self  # until this handle has seen it complete (engine.plan.restart)
-        _progress_add(self._active)
+        _progress_add(self._active, progress)
 
     @property
     def algorithm(self) -> str:
@@ -339,12 +339,13 @@ def check_progress() -> bool:
     return progress
 
 
-def _progress_add(active: _Active) -> None:
-    """Hand a started operation to the progress thread when the ``progress`` option is on.
+def _progress_add(active: _Active, progress=None) -> None:
+    """Hand a started operation to the progress thread when the ``progress`` option is on
+    (``progress``: as :func:`check_progress` returned it before the start; None: read now).
 
     The thread starts with the first operation started under the option, even
     one that completed at once (at one rank, or a message that was there)."""
-    if not _config.get("progress"):
+    if not (_config.get("progress") if progress is None else progress):
         return
     global _thread
     if _thread is None:

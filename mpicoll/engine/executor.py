@@ -443,11 +443,23 @@ class Operation:
 
     def restart(self) -> None:
         """Non-blocking, complete and kept (engine.plan): run again on the same buffers,
-        with the tag of the call it now is."""
+        with the tag of the call it now is.
+
+        Kept operations ran unobserved on the plain host channel, and a restart
+        happens only while nothing observes calls, so what begin() would set up
+        again is what the run holds: its channel (given the new tag) and bound ops.
+        """
         run = self._run
-        run.tag = tag_of(run.ctx.seq + 1, run.ctx.tag_ub)  # (begin() counts the call)
+        ctx = run.ctx
+        ctx.seq += 1  # every start is a call, as in begin()
+        run.tag = run.ch.tag = tag_of(ctx.seq, ctx.tag_ub)
         with LOCK:
-            self._begin(False)
+            self.done = False
+            self._reqs = [None] * run.nops
+            self._i = 0
+            self._active = True
+            IN_FLIGHT.append(self)
+            self._advance(False)
 
     def free(self) -> None:
         """Persistent: give back its work memory and requests (idempotent).  An active one

@@ -16,6 +16,17 @@ For every size and collective it interleaves, in one run, rep after rep:
               (``Recv_init``/``Send_init``; ``Start``, ``Start``, ``Wait``, ``Wait``:
               what a plan runs, engine.plan)
 
+With ``--forms nonblocking`` the columns are the other forms of the same call,
+each started and waited for at once (the same buffers every time, so
+mpicoll restarts its kept operation and runs its persistent program):
+
+``builtin``   the blocking built-in, as above
+``I-builtin`` ``comm.Iallreduce(x, y).Wait()`` (``Iallgather``, ``Ireduce_scatter_block``)
+``I-Comm``    the same on ``mpicoll.Comm``
+``I-array``   ``mpicoll.iallreduce(x, out=y).wait()`` (``iallgather``, ``ireduce_scatter``)
+``P-builtin`` ``Allreduce_init`` (MPI-4) made once; ``Start()``, ``Wait()``
+``P-Comm``    the same on ``mpicoll.Comm``
+
 Each timing is ``--inner`` calls between barriers, after ``--warmup`` calls;
 the table shows the median over ``--reps`` reps in microseconds per call and
 the ratio to the built-in.  The size is the bytes of each rank's input
@@ -107,6 +118,40 @@ def _variants(collective, comm, mc, x, n, rank):
     return out, (rreq, sreq)
 
 
+def _nonblocking_variants(collective, comm, mc, x, n, rank):
+    """({name: (call, output array)}: the blocking built-in, then the non-blocking and
+    persistent forms of the built-in and of mpicoll; the persistent requests to free)."""
+    import mpicoll
+
+    dt = x.dtype
+    method, array, shape_out = {
+        "allreduce": ("Allreduce", mpicoll.iallreduce, len(x)),
+        "reduce_scatter": ("Reduce_scatter_block", mpicoll.ireduce_scatter, len(x) // n),
+        "allgather": ("Allgather", mpicoll.iallgather, len(x) * n),
+    }[collective]
+    out, held = {}, []
+
+    def outbuf():
+        return np.empty(shape_out, dt)
+
+    y, fn = outbuf(), getattr(comm, method)
+    out["builtin"] = ((lambda y=y: fn(x, y)), y)
+    for label, c in (("I-builtin", comm), ("I-Comm", mc)):
+        start, y = getattr(c, "I" + method.lower()), outbuf()
+        out[label] = ((lambda start=start, y=y: start(x, y).Wait()), y)
+    y = outbuf()
+    out["I-array"] = ((lambda y=y: array(x, comm=comm, out=y).wait()), y)
+    for label, c in (("P-builtin", comm), ("P-Comm", mc)):
+        y = outbuf()
+        try:
+            req = getattr(c, method + "_init")(x, y)
+        except NotImplementedError:  # an MPI before MPI-4: no persistent collectives
+            continue
+        held.append(req)
+        out[label] = ((lambda req=req: (req.Start(), req.Wait())), y)
+    return out, held
+
+
 def _time(comm, fn, inner):
     comm.Barrier()
     t0 = MPI.Wtime()
@@ -125,7 +170,10 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=21)
     p.add_argument("--inner", type=int, default=200, help="calls per timing")
     p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--forms", choices=("blocking", "nonblocking"), default="blocking",
+                   help="blocking calls and the floors, or the non-blocking and persistent forms")
     args = p.parse_args(argv)
+    make = _variants if args.forms == "blocking" else _nonblocking_variants
     comm = MPI.COMM_WORLD.Dup()
     mc = mpicoll.Comm(comm)
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -139,7 +187,7 @@ def main(argv=None) -> int:
         count = max(n, size // 8 // n * n)  # a multiple of the rank count (Reduce_scatter_block)
         x = ((np.arange(count) * 7 + rank * 3) % 101).astype(np.float64)
         for collective in args.collectives:
-            variants, held = _variants(collective, comm, mc, x, n, rank)
+            variants, held = make(collective, comm, mc, x, n, rank)
             for fn, _ in variants.values():
                 for _ in range(args.warmup):
                     fn()
@@ -156,7 +204,8 @@ def main(argv=None) -> int:
             med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
             rows.append((size, collective, med))
     if rank == 0:
-        names = ["builtin", "Comm", "array", "sendrecv", "persist"]
+        names = (["builtin", "Comm", "array", "sendrecv", "persist"] if args.forms == "blocking"
+                 else list(dict.fromkeys(h for _, _, med in rows for h in med)))
         print(f"{'bytes':>9} {'collective':<15}" + "".join(f"{h:>16}" for h in names))
         for size, collective, med in rows:
             base = med["builtin"]
