@@ -378,6 +378,15 @@ def test_latency_tool_checks_every_variant(capsys, monkeypatch):
                                                 for c in latency.COLLECTIVES]
         width = 11 if MPI.COMM_WORLD.size == 2 else 9  # with sendrecv and persist, or "-"
         assert all(len(r) == width for r in rows), rows
+    # the non-blocking and persistent forms: six columns (the built-in's two persistent
+    # ones only with an MPI-4 library, which both PyPI MPIs are)
+    assert latency.main(argv + ["--forms", "nonblocking"]) == 0
+    if MPI.COMM_WORLD.rank == 0:
+        out = capsys.readouterr().out
+        rows = [line.split() for line in out.splitlines()
+                if line and line[0] == " " and line.split()[0].isdigit()]
+        assert len(rows) == 6 and all(len(r) == 13 for r in rows), out
+        assert "I-Comm" in out and "P-Comm" in out, out
     # a variant that gets it wrong is reported
     real = latency._variants
 
