@@ -219,7 +219,7 @@ def _kept(operation, memo) -> None:
     run = operation._run
     if not run.observed and run.msg.backend.name == "numpy" and run.bound is not None \
             and _observe.quiet():
-        _plan.keep_started(run.ctx, memo[0], memo[1], operation)
+        _plan.keep_started(run.ctx, run.comm, memo[0], memo[1], operation)
     else:
         run.plannable = False  # its work memory goes back when it ends
         if not operation._active:

@@ -220,41 +220,47 @@ def _compile(bound, ch, red, be):
 
 # --- repeated non-blocking calls -------------------------------------------------------
 # A plain non-blocking call (engine.collectives._kept) leaves its operation on the
-# context, keyed by the public function's name and the ids of its argument objects
-# (which the entry keeps referenced, so the ids cannot be reused).  The same call
-# again -- the same objects, the operation complete and seen complete by its
-# caller, nothing observing -- restarts that operation with the tag of the call it
-# now is: no validation, no choice, no binding, no allocation.  The messages keep
-# the general path's isend/irecv, because a non-blocking operation's tag comes from
-# the call counter and a kept operation is a per-rank decision (persistent requests
-# would fix the tag).
+# context, keyed by the public function's name and the ids of the communicator object
+# and the argument objects (which the entry keeps referenced, so the ids cannot be
+# reused).  The same call again -- the same objects, the operation complete and seen
+# complete by its request or handle, nothing observing -- restarts that operation
+# with the tag of the call it now is: no validation, no choice, no binding, no
+# allocation.  The messages keep the general path's isend/irecv, because a
+# non-blocking operation's tag comes from the call counter and a restart is a
+# per-rank decision (persistent requests would fix the tag).  As for the plans, a
+# module-level table finds an entry without an MPI attribute lookup; the context's
+# table bounds them and drops them with the communicator.
 KEPT = 16  # kept operations per context (least recently started dropped first)
+_KEPT: dict = {}  # key -> Kept, over every context
 
 
 class Kept:
-    """A kept non-blocking operation and the argument objects it was started with."""
+    """A kept non-blocking operation, the context and the objects it was started with."""
 
-    __slots__ = ("args", "op")
+    __slots__ = ("key", "refs", "ctx", "op")
 
-    def __init__(self, args, op):
-        self.args, self.op = args, op
+    def __init__(self, key, refs, ctx, op):
+        self.key, self.refs, self.ctx, self.op = key, refs, ctx, op
 
     def release(self) -> None:
         """Never restarted again: its work memory goes back (now, or when it ends)."""
+        if _KEPT.get(self.key) is self:
+            del _KEPT[self.key]
         op = self.op
         op._run.plannable = False
         if not op._active:
             op._run.release()
 
 
-def keep_started(ctx, name: str, args: tuple, op) -> None:
-    """Keep the started non-blocking ``op`` of ``name`` with argument objects ``args``."""
+def keep_started(ctx, comm, name: str, args: tuple, op) -> None:
+    """Keep the started non-blocking ``op`` of ``name`` on ``comm`` with argument objects
+    ``args`` (:func:`key`'s four)."""
     kept = ctx.kept
-    key = (name,) + tuple(map(id, args))
+    key = (name, id(comm)) + tuple(map(id, args))
     old = kept.pop(key, None)
     if old is not None:
         old.release()
-    kept[key] = Kept(args, op)
+    kept[key] = _KEPT[key] = Kept(key, (comm,) + tuple(args), ctx, op)
     while len(kept) > KEPT:
         kept.popitem(last=False)[1].release()
 
@@ -263,21 +269,17 @@ def restart(comm, name: str, a, b, c=None, d=None):
     """``comm``'s kept operation of ``name`` for the objects ``a``-``d``, started again; None
     when there is none, or it is not complete, or its caller has not seen it complete, or
     something observes calls (then the general path runs)."""
-    try:
-        ctx = comm.Get_attr(_context.keyval())
-    except (AttributeError, TypeError, MPI.Exception):
-        return None
-    kept = getattr(ctx, "kept", None)
-    if not kept:
-        return None
-    key = (name, id(a), id(b), id(c), id(d))
-    entry = kept.get(key)
+    key = (name, id(comm), id(a), id(b), id(c), id(d))
+    entry = _KEPT.get(key)
     if entry is None:
         return None
     op = entry.op
-    if op._active or op.owner is not None or not _quiet():
+    if op._active or op.owner is not None:
         return None
-    kept.move_to_end(key)
+    # (quiet() written out for its common case, as in repeat)
+    if _ACTIVE or _RECORDING or _LOUD or _K1 in _ENV or _K2 in _ENV or _K3 in _ENV:
+        if not _quiet():
+            return None
+    entry.ctx.kept.move_to_end(key)
     op.restart()
     return op
-
