@@ -30,7 +30,8 @@ Cost of a hit
     communicator's attribute) serves other objects of the same communicator.
     A plan whose messages are each at most one piece (every latency-bound
     schedule: recursive doubling, halving, Bruck, and the ring on small
-    arrays) is compiled into a tuple of ready calls, run one after the
+    arrays) is compiled (``executor.compile_bound``, which persistent
+    operations share) into a tuple of ready calls, run one after the
     other: the reduction's ufunc with its operands, copies, one array object
     per memory region, and each message a persistent request made once per
     plan (``Recv_init``/``Send_init`` on the context's duplicate
@@ -41,9 +42,13 @@ Cost of a hit
     ``sendrecv`` and ``persist``, docs/performance.md).  The plan frees its
     requests when it is dropped (another call of the function, the
     communicator freed or unusable) and at interpreter exit, before MPI is
-    finalized.  The hit itself -- one dictionary lookup, the identity of up
-    to four arguments, :func:`mpicoll.observe.calls.quiet` -- costs about
-    0.3 us (docs/performance.md has the measurement).
+    finalized.  The hit itself -- one dictionary lookup, the identity of the
+    communicator and up to four arguments, :func:`mpicoll.observe.calls.quiet`
+    written out inline for its common case, the call counter -- costs
+    0.22-0.26 us at one rank (docs/performance.md has the measurement).
+
+The end of this module keeps the operations of plain non-blocking calls for
+their repeats (:func:`restart`).
 """
 
 from __future__ import annotations
