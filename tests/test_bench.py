@@ -221,6 +221,20 @@ def test_check_cost_and_no_check():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.ranks(2)  # (the overlap tool calibrates and repeats: a few seconds)
+def test_overlap_after_the_table():
+    """``--overlap SIZE``: the overlap measurement (tools.overlap) follows the table."""
+    status, text = _run(["-C", "allgather", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "-q",
+                         "--overlap", "64K"])
+    assert status == 0
+    if WORLD.rank == 0:
+        assert text.index("# allgather") < text.index("# mpicoll overlap")
+        assert "iallreduce of 8192 x float64" in text
+        assert "wrong elements over all ranks and runs: 0" in text
+        assert all(f" {mode} " in text for mode in ("comm", "compute", "wait", "test", "thread"))
+
+
+@pytest.mark.timeout(120)
 def test_memory_columns(shared_dir):
     jpath = os.path.join(shared_dir, "m.json")
     status, text = _run(["-C", "allreduce,reduce_scatter", "-a", "ring", "-b", "64K", "-e", "64K",
@@ -285,6 +299,7 @@ def test_op_in_any_case(shared_dir):
     (["-d", "float16"], "invalid choice"),
     (["-o", "minloc"], "argument -o/--op: invalid choice: 'minloc'"),
     (["-o", "Band", "-d", "float64", "-C", "reduce_scatter"], "MPI.BAND does not apply"),
+    (["--device", "gpu", "--overlap", "1M"], "--overlap: measures host arrays only"),
 ])
 def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -190,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", action="store_true",
                    help="also measure mpicoll's work memory per size: the scratch bytes its "
                         "context holds and the tracemalloc peak during one call (fresh communicator)")
+    p.add_argument("--overlap", metavar="SIZE", type=_size,
+                   help="afterwards, measure how much an iallreduce of SIZE bytes per rank "
+                        "overlaps NumPy matrix products (python -m mpicoll.tools.overlap; "
+                        "host arrays only)")
     p.add_argument("--json", metavar="PATH", help="write one record per measurement as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one row per measurement as CSV")
     p.add_argument("--plot", metavar="PATH.png",
@@ -222,6 +226,8 @@ def _check_args(parser, args):
             _types.check_op_applies(_types.predefined_op(args.op), category, str(args.dtype))
         except TypeError as exc:
             parser.error(f"-o/--op: {exc}".replace("op: ", ""))
+    if args.overlap is not None and args.device != "cpu":
+        parser.error("--overlap: measures host arrays only; drop --device gpu or run it alone")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -838,6 +844,9 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
         if args.plot:
             write_plot(args.plot, records)
     bad = any((r["wrong"] or 0) or (r["builtin_wrong"] or 0) for r in records)
+    if args.overlap is not None:
+        from . import overlap as _overlap
+        bad = _overlap.main(["--size", str(args.overlap)], comm=comm, out=out) != 0 or bad
     return 1 if bad else 0
 
 

@@ -120,9 +120,14 @@ def overlap(t_comm: float, t_compute: float, t_both: float) -> float:
     return (t_comm + t_compute - t_both) / min(t_comm, t_compute)
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, comm=None, out=None) -> int:
+    """Measure and print (rank 0, to ``out``: default stdout); 1 if a result was wrong.
+
+    ``comm``: the communicator (default ``MPI.COMM_WORLD``); every rank of it calls.
+    """
     args = _parser().parse_args(argv)
-    comm = MPI.COMM_WORLD
+    comm = MPI.COMM_WORLD if comm is None else comm
+    out = sys.stdout if out is None else out
     rank, size = comm.Get_rank(), comm.Get_size()
     dtype = np.dtype(args.dtype)
     n = max(parse_bytes(args.size, "--size") // dtype.itemsize, 1)
@@ -137,18 +142,21 @@ def main(argv=None) -> int:
     if rank == 0:
         threads = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                    "MKL_NUM_THREADS") if os.environ.get(v)}
-        print(f"# mpicoll overlap: {size} ranks, {MPI.Get_library_version().splitlines()[0].strip()}")
-        print(f"# {platform.node()}: {os.cpu_count()} cores, BLAS threads {threads or 'not set'}, "
-              f"load average {os.getloadavg()[0]:.2f}")
-        print(f"# iallreduce of {n} x {dtype.name} ({n * dtype.itemsize / 2**20:.1f} MiB) beside "
-              f"{bench.products} products of {args.matrix}x{args.matrix} float64 "
-              f"({t_product * 1e3:.2f} ms each); median of {args.reps} reps, slowest rank")
-        print(f"{'mode':>8} {'time (ms)':>10} {'overlap':>8}")
+        lines = [
+            f"# mpicoll overlap: {size} ranks, {MPI.Get_library_version().splitlines()[0].strip()}",
+            f"# {platform.node()}: {os.cpu_count()} cores, BLAS threads {threads or 'not set'}, "
+            f"load average {os.getloadavg()[0]:.2f}",
+            f"# iallreduce of {n} x {dtype.name} ({n * dtype.itemsize / 2**20:.1f} MiB) beside "
+            f"{bench.products} products of {args.matrix}x{args.matrix} float64 "
+            f"({t_product * 1e3:.2f} ms each); median of {args.reps} reps, slowest rank",
+            f"{'mode':>8} {'time (ms)':>10} {'overlap':>8}",
+        ]
         for mode in MODES:
             ov = "" if mode in ("comm", "compute") else \
                 f"{overlap(times['comm'], times['compute'], times[mode]):8.2f}"
-            print(f"{mode:>8} {times[mode] * 1e3:10.2f} {ov:>8}")
-        print(f"# wrong elements over all ranks and runs: {wrong}")
+            lines.append(f"{mode:>8} {times[mode] * 1e3:10.2f} {ov:>8}")
+        lines.append(f"# wrong elements over all ranks and runs: {wrong}")
+        print("\n".join(lines), file=out, flush=True)
     return 1 if wrong else 0
 
 
