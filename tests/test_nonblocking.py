@@ -526,6 +526,44 @@ def test_kept_operations_are_bounded_and_observed_calls_are_counted():
     _util.assert_all(WORLD, ok and emptied, f"kept={kept} counted={counted} emptied={emptied}")
 
 
+@pytest.mark.timeout(60)
+def test_nonblocking_tags_never_take_a_persistent_operations_tag():
+    """A persistent operation keeps its tag for its whole life; non-blocking tags cycle
+    with the call counter.  They used to share one range, so once the counter had gone
+    round (2**29 calls with MPICH), a non-blocking operation could get a live persistent
+    operation's tag, and with both in flight their messages could match each other.
+    Here the range is cut to 8 tags to go round quickly."""
+    from mpicoll.engine import context as _context
+    from mpicoll.engine import executor as _executor
+    comm = mpicoll.Comm(WORLD.Dup())
+    try:
+        n = 3 * SIZE + 1
+        comm.Allreduce(np.zeros(1), np.zeros(1))  # sets the context up
+        _context.context(comm).tag_ub = _executor.FIRST_TAG + 7
+        x, y = np.empty(n), np.full(n, SENTINEL, np.float64)
+        p = comm.Allreduce_init(x, y, op=MPI.MAX)
+        ptag = p._active.op._run.tag
+        tags, bad = set(), []
+        for it in range(3):
+            x[:] = rank_data(n, salt=160 + it)
+            p.Start()  # in flight during the non-blocking calls below
+            for k in range(12):
+                a = rank_data(n, salt=170 + k)
+                b = np.full(n, SENTINEL, np.float64)
+                r = comm.Iallreduce(a, b)
+                tags.add(r._active.op._run.tag)
+                r.Wait()
+                bad.append(problems([(f"Iallreduce {it}.{k}", b, builtin_allreduce(a))]))
+            p.Wait()
+            bad.append(problems([(f"persistent #{it}", y, builtin_allreduce(x, MPI.MAX))]))
+        p.Free()
+    finally:
+        comm.Free()
+    bad = "; ".join(b for b in bad if b)
+    _util.assert_all(WORLD, not bad and ptag not in tags,
+                     f"{bad} persistent tag {ptag}, non-blocking tags {sorted(tags)}")
+
+
 def test_persistent_free_without_start():
     x, y = rank_data(4), np.full(4, SENTINEL, np.float64)
     reqs = [COMM.Allreduce_init(x, y), COMM.Allgather_init(x, np.empty(4 * SIZE)),

@@ -198,10 +198,10 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     if blocking:
         run.tag = _executor.TAG
     elif persistent:
-        # a tag of its own for the operation's life: reserve its call number now
-        # (every rank creates persistent operations in the same order)
-        ctx.seq += 1
-        run.tag = _executor.tag_of(ctx.seq, ctx.tag_ub)
+        # a tag of its own for the operation's life, from the persistent half of the
+        # tags (every rank creates persistent operations in the same order)
+        ctx.persistent_made += 1
+        run.tag = _executor.tag_of(ctx.persistent_made, ctx.tag_ub, persistent=True)
     else:
         run.tag = _executor.tag_of(ctx.seq + 1, ctx.tag_ub)  # begin() takes this call number
     operation = Operation(run, persistent)

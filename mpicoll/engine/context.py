@@ -104,6 +104,7 @@ class Context:
         self.segment_bytes, self.window = _ring.tuning()
         fake = _topology.fake_labels()
         self.seq = 0  # collectives started on this communicator
+        self.persistent_made = 0  # persistent operations made on it (their tags: executor.tag_of)
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
         self.plans = {}  # public function name -> engine.plan.Plan of its last plain call
         # (name, ids of the arguments) -> engine.plan.Kept: non-blocking operations to restart

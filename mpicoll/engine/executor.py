@@ -53,10 +53,12 @@ Persistent operations
 Tags
     Blocking calls use the channel's default tag: they never overlap on a
     rank, and MPI's non-overtaking rule keeps their messages in order.  A
-    non-blocking or persistent operation gets a tag of its own, derived from
-    the context's call counter (every rank starts collectives in the same
-    order, so every rank derives the same tag), so operations in flight
-    together never match each other's messages; see :func:`tag_of`.
+    non-blocking operation gets a tag of its own, derived from the context's
+    call counter, and a persistent one from the count of persistent
+    operations made, in a separate range (every rank starts collectives and
+    makes persistent operations in the same order, so every rank derives the
+    same tag), so operations in flight together never match each other's
+    messages; see :func:`tag_of`.
 """
 
 from __future__ import annotations
@@ -98,18 +100,25 @@ def progress_others(me=None) -> bool:
 SEND, RECV, WAIT, REDUCE, COPY, SENDRECV = range(6)
 
 # Tag 0 is the blocking calls' (transport.channel.TAG), 1 the fingerprint check's
-# (observe.check.TAG); non-blocking operations take tags from 2 up.
+# (observe.check.TAG); non-blocking and persistent operations take tags from 2 up.
 FIRST_TAG = 2
 
 
-def tag_of(seq: int, tag_ub: int) -> int:
-    """The tag of the non-blocking operation started as call ``seq`` of a context.
+def tag_of(seq: int, tag_ub: int, persistent: bool = False) -> int:
+    """The tag of the non-blocking operation started as call ``seq`` of a context, or
+    (``persistent``) of the ``seq``-th persistent operation made on it.
 
-    Tags repeat only after ``tag_ub - 1`` calls, so two operations in flight
-    together share one only if that many collectives start on the
-    communicator during the older one's life.
+    Non-blocking operations take the lower half of ``FIRST_TAG..tag_ub``,
+    persistent ones the upper half: a persistent operation keeps its tag for
+    its whole life, so however many calls later a non-blocking one starts, it
+    cannot get that tag.  Within a half a tag repeats only after half as many
+    starts (non-blocking) or creations (persistent) as there are tags, so two
+    operations in flight together share one only if that many start (are
+    made) on the communicator during the older one's life: 2**28 with
+    MPICH's ``MPI_TAG_UB``, 16383 with the least MPI allows.
     """
-    return FIRST_TAG + seq % (tag_ub - FIRST_TAG)
+    half = (tag_ub - FIRST_TAG + 1) // 2
+    return FIRST_TAG + (half if persistent else 0) + seq % half
 
 
 def shape_of(ctx, total, counts, displs, itemsize, in_place, commutative=True) -> Shape:
