@@ -183,12 +183,14 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.build, run.fn = build, (None if build is not None else entry)
     run.msg, run.total, run.counts, run.displs, run.op = msg, total, counts, displs, op
     run._red0 = red
+    # run_* (the caller may keep it as a plan), or a non-blocking start with a memo
+    # (kept for its repeat if it turns out plain, see _kept): engine.plan
+    keep = memo is not None and not persistent
+    run.plannable = blocking or keep
     # Device arrays: every operation runs to the end when it starts.  Their
     # transport (staging pool, pinned whole-call copy, the compute stream's
     # ordering of one call after the other; backends.devices) serves one call
     # at a time per context, so operations on them never overlap.
-    # run_*, or a non-blocking start with a memo: kept as a plan (engine.plan) if plain
-    run.plannable = blocking or (memo is not None and not persistent)
     blocking = blocking or msg.backend.name != "numpy"
     run.timeout, run.check, run.blocking = timeout, check, blocking
     run.src, run.dst, run.in_place = src, dst, in_place
@@ -208,7 +210,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     if not persistent:
         with _executor.LOCK:  # the progress thread may be advancing others
             operation._begin(blocking)
-        if run.plannable and not blocking:
+        if keep:
             _kept(operation, memo)
     return operation
 
