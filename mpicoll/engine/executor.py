@@ -465,10 +465,7 @@ class Operation:
         with LOCK:
             self.done = False
             self._reqs = [None] * run.nops
-            self._i = 0
-            self._active = True
-            IN_FLIGHT.append(self)
-            self._advance(False)
+            self._go(False)
 
     def free(self) -> None:
         """Persistent: give back its work memory and requests (idempotent).  An active one
@@ -500,20 +497,23 @@ class Operation:
             self._end(False)
             return
         self._reqs = [None] * run.nops
-        self._i = 0
-        self._active = True
-        if not block:
-            IN_FLIGHT.append(self)
-        self._advance(block)
+        self._go(block)
 
     def _begin_prog(self) -> None:
         """Start on the compiled program (what begin() decides is known: see start)."""
         self._run.ctx.seq += 1  # every start is a call, as in begin()
         self.done = False
+        self._on_prog = True
+        self._go(False)
+
+    def _go(self, block: bool) -> None:
+        """Active from the first op: in flight unless ``block``, then run as far as it goes
+        (every start ends here, once its run is set up)."""
         self._i = 0
-        self._active = self._on_prog = True
-        IN_FLIGHT.append(self)
-        self._advance_prog(False)
+        self._active = True
+        if not block:
+            IN_FLIGHT.append(self)
+        self._advance(block)
 
     def _advance_prog(self, block: bool) -> None:
         prog = self._prog
