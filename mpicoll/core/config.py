@@ -178,7 +178,8 @@ def unset_test(names: tuple, off: dict | None = None):
     encoded keys and the lookups are prepared.
     """
     off = dict(off or {})
-    if not _ENV_BYTES:
+    live = live_env(tuple(names) + tuple(off.values()))
+    if live is None:
         def slow() -> bool:
             for name, value in _settings.items():
                 if name not in off or value is not False:
@@ -187,10 +188,10 @@ def unset_test(names: tuple, off: dict | None = None):
                     and all(os.environ.get(var) is None
                             for opt, var in off.items() if opt not in _settings))
         return slow
-    keys = tuple(os.fsencode(name) for name in names) + tuple(os.fsencode(v) for v in off.values())
-    off_keys = tuple((opt, os.fsencode(var)) for opt, var in off.items())
+    data, keys = live
+    off_keys = tuple(zip(off, keys[len(names):]))
     settings = _settings
-    env = os.environ._data.keys()  # a live view of the environment (os.environ writes through)
+    env = data.keys()  # a live view of the environment (os.environ writes through)
 
     def test() -> bool:
         if not settings:
@@ -198,7 +199,6 @@ def unset_test(names: tuple, off: dict | None = None):
         for name, value in settings.items():
             if name not in off or value is not False:
                 return False
-        data = os.environ._data
         for opt, key in off_keys:
             if opt not in settings and key in data:
                 return False
