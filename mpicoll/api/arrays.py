@@ -139,7 +139,7 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
     key = _plan.key(x, out, op, algorithm)
     args, timeout, result, after = _allreduce_args(x, op, comm, out, algorithm, timeout)
     _collectives.run_allreduce(*args, timeout=timeout,
-                               memo=_memo("allreduce", key, x, out, after, op))
+                               memo=_memo("allreduce", key, x, out, result, after, op))
     if after is not None:
         after()
     return result
@@ -183,11 +183,13 @@ def _copier(backend, dst, src):
     return lambda: backend.copy(dst, src)
 
 
-def _memo(name, key, x, out, after, op=None):
-    """(name, key) to keep a plain call as a plan: C-ordered NumPy ``x`` and ``out`` moved
-    as they are (no copy after) and a predefined op; else None."""
-    if (after is None and type(x) is _ndarray and type(out) is _ndarray
-            and x.flags.c_contiguous and (op is None or _types.op_name(op) is not None)):
+def _memo(name, key, x, out, result, after, op=None, counts=None):
+    """(name, key) to keep a plain call as a plan (or its operation, non-blocking): the
+    default counts, the result ``out`` itself (not, in place, a view of ``x``), C-ordered
+    NumPy ``x`` and ``out`` moved as they are (no copy after) and a predefined op; else None."""
+    if (counts is None and result is out and after is None and type(x) is _ndarray
+            and type(out) is _ndarray and x.flags.c_contiguous
+            and (op is None or _types.op_name(op) is not None)):
         return name, key
     return None
 
@@ -228,8 +230,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
     key = _plan.key(x, out, algorithm)
     args, timeout, result, after = _allgather_args(x, comm, out, counts, algorithm, timeout)
     _collectives.run_allgather(*args, timeout=timeout,
-                               memo=None if counts is not None else
-                               _memo("allgather", key, x, out, after))
+                               memo=_memo("allgather", key, x, out, result, after, counts=counts))
     if after is not None:
         after()
     return result
@@ -303,7 +304,6 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         x = np.arange(4) + 10 * rank         # rank 0: [0,1,2,3]  rank 1: [10,11,12,13]
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
-    # (in-place calls are not kept as plans: their result is a view of x)
     if out is not None and counts is None and timeout is None and \
             _plan.repeat(_WORLD if comm is None else comm, "reduce_scatter", x, out, op, algorithm):
         return out
@@ -311,8 +311,8 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     args, timeout, result, after = _reduce_scatter_args(x, op, comm, out, counts, algorithm,
                                                         timeout)
     _collectives.run_reduce_scatter(*args, timeout=timeout,
-                                    memo=None if counts is not None or result is not out else
-                                    _memo("reduce_scatter", key, x, out, after, op))
+                                    memo=_memo("reduce_scatter", key, x, out, result, after, op,
+                                               counts))
     if after is not None:
         after()
     return result
@@ -371,17 +371,23 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
 # restarts the operation that call left (engine.plan.restart): no validation.
 
 
-def _start(start, args, timeout, result, after, memo=None):
-    progress = _requests.check_progress()
+def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout):
+    """A handle of ``name``'s kept operation restarted (its result: ``out``), else of a new
+    one started on ``validate()`` (the function's ``_*_args`` call) and kept for the call's
+    repeat if plain (:func:`_memo`)."""
+    progress = None
+    if out is not None and counts is None and timeout is None:
+        progress = _requests.check_progress()
+        operation = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm)
+        if operation is not None:
+            return _requests.Handle(operation, _finisher(out, None), progress)
+    key = _plan.key(x, out, op, algorithm)
+    args, timeout, result, after = validate()
+    if progress is None:
+        progress = _requests.check_progress()
+    memo = _memo(name, key, x, out, result, after, op, counts)
     return _requests.Handle(start(*args, timeout=timeout, memo=memo), _finisher(result, after),
                             progress)
-
-
-def _restart(name, comm, x, out, op, algorithm):
-    """A handle of the kept operation of ``name`` restarted (its result: ``out``), or None."""
-    progress = _requests.check_progress()
-    kept = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm)
-    return None if kept is None else _requests.Handle(kept, _finisher(out, None), progress)
 
 
 def _finisher(result, after):
@@ -405,40 +411,22 @@ def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=
         ...                                              # other work meanwhile
         y = h.wait()                                     # every rank: [3., 3., 3.]
     """
-    if out is not None and timeout is None:
-        h = _restart("iallreduce", comm, x, out, op, algorithm)
-        if h is not None:
-            return h
-    key = _plan.key(x, out, op, algorithm)
-    args, timeout, result, after = _allreduce_args(x, op, comm, out, algorithm, timeout)
-    return _start(_requests.start_allreduce, args, timeout, result, after,
-                  memo=None if out is None else _memo("iallreduce", key, x, out, after, op))
+    return _istart("iallreduce", _requests.start_allreduce,
+                   lambda: _allreduce_args(x, op, comm, out, algorithm, timeout),
+                   comm, x, out, op, algorithm, None, timeout)
 
 
 def iallgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """Start an :func:`allgather` (same arguments); ``wait()`` on the handle returns the result."""
-    if out is not None and counts is None and timeout is None:
-        h = _restart("iallgather", comm, x, out, None, algorithm)
-        if h is not None:
-            return h
-    key = _plan.key(x, out, None, algorithm)
-    args, timeout, result, after = _allgather_args(x, comm, out, counts, algorithm, timeout)
-    return _start(_requests.start_allgather, args, timeout, result, after,
-                  memo=None if out is None or counts is not None else
-                  _memo("iallgather", key, x, out, after))
+    return _istart("iallgather", _requests.start_allgather,
+                   lambda: _allgather_args(x, comm, out, counts, algorithm, timeout),
+                   comm, x, out, None, algorithm, counts, timeout)
 
 
 def ireduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
                     timeout=None):
     """Start a :func:`reduce_scatter` (same arguments); ``wait()`` on the handle returns the result."""
-    if out is not None and counts is None and timeout is None:
-        h = _restart("ireduce_scatter", comm, x, out, op, algorithm)
-        if h is not None:
-            return h
-    key = _plan.key(x, out, op, algorithm)
-    args, timeout, result, after = _reduce_scatter_args(x, op, comm, out, counts, algorithm,
-                                                        timeout)
-    # (in-place calls are not kept: their result is a view of x)
-    return _start(_requests.start_reduce_scatter, args, timeout, result, after,
-                  memo=None if out is None or counts is not None or result is not out else
-                  _memo("ireduce_scatter", key, x, out, after, op))
+    # (in-place calls are not kept: their result is a view of x; see _memo)
+    return _istart("ireduce_scatter", _requests.start_reduce_scatter,
+                   lambda: _reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout),
+                   comm, x, out, op, algorithm, counts, timeout)

@@ -318,35 +318,32 @@ class Comm(MPI.Intracomm):
     # A repeated call (the same buffer objects, the last one's request seen complete)
     # restarts the operation that call left (engine.plan.restart): no validation.
 
-    def _start(self, start, args, persistent=False, memo=None):
+    def _start(self, start, args, persistent=False):
         progress = _requests.check_progress()
-        op = start(*args, persistent=persistent, memo=memo)
+        op = start(*args, persistent=persistent)
         return _requests.Request(op, args[1:3], persistent, progress)
 
-    def _restart(self, name, sendbuf, recvbuf, op=None):
-        """A request of the kept operation of ``name`` restarted, or None (engine.plan)."""
+    def _istart(self, name, start, validate, sendbuf, recvbuf, op=None):
+        """A request of ``name``'s kept operation restarted, else of a new one started on
+        ``validate()`` (a ``_*_args`` call) and kept for the call's repeat if plain."""
         progress = _requests.check_progress()
-        kept = _plan.restart(self, name, sendbuf, recvbuf, op, self._algorithm)
-        return None if kept is None else _requests.Request(kept, (sendbuf, recvbuf), False,
-                                                           progress)
+        algorithm = self._algorithm
+        operation = _plan.restart(self, name, sendbuf, recvbuf, op, algorithm)
+        if operation is not None:
+            return _requests.Request(operation, (sendbuf, recvbuf), False, progress)
+        args = validate()
+        memo = _memo(name, _plan.key(sendbuf, recvbuf, op, algorithm), sendbuf, recvbuf, op)
+        return _requests.Request(start(*args, memo=memo), args[1:3], False, progress)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""
-        req = self._restart("Comm.Iallreduce", sendbuf, recvbuf, op)
-        if req is not None:
-            return req
-        key = _plan.key(sendbuf, recvbuf, op, self._algorithm)
-        return self._start(_requests.start_allreduce, self._allreduce_args(sendbuf, recvbuf, op),
-                           memo=_memo("Comm.Iallreduce", key, sendbuf, recvbuf, op))
+        return self._istart("Comm.Iallreduce", _requests.start_allreduce,
+                            lambda: self._allreduce_args(sendbuf, recvbuf, op), sendbuf, recvbuf, op)
 
     def Iallgather(self, sendbuf, recvbuf):
         """Start an :meth:`Allgather`; returns a request (``Test``/``Wait``)."""
-        req = self._restart("Comm.Iallgather", sendbuf, recvbuf)
-        if req is not None:
-            return req
-        key = _plan.key(sendbuf, recvbuf, None, self._algorithm)
-        return self._start(_requests.start_allgather, self._allgather_args(sendbuf, recvbuf),
-                           memo=_memo("Comm.Iallgather", key, sendbuf, recvbuf))
+        return self._istart("Comm.Iallgather", _requests.start_allgather,
+                            lambda: self._allgather_args(sendbuf, recvbuf), sendbuf, recvbuf)
 
     def Iallgatherv(self, sendbuf, recvbuf):
         """Start an :meth:`Allgatherv`; returns a request (``Test``/``Wait``)."""
@@ -354,13 +351,9 @@ class Comm(MPI.Intracomm):
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start a :meth:`Reduce_scatter_block`; returns a request (``Test``/``Wait``)."""
-        req = self._restart("Comm.Ireduce_scatter_block", sendbuf, recvbuf, op)
-        if req is not None:
-            return req
-        key = _plan.key(sendbuf, recvbuf, op, self._algorithm)
-        return self._start(_requests.start_reduce_scatter,
-                           self._reduce_scatter_block_args(sendbuf, recvbuf, op),
-                           memo=_memo("Comm.Ireduce_scatter_block", key, sendbuf, recvbuf, op))
+        return self._istart("Comm.Ireduce_scatter_block", _requests.start_reduce_scatter,
+                            lambda: self._reduce_scatter_block_args(sendbuf, recvbuf, op),
+                            sendbuf, recvbuf, op)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """Start a :meth:`Reduce_scatter`; returns a request (``Test``/``Wait``).
