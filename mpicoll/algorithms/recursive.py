@@ -70,10 +70,14 @@ def is_packed(counts, displs) -> bool:
 # then the unfold.
 
 
-def exchange(b: Builder, peer: int, send: Region, recv: Region, label: Label) -> None:
-    """Receive ``recv`` from and send ``send`` to ``peer``, then wait (empty halves skipped)."""
+def exchange(b: Builder, peer: int, send: Region, recv: Region, label: Label,
+             during: tuple | None = None) -> None:
+    """Receive ``recv`` from and send ``send`` to ``peer``, then wait (empty halves skipped);
+    ``during``: a copy ``(dst, src)`` made while the messages are on the wire."""
     r = b.recv(peer, recv, label._replace(count=recv.count)) if recv.count else None
     s = b.send(peer, send, label._replace(count=send.count)) if send.count else None
+    if during is not None:
+        b.copy(*during)
     b.wait(r, s)
 
 
@@ -246,12 +250,9 @@ def allgather_schedule(shape):
             send = Region(work, edge[mine], edge[mine + mask])
             recv = Region(work, edge[theirs], edge[theirs + mask])
             label = Label(base + k, "exchange", None, 0, 0)
-            if late and k == 0:  # send = own
+            if late and k == 0:  # send is own: it goes from SRC, copied into own meanwhile
                 src = Region(SRC, 0, own.count)
-                r = b.recv(peer, recv, label._replace(count=recv.count)) if recv.count else None
-                s = b.send(peer, src, label._replace(count=src.count)) if src.count else None
-                b.copy(own, src)
-                b.wait(r, s)
+                exchange(b, peer, src, recv, label, during=(own, src))
             else:
                 exchange(b, peer, send, recv, label)
         if rank < 2 * rem:
