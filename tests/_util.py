@@ -117,6 +117,21 @@ def same_bytes(a, b) -> bool:
     return same_values(a, b)
 
 
+def spy(monkeypatch, owner, names, calls=None) -> list:
+    """Wrap the functions ``names`` of ``owner`` (a module or class) so that each call
+    appends its name to ``calls`` (a new list by default), which is returned."""
+    calls = [] if calls is None else calls
+    for name in names:
+        real = getattr(owner, name)
+
+        def wrapper(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapper)
+    return calls
+
+
 # ---------------------------------------------------------------------------
 # "Raises before any message"
 # ---------------------------------------------------------------------------

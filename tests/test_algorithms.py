@@ -22,6 +22,7 @@ import random
 import threading
 from collections import deque
 
+import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -626,19 +627,6 @@ def test_environment_override(monkeypatch):
 
 # --- plans: a repeated call with the same arrays goes straight to moving data ------
 
-def _spy(monkeypatch, owner, names, calls=None):
-    calls = [] if calls is None else calls
-    for name in names:
-        real = getattr(owner, name)
-
-        def spy(*args, _real=real, _name=name, **kwargs):
-            calls.append(_name)
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, spy)
-    return calls
-
-
 @pytest.mark.timeout(60)
 def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
     """The same buffers again: no validation, no schedule binding, no allocation; right results."""
@@ -650,11 +638,11 @@ def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
         mc = mpicoll.Comm(comm)
         ctx = _context.context(comm)
         rank, n = WORLD.rank, WORLD.size
-        checks = _spy(monkeypatch, mpicoll.Comm, ["_allreduce_args", "_allgather_args",
-                                                   "_reduce_scatter_block_args"])
-        _spy(monkeypatch, _arrays, ["_allreduce_args", "_allgather_args", "_reduce_scatter_args"],
-             checks)
-        binds = _spy(monkeypatch, _executor, ["bind"])
+        checks = _util.spy(monkeypatch, mpicoll.Comm, ["_allreduce_args", "_allgather_args",
+                                                        "_reduce_scatter_block_args"])
+        _util.spy(monkeypatch, _arrays, ["_allreduce_args", "_allgather_args",
+                                         "_reduce_scatter_args"], checks)
+        binds = _util.spy(monkeypatch, _executor, ["bind"])
         for N in (1, 7, 1000):
             x = (np.arange(N * n) * 3 + rank).astype(np.float64)
             ar, ar2 = np.empty_like(x), np.empty_like(x)
@@ -800,7 +788,7 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
-        checks = _spy(monkeypatch, mpicoll.Comm, ["_allreduce_args"])
+        checks = _util.spy(monkeypatch, mpicoll.Comm, ["_allreduce_args"])
         x = np.arange(5.0) * (WORLD.rank + 2)
         y, want = np.empty(5), np.empty(5)
         WORLD.Allreduce(x, want)

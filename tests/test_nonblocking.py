@@ -335,9 +335,7 @@ def test_persistent_starts_run_on_persistent_requests(monkeypatch):
     observed path (and is counted), and Free frees the program's requests."""
     from mpicoll.engine import collectives as _collectives
     from mpicoll.engine import executor as _executor
-    begins = []
-    real = _collectives._Run.begin
-    monkeypatch.setattr(_collectives._Run, "begin", lambda run: begins.append(1) or real(run))
+    begins = _util.spy(monkeypatch, _collectives._Run, ["begin"])
     x = np.empty(7)
     y = np.full(7, SENTINEL, np.float64)
     req = COMM.Allreduce_init(x, y)
@@ -416,15 +414,12 @@ def test_freeing_the_communicator_frees_the_programs():
 
 
 def _count_validations(monkeypatch):
+    """The list every validation of a Comm method or array function appends to."""
     from mpicoll.api import arrays as _arrays
-    calls = []
-    for owner, names in ((mpicoll.Comm, ["_allreduce_args", "_allgather_args",
-                                         "_reduce_scatter_block_args"]),
-                         (_arrays, ["_allreduce_args", "_allgather_args", "_reduce_scatter_args"])):
-        for name in names:
-            real = getattr(owner, name)
-            monkeypatch.setattr(owner, name, lambda *a, _r=real, **k: calls.append(1) or _r(*a, **k))
-    return calls
+    calls = _util.spy(monkeypatch, mpicoll.Comm, ["_allreduce_args", "_allgather_args",
+                                                   "_reduce_scatter_block_args"])
+    return _util.spy(monkeypatch, _arrays, ["_allreduce_args", "_allgather_args",
+                                            "_reduce_scatter_args"], calls)
 
 
 @pytest.mark.timeout(60)
