@@ -40,6 +40,16 @@ def _comm(comm):
     return check_comm(MPI.COMM_WORLD if comm is None else comm)
 
 
+def _forced(comm, collective, algorithm):
+    """``"auto"`` on an ``mpicoll.Comm`` made with ``algorithm=``: that algorithm, where it
+    exists for the collective (as its own methods do)."""
+    if algorithm == "auto":
+        algo = getattr(comm, "_algo", None)
+        if algo is not None:
+            return algo(collective)
+    return algorithm
+
+
 def _new_out(backend, x, shape):
     return backend.empty(_prod(shape), x.dtype).reshape(shape)
 
@@ -151,6 +161,7 @@ def _allreduce_args(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeou
     timeout = _config.check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("allreduce", algorithm)
+    algorithm = _forced(comm, "allreduce", algorithm)
     backend, x = array_arg(x, "x")
     if out is None:
         # same memory order as x (C unless x is Fortran-ordered)
@@ -241,6 +252,7 @@ def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeo
     comm = _comm(comm)
     timeout = _config.check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
+    algorithm = _forced(comm, "allgather", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
     backend, x = array_arg(x, "x")
     converted = None if out is None else _out_arg(out, backend, x)  # converted once
@@ -325,6 +337,7 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
     timeout = _config.check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("reduce_scatter", algorithm)
+    algorithm = _forced(comm, "reduce_scatter", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
     backend, x = array_arg(x, "x")
     if x.ndim == 0:
@@ -374,20 +387,18 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
 def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout):
     """A handle of ``name``'s kept operation restarted (its result: ``out``), else of a new
     one started on ``validate()`` (the function's ``_*_args`` call) and kept for the call's
-    repeat if plain (:func:`_memo`)."""
-    progress = None
+    repeat if plain (:func:`_memo`).  The handle keeps ``x`` and ``out`` alive until it has
+    seen the operation complete."""
+    _requests.check_progress()
     if out is not None and counts is None and timeout is None:
-        progress = _requests.check_progress()
         operation = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm)
         if operation is not None:
-            return _requests.Handle(operation, _finisher(out, None), progress)
+            return _requests.Handle(operation, _finisher(out, None), (x, out))
     key = _plan.key(x, out, op, algorithm)
     args, timeout, result, after = validate()
-    if progress is None:
-        progress = _requests.check_progress()
     memo = _memo(name, key, x, out, result, after, op, counts)
     return _requests.Handle(start(*args, timeout=timeout, memo=memo), _finisher(result, after),
-                            progress)
+                            (x, out))
 
 
 def _finisher(result, after):

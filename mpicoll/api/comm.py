@@ -319,21 +319,21 @@ class Comm(MPI.Intracomm):
     # restarts the operation that call left (engine.plan.restart): no validation.
 
     def _start(self, start, args, persistent=False):
-        progress = _requests.check_progress()
+        _requests.check_progress()
         op = start(*args, persistent=persistent)
-        return _requests.Request(op, args[1:3], persistent, progress)
+        return _requests.Request(op, args[1:3], persistent)
 
     def _istart(self, name, start, validate, sendbuf, recvbuf, op=None):
         """A request of ``name``'s kept operation restarted, else of a new one started on
         ``validate()`` (a ``_*_args`` call) and kept for the call's repeat if plain."""
-        progress = _requests.check_progress()
+        _requests.check_progress()
         algorithm = self._algorithm
         operation = _plan.restart(self, name, sendbuf, recvbuf, op, algorithm)
         if operation is not None:
-            return _requests.Request(operation, (sendbuf, recvbuf), False, progress)
+            return _requests.Request(operation, (sendbuf, recvbuf))
         args = validate()
         memo = _memo(name, _plan.key(sendbuf, recvbuf, op, algorithm), sendbuf, recvbuf, op)
-        return _requests.Request(start(*args, memo=memo), args[1:3], False, progress)
+        return _requests.Request(start(*args, memo=memo), (sendbuf, recvbuf))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""
@@ -392,7 +392,7 @@ class Comm(MPI.Intracomm):
 def _memo(name, key, sendbuf, recvbuf, op=None):
     """(name, key) to keep a plain call as a plan: bare NumPy buffers (or IN_PLACE) and a
     predefined op only (a user op could be freed between calls)."""
-    if type(recvbuf) is np.ndarray and (type(sendbuf) is np.ndarray or is_in_place(sendbuf)) \
+    if type(recvbuf) is np.ndarray and (type(sendbuf) is np.ndarray or sendbuf is MPI.IN_PLACE) \
             and (op is None or _types.op_name(op) is not None):
         return name, key
     return None
