@@ -1,20 +1,23 @@
 """Ring algorithms: ReduceScatter, AllGather, and AllReduce as their composition.
 
 The README's "How the ring works" tells the same story in the same words.
-Put the n ranks on a ring: the rank at position p sends only to position
-p+1 and receives only from p-1 (mod n); ``shape.ring`` lists the ranks in
-ring order (see transport.topology) and ``shape.ring_pos`` is p.  Cut the
-array into n blocks (``split``: the ``numpy.array_split`` rule; blocks may be
-empty); block b belongs to the rank at position b.
+Put the n ranks on a ring: rank p sends only to rank p+1 and receives only
+from rank p-1 (mod n). Cut the array into n blocks (``split``: the first
+``N % n`` blocks have ``N // n + 1`` elements, the others ``N // n``; some are
+empty when N < n). (Across several nodes mpicoll orders the ring so that it
+crosses each node boundary once; p is then a position on the ring rather than
+a rank number: ``shape.ring`` lists the ranks in ring order, see
+transport.topology, and ``shape.ring_pos`` is p.)
 
-ReduceScatter takes n-1 steps.  In step k (k = 1 ... n-1) position p sends
-its partial sum of block p-k to p+1, and receives the partial sum of block
-p-k-1 from p-1, adding its own contribution to it.  Each block travels once
-around the ring collecting one contribution per hop; after step n-1
-position p holds block p reduced over all ranks.
+ReduceScatter takes n-1 steps. In step k (k = 1 ... n-1), rank p sends its
+partial sum of block (p-k) mod n to rank p+1, and receives the partial sum
+of block (p-k-1) mod n from rank p-1, adding its own contribution to it. Each
+block travels once around the ring collecting one contribution per hop.
+After step n-1 rank p holds block p summed over all ranks.
 
-AllGather also takes n-1 steps: in step k position p sends block p-k+1 (its
-own in step 1, then the one it has just received) to p+1.
+AllGather also takes n-1 steps: in step k rank p sends block (p-k+1) mod n
+(its own in step 1, then the one it has just received) to rank p+1. After n-1
+steps every block has gone around the ring and every rank has all of them.
 
 AllReduce is ReduceScatter then AllGather: 2(n-1) steps.
 
