@@ -31,11 +31,10 @@ how).  Message labels count steps from 0: step k of the table is label
 step k-1, and the AllReduce's AllGather steps follow its ReduceScatter's.
 
 Tuning
-    ``MPICOLL_SEGMENT_BYTES`` (bytes, suffixes K/M/G) and ``MPICOLL_WINDOW``
-    override :data:`DEFAULT_SEGMENT_BYTES` and :data:`DEFAULT_WINDOW`; they
-    are read once, when a communicator's context is created (see
-    :func:`tuning`).  The AllGather reduces nothing, so its segments are
-    ``AG_SEGMENT_FACTOR`` times longer: fewer messages, and every link is
+    The segment size and the window come with the call's shape: the options
+    ``MPICOLL_SEGMENT_BYTES`` (1 MiB) and ``MPICOLL_WINDOW`` (2) of the
+    communicator (core.config, read once, when its context is created).  The
+    AllGather reduces nothing, so its segments are ``AG_SEGMENT_FACTOR`` times longer: fewer messages, and every link is
     busy at every step anyway.
 
 Only commutative ops may use the ring: the chain for block b starts at
@@ -46,46 +45,10 @@ engine.select.
 
 from __future__ import annotations
 
-import os
-
 from .schedule import DST, SRC, Block, Builder, Region, Ring, Schedule, split
 
-DEFAULT_SEGMENT_BYTES = 1 << 20
-DEFAULT_WINDOW = 2
 # The ring AllGather (nothing to reduce) moves pieces of this many segments.
 AG_SEGMENT_FACTOR = 16
-
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_bytes(text: str, name: str) -> int:
-    """``"4096"``, ``"64K"``, ``"1M"``, ``"1G"`` -> bytes; ValueError naming ``name``."""
-    raw = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = raw[-1:] if raw[-1:] in _SUFFIX else ""
-    try:
-        value = int(raw[: len(raw) - len(unit)]) * _SUFFIX[unit]
-    except ValueError:
-        raise ValueError(f"{name}: expected a size in bytes such as 65536, 64K or 1M, got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name}: expected a positive size, got {text!r}")
-    return value
-
-
-def tuning(environ=os.environ) -> tuple[int, int]:
-    """(segment bytes, window) from MPICOLL_SEGMENT_BYTES / MPICOLL_WINDOW, else the defaults."""
-    seg = environ.get("MPICOLL_SEGMENT_BYTES", "").strip()
-    win = environ.get("MPICOLL_WINDOW", "").strip()
-    segment_bytes = parse_bytes(seg, "MPICOLL_SEGMENT_BYTES") if seg else DEFAULT_SEGMENT_BYTES
-    if win:
-        try:
-            window = int(win)
-        except ValueError:
-            raise ValueError(f"MPICOLL_WINDOW: expected a positive integer, got {win!r}") from None
-        if not 1 <= window <= 64:
-            raise ValueError(f"MPICOLL_WINDOW: expected an integer from 1 to 64, got {win!r}")
-    else:
-        window = DEFAULT_WINDOW
-    return segment_bytes, window
 
 
 def _blocks_of(shape, home, mine):
