@@ -34,8 +34,8 @@ Tuning
     The segment size and the window come with the call's shape: the options
     ``MPICOLL_SEGMENT_BYTES`` (1 MiB) and ``MPICOLL_WINDOW`` (2) of the
     communicator (core.config, read once, when its context is created).  The
-    AllGather reduces nothing, so its segments are ``AG_SEGMENT_FACTOR`` times longer: fewer messages, and every link is
-    busy at every step anyway.
+    AllGather reduces nothing, so its segments are ``AG_SEGMENT_FACTOR`` times
+    longer: fewer messages, and every link is busy at every step anyway.
 
 Only commutative ops may use the ring: the chain for block b starts at
 position b+1, so it combines contributions in rotated order.  Non-commutative
