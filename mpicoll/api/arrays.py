@@ -404,12 +404,13 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
 # restarts the operation that call left (engine.plan.restart): no validation.
 
 
-def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout):
+def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout, numerics=None):
     """A handle of ``name``'s kept operation restarted (its result: ``out``), else of a new
     one started on ``validate()`` (the function's ``_*_args`` call) and kept for the call's
-    repeat if plain (:func:`_memo`)."""
+    repeat if plain (:func:`_memo`).  ``numerics``: (deterministic, accumulate) (api.numerics)."""
     progress = None
-    if out is not None and counts is None and timeout is None:
+    plain = numerics is None or numerics == (None, None)
+    if plain and out is not None and counts is None and timeout is None:
         progress = _requests.check_progress()
         operation = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm)
         if operation is not None:
@@ -418,21 +419,45 @@ def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout)
     args, timeout, result, after = validate()
     if progress is None:
         progress = _requests.check_progress()
+    # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
+    route = _istart_route(name, args, numerics)
+    if route is not None:
+        return _requests.Handle(route.start(timeout), _finisher(result, after, route.finish),
+                                progress)
+    # -- end numerics --
     memo = _memo(name, key, x, out, result, after, op, counts)
     return _requests.Handle(start(*args, timeout=timeout, memo=memo), _finisher(result, after),
                             progress)
 
 
-def _finisher(result, after):
-    """``finish()``: the result, once ``after`` (the copy out of a C-ordered work array) ran."""
+def _istart_route(name, args, numerics):
+    """The api.numerics route of a non-blocking call's validated ``args``, or None."""
+    det, acc = (None, None) if numerics is None else numerics
+    _numerics.check_flags(det, acc)
+    if name == "iallgather":
+        return _numerics.route("allgather", args[0], args[1], args[2], None, args[5], args[3],
+                               args[4], one_operation=True)
+    if name == "iallreduce":
+        return _numerics.route("allreduce", *args[:5], deterministic=det, accumulate=acc,
+                               one_operation=True)
+    return _numerics.route("reduce_scatter", args[0], args[1], args[2], args[5], args[6], args[3],
+                           args[4], deterministic=det, accumulate=acc, one_operation=True)
+
+
+def _finisher(result, after, first=None):
+    """``finish()``: the result, once ``first`` (api.numerics' rounding) and ``after`` (the
+    copy out of a C-ordered work array) ran."""
     def finish():
+        if first is not None:
+            first()
         if after is not None:
             after()
         return result
     return finish
 
 
-def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None):
+def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None,
+               deterministic=None, accumulate=None):
     """Start an :func:`allreduce`; returns a handle whose ``wait()`` returns the result.
 
     The arguments are :func:`allreduce`'s.  ``x`` and ``out`` belong to the
@@ -446,20 +471,20 @@ def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=
     """
     return _istart("iallreduce", _requests.start_allreduce,
                    lambda: _allreduce_args(x, op, comm, out, algorithm, timeout),
-                   comm, x, out, op, algorithm, None, timeout)
+                   comm, x, out, op, algorithm, None, timeout, (deterministic, accumulate))
 
 
 def iallgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """Start an :func:`allgather` (same arguments); ``wait()`` on the handle returns the result."""
     return _istart("iallgather", _requests.start_allgather,
                    lambda: _allgather_args(x, comm, out, counts, algorithm, timeout),
-                   comm, x, out, None, algorithm, counts, timeout)
+                   comm, x, out, None, algorithm, counts, timeout, (None, None))
 
 
 def ireduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
-                    timeout=None):
+                    timeout=None, deterministic=None, accumulate=None):
     """Start a :func:`reduce_scatter` (same arguments); ``wait()`` on the handle returns the result."""
     # (in-place calls are not kept: their result is a view of x; see _memo)
     return _istart("ireduce_scatter", _requests.start_reduce_scatter,
                    lambda: _reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout),
-                   comm, x, out, op, algorithm, counts, timeout)
+                   comm, x, out, op, algorithm, counts, timeout, (deterministic, accumulate))
