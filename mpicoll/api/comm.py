@@ -351,7 +351,7 @@ class Comm(MPI.Intracomm):
         route = _numerics.route(collective, args[0], args[1], args[2], op, algorithm, counts,
                                 displs, deterministic=det, accumulate=acc,
                                 one_operation=one_operation)
-        if route is not None and route.finish is not None:
+        if one_operation and route is not None and route.finish is not None:
             # a request has no step of its own at completion: partials in the input type
             route = _numerics.route(collective, args[0], args[1], args[2], op, algorithm, counts,
                                     displs, deterministic=det, accumulate=False,
