@@ -12,6 +12,7 @@ segment_bytes    MPICOLL_SEGMENT_BYTES   1M         ring segment size (pipelinin
 window           MPICOLL_WINDOW          2          ring segments in flight per link
 fake_nodes       MPICOLL_FAKE_NODES      none       node layout for tests ("block:2", "cyclic:2", "0,0,1,1")
 trace            MPICOLL_TRACE           none       trace the whole run into this JSON file
+deterministic    MPICOLL_DETERMINISTIC   off        floating reductions: the rank-order fold, bitwise
 ===============  ======================  =========  =================================================
 
 When the environment is read
@@ -117,6 +118,9 @@ OPTIONS = (
            "node layout for tests: block:K, cyclic:K or one label per COMM_WORLD rank"),
     Option("trace", "MPICOLL_TRACE", parse_text, None, False,
            "trace the whole run and save it to this JSON file at exit"),
+    Option("deterministic", "MPICOLL_DETERMINISTIC", parse_flag, False, True,
+           "floating reductions are the rank-order fold ((x0 + x1) + x2) + ..., bitwise the "
+           "same for every algorithm, size, segment and window (docs/numerics.md)"),
 )
 TABLE = {opt.name: opt for opt in OPTIONS}
 _API = tuple(opt.name for opt in OPTIONS if opt.api)
@@ -171,7 +175,7 @@ def check_value(name, value):
     """``value`` checked for option ``name`` (TypeError/ValueError naming it); None stays None."""
     if value is None:
         return None
-    if name in ("check", "cuda_aware", "progress"):
+    if name in ("check", "cuda_aware", "progress", "deterministic"):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool or None, got {type(value).__name__}")
         return value
@@ -190,6 +194,7 @@ def configure(**kwargs) -> dict:
         timeout: seconds a collective may go without progress (float).
         cuda_aware: force (True) or forbid (False) CUDA-aware MPI.
         progress: advance non-blocking collectives in a background thread (bool).
+        deterministic: floating reductions are the rank-order fold (bool).
         Each accepts None to fall back to its environment variable.
     """
     for name in kwargs:

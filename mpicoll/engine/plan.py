@@ -95,7 +95,7 @@ class Plan:
         (unobserved, the same forced algorithm); then the plan holds for the new epoch."""
         opts = resolve(self.ctx.env)
         if opts["check"] or opts["timeout"] is not None or opts["algorithm"] != self.forced \
-                or _observe.observing():
+                or opts["deterministic"] or _observe.observing():
             return False
         self.epoch = EPOCH[0]
         return True

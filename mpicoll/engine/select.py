@@ -14,6 +14,7 @@ calls with a non-commutative op stay on "auto").  An explicit
 from __future__ import annotations
 
 from ..algorithms import bruck as _bruck
+from ..algorithms import direct as _direct
 from ..algorithms import halving as _halving
 from ..algorithms import recursive as _recursive
 from ..algorithms import ring as _ring
@@ -21,7 +22,7 @@ from ..algorithms import ring as _ring
 # Schedule builders ``build(shape) -> Schedule`` (algorithms.schedule), run by the
 # executor (engine.executor), from each algorithm module's SCHEDULES table.
 BUILDERS: dict = {"allreduce": {}, "reduce_scatter": {}, "allgather": {}}
-for _module in (_ring, _recursive, _halving, _bruck):
+for _module in (_ring, _recursive, _halving, _bruck, _direct):
     for (_collective, _name), _build in _module.SCHEDULES.items():
         BUILDERS[_collective][_name] = _build
 
@@ -34,8 +35,9 @@ def builder(collective: str, name: str):
     return BUILDERS[collective][name]
 
 
-# Algorithms that keep rank order and so accept non-commutative ops.
-ORDER_PRESERVING = {"recursive_doubling"}
+# Algorithms that keep rank order and so accept non-commutative ops ("direct" folds
+# in rank order from the left: also deterministic mode's, see api.numerics).
+ORDER_PRESERVING = {"recursive_doubling", "direct"}
 
 # "auto": the first row of the collective whose size limit holds (max bytes,
 # inclusive; None: no limit) gives the algorithm, one for power-of-two rank
