@@ -166,8 +166,8 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     commutative = True if red is None else red.commutative
     nbytes = total * msg.dtype.itemsize
     per_step = getattr(msg.backend, "stages_per_step", None)  # device arrays (see engine.select)
-    name, entry = _select.choose(collective, algorithm, nbytes, size, commutative,
-                                 staged=per_step is not None and per_step(nbytes))
+    staged = per_step is not None and per_step(nbytes)
+    name, entry = _select.choose(collective, algorithm, nbytes, size, commutative, staged=staged)
     if timeout is None:
         timeout = _config.get("timeout")  # a bad MPICOLL_* value raises before anything starts
     check = bool(_config.get("check"))
@@ -176,6 +176,9 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     ctx = _context.context(comm, timeout, lambda: (
         f"{label} #1 ({name}, {total} x {_check.dtype_label(msg)})", label, name))
     _observe.check_usable(ctx)
+    if algorithm == "auto":  # the communicator's selection (a tuning file), made with its context
+        name, entry = _select.choose(collective, algorithm, nbytes, size, commutative,
+                                     staged=staged, selection=getattr(ctx, "selection", None))
     run = _Run()
     run.name, run.ctx, run.collective, run.label = name, ctx, collective, label
     run.comm = comm
