@@ -101,7 +101,9 @@ class Selection:
         for collective, rows in self.rows.items():
             parts = [f"{'<=' + str(limit) if limit is not None else 'above'} {name}"
                      for limit, name in rows]
-            lines.append(f"{collective}: {', '.join(parts)}")
+            tuned = self.entry is not None and collective in self.entry.selection
+            lines.append(f"{collective}: {', '.join(parts)}"
+                         f"{' (tuned)' if tuned else ' (built-in)' if self.entry else ''}")
         return lines
 
 

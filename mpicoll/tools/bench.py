@@ -99,7 +99,7 @@ RECORD_FIELDS = (
     "time_us", "algbw_gbps", "busbw_gbps", "wrong",
     "builtin_time_us", "builtin_algbw_gbps", "builtin_busbw_gbps", "builtin_wrong",
     "ratio", "check_time_us", "check_overhead", "scratch_bytes", "peak_alloc_bytes",
-    "device", "api", "warmup", "iters", "mpi_library", "mpi4py", "numpy", "date",
+    "device", "api", "warmup", "iters", "mpi_library", "mpi4py", "numpy", "date", "selection",
 )
 
 
@@ -445,7 +445,8 @@ class Case:
         # Extra per-size measurements (e.g. traffic counts) belong here as more
         # variants, or as fields measure() adds to the record.
         # what "auto" (or MPICOLL_ALGORITHM) picks for this call; predefined ops commute
-        self.selected = _select.choose(collective, algorithm, self.nbytes, n, True)[0]
+        self.selected = _select.choose(collective, algorithm, self.nbytes, n, True,
+                                       selection=getattr(args, "selection", None))[0]
 
         def call_on(c):
             """One mpicoll call of this case on communicator ``c`` (array API)."""
@@ -655,6 +656,7 @@ class Table:
           f"(batches of {args.batch}, interleaved, Barrier before each batch);\n"
           f"# time: median over calls of the slowest rank; busbw factors: allreduce 2(n-1)/n, "
           f"allgather and reduce_scatter (n-1)/n\n")
+        w(f"# auto: {meta['selection']}\n")
         w(f"# check {args.check}: #wrong = wrong elements over all ranks (mpicoll and the "
           f"built-in each against the exact values, mpicoll.tools.results' rule)\n")
         if args.memory:
@@ -807,6 +809,9 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
     meta = _meta(comm, args, device)
     meta["date"] = comm.bcast(meta["date"], root=0)
     nodes = _nodes(comm)
+    # what "auto" picks here (a tuning file of this MPI and layout, or the built-in table)
+    args.selection = _select.selection(comm.size, nodes)
+    meta["selection"] = args.selection.source
     table = Table(out, args)
     if root:
         table.header(comm, args, meta, nodes)
