@@ -80,12 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated allreduce, reduce_scatter, allgather, or all (default)")
     p.add_argument("-d", "--datatype", default="float64", choices=sorted(_bench.DTYPES),
                    help="element type measured (default: float64)")
-    p.add_argument("-b", "--minbytes", type=_bench._size, help="smallest collective size")
-    p.add_argument("-e", "--maxbytes", type=_bench._size, help="largest collective size")
-    p.add_argument("-f", "--stepfactor", type=_bench._factor, help="size factor between steps")
-    p.add_argument("-n", "--iters", type=_bench._positive_int, help="timed calls per size")
-    p.add_argument("--p2p-max", type=_bench._size, help="largest exchange of the p2p curve")
-    p.add_argument("--predict", metavar="RANKS", type=_bench._positive_int,
+    p.add_argument("-b", "--minbytes", type=_bench.size_arg, help="smallest collective size")
+    p.add_argument("-e", "--maxbytes", type=_bench.size_arg, help="largest collective size")
+    p.add_argument("-f", "--stepfactor", type=_bench.factor_arg, help="size factor between steps")
+    p.add_argument("-n", "--iters", type=_bench.positive_int_arg, help="timed calls per size")
+    p.add_argument("--p2p-max", type=_bench.size_arg, help="largest exchange of the p2p curve")
+    p.add_argument("--predict", metavar="RANKS", type=_bench.positive_int_arg,
                    help="print the crossovers the model predicts at RANKS ranks (same ranks per "
                         "node as measured), from the tuning file (--file, MPICOLL_TUNING or the "
                         "default); measures nothing")
@@ -187,7 +187,7 @@ def p2p_curve(comm, peer, sweep, progress, level) -> dict:
     for k in range(sweep["passes"]):
         for s in (sizes if k % 2 == 0 else sizes[::-1]):
             point(s)
-            progress.step(f"p2p {level} {_bench._human(s)}")
+            progress.step(f"p2p {level} {_bench.human(s)}")
     cliffs = []
     for i in range(1, len(sizes)):
         lo, hi = sizes[i - 1], sizes[i]
@@ -236,7 +236,7 @@ def _bench_args(dtype: str, iters: int, warmup: int):
     args = parser.parse_args(["-d", dtype, "-o", "sum", "-n", str(iters), "-w", str(warmup),
                               "--batch", str(max(1, min(5, iters))), "-q"])
     args.collective = "all"
-    _bench._check_args(parser, args)
+    _bench.check_args(parser, args)
     return args
 
 
@@ -277,7 +277,7 @@ def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, 
                     keep(times[collective][algorithm], rec["bytes"], rec["time_us"] * 1e-6)
                     keep(builtin[collective], rec["bytes"], rec["builtin_time_us"] * 1e-6)
                     wrong += (rec["wrong"] or 0) + (rec["builtin_wrong"] or 0)
-                    progress.step(f"{collective} {algorithm} {_bench._human(rec['bytes'])}")
+                    progress.step(f"{collective} {algorithm} {_bench.human(rec['bytes'])}")
     return times, builtin, wrong
 
 
@@ -404,7 +404,7 @@ def predict_main(args, out) -> int:
         ranges, prev = [], None
         for nbytes, best, _ in rows:
             if best != prev:
-                ranges.append(f"{best} from {_bench._human(nbytes)}")
+                ranges.append(f"{best} from {_bench.human(nbytes)}")
                 prev = best
         out.write(f"# {collective} crossovers: {'; '.join(ranges)}\n")
     out.flush()
@@ -483,7 +483,7 @@ def main(argv=None, *, comm=None, out=None) -> int:
             "command": "python -m mpicoll.tune " + " ".join(argv if argv is not None else sys.argv[1:]),
             "sweep": "quick" if args.quick else "full", "dtype": args.datatype, "op": "sum",
             "api": "comm", "seconds": round(seconds, 1), "mpicoll": mpicoll.__version__,
-            "mpi4py": _bench._mpi4py_version(), "numpy": np.__version__,
+            "mpi4py": _bench.mpi4py_version(), "numpy": np.__version__,
             "python": platform.python_version(),
             "timing": "mpicoll.tools.bench: median over calls of the slowest rank, interleaved "
                       "with the built-in, results checked",
@@ -512,12 +512,12 @@ def _report(out, path, note, ident, lay, entry, times, builtin, model, ppn, item
                        for x in c["cliffs"]) or "none"
         i8 = c["bytes"].index(8)
         w(f"# p2p {level} (rank 0 <-> {c['peer']}): 8 B exchange {c['us'][i8]:.2f} us, "
-          f"{_bench._human(c['bytes'][-1])} {c['us'][-1]:.0f} us; cliffs: {cl}\n")
+          f"{_bench.human(c['bytes'][-1])} {c['us'][-1]:.0f} us; cliffs: {cl}\n")
     if model is not None:
         w(f"# model: reduce {1 / model.reduce_s_per_byte / 1e9:.2f} GB/s, per call "
           f"{model.call_s * 1e6:.2f} us, per schedule op {model.op_s * 1e6:.3f} us\n")
     for c, rows in entry["selection"].items():
-        parts = [f"<= {_bench._human(lim)}: {a}" if lim is not None else f"above: {a}"
+        parts = [f"<= {_bench.human(lim)}: {a}" if lim is not None else f"above: {a}"
                  for lim, a in rows]
         w(f"# {c}: {'; '.join(parts)}\n")
         if c not in times:
