@@ -20,10 +20,11 @@ What it measures, in one run on the communicator's layout (ranks, nodes):
    against the exact values), and the rate of a local reduction;
 3. the cost model (:mod:`mpicoll.tools.costmodel`) fitted to both.
 
-The fastest algorithm per size becomes a list of size ranges (a size whose
-winner beats its neighbours' by less than 5 % keeps theirs, so noise does
-not split a range; the boundary between two measured sizes is where the
-model's curves cross).  The tuning file (format: :mod:`mpicoll.engine.tuning`)
+The fastest algorithm per size becomes a list of size ranges: at every size
+an algorithm within 5 % of the fastest measured, with the fewest switches
+(noise between near-equal algorithms does not split a range); the boundary
+between two measured sizes is where the model's curves cross.  The tuning
+file (format: :mod:`mpicoll.engine.tuning`)
 is keyed by the MPI library and version, holds one entry per layout (a new
 run replaces the entry of its own layout and keeps the others), and records
 when, where and how it was measured.  By default it is the default file of
@@ -61,7 +62,7 @@ SWEEPS = {
     "quick": {"p2p_max": 4 << 20, "coll": (256, 4 << 20, 4.0), "extra": (2048, 4096, 8192),
               "iters": 20, "warmup": 3, "bisect": 64, "passes": 2},
     "full": {"p2p_max": 16 << 20, "coll": (8, 16 << 20, 2.0), "extra": (),
-             "iters": 40, "warmup": 5, "bisect": 16, "passes": 3},
+             "iters": 40, "warmup": 5, "bisect": 16, "passes": 2},
 }
 FIT_MAX = 64 << 10  # the model's overheads are fitted to the sizes up to this
 CLOSE = 1.05  # a winner by less than this keeps its neighbours' algorithm
@@ -284,17 +285,33 @@ def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, 
 # --- from times to size ranges -----------------------------------------------------
 
 def winners(per_algo: dict) -> list[tuple[int, str]]:
-    """[(size, algorithm)] fastest per measured size, a near-tie keeping its neighbours'."""
+    """[(size, algorithm)]: at every size an algorithm within 5 % of the fastest, with the
+    fewest switches between sizes (noise between near-equal algorithms does not split a
+    range); among equal choices the faster.
+    """
     sizes = sorted(set.intersection(*(set(t) for t in per_algo.values())))
-    best = [min(per_algo, key=lambda a: per_algo[a][s]) for s in sizes]
-    out = list(best)
-    for i in range(1, len(sizes) - 1):
-        left, right = out[i - 1], best[i + 1]
-        if left == right != best[i]:
-            s = sizes[i]
-            if per_algo[left][s] <= CLOSE * per_algo[best[i]][s]:
-                out[i] = left
-    return list(zip(sizes, out))
+    algos = list(per_algo)
+    # cost[a]: (switches, summed time relative to the best) of the best path ending in a
+    cost, back = {}, []
+    for i, s in enumerate(sizes):
+        best = min(per_algo[a][s] for a in algos)
+        near = [a for a in algos if per_algo[a][s] <= CLOSE * best]
+        new, prev = {}, {}
+        for a in near:
+            rel = per_algo[a][s] / best if best > 0 else 1.0
+            if i == 0:
+                new[a], prev[a] = (0, rel), None
+                continue
+            b = min(cost, key=lambda b: (cost[b][0] + (b != a), cost[b][1]))
+            new[a], prev[a] = (cost[b][0] + (b != a), cost[b][1] + rel), b
+        cost = new
+        back.append(prev)
+    a = min(cost, key=lambda a: cost[a])
+    path = [a]
+    for prev in reversed(back[1:]):
+        a = prev[a]
+        path.append(a)
+    return list(zip(sizes, reversed(path)))
 
 
 def size_ranges(collective, wins, model, nranks, ppn, itemsize) -> list:
