@@ -181,7 +181,7 @@ def test_size_ranges_from_winners():
     per = {"a": {1: 1.0, 2: 1.03, 3: 1.0, 4: 1.02, 5: 2.0},
            "b": {1: 1.02, 2: 1.0, 3: 1.03, 4: 1.0, 5: 1.0}}
     wins = _tune.winners(per)
-    assert [a for _, a in wins] == ["a", "a", "a", "a", "b"]
+    assert [a for _, a in wins] == ["b"] * 5  # b is near the fastest everywhere: no switch
     for s, a in wins:
         assert per[a][s] <= _tune.CLOSE * min(t[s] for t in per.values())
 
