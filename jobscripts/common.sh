@@ -10,6 +10,8 @@
 #     step_world_size      1. MPI world size must equal SLURM_NTASKS
 #     step_verify          2. python -m mpicoll.verify
 #     step_allreduce_example  3. python examples/allreduce.py
+#     step_tune            (optional) python -m mpicoll.tune: measures, writes the
+#                          tuning file "auto" reads (MPICOLL_TUNE=1 turns it on)
 #     step_bench           4. python -m mpicoll.bench
 #     job_done             "mpicoll-job: all steps passed"
 #
@@ -66,6 +68,7 @@ job_setup() {
     VERIFY_ARGS=() BENCH_ARGS=()
     read -ra VERIFY_ARGS <<<"$MPICOLL_VERIFY_ARGS"
     read -ra BENCH_ARGS <<<"$MPICOLL_BENCH_ARGS"
+    read -ra TUNE_ARGS <<<"${MPICOLL_TUNE_ARGS:-}"
 
     # GPU binding. "library": every rank sees all GPUs of its node and
     # mpicoll (--device gpu) selects the GPU whose index is the rank's
@@ -199,6 +202,19 @@ step_verify() {
 step_allreduce_example() {
     run_step allreduce-example "$MPICOLL_PYTHON" examples/allreduce.py \
         ${DEVICE_ARGS[@]+"${DEVICE_ARGS[@]}"}
+}
+
+# Step (optional, MPICOLL_TUNE=1): measure this MPI, network and layout and
+# write the tuning file algorithm="auto" reads (by default this MPI library's
+# file in the user's cache directory; MPICOLL_TUNE_ARGS="-o PATH" elsewhere,
+# then export MPICOLL_TUNING=PATH for later jobs). A later bench step in the
+# same job uses it. Host buffers: the tuning measures the host algorithms.
+step_tune() {
+    if [[ ${MPICOLL_TUNE:-0} != 1 ]]; then
+        log "tune: skipped (set MPICOLL_TUNE=1 to measure and write the tuning file)"
+        return 0
+    fi
+    run_step tune "$MPICOLL_PYTHON" -m mpicoll.tune ${TUNE_ARGS[@]+"${TUNE_ARGS[@]}"}
 }
 
 # Step: the nccl-tests style benchmark table.

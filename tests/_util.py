@@ -145,7 +145,7 @@ class MessageSent(AssertionError):
 def no_messages(comm):
     """Fail if mpicoll starts a collective or moves a message on ``comm`` inside the block.
 
-    mpicoll's point-to-point channel (``isend``/``irecv``/``sendrecv``, which
+    mpicoll's point-to-point channel (``isend``/``irecv``, which
     every algorithm moves its data through) is patched to raise
     :class:`MessageSent` at the first send or receive (before MPI is called, so a wrongly accepted
     call raises on every rank instead of hanging), and the communicator's
@@ -157,7 +157,7 @@ def no_messages(comm):
 
     ctx = _context.context(comm)
     seq = ctx.seq
-    saved = {name: getattr(_channel.Channel, name) for name in ("isend", "irecv", "sendrecv")}
+    saved = {name: getattr(_channel.Channel, name) for name in ("isend", "irecv")}
 
     def refuse(self, *args, **kwargs):
         raise MessageSent("mpicoll moved a message although the call should have been refused")

@@ -260,8 +260,12 @@ def test_memory_columns(shared_dir):
 def test_wrong_results_are_counted(monkeypatch):
     """An algorithm that returns garbage must show in #wrong and the exit status."""
 
-    def broken(ctx, ch, be, red, src, dst):
-        be.copy(dst, src)  # no communication: only this rank's data
+    from mpicoll.algorithms.schedule import DST, SRC, Builder, Region
+
+    def broken(shape):  # a schedule builder that moves nothing: only this rank's data
+        b = Builder()
+        b.copy(Region(DST, 0, shape.total), Region(SRC, 0, shape.total))
+        return b.build(0)
 
     monkeypatch.setitem(_select.ALGORITHMS["allreduce"], "broken", broken)
     status, text = _run(["-C", "allreduce", "-a", "broken", "-b", "1K", "-e", "1K", "-n", "1",

@@ -12,6 +12,8 @@ segment_bytes    MPICOLL_SEGMENT_BYTES   1M         ring segment size (pipelinin
 window           MPICOLL_WINDOW          2          ring segments in flight per link
 fake_nodes       MPICOLL_FAKE_NODES      none       node layout for tests ("block:2", "cyclic:2", "0,0,1,1")
 trace            MPICOLL_TRACE           none       trace the whole run into this JSON file
+tuning           MPICOLL_TUNING          cache dir  the tuning file "auto" reads (off: built-in table)
+cache_dir        XDG_CACHE_HOME          ~/.cache   where the default tuning file lives
 deterministic    MPICOLL_DETERMINISTIC   off        floating reductions: the rank-order fold, bitwise
 ===============  ======================  =========  =================================================
 
@@ -89,6 +91,14 @@ def parse_text(text: str, name: str) -> str:
     return text.strip()
 
 
+def parse_path_or_off(text: str, name: str) -> str:
+    """A path (``~`` expanded), or "off" for off/none/0."""
+    text = text.strip()
+    if text.lower() in ("off", "none", "0"):
+        return "off"
+    return os.path.expanduser(text)
+
+
 class Option:
     """One row of :data:`OPTIONS`: name, variable, parser, default, whether configure() sets it."""
 
@@ -118,6 +128,10 @@ OPTIONS = (
            "node layout for tests: block:K, cyclic:K or one label per COMM_WORLD rank"),
     Option("trace", "MPICOLL_TRACE", parse_text, None, False,
            "trace the whole run and save it to this JSON file at exit"),
+    Option("tuning", "MPICOLL_TUNING", parse_path_or_off, None, False,
+           "a tuning file (python -m mpicoll.tune) 'auto' selects from; off: the built-in table"),
+    Option("cache_dir", "XDG_CACHE_HOME", parse_path_or_off, os.path.expanduser("~/.cache"),
+           False, "the user's cache directory, where the default tuning file lives"),
     Option("deterministic", "MPICOLL_DETERMINISTIC", parse_flag, False, True,
            "floating reductions are the rank-order fold ((x0 + x1) + x2) + ..., bitwise the "
            "same for every algorithm, size, segment and window (docs/numerics.md)"),

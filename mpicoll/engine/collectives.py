@@ -149,14 +149,18 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     commutative = True if red is None else red.commutative
     nbytes = total * msg.dtype.itemsize
     per_step = getattr(msg.backend, "stages_per_step", None)  # device arrays (see engine.select)
-    name = _select.choose(collective, algorithm, nbytes, size, commutative,
-                          staged=per_step is not None and per_step(nbytes),
+    staged = per_step is not None and per_step(nbytes)
+    # (chosen before the set-up, so a bad explicit algorithm raises before any message)
+    name = _select.choose(collective, algorithm, nbytes, size, commutative, staged=staged,
                           forced=opts["algorithm"])
     if ctx is None:
         # the first call on comm sets it up, under the call's timeout
         ctx = _context.context(comm, timeout, lambda: (
             f"{label} #1 ({name}, {total} x {_check.dtype_label(msg)})", label, name), env)
     _observe.check_usable(ctx)
+    if algorithm == "auto":  # the communicator's selection (a tuning file), made with its context
+        name = _select.choose(collective, algorithm, nbytes, size, commutative, staged=staged,
+                              forced=opts["algorithm"], selection=ctx.selection)
     run = _Run()
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
     run.build = _select.builder(collective, name)

@@ -108,6 +108,8 @@ class Context:
         fake = _topology.fake_labels(self.env["fake_nodes"])
         self.active = 0  # its operations in flight (its duplicate is freed after the last)
         self.freeing = False  # the user's communicator was freed with operations in flight
+        from . import select as _select
+        _select.tuning_file()  # the tuning file, read once per process (a bad MPICOLL_TUNING raises)
         self.seq = 0  # collectives started on this communicator
         self.persistent_made = 0  # persistent operations made on it (their tags: executor.tag_of)
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
@@ -153,6 +155,8 @@ class Context:
             self.tag_ub = int(ub)
         self.ring = _topology.ring_from_nodes(labels.tolist())
         self.ring_pos = self.ring.index(self.rank)
+        # what "auto" picks on this communicator: its rank and node counts choose the tuning
+        self.selection = _select.selection(self.size, len(set(labels.tolist())))
 
     def _wait(self, pending: list, step: str) -> None:
         """Complete the set-up requests ``pending``; CollectiveTimeout after the call's timeout."""

@@ -9,15 +9,26 @@ variable ``MPICOLL_ALGORITHM`` replaces "auto" by a named algorithm where
 that algorithm exists for the collective and applies to the op (so such
 calls with a non-commutative op stay on "auto").  An explicit
 ``algorithm=`` argument is obeyed or refused with ValueError.
+
+A tuning file (``python -m mpicoll.tune``, read by engine.tuning once per
+process) replaces :data:`THRESHOLDS` for the layouts it was measured on:
+:func:`selection` gives a communicator's :class:`Selection` (its rank and
+node counts decide), made once when its context is made, and ``choose``
+takes it.  Without one, or for a file of another MPI library or layout, the
+built-in table applies, and ``python -m mpicoll.info`` says why.
 """
 
 from __future__ import annotations
+
+import warnings
 
 from ..algorithms import bruck as _bruck
 from ..algorithms import direct as _direct
 from ..algorithms import halving as _halving
 from ..algorithms import recursive as _recursive
 from ..algorithms import ring as _ring
+from ..core import config as _config
+from . import tuning as _tuning
 
 # Schedule builders ``build(shape) -> Schedule`` (algorithms.schedule), run by the
 # executor (engine.executor), from each algorithm module's SCHEDULES table.
@@ -65,6 +76,101 @@ THRESHOLDS = {
 }
 
 
+class Selection:
+    """What "auto" picks for one layout: per collective, ((max bytes | None, name), ...).
+
+    ``source``: where the rows come from (the built-in table, or the tuning
+    file and entry); ``note``: why a tuning file was not applied, or None.
+    """
+
+    __slots__ = ("rows", "source", "note", "entry")
+
+    def __init__(self, rows: dict, source: str, note: str | None = None, entry=None):
+        self.rows, self.source, self.note, self.entry = rows, source, note, entry
+
+    def describe(self) -> list[str]:
+        """Lines: the source, the note, then one line per collective (``<=4096 ring, ...``)."""
+        lines = [f"source: {self.source}"]
+        if self.note:
+            lines.append(f"note: {self.note}")
+        for collective, rows in self.rows.items():
+            parts = [f"{'<=' + str(limit) if limit is not None else 'above'} {name}"
+                     for limit, name in rows]
+            tuned = self.entry is not None and collective in self.entry.selection
+            lines.append(f"{collective}: {', '.join(parts)}"
+                         f"{' (tuned)' if tuned else ' (built-in)' if self.entry else ''}")
+        return lines
+
+
+def builtin_rows(nranks: int) -> dict:
+    """:data:`THRESHOLDS` for ``nranks`` ranks, as a Selection's rows."""
+    pof2 = nranks & (nranks - 1) == 0
+    return {c: tuple((limit, a if pof2 else b) for limit, a, b in rows)
+            for c, rows in THRESHOLDS.items()}
+
+
+_FILE: list = []        # [(TuningFile | None, note)] once loaded (once per process)
+_SELECTIONS: dict = {}  # (nranks, nodes) -> Selection
+_WARNED: set = set()
+
+
+def tuning_file():
+    """(TuningFile | None, note): the process's tuning file, found and read once (engine.tuning).
+
+    ValueError (nothing cached) for a bad ``MPICOLL_TUNING``.
+    """
+    if not _FILE:
+        _FILE.append(_tuning.find({c: tuple(t) for c, t in ALGORITHMS.items()}))
+    return _FILE[0]
+
+
+def reset() -> None:
+    """Forget the tuning file and the selections, and read the environment again, as a new
+    process would (a test that changes MPICOLL_TUNING)."""
+    _config.read_environment()
+    _FILE.clear()
+    _SELECTIONS.clear()
+    _WARNED.clear()
+
+
+def _not_applied(note: str) -> None:
+    if note not in _WARNED:
+        _WARNED.add(note)
+        warnings.warn(f"mpicoll: tuning file not applied, {note}; using the built-in table "
+                      f"(python -m mpicoll.info shows the selection)", RuntimeWarning, stacklevel=3)
+
+
+def selection(nranks: int, nodes: int = 1) -> Selection:
+    """The Selection of a communicator of ``nranks`` ranks on ``nodes`` nodes.
+
+    Reads the tuning file on the first call of the process (ValueError for
+    a bad ``MPICOLL_TUNING``); a file or entry that does not fit is not
+    applied, with a RuntimeWarning once and the reason in ``note``.
+    """
+    key = (nranks, nodes)
+    sel = _SELECTIONS.get(key)
+    if sel is not None:
+        return sel
+    tf, note = tuning_file()
+    rows = builtin_rows(nranks)
+    source = "built-in table (engine/select.py THRESHOLDS)"
+    entry = None
+    if tf is not None and note is None:
+        entry = tf.entry(nranks, nodes)
+        if entry is None:
+            spans = "; ".join(f"{e.ranks[0]}-{e.ranks[1]} ranks on {e.nodes[0]}-{e.nodes[1]} nodes"
+                              for e in tf.entries) or "no entries"
+            note = f"{tf.path} has no entry for {nranks} ranks on {nodes} node(s) (it has: {spans})"
+        else:
+            rows = dict(rows)
+            rows.update(entry.selection)
+            source = f"tuning file {tf.path} ({entry.describe()})"
+    if note is not None and tf is not None:
+        _not_applied(note)
+    sel = _SELECTIONS[key] = Selection(rows, source, note, entry)
+    return sel
+
+
 def names(collective: str) -> tuple[str, ...]:
     return ("auto",) + tuple(ALGORITHMS[collective])
 
@@ -80,11 +186,15 @@ def check_algorithm(collective: str, algorithm, argname: str = "algorithm") -> N
 
 
 def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutative: bool = True,
-           staged: bool = False, forced: str | None = None) -> str:
+           staged: bool = False, forced: str | None = None,
+           selection: Selection | None = None) -> str:
     """The name of the algorithm to run; ValueError if it cannot run this op.
 
     ``forced``: the ``algorithm`` option (MPICOLL_ALGORITHM, read with the
     communicator's options), which replaces "auto" where it applies.
+
+    ``selection``: the communicator's :class:`Selection` (made once, with its
+    context); None: the built-in table.
 
     ``staged``: device arrays whose every message is staged through host
     memory (see backends.devices.DeviceBackend.stages_per_step).  "auto" then takes
@@ -108,6 +218,10 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
             return next(a for a in table if a in ORDER_PRESERVING)
         if staged:
             return "ring"
+        if selection is not None:
+            for limit, name in selection.rows[collective]:
+                if limit is None or nbytes <= limit:
+                    return name
         pof2 = nranks & (nranks - 1) == 0
         for limit, if_pof2, otherwise in THRESHOLDS[collective]:
             if limit is None or nbytes <= limit:

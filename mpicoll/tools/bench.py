@@ -52,6 +52,7 @@ from mpi4py import MPI
 
 import mpicoll
 
+from ..core import config as _config
 from ..core import types as _types
 from ..core.config import parse_bytes
 from ..engine import select as _select
@@ -99,20 +100,20 @@ RECORD_FIELDS = (
     "time_us", "algbw_gbps", "busbw_gbps", "wrong",
     "builtin_time_us", "builtin_algbw_gbps", "builtin_busbw_gbps", "builtin_wrong",
     "ratio", "check_time_us", "check_overhead", "scratch_bytes", "peak_alloc_bytes",
-    "device", "api", "warmup", "iters", "mpi_library", "mpi4py", "numpy", "date",
+    "device", "api", "warmup", "iters", "mpi_library", "mpi4py", "numpy", "date", "selection",
 )
 
 
 # --- arguments ----------------------------------------------------------------
 
-def _size(text):
+def size_arg(text):
     try:
         return parse_bytes(text, "size")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace("size: ", "")) from None
 
 
-def _positive_int(text):
+def positive_int_arg(text):
     try:
         value = int(text)
     except ValueError:
@@ -140,7 +141,7 @@ def _op(text):
         return text  # argparse's choices check names the valid ones
 
 
-def _factor(text):
+def factor_arg(text):
     try:
         value = float(text)
     except ValueError:
@@ -159,11 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-C", "--collective", default="all",
                    help="comma-separated list of allreduce, allgather, reduce_scatter, or all "
                         "(default: all)")
-    p.add_argument("-b", "--minbytes", type=_size, default=8,
+    p.add_argument("-b", "--minbytes", type=size_arg, default=8,
                    help="smallest size, e.g. 8, 4K, 1M (default: 8)")
-    p.add_argument("-e", "--maxbytes", type=_size, default=64 << 20,
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=64 << 20,
                    help="largest size (default: 64M)")
-    p.add_argument("-f", "--stepfactor", type=_factor, default=2.0,
+    p.add_argument("-f", "--stepfactor", type=factor_arg, default=2.0,
                    help="multiply the size by this factor between steps (default: 2)")
     p.add_argument("-d", "--datatype", default="float32", choices=sorted(DTYPES),
                    help="element type (default: float32)")
@@ -171,9 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reduction operation, any case (default: sum)")
     p.add_argument("-w", "--warmup_iters", type=_nonnegative_int, default=5,
                    help="untimed calls of each implementation per size (default: 5)")
-    p.add_argument("-n", "--iters", type=_positive_int, default=20,
+    p.add_argument("-n", "--iters", type=positive_int_arg, default=20,
                    help="timed calls of each implementation per size (default: 20)")
-    p.add_argument("--batch", type=_positive_int, default=5,
+    p.add_argument("--batch", type=positive_int_arg, default=5,
                    help="timed calls per batch; batches of mpicoll and the built-in "
                         "alternate, each after a Barrier (default: 5)")
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
@@ -190,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", action="store_true",
                    help="also measure mpicoll's work memory per size: the scratch bytes its "
                         "context holds and the tracemalloc peak during one call (fresh communicator)")
-    p.add_argument("--overlap", metavar="SIZE", type=_size,
+    p.add_argument("--overlap", metavar="SIZE", type=size_arg,
                    help="afterwards, measure how much an iallreduce of SIZE bytes per rank "
                         "overlaps NumPy matrix products (python -m mpicoll.tools.overlap; "
                         "host arrays only)")
@@ -203,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_args(parser, args):
+def check_args(parser, args):
     if args.collective == "all":
         args.collectives = list(COLLECTIVES)
     else:
@@ -445,7 +446,9 @@ class Case:
         # Extra per-size measurements (e.g. traffic counts) belong here as more
         # variants, or as fields measure() adds to the record.
         # what "auto" (or MPICOLL_ALGORITHM) picks for this call; predefined ops commute
-        self.selected = _select.choose(collective, algorithm, self.nbytes, n, True)[0]
+        self.selected = _select.choose(collective, algorithm, self.nbytes, n, True,
+                                       forced=_config.get("algorithm"),
+                                       selection=getattr(args, "selection", None))
 
         def call_on(c):
             """One mpicoll call of this case on communicator ``c`` (array API)."""
@@ -576,13 +579,13 @@ def _library_version() -> str:
 def _meta(comm, args, device) -> dict:
     return {
         "device": device.name, "api": args.api, "warmup": args.warmup_iters, "iters": args.iters,
-        "mpi_library": _library_version(), "mpi4py": _mpi4py_version(),
+        "mpi_library": _library_version(), "mpi4py": mpi4py_version(),
         "numpy": np.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
-def _mpi4py_version() -> str:
+def mpi4py_version() -> str:
     import mpi4py
     return mpi4py.__version__
 
@@ -655,6 +658,7 @@ class Table:
           f"(batches of {args.batch}, interleaved, Barrier before each batch);\n"
           f"# time: median over calls of the slowest rank; busbw factors: allreduce 2(n-1)/n, "
           f"allgather and reduce_scatter (n-1)/n\n")
+        w(f"# auto: {meta['selection']}\n")
         w(f"# check {args.check}: #wrong = wrong elements over all ranks (mpicoll and the "
           f"built-in each against the exact values, mpicoll.tools.results' rule)\n")
         if args.memory:
@@ -778,7 +782,7 @@ def _progress(text, quiet):
     sys.stderr.flush()
 
 
-def _human(nbytes):
+def human(nbytes):
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
@@ -801,12 +805,15 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
     out = sys.stdout if out is None else out
     parser = build_parser()
     args = parser.parse_args(argv)
-    _check_args(parser, args)
+    check_args(parser, args)
     root = comm.rank == 0
     device = HostDevice() if args.device == "cpu" else _gpu_device(comm, device_backend)
     meta = _meta(comm, args, device)
     meta["date"] = comm.bcast(meta["date"], root=0)
     nodes = _nodes(comm)
+    # what "auto" picks here (a tuning file of this MPI and layout, or the built-in table)
+    args.selection = _select.selection(comm.size, nodes)
+    meta["selection"] = args.selection.source
     table = Table(out, args)
     if root:
         table.header(comm, args, meta, nodes)
@@ -824,7 +831,7 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
         for nbytes in size_list:
             done += 1
             if root:
-                _progress(f"{collective} {algo} {_human(nbytes)} ({done}/{total})", args.quiet)
+                _progress(f"{collective} {algo} {human(nbytes)} ({done}/{total})", args.quiet)
             case = Case(comm, device, collective, algo, nbytes, args)
             rec = measure(comm, case, device, args, meta)
             del case

@@ -11,6 +11,11 @@ process sees ("none" without them), and ``cuda-aware: yes|no (how it was
 decided)``: whether mpicoll hands device buffers straight to MPI or stages
 them through host memory (see docs/gpu.md).
 
+``selection:`` lines show what ``algorithm="auto"`` picks on this
+communicator (its rank and node counts): the source (a tuning file written by
+``python -m mpicoll.tune`` and its entry, or the built-in table), why a tuning
+file was not applied, and the size ranges of each collective.
+
 ``--probe`` adds one line, ``probe: passed|failed (...)``: one device
 ``Sendrecv`` tried in a child process (see :func:`mpicoll.backends.cuda.probe_transfer`),
 on rank 0 only; it exits 1 when the probe contradicts a "yes".
@@ -29,6 +34,8 @@ import mpicoll
 
 from ..backends import cuda as _cuda
 from ..core import config as _config
+from ..engine import select as _select
+from ..transport import topology as _topology
 
 
 def _cupy_and_gpus():
@@ -94,6 +101,11 @@ def main(argv=None, comm=None) -> int:
     comm = MPI.COMM_WORLD if comm is None else comm
     mine = report()
     everyone = comm.gather(mine, root=0)
+    nodes = len(set(_topology.node_ids(comm)))  # collective: every rank runs main
+    try:
+        sel_lines = _select.selection(comm.Get_size(), nodes).describe()
+    except ValueError as exc:  # a bad MPICOLL_TUNING
+        sel_lines = [f"source: none ({exc})"]
     if comm.Get_rank() != 0:
         return 0
     width = max(len(label) for label, _ in mine)
@@ -107,7 +119,11 @@ def main(argv=None, comm=None) -> int:
         for (label, value), (_, mine_value) in zip(theirs, mine):
             if value != mine_value:
                 lines.append(f"  rank {rank} differs: {label} {value}")
+    lines.append(f"selection: {comm.Get_size()} ranks on {nodes} node(s)")
+    lines += [f"  {line}" for line in sel_lines]
     status = 1 if dict(mine)["cuda-aware"].startswith("unknown") else 0
+    if sel_lines[0].startswith("source: none"):
+        status = 1
     if args.probe:
         ok, text = _cuda.probe_transfer()
         lines.append(f"probe: {'passed' if ok else 'failed'} ({text})")

@@ -1,0 +1,8 @@
+"""``python -m mpicoll.tune``: the command-line tool in mpicoll/tools/tune.py."""
+
+import sys
+
+from .tools.tune import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""Tuning: python -m mpicoll.tune writes a file, "auto" reads it, results stay right.
+
+The tool runs at 2-3 ranks on a tiny sweep (no timing is asserted: the
+machine is shared); the file's parsing, the refusal of a file of another MPI
+library or layout, and the selection being honoured are checked on
+hand-written files, and every algorithm a file can select is checked against
+the exact result (mpicoll.tools.results).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tempfile
+import warnings
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll.engine import select as _select
+from mpicoll.engine import tuning as _tuning
+from mpicoll.tools import results as _results
+from mpicoll.tools import tune as _tune
+
+WORLD = MPI.COMM_WORLD
+ALGOS = {c: tuple(t) for c, t in _select.ALGORITHMS.items()}
+OMPI = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11"
+MPICH = "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 2026\n"
+
+
+def _file(selection, ranks=None, nodes=(1, 1), ident=None, source="measured"):
+    ident = ident or _tuning.mpi_identity()
+    n = WORLD.Get_size()
+    return {"format": _tuning.FORMAT, "version": _tuning.VERSION,
+            "mpi": {"library": ident["library"], "version": ident["version"], "line": "x"},
+            "entries": [{"source": source, "ranks": list(ranks or (n, n)), "nodes": list(nodes),
+                         "measured": {"date": "2026-01-01", "host": "h", "ranks": n, "nodes": 1},
+                         "selection": selection}]}
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every rank sees (created by rank 0)."""
+    path = tempfile.mkdtemp(prefix="mpicoll-tune-") if WORLD.rank == 0 else None
+    path = WORLD.bcast(path, root=0)
+    yield path
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def tuning_env(monkeypatch, shared_dir):
+    """use(data) -> path: write ``data`` as the tuning file (rank 0), point MPICOLL_TUNING at it."""
+    def use(data):
+        path = os.path.join(shared_dir, "tuning.json")
+        if WORLD.rank == 0:
+            with open(path, "w") as f:
+                json.dump(data, f)
+        WORLD.Barrier()
+        monkeypatch.setenv("MPICOLL_TUNING", path)
+        _select.reset()
+        return path
+    yield use
+    monkeypatch.delenv("MPICOLL_TUNING", raising=False)
+    _select.reset()
+
+
+# --- parsing (no peer) -------------------------------------------------------------------
+
+@pytest.mark.local
+def test_mpi_identity_of_both_libraries():
+    ompi, mpich = _tuning.mpi_identity(OMPI), _tuning.mpi_identity(MPICH)
+    assert (ompi["library"], ompi["version"]) == ("Open MPI", "5.0.11")
+    assert (mpich["library"], mpich["version"]) == ("MPICH", "5.0.2")
+    assert _tuning.slug(ompi) == "openmpi-5.0.11" and _tuning.slug(mpich) == "mpich-5.0.2"
+
+
+@pytest.mark.local
+def test_default_path_is_in_the_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = _tuning.default_path(_tuning.mpi_identity(MPICH))
+    assert path == str(tmp_path / "mpicoll" / "tuning-mpich-5.0.2.json")
+
+
+@pytest.mark.local
+def test_selection_rows_parse_and_get_an_open_end():
+    rows = _tuning.parse_selection({"allreduce": [[4096, "recursive_doubling"], [65536, "ring"]]},
+                                   ALGOS, "sel")
+    assert rows == {"allreduce": ((4096, "recursive_doubling"), (65536, "ring"), (None, "ring"))}
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("sel, match", [
+    ({"allreduce": [[4096, "bruck"]]}, "not an algorithm of allreduce"),
+    ({"alltoall": [[None, "ring"]]}, "unknown collective"),
+    ({"allreduce": [[4096, "ring"], [1024, "ring"]]}, "above the previous"),
+    ({"allreduce": [[None, "ring"], [4096, "ring"]]}, "only the last row"),
+    ({"allreduce": []}, "non-empty list"),
+    ({"allreduce": [["4K", "ring"]]}, "max_bytes must be an integer"),
+])
+def test_bad_selection_rows_are_refused(sel, match):
+    with pytest.raises(ValueError, match=match):
+        _tuning.parse_selection(sel, ALGOS, "sel")
+
+
+@pytest.mark.local
+def test_bad_files_are_refused(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        _tuning.read(str(p), ALGOS)
+    p.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="not an mpicoll tuning file"):
+        _tuning.read(str(p), ALGOS)
+    data = _file({"allreduce": [[None, "ring"]]})
+    data["entries"][0]["ranks"] = [4, 2]
+    p.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"entries\[0\].ranks"):
+        _tuning.read(str(p), ALGOS)
+
+
+@pytest.mark.local
+def test_a_file_of_another_mpi_is_foreign(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(_file({"allreduce": [[None, "ring"]]}, ident=_tuning.mpi_identity(MPICH))))
+    tf = _tuning.read(str(p), ALGOS)
+    assert "measured with MPICH 5.0.2" in tf.foreign(_tuning.mpi_identity(OMPI))
+    assert tf.foreign(_tuning.mpi_identity(MPICH)) is None
+
+
+@pytest.mark.local
+def test_entries_match_by_layout_measured_first():
+    data = _file({"allreduce": [[None, "ring"]]}, ranks=(2, 64), nodes=(1, 8), source="model")
+    data["entries"].append(_file({"allreduce": [[None, "rabenseifner"]]}, ranks=(4, 4))["entries"][0])
+    tf = _tuning.TuningFile(data, "f", ALGOS)
+    assert tf.entry(4, 1).selection["allreduce"][0][1] == "rabenseifner"  # measured wins
+    assert tf.entry(8, 2).source == "model"
+    assert tf.entry(8, 9) is None and tf.entry(1, 1) is None
+
+
+@pytest.mark.local
+def test_bad_mpicoll_tuning_raises_naming_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("MPICOLL_TUNING", str(tmp_path / "missing.json"))
+    _select.reset()
+    try:
+        with pytest.raises(ValueError, match="MPICOLL_TUNING: cannot read"):
+            _select.selection(2, 1)
+    finally:
+        monkeypatch.delenv("MPICOLL_TUNING")
+        _select.reset()
+
+
+@pytest.mark.local
+def test_off_and_no_file_give_the_builtin_table(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for value, note in (("off", "MPICOLL_TUNING=off"), ("", "no default file")):
+        monkeypatch.setenv("MPICOLL_TUNING", value)
+        _select.reset()
+        sel = _select.selection(4, 1)
+        assert sel.source.startswith("built-in") and note in sel.note
+        assert sel.rows == _select.builtin_rows(4)
+    _select.reset()
+
+
+@pytest.mark.local
+def test_size_ranges_from_winners():
+    per = {"a": {1024: 1.0, 2048: 1.0, 4096: 3.0, 8192: 3.0},
+           "b": {1024: 2.0, 2048: 1.04, 4096: 1.0, 8192: 1.0}}
+    wins = _tune.winners(per)
+    assert wins == [(1024, "a"), (2048, "a"), (4096, "b"), (8192, "b")]
+    assert _tune.size_ranges("allreduce", wins, None, 2, 2, 8) == [[2048, "a"], [None, "b"]]
+    # within 5 % of the fastest everywhere, with the fewest switches
+    per["b"][2048] = 0.99
+    per["a"][4096], per["a"][8192], per["b"][8192] = 0.5, 0.5, 1.0
+    assert [a for _, a in _tune.winners(per)] == ["a", "a", "a", "a"]
+    per = {"a": {1: 1.0, 2: 1.03, 3: 1.0, 4: 1.02, 5: 2.0},
+           "b": {1: 1.02, 2: 1.0, 3: 1.03, 4: 1.0, 5: 1.0}}
+    wins = _tune.winners(per)
+    assert [a for _, a in wins] == ["b"] * 5  # b is near the fastest everywhere: no switch
+    for s, a in wins:
+        assert per[a][s] <= _tune.CLOSE * min(t[s] for t in per.values())
+
+
+# --- with peers ----------------------------------------------------------------------------
+
+
+
+@pytest.mark.ranks(2, 3)  # the tool at a power of two and not
+@pytest.mark.timeout(120)
+def test_tool_writes_a_file_auto_reads(shared_dir, monkeypatch):
+    path = os.path.join(shared_dir, "t.json")
+    out = io.StringIO()
+    argv = ["--quick", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "--p2p-max", "16K",
+            "-q", "-o", path]
+    assert _tune.main(argv, out=out) == 0
+    WORLD.Barrier()
+    tf = _tuning.read(path, ALGOS)
+    assert tf.foreign(_tuning.mpi_identity()) is None
+    n = WORLD.Get_size()
+    entry = tf.entry(n, 1)
+    assert entry is not None and entry.ranks == (n, n) and entry.source == "measured"
+    assert set(entry.selection) == set(_tuning.COLLECTIVES)
+    m = entry.raw["measured"]
+    assert m["ranks"] == n and m["date"] and m["command"].startswith("python -m mpicoll.tune")
+    assert entry.raw["p2p"]["intra"]["bytes"][0] == 8
+    if WORLD.rank == 0:
+        assert f"wrote {path}" in out.getvalue()
+    # a second run at this layout replaces its entry and keeps the others
+    if WORLD.rank == 0:
+        data = json.load(open(path))
+        other = dict(data["entries"][0], ranks=[64, 64])
+        data["entries"].append(other)
+        json.dump(data, open(path, "w"))
+    WORLD.Barrier()
+    assert _tune.main(argv + ["-C", "allreduce"], out=io.StringIO()) == 0
+    WORLD.Barrier()
+    tf = _tuning.read(path, ALGOS)
+    assert sorted(e.ranks for e in tf.entries) == sorted([(n, n), (64, 64)])
+    # auto reads it: the selection of this layout comes from the file
+    monkeypatch.setenv("MPICOLL_TUNING", path)
+    _select.reset()
+    try:
+        sel = _select.selection(n, 1)
+        assert sel.source.startswith(f"tuning file {path}") and sel.note is None
+    finally:
+        monkeypatch.delenv("MPICOLL_TUNING")
+        _select.reset()
+
+
+@pytest.mark.ranks(2, 3)
+@pytest.mark.timeout(60)
+def test_predict_prints_crossovers(shared_dir):
+    path = os.path.join(shared_dir, "t.json")
+    argv = ["--quick", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "--p2p-max", "8K", "-q",
+            "-o", path, "-C", "allreduce"]
+    assert _tune.main(argv, out=io.StringIO()) == 0
+    WORLD.Barrier()
+    out = io.StringIO()
+    assert _tune.main(["--predict", "64", "--file", path], out=out) == 0
+    if WORLD.rank == 0:
+        text = out.getvalue()
+        assert "64 ranks" in text and "allreduce crossovers:" in text
+
+
+def _used(comm, collective, x, **kw):
+    """(result, algorithm mpicoll ran) of one auto call."""
+    with mpicoll.traffic() as t:
+        fn = getattr(mpicoll, collective)
+        y = fn(x, comm=comm, **kw)
+    return y, t.calls[-1].algorithm
+
+
+@pytest.mark.ranks(2, 3)  # pof2 and not: the selection overrides the built-in's column
+@pytest.mark.timeout(60)
+def test_the_selection_is_honoured(tuning_env):
+    tuning_env(_file({"allreduce": [[1024, "ring"], [None, "rabenseifner"]],
+                      "allgather": [[None, "bruck"]]}))
+    comm = WORLD.Dup()  # a new context: it makes its selection from the file
+    try:
+        x = np.arange(64, dtype=np.float64) + WORLD.rank
+        assert _used(comm, "allreduce", x)[1] == "ring"          # 512 B
+        assert _used(comm, "allreduce", np.tile(x, 8))[1] == "rabenseifner"  # 4 KiB
+        assert _used(comm, "allgather", x)[1] == "bruck"
+        # not in the file: the built-in table
+        want = _select.choose("reduce_scatter", "auto", x.nbytes, comm.size)
+        assert _used(comm, "reduce_scatter", x)[1] == want
+        # non-commutative ops still go to an order-preserving algorithm
+        name = _select.choose("allreduce", "auto", 8, comm.size, False,
+                                 selection=_select.selection(comm.size, 1))
+        assert name in _select.ORDER_PRESERVING
+    finally:
+        comm.Free()
+
+
+@pytest.mark.ranks(2, 3)
+@pytest.mark.timeout(60)
+def test_a_foreign_file_is_not_applied(tuning_env):
+    other = {"library": "MPICH" if _tuning.mpi_identity()["library"] != "MPICH" else "Open MPI",
+             "version": "0.0"}
+    tuning_env(_file({"allreduce": [[None, "ring"]]}, ident=other))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sel = _select.selection(WORLD.Get_size(), 1)
+    assert sel.source.startswith("built-in") and "measured with" in sel.note
+    assert any("not applied" in str(w.message) for w in caught)
+    comm = WORLD.Dup()
+    try:
+        x = np.arange(8, dtype=np.float64)
+        want = _select.choose("allreduce", "auto", x.nbytes, comm.size)
+        assert _used(comm, "allreduce", x)[1] == want
+    finally:
+        comm.Free()
+
+
+@pytest.mark.ranks(2, 3)
+@pytest.mark.timeout(60)
+def test_an_entry_for_another_layout_is_not_applied(tuning_env):
+    n = WORLD.Get_size()
+    tuning_env(_file({"allreduce": [[None, "ring"]]}, ranks=(n + 1, n + 1)))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        sel = _select.selection(n, 1)
+    assert sel.source.startswith("built-in") and f"no entry for {n} ranks" in sel.note
+
+
+@pytest.mark.ranks(1, 2, 3, 4, 5)  # every selection at every rank count: uneven blocks, empty ones
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collective", list(_tuning.COLLECTIVES))
+def test_results_right_under_every_selection(tuning_env, collective):
+    n, rank = WORLD.Get_size(), WORLD.Get_rank()
+    bad = []
+    for algorithm in ALGOS[collective]:
+        tuning_env(_file({collective: [[None, algorithm]]}))
+        comm = WORLD.Dup()
+        try:
+            for count in (0, 1, max(n - 1, 1), 7 * n + 3):
+                for in_place in (False, True):
+                    x = ((np.arange(count, dtype=np.float64) * 3 + rank * 7) % 13) - 6
+                    if collective == "allreduce":
+                        ref = _results.reference_allreduce(WORLD, x, MPI.SUM)
+                        buf = x.copy()
+                        y, used = _used(comm, "allreduce", buf, out=buf if in_place else None)
+                        res = _results.compare(y, ref, "SUM", n)
+                    elif collective == "reduce_scatter":
+                        counts = [count // n + (r < count % n) for r in range(n)]
+                        full = _results.reference_allreduce(WORLD, x, MPI.SUM)
+                        lo = sum(counts[:rank])
+                        ref = full[lo:lo + counts[rank]]
+                        buf = x.copy()
+                        y, used = _used(comm, "reduce_scatter", buf, out=buf if in_place else None)
+                        res = _results.compare(y, ref, "SUM", n)
+                    else:
+                        mine = x[: count % 5 + rank]
+                        counts = WORLD.allgather(len(mine))
+                        displs = [sum(counts[:r]) for r in range(n)]
+                        want = _results.reference_allgatherv(WORLD, mine, counts, displs,
+                                                             np.zeros(sum(counts)))
+                        if in_place:
+                            buf = np.zeros(sum(counts))
+                            buf[displs[rank]:displs[rank] + len(mine)] = mine
+                            y, used = _used(comm, "allgather", buf, out=buf, counts=counts)
+                        else:
+                            y, used = _used(comm, "allgather", mine, counts=counts)
+                        res = _results.compare(y, want, None, n)
+                    if not res.ok or (n > 1 and used != algorithm):
+                        bad.append(f"{algorithm} count {count} in_place {in_place}: "
+                                   f"ran {used}, {res.worst or 'ok'}")
+        finally:
+            comm.Free()
+    bad = [b for r in WORLD.allgather(bad) for b in r]
+    assert not bad, "\n".join(bad[:10])
