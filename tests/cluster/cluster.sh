@@ -401,7 +401,7 @@ cmd_run() {
         "${launch[@]}" "$@" || rc=$?
     after=$(link_bytes)
     # Per-node bytes this run moved on its link (tx = node to bridge).
-    paste -d' ' <(echo "$before") <(echo "$after") | awk '{printf "cluster: %s tx %d rx %d\n", $1, $5-$2, $6-$3}' \
+    paste -d' ' <(echo "$before") <(echo "$after") | awk '{printf "cluster: %s tx %.0f rx %.0f\n", $1, $5-$2, $6-$3}' \
         | tee "$DIR/links.last" >&2
     return "$rc"
 }

@@ -11,7 +11,7 @@ the node number of every rank), e.g.::
    and mpicoll's node layout (transport.topology) agrees with both; mpicoll's
    ring crosses each node boundary once.
 2. Bytes cross the links: for each algorithm of each collective, the bytes
-   mpicoll's trace says each node's ranks sent to (received from) ranks on
+   mpicoll's trace (whose totals must equal mpicoll.traffic()'s) says each node's ranks sent to (received from) ranks on
    other nodes, against the node link's veth counters
    (``/sys/class/net/mc0/statistics``, read inside the node around the call):
    the link must carry at least the payload and at most the payload plus
@@ -107,19 +107,29 @@ def main() -> int:
                 x = rng.integers(-1000, 1000, counts[rank]).astype(np.float32)
             else:
                 x = rng.integers(-1000, 1000, count).astype(np.float32)
+            # (uneven AllGather blocks need counts=: without it every rank's
+            # block must have the same length)
+            kw = {"counts": counts} if collective == "allgather" else {}
             fn = getattr(mpicoll, collective)
-            fn(x[:size * 2], algorithm=algorithm)   # set-up outside the window
+            fn(x[:2], algorithm=algorithm, **({"counts": [2] * size} if kw else {}))  # set-up
             comm.Barrier()
             before = link_counters() if leader else (0, 0)
             comm.Barrier()
-            with mpicoll.trace() as tr:
-                y = fn(x, algorithm=algorithm)
+            with mpicoll.traffic() as tf, mpicoll.trace() as tr:
+                y = fn(x, algorithm=algorithm, **kw)
             comm.Barrier()
             after = link_counters() if leader else (0, 0)
             sent = sum(e["bytes"] for e in tr.events
                        if e["phase"] == "send" and nodes[e["peer"]] != nodes[rank])
             recvd = sum(e["bytes"] for e in tr.events
                         if e["phase"] == "recv" and nodes[e["peer"]] != nodes[rank])
+            # The trace gives each message's peer; its totals must be
+            # mpicoll.traffic()'s.
+            counted = (sum(e["bytes"] for e in tr.events if e["phase"] == "send"),
+                       sum(e["bytes"] for e in tr.events if e["phase"] == "recv"))
+            ok = counted == (tf.bytes_sent, tf.bytes_received)
+            ok = comm.allreduce(int(ok), op=MPI.MIN) == 1
+            report(ok, f"{collective} {algorithm}: traced bytes equal mpicoll.traffic()'s")
             node_comm = comm.Split(nodes[rank], rank)
             payload = node_comm.allreduce(np.array([sent, recvd]))
             node_comm.Free()
