@@ -30,7 +30,7 @@ import pytest
 import schedsim as sim
 from mpi4py import MPI
 
-from mpicoll.algorithms import bruck, halving, recursive, ring
+from mpicoll.algorithms import bruck, halving, hierarchical, recursive, ring
 from mpicoll.algorithms.schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Send, Wait
 from mpicoll.engine import select as _select
 
@@ -47,7 +47,7 @@ def _registry():
     """
     out = []
     for mod, default in ((ring, "ring"), (recursive, "recursive_doubling"), (halving, None),
-                         (bruck, "bruck")):
+                         (bruck, "bruck"), (hierarchical, None)):
         for key, build in getattr(mod, "SCHEDULES", {}).items():
             collective, algorithm = key if isinstance(key, tuple) else (key, default)
             out.append((collective, algorithm, build))
@@ -108,17 +108,18 @@ def _scattered(counts, rng):
 # --- one case -----------------------------------------------------------------------
 
 def run_case(collective, build, n, counts, displs, length, in_place, model, tuning=(1, 2), op="sum",
-             ring_order=None):
+             ring_order=None, nodes=()):
     """Build every rank's schedule, simulate, check; returns the simulator's Result."""
     seg, win = tuning
     commutative = op != "affine"
     shapes = [sim.shape(collective, n, r, counts=counts, displs=displs,
                         total=length if collective == "allreduce" else None, ring=ring_order,
-                        segment=seg, window=win, in_place=in_place, commutative=commutative)
+                        segment=seg, window=win, in_place=in_place, commutative=commutative,
+                        nodes=nodes)
               for r in range(n)]
     schedules = [build(s) for s in shapes]
     what = (f"{collective} {build.__module__}.{build.__name__} n={n} counts={counts} "
-            f"displs={displs} in_place={in_place} {model} tuning={tuning} op={op}")
+            f"displs={displs} in_place={in_place} {model} tuning={tuning} op={op} nodes={nodes}")
     if collective == "allgather":
         blocks = [_data(r, counts[r], op) + 100 * r for r in range(n)]
         expect = np.full(length, -1.0)

@@ -105,7 +105,9 @@ class Shape(NamedTuple):
 
     ``counts``/``displs`` are per rank (ReduceScatter and AllGather blocks;
     AllReduce: ``(total,)`` and ``(0,)``).  ``ring`` lists ranks in ring
-    order and ``ring_pos`` is this rank's position in it.
+    order and ``ring_pos`` is this rank's position in it.  ``nodes`` is the
+    node label of every rank (transport.topology; ``()``: not known, taken as
+    one node): only the hierarchical algorithms read it.
     """
 
     size: int
@@ -119,6 +121,7 @@ class Shape(NamedTuple):
     window: int         # receives posted ahead
     in_place: bool
     commutative: bool = True
+    nodes: tuple = ()
 
 
 class Schedule(NamedTuple):

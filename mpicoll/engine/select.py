@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..algorithms import bruck as _bruck
 from ..algorithms import halving as _halving
+from ..algorithms import hierarchical as _hierarchical
 from ..algorithms import recursive as _recursive
 from ..algorithms import ring as _ring
 from ..core.config import env_value
@@ -23,7 +24,7 @@ from . import executor as _executor
 # Schedule builders ``build(shape) -> Schedule`` (algorithms.schedule), run by the
 # executor (engine.executor), from each algorithm module's SCHEDULES table.
 BUILDERS: dict = {"allreduce": {}, "reduce_scatter": {}, "allgather": {}}
-for _module in (_ring, _recursive, _halving, _bruck):
+for _module in (_ring, _recursive, _halving, _bruck, _hierarchical):
     for (_collective, _name), _build in _module.SCHEDULES.items():
         BUILDERS[_collective][_name] = _build
 
@@ -71,6 +72,23 @@ THRESHOLDS = {
 }
 
 
+# "auto" across nodes: where the table above picks the ring (sizes above the
+# collective's last limit), a communicator that spans more than one node with
+# more than one rank on some node gets the hierarchical algorithm instead: it
+# puts 2(k-1)/k * N on each of k node links where the ring on n ranks puts
+# 2(n-1)/n * N (AllReduce; ReduceScatter and AllGather: half), and the
+# extra steps inside a node cost latency the ring's sizes absorb.  The node
+# layout is the context's (transport.topology: Split_type(COMM_TYPE_SHARED),
+# or MPICOLL_FAKE_NODES); docs/performance.md "Across nodes".
+HIERARCHICAL_ABOVE = {collective: rows[-2][0] for collective, rows in THRESHOLDS.items()}
+
+
+def spans_nodes(nodes) -> bool:
+    """More than one node, and more than one rank on some node (node label per rank)."""
+    k = len(set(nodes)) if nodes else 0
+    return 1 < k < len(nodes)
+
+
 def names(collective: str) -> tuple[str, ...]:
     return ("auto",) + tuple(ALGORITHMS[collective])
 
@@ -86,7 +104,7 @@ def check_algorithm(collective: str, algorithm, argname: str = "algorithm") -> N
 
 
 def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutative: bool = True,
-           staged: bool = False):
+           staged: bool = False, nodes=None):
     """(name, function) of the algorithm to run; ValueError if it cannot run this op.
 
     ``staged``: device arrays whose every message is staged through host
@@ -94,7 +112,8 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
     the ring, whose copies are per segment and overlap the transfers; the
     other algorithms send whole arrays or halves, one staged copy per step.
     (Small device calls are not staged per step: they run the host table on
-    one host copy.)
+    one host copy.)  ``nodes``: the node label of every rank, where known
+    (see :data:`HIERARCHICAL_ABOVE`).
     """
     table = ALGORITHMS[collective]
     if algorithm == "auto":
@@ -113,6 +132,8 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
             return name, table[name]
         if staged:
             return "ring", table["ring"]
+        if nodes is not None and spans_nodes(nodes) and nbytes > HIERARCHICAL_ABOVE[collective]:
+            return "hierarchical", table["hierarchical"]
         pof2 = nranks & (nranks - 1) == 0
         for limit, if_pof2, otherwise in THRESHOLDS[collective]:
             if limit is None or nbytes <= limit:
