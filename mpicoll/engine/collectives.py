@@ -176,6 +176,9 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     ctx = _context.context(comm, timeout, lambda: (
         f"{label} #1 ({name}, {total} x {_check.dtype_label(msg)})", label, name))
     _observe.check_usable(ctx)
+    if algorithm == "auto" and _select.spans_nodes(ctx.nodes):  # the layout is known from here on
+        name, entry = _select.choose(collective, algorithm, nbytes, size, commutative,
+                                     staged=per_step is not None and per_step(nbytes), nodes=ctx.nodes)
     run = _Run()
     run.name, run.ctx, run.collective, run.label = name, ctx, collective, label
     run.comm = comm

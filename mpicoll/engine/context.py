@@ -146,6 +146,7 @@ class Context:
             self.tag_ub = int(ub)
         self.ring = _topology.ring_from_nodes(labels.tolist())
         self.ring_pos = self.ring.index(self.rank)
+        self.nodes = tuple(labels.tolist())  # node label per rank (Shape.nodes, select.choose)
 
     def _wait(self, pending: list, step: str) -> None:
         """Complete the set-up requests ``pending``; CollectiveTimeout after the call's timeout."""

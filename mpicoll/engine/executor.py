@@ -125,7 +125,8 @@ def shape_of(ctx, total, counts, displs, itemsize, in_place, commutative=True) -
     """The :class:`Shape` of a call on ``ctx`` (segment and window from its tuning)."""
     seg = max(1, getattr(ctx, "segment_bytes", 1 << 20) // max(itemsize, 1))
     return Shape(ctx.size, ctx.rank, tuple(ctx.ring), ctx.ring_pos, total, tuple(counts),
-                 tuple(displs), seg, getattr(ctx, "window", 2), bool(in_place), commutative)
+                 tuple(displs), seg, getattr(ctx, "window", 2), bool(in_place), commutative,
+                 tuple(getattr(ctx, "nodes", ())))
 
 
 def bind(schedule, views: dict, fuse_channel=None) -> tuple:
