@@ -209,6 +209,60 @@ def test_schedule_matches_reference(collective, algorithm, build):
         run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op, ring_order)
 
 
+# Node layouts for the hierarchical algorithms: equal and uneven ranks per node, block
+# and round-robin placement, labels out of order, one rank per node (no lane peer).
+LAYOUTS = [(0, 0, 1, 1), (0, 1, 0, 1), (0, 0, 1, 2), (0, 1, 2, 0), (0, 0, 0, 1, 1), (0, 1, 0, 1, 0),
+           (0, 0, 1, 1, 2, 2), (0, 1, 2, 0, 1, 2), (5, 5, 2), (0, 1), (0, 1, 2)]
+
+
+def _layout_cases(collective):
+    from mpicoll.transport import topology
+    cases = []
+    for nodes in LAYOUTS:
+        n = len(nodes)
+        if collective == "allreduce":
+            layouts = [((N,), (0,), N) for N in (0, 1, n - 1, n, 2 * n + 1, 37, 1000)]
+        else:
+            layouts = [(c, [sum(c[:r]) for r in range(n)], sum(c))
+                       for c in ([3] * n, ring.split(2 * n + 1, n)[0], [0] * n, [0] * (n - 1) + [5],
+                                 [1] + [0] * (n - 1), ring.split(1000, n)[0])]
+        # the context's ring (nodes together) and the identity: the builder follows either
+        for ring_order in (tuple(topology.ring_from_nodes(list(nodes))), tuple(range(n))):
+            for counts, displs, length in layouts:
+                for in_place in (False, True):
+                    for model in sim.MODELS:
+                        for tuning in ((3, 2), (64, 1)) if length < 100 else ((64, 2),):
+                            cases.append((n, list(counts), list(displs), length, in_place, model,
+                                          tuning, ring_order, nodes))
+    return cases
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_hierarchical_on_node_layouts(collective):
+    """The hierarchical builders on simulated node layouts; across nodes only the model's bytes."""
+    build = hierarchical.SCHEDULES[(collective, "hierarchical")]
+    for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
+            _share(_layout_cases(collective)):
+        run_case(collective, build, n, counts, displs, length, in_place, model, tuning, "sum",
+                 ring_order, nodes)
+    # bytes each node sends to other nodes, 2 nodes x 2 ranks, 1200 elements: half the ring's
+    # 2(n-1)/n for AllReduce (2(k-1)/k * N = 1.0 N against 1.5 N), (k-1)/k * N for the others
+    n, total, nodes = 4, 1200, (0, 1, 0, 1)
+    ring_order = (0, 2, 1, 3)
+    counts = ring.split(total, n)[0]
+    shapes = [sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
+                        total=total if collective == "allreduce" else None, ring=ring_order,
+                        segment=64, nodes=nodes) for r in range(n)]
+    out = [0, 0]
+    for r, sh in enumerate(shapes):
+        for o in build(sh).sends():
+            assert o.region.count <= 16 * 64  # pieces, never a whole step
+            if nodes[o.peer] != nodes[r]:
+                out[nodes[r]] += o.region.count
+    assert out == [total if collective == "allreduce" else total // 2] * 2
+
+
 # --- the checks catch broken schedules ------------------------------------------------
 
 def _mutated(build, change):

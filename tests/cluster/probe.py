@@ -44,9 +44,9 @@ OVERHEAD = 0.06
 SLACK = 96 << 10
 
 COLLECTIVES = {
-    "allreduce": ("ring", "recursive_doubling", "rabenseifner", "auto"),
-    "reduce_scatter": ("ring", "recursive_halving", "recursive_doubling", "auto"),
-    "allgather": ("ring", "bruck", "recursive_doubling", "auto"),
+    "allreduce": ("ring", "recursive_doubling", "rabenseifner", "hierarchical", "auto"),
+    "reduce_scatter": ("ring", "recursive_halving", "recursive_doubling", "hierarchical", "auto"),
+    "allgather": ("ring", "bruck", "recursive_doubling", "hierarchical", "auto"),
 }
 
 
