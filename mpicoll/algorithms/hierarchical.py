@@ -134,7 +134,7 @@ def _lane_parts(lay: _Layout, lanes, blocks):
     return out
 
 
-def _gather_lanes(b, s, lay, lane_bounds, src_of, into, reduce_slots):
+def _gather_lanes(b, s, lay, src_of, into, reduce_slots):
     """Step 0: every local rank's part of each lane to the lane's owner.
 
     ``src_of(lane)``: this rank's [(src region, lane offset)] of that lane;
@@ -247,7 +247,7 @@ def allreduce_schedule(s: Shape) -> Schedule:
         a = _lane(s, lay, i)[0]
         return Region(DST, a + off, a + off + n)
 
-    sends = _gather_lanes(b, s, lay, None, src_of, into, True)
+    sends = _gather_lanes(b, s, lay, src_of, into, True)
     if lay.index < lay.lanes:
         a, c = _lane(s, lay, lay.index)
         if lay.k > 1 and c:
@@ -310,7 +310,7 @@ def reduce_scatter_schedule(s: Shape) -> Schedule:
     def into(i, off, n):
         return Region(lane_buf, off, off + n)
 
-    sends = _gather_lanes(b, s, lay, None, src_of, into, True)
+    sends = _gather_lanes(b, s, lay, src_of, into, True)
     out_buf, out_at = None, {}
     if lay.index < lay.lanes and parts[lay.index]:
         lane = lay.index
@@ -322,7 +322,7 @@ def reduce_scatter_schedule(s: Shape) -> Schedule:
         mine = counts[lay.node]
         out_buf = b.buffer("hierarchical: node's part of the lane", mine) if mine else None
         at = 0
-        for r, x, y, off in parts[lane]:
+        for r, x, y, _ in parts[lane]:
             if _node_of(lay, r) == lay.node:
                 out_at[r] = out_at.get(r, []) + [(at, y - x)]
                 at += y - x
@@ -371,12 +371,16 @@ def allgather_schedule(s: Shape) -> Schedule:
         b.copy(Region(DST, lo, lo + cnt), Region(SRC, 0, cnt))
 
     def src_of(i):
-        return _parts_of(s, lay, s.rank, i)
+        # in place this rank's block is read where it lies in DST (as the ring does)
+        parts = _parts_of(s, lay, s.rank, i)
+        if s.in_place:
+            parts = [(Region(DST, lo + r.start, lo + r.stop), off) for r, off in parts]
+        return parts
 
     def into(i, off, n):
         return Region(lane_buf, off, off + n)
 
-    sends = _gather_lanes(b, s, lay, None, src_of, into, False)
+    sends = _gather_lanes(b, s, lay, src_of, into, False)
     if lay.index < lay.lanes and size:
         lane = lay.index
         counts = [0] * lay.k
