@@ -263,6 +263,33 @@ def test_hierarchical_on_node_layouts(collective):
     assert out == [total if collective == "allreduce" else total // 2] * 2
 
 
+@pytest.mark.timeout(600)
+def test_rabenseifner_on_node_layouts():
+    """Across nodes Rabenseifner pairs ranks by ring position: right on every layout, and its
+    first, largest exchange stays inside a node whatever the placement (1.0 N on each node
+    link at 2 nodes x 2 ranks, block or round-robin, where pairing by rank puts 2.0 N under block)."""
+    build = halving.SCHEDULES[("allreduce", "rabenseifner")]
+    for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
+            _share(_layout_cases("allreduce")):
+        run_case("allreduce", build, n, counts, displs, length, in_place, model, tuning, "sum",
+                 ring_order, nodes)
+    from mpicoll.transport import topology
+    total = 1200
+    for nodes in ((0, 0, 1, 1), (0, 1, 0, 1), (0, 0, 0, 0, 1, 1, 1, 1), (0, 1, 0, 1, 0, 1, 0, 1)):
+        n, ring_order = len(nodes), tuple(topology.ring_from_nodes(list(nodes)))
+        out = {}
+        for r in range(n):
+            sh = sim.shape("allreduce", n, r, total=total, ring=ring_order, nodes=nodes)
+            for o in build(sh).sends():
+                if nodes[o.peer] != nodes[r]:
+                    out[nodes[r]] = out.get(nodes[r], 0) + o.region.count
+        # 2(k-1)/k * N for k = 2 nodes, whatever the ranks per node
+        assert out == {0: total, 1: total}, (nodes, out)
+    # on one node the schedule is the textbook one: pairs by rank
+    sh = sim.shape("allreduce", 4, 0, total=total, ring=(0, 2, 1, 3))
+    assert build(sh).sends()[0].peer == 2
+
+
 # --- the checks catch broken schedules ------------------------------------------------
 
 def _mutated(build, change):
