@@ -290,6 +290,23 @@ def test_rabenseifner_on_node_layouts():
     assert build(sh).sends()[0].peer == 2
 
 
+@pytest.mark.parametrize("collective,algorithm,build", BUILDERS,
+                         ids=[f"{c}-{a}" for c, a, _ in BUILDERS])
+def test_every_message_is_a_piece(collective, algorithm, build):
+    """No algorithm sends more than a piece in one message (the ring's AllGather: its pieces of
+    AG_SEGMENT_FACTOR segments): 6 ranks, uneven, segments of 8 elements."""
+    if WORLD.rank != 0:
+        pytest.skip("single-process check, run on rank 0")
+    n, seg = 6, 8
+    counts = ring.split(1001, n)[0]
+    most = seg * (ring.AG_SEGMENT_FACTOR if collective == "allgather" else 1)
+    for r in range(n):
+        sh = sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
+                       total=1001 if collective == "allreduce" else None, segment=seg,
+                       nodes=(0, 0, 0, 1, 1, 2))
+        assert max(o.region.count for o in build(sh).sends()) <= most, (algorithm, r)
+
+
 # --- the checks catch broken schedules ------------------------------------------------
 
 def _mutated(build, change):
@@ -352,10 +369,11 @@ def test_checks_catch_a_broken_builder(change, model, op, expect):
     """Each mutation of recursive doubling AllReduce is caught; the unbroken one passes."""
     if WORLD.rank != 0:
         pytest.skip("single-process check, run on rank 0")
-    run_case("allreduce", recursive.allreduce_schedule, 5, (9,), (0,), 9, False, model, op=op)
+    # (segments of 64: each exchange one message each way, the pattern _send_first turns)
+    run_case("allreduce", recursive.allreduce_schedule, 5, (9,), (0,), 9, False, model, (64, 2), op=op)
     with pytest.raises(expect):
         run_case("allreduce", _mutated(recursive.allreduce_schedule, change), 5, (9,), (0,), 9,
-                 False, model, op=op)
+                 False, model, (64, 2), op=op)
 
 
 # --- readers of the schedules: the ring diagram -------------------------------------------

@@ -14,7 +14,8 @@ rank counts that are not powers of two, at the price of two local copies.
 
 from __future__ import annotations
 
-from .schedule import DST, Builder, Label, Region, own_block
+from .recursive import PieceBuilder, pieces
+from .schedule import DST, Label, Region, own_block
 
 
 def allgather_schedule(shape):
@@ -27,7 +28,7 @@ def allgather_schedule(shape):
     """
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
-    b = Builder()
+    b = PieceBuilder(shape.segment)
     own = own_block(b, shape)
     # offset of position j in the rotated work buffer
     at = [0] * (n + 1)
@@ -47,9 +48,11 @@ def allgather_schedule(shape):
         r = Region(work, at[d], at[d + c])
         s = Region(work, 0, at[c])
         lab = Label(step, "allgather", None, 0, 0)
-        rh = b.recv((rank + d) % n, r, lab._replace(count=r.count)) if r.count else None
-        sh = b.send((rank - d) % n, s, lab._replace(count=s.count)) if s.count else None
-        b.wait(rh, sh)
+        rh = [b.recv((rank + d) % n, p, lab._replace(segment=j, count=p.count))
+              for j, p in enumerate(pieces(b, r))]
+        sh = [b.send((rank - d) % n, p, lab._replace(segment=j, count=p.count))
+              for j, p in enumerate(pieces(b, s))]
+        b.wait(*rh, *sh)
         d <<= 1
         step += 1
     # rotate back: position j holds rank (rank + j) % n

@@ -32,9 +32,19 @@ Schedules
 
 from __future__ import annotations
 
-from .recursive import exchange, fold_in, fold_steps, is_packed, new_rank, real_rank, recv_from, send_to
+from .recursive import (
+    PieceBuilder,
+    exchange,
+    fold_in,
+    fold_steps,
+    is_packed,
+    new_rank,
+    real_rank,
+    recv_from,
+    send_to,
+)
 from .ring import split
-from .schedule import DST, SRC, Builder, Label, Region
+from .schedule import DST, SRC, Label, Region
 
 # --- schedules (see mpicoll.algorithms.schedule) ------------------------------------
 #
@@ -91,7 +101,7 @@ def reduce_scatter_schedule(shape):
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
     own, mine = displs[rank], counts[rank]
-    b = Builder()
+    b = PieceBuilder(shape.segment)
     if n == 1:
         if mine and not (shape.in_place and own == 0):
             if shape.in_place:  # own block moves down over itself: through a work buffer
@@ -171,7 +181,7 @@ def allreduce_schedule(shape):
     Across nodes ranks pair by ring position, largest exchange inside a node (see :func:`_ids`).
     """
     n, rank, N = shape.size, shape.rank, shape.total
-    b = Builder()
+    b = PieceBuilder(shape.segment)
     if n == 1 or N == 0:
         if N and not shape.in_place:
             b.copy(Region(DST, 0, N), Region(SRC, 0, N))
