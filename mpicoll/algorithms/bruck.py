@@ -14,7 +14,7 @@ rank counts that are not powers of two, at the price of two local copies.
 
 from __future__ import annotations
 
-from .recursive import PieceBuilder, pieces
+from .recursive import PieceBuilder, transfer
 from .schedule import DST, Label, Region, own_block
 
 
@@ -28,7 +28,7 @@ def allgather_schedule(shape):
     """
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
-    b = PieceBuilder(shape.segment)
+    b = PieceBuilder(shape.segment, shape.window)
     own = own_block(b, shape)
     # offset of position j in the rotated work buffer
     at = [0] * (n + 1)
@@ -48,11 +48,7 @@ def allgather_schedule(shape):
         r = Region(work, at[d], at[d + c])
         s = Region(work, 0, at[c])
         lab = Label(step, "allgather", None, 0, 0)
-        rh = [b.recv((rank + d) % n, p, lab._replace(segment=j, count=p.count))
-              for j, p in enumerate(pieces(b, r))]
-        sh = [b.send((rank - d) % n, p, lab._replace(segment=j, count=p.count))
-              for j, p in enumerate(pieces(b, s))]
-        b.wait(*rh, *sh)
+        transfer(b, [((rank + d) % n, r, lab)], [((rank - d) % n, s, lab)])
         d <<= 1
         step += 1
     # rotate back: position j holds rank (rank + j) % n

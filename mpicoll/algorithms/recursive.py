@@ -76,14 +76,17 @@ class PieceBuilder(Builder):
     A whole step sent as one message runs slower than the same bytes in
     pieces: two 64 MiB flows on one TCP link reached 50-67% of it, 1 MiB
     pieces 97-98% (measured on the emulated cluster, docs/performance.md).
-    ``piece``: elements per piece (the context's segment, as the ring's).
+    ``piece``: elements per piece (the context's segment, as the ring's);
+    ``window``: pieces in flight each way (as the ring's receives), so that
+    pieces complete one after the other and each completion is progress.
     """
 
-    __slots__ = ("piece",)
+    __slots__ = ("piece", "window")
 
-    def __init__(self, piece: int):
+    def __init__(self, piece: int, window: int = 2):
         super().__init__()
         self.piece = max(1, int(piece))
+        self.window = max(1, int(window))
 
 
 def pieces(b: Builder, region: Region) -> list:
@@ -97,30 +100,53 @@ def pieces(b: Builder, region: Region) -> list:
             for a in range(region.start, region.stop, piece)]
 
 
-def _post(b: Builder, post, peer: int, region: Region, label: Label) -> list:
-    return [post(peer, r, label._replace(segment=j, count=r.count))
-            for j, r in enumerate(pieces(b, region))]
+def transfer(b: Builder, recvs: list, sends: list, during: tuple | None = None) -> None:
+    """Post ``(peer, region, label)`` receives and sends piece by piece, ``window`` in flight.
+
+    Piece i of each list is waited for before piece i + window is posted;
+    the other end does the same, so with a plain Builder (one piece each)
+    this is: post the receive, post the send, wait for both.
+    """
+    window = getattr(b, "window", 1)
+    cut = [[(peer, r, lab._replace(segment=j, count=r.count)) for peer, region, lab in side
+            for j, r in enumerate(pieces(b, region))] for side in (recvs, sends)]
+    rs, ss = cut
+    posted: dict = {}
+
+    def post(i):
+        r = b.recv(*rs[i]) if i < len(rs) else None
+        s = b.send(*ss[i]) if i < len(ss) else None
+        posted[i] = (r, s)
+
+    steps = max(len(rs), len(ss))
+    for i in range(min(window, steps)):
+        post(i)
+    if during is not None:
+        b.copy(*during)
+    if steps <= window:
+        b.wait(*(h for i in range(steps) for h in posted[i]))
+        return
+    for i in range(steps):
+        b.wait(*posted.pop(i))
+        if i + window < steps:
+            post(i + window)
 
 
 def exchange(b: Builder, peer: int, send: Region, recv: Region, label: Label,
              during: tuple | None = None) -> None:
     """Receive ``recv`` from and send ``send`` to ``peer``, then wait (empty halves skipped);
     ``during``: a copy ``(dst, src)`` made while the messages are on the wire."""
-    r = _post(b, b.recv, peer, recv, label)
-    s = _post(b, b.send, peer, send, label)
-    if during is not None:
-        b.copy(*during)
-    b.wait(*r, *s)
+    transfer(b, [(peer, recv, label)], [(peer, send, label)], during)
 
 
 def send_to(b: Builder, peer: int, region: Region, label: Label) -> None:
     """Send ``region`` to ``peer`` and wait (nothing when it is empty)."""
-    b.wait(*_post(b, b.send, peer, region, label))
+    transfer(b, [], [(peer, region, label)])
 
 
 def recv_from(b: Builder, peer: int, region: Region, label: Label) -> None:
     """Receive ``region`` from ``peer`` and wait (nothing when it is empty)."""
-    b.wait(*_post(b, b.recv, peer, region, label))
+    transfer(b, [(peer, region, label)], [])
 
 
 def fold_in(b: Builder, rank: int, incoming: Region, src: Region, into: Region,
@@ -192,7 +218,7 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
 def allreduce_schedule(shape):
     """Recursive doubling AllReduce of ``shape.total`` elements: SRC -> DST."""
     n, N = shape.size, shape.total
-    b = PieceBuilder(shape.segment)
+    b = PieceBuilder(shape.segment, shape.window)
     if n == 1 or N == 0:
         if N and not shape.in_place:
             b.copy(Region(DST, 0, N), Region(SRC, 0, N))
@@ -211,7 +237,7 @@ def reduce_scatter_schedule(shape):
     n, rank = shape.size, shape.rank
     total = max((d + c for c, d in zip(shape.counts, shape.displs)), default=0)
     own, mine = shape.displs[rank], shape.counts[rank]
-    b = PieceBuilder(shape.segment)
+    b = PieceBuilder(shape.segment, shape.window)
     if total == 0:
         return b.build(0)
     if n == 1 and not (shape.in_place and own):
@@ -238,7 +264,7 @@ def allgather_schedule(shape):
     """
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
-    b = PieceBuilder(shape.segment)
+    b = PieceBuilder(shape.segment, shape.window)
     packed = is_packed(counts, displs)
     pof2, rem, rounds, base = fold_steps(n)
     # With n a power of two and the blocks packed, the first exchange sends this rank's
