@@ -178,3 +178,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     rank = MPI.COMM_WORLD.Get_rank()
     with open(f"{prefix}.{rank}", "w") as f:
         f.write(" ".join(f"{k}={v}" for k, v in counts.items()) + f" exit={int(exitstatus)}\n")
+
+
+@pytest.fixture(autouse=True)
+def _environment_read_again():
+    """After each test, mpicoll's process-wide options are read from the environment again.
+
+    mpicoll reads ``MPICOLL_*`` when it sets a communicator up and keeps the latest read
+    for its process-wide options; a test that set a variable (monkeypatch undoes it
+    afterwards) must not leave its value to the tests after it.
+    """
+    yield
+    from mpicoll.core import config
+    try:
+        config.read_environment()
+    except ValueError:  # a variable the job itself set badly: the next set-up raises
+        pass

@@ -1,7 +1,8 @@
 """mpicoll.bind_device: node-local rank -> GPU, on a fake CUDA runtime (and CuPy where present).
 
-All ranks of a test run share one node here, so the node-local rank equals
-the rank in COMM_WORLD.
+Expected devices follow each rank's node-local rank (its rank among the ranks
+of ``comm`` on its node), so the file also holds across nodes (the emulated
+cluster, tests/cluster/).
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ WORLD = MPI.COMM_WORLD
 LOCAL_VARS = _devices._LOCAL_RANK_VARS
 
 
+def _local(comm):
+    """(node-local rank, ranks on this node) of ``comm``'s calling rank."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.rank, node.size
+    finally:
+        node.Free()
+
+
 @pytest.fixture
 def no_hints(monkeypatch):
     for var in LOCAL_VARS:
@@ -28,29 +38,31 @@ def no_hints(monkeypatch):
 @pytest.mark.parametrize("devices", [1, 2, 3, 8])
 def test_round_robin_over_visible_devices(no_hints, devices):
     rt = fakegpu.FakeRuntime(devices=devices)
+    local, _ = _local(WORLD)
     dev = _devices._bind(WORLD, lambda: rt)
-    assert dev == WORLD.rank % devices
+    assert dev == local % devices
     assert rt.current_device() == dev
 
 
 def test_launcher_hint_used_when_consistent(no_hints):
     """A launcher numbering the node's ranks 0..n-1 differently from rank order is followed."""
-    no_hints.setenv("SLURM_LOCALID", str(WORLD.size - 1 - WORLD.rank))
-    rt = fakegpu.FakeRuntime(devices=WORLD.size + 1)
-    assert _devices._bind(WORLD, lambda: rt) == WORLD.size - 1 - WORLD.rank
+    local, on_node = _local(WORLD)
+    no_hints.setenv("SLURM_LOCALID", str(on_node - 1 - local))
+    rt = fakegpu.FakeRuntime(devices=on_node + 1)
+    assert _devices._bind(WORLD, lambda: rt) == on_node - 1 - local
 
 
 def test_launcher_hint_ignored_when_inconsistent(no_hints):
     no_hints.setenv("SLURM_LOCALID", "0")  # every rank claims local rank 0
     rt = fakegpu.FakeRuntime(devices=WORLD.size + 1)
-    assert _devices._bind(WORLD, lambda: rt) == WORLD.rank
+    assert _devices._bind(WORLD, lambda: rt) == _local(WORLD)[0]
 
 
 def test_sub_communicator_reversed(no_hints):
     comm = WORLD.Split(0, WORLD.size - WORLD.rank)  # reversed rank order
     try:
         rt = fakegpu.FakeRuntime(devices=64)
-        assert _devices._bind(comm, lambda: rt) == comm.rank
+        assert _devices._bind(comm, lambda: rt) == _local(comm)[0]
     finally:
         comm.Free()
 

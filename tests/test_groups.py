@@ -43,7 +43,7 @@ def test_each_group_keeps_its_own_tests():
     assert "tests/test_topology.py::test_parse_fake_nodes" in local
     assert launch and all("test_launch_" in t for t in launch)
     # mpi at this singleton's 1 rank: the unmarked topology tests and the catalogue (ranks 1, 2)
-    assert "tests/test_topology.py::test_real_nodes_single_machine" in mpi
+    assert "tests/test_topology.py::test_real_nodes" in mpi
     assert any("test_bad_input.py" in t for t in mpi)
     assert not (mpi & local) and not (mpi & launch)
     assert local | launch | mpi == everything

@@ -30,7 +30,7 @@ import pytest
 import schedsim as sim
 from mpi4py import MPI
 
-from mpicoll.algorithms import bruck, direct, halving, recursive, ring
+from mpicoll.algorithms import bruck, direct, halving, hierarchical, recursive, ring
 from mpicoll.algorithms.schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Send, Wait
 from mpicoll.engine import select as _select
 
@@ -47,7 +47,7 @@ def _registry():
     """
     out = []
     for mod, default in ((ring, "ring"), (recursive, "recursive_doubling"), (halving, None),
-                         (bruck, "bruck"), (direct, None)):
+                         (bruck, "bruck"), (direct, None), (hierarchical, None)):
         for key, build in getattr(mod, "SCHEDULES", {}).items():
             collective, algorithm = key if isinstance(key, tuple) else (key, default)
             out.append((collective, algorithm, build))
@@ -108,17 +108,18 @@ def _scattered(counts, rng):
 # --- one case -----------------------------------------------------------------------
 
 def run_case(collective, build, n, counts, displs, length, in_place, model, tuning=(1, 2), op="sum",
-             ring_order=None):
+             ring_order=None, nodes=()):
     """Build every rank's schedule, simulate, check; returns the simulator's Result."""
     seg, win = tuning
     commutative = op != "affine"
     shapes = [sim.shape(collective, n, r, counts=counts, displs=displs,
                         total=length if collective == "allreduce" else None, ring=ring_order,
-                        segment=seg, window=win, in_place=in_place, commutative=commutative)
+                        segment=seg, window=win, in_place=in_place, commutative=commutative,
+                        nodes=nodes)
               for r in range(n)]
     schedules = [build(s) for s in shapes]
     what = (f"{collective} {build.__module__}.{build.__name__} n={n} counts={counts} "
-            f"displs={displs} in_place={in_place} {model} tuning={tuning} op={op}")
+            f"displs={displs} in_place={in_place} {model} tuning={tuning} op={op} nodes={nodes}")
     if collective == "allgather":
         blocks = [_data(r, counts[r], op) + 100 * r for r in range(n)]
         expect = np.full(length, -1.0)
@@ -208,6 +209,104 @@ def test_schedule_matches_reference(collective, algorithm, build):
         run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op, ring_order)
 
 
+# Node layouts for the hierarchical algorithms: equal and uneven ranks per node, block
+# and round-robin placement, labels out of order, one rank per node (no lane peer).
+LAYOUTS = [(0, 0, 1, 1), (0, 1, 0, 1), (0, 0, 1, 2), (0, 1, 2, 0), (0, 0, 0, 1, 1), (0, 1, 0, 1, 0),
+           (0, 0, 1, 1, 2, 2), (0, 1, 2, 0, 1, 2), (5, 5, 2), (0, 1), (0, 1, 2)]
+
+
+def _layout_cases(collective):
+    from mpicoll.transport import topology
+    cases = []
+    for nodes in LAYOUTS:
+        n = len(nodes)
+        if collective == "allreduce":
+            layouts = [((N,), (0,), N) for N in (0, 1, n - 1, n, 2 * n + 1, 37, 1000)]
+        else:
+            layouts = [(c, [sum(c[:r]) for r in range(n)], sum(c))
+                       for c in ([3] * n, ring.split(2 * n + 1, n)[0], [0] * n, [0] * (n - 1) + [5],
+                                 [1] + [0] * (n - 1), ring.split(1000, n)[0])]
+        # the context's ring (nodes together) and the identity: the builder follows either
+        for ring_order in (tuple(topology.ring_from_nodes(list(nodes))), tuple(range(n))):
+            for counts, displs, length in layouts:
+                for in_place in (False, True):
+                    for model in sim.MODELS:
+                        for tuning in ((3, 2), (64, 1)) if length < 100 else ((64, 2),):
+                            cases.append((n, list(counts), list(displs), length, in_place, model,
+                                          tuning, ring_order, nodes))
+    return cases
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_hierarchical_on_node_layouts(collective):
+    """The hierarchical builders on simulated node layouts; across nodes only the model's bytes."""
+    build = hierarchical.SCHEDULES[(collective, "hierarchical")]
+    for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
+            _share(_layout_cases(collective)):
+        run_case(collective, build, n, counts, displs, length, in_place, model, tuning, "sum",
+                 ring_order, nodes)
+    # bytes each node sends to other nodes, 2 nodes x 2 ranks, 1200 elements: half the ring's
+    # 2(n-1)/n for AllReduce (2(k-1)/k * N = 1.0 N against 1.5 N), (k-1)/k * N for the others
+    n, total, nodes = 4, 1200, (0, 1, 0, 1)
+    ring_order = (0, 2, 1, 3)
+    counts = ring.split(total, n)[0]
+    shapes = [sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
+                        total=total if collective == "allreduce" else None, ring=ring_order,
+                        segment=64, nodes=nodes) for r in range(n)]
+    out = [0, 0]
+    for r, sh in enumerate(shapes):
+        for o in build(sh).sends():
+            assert o.region.count <= 16 * 64  # pieces, never a whole step
+            if nodes[o.peer] != nodes[r]:
+                out[nodes[r]] += o.region.count
+    assert out == [total if collective == "allreduce" else total // 2] * 2
+
+
+@pytest.mark.timeout(600)
+def test_rabenseifner_on_node_layouts():
+    """Across nodes Rabenseifner pairs ranks by ring position: right on every layout, and its
+    first, largest exchange stays inside a node whatever the placement (1.0 N on each node
+    link at 2 nodes x 2 ranks, block or round-robin, where pairing by rank puts 2.0 N under block)."""
+    build = halving.SCHEDULES[("allreduce", "rabenseifner")]
+    for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
+            _share(_layout_cases("allreduce")):
+        run_case("allreduce", build, n, counts, displs, length, in_place, model, tuning, "sum",
+                 ring_order, nodes)
+    from mpicoll.transport import topology
+    total = 1200
+    for nodes in ((0, 0, 1, 1), (0, 1, 0, 1), (0, 0, 0, 0, 1, 1, 1, 1), (0, 1, 0, 1, 0, 1, 0, 1)):
+        n, ring_order = len(nodes), tuple(topology.ring_from_nodes(list(nodes)))
+        out = {}
+        for r in range(n):
+            sh = sim.shape("allreduce", n, r, total=total, ring=ring_order, nodes=nodes)
+            for o in build(sh).sends():
+                if nodes[o.peer] != nodes[r]:
+                    out[nodes[r]] = out.get(nodes[r], 0) + o.region.count
+        # 2(k-1)/k * N for k = 2 nodes, whatever the ranks per node
+        assert out == {0: total, 1: total}, (nodes, out)
+    # on one node the schedule is the textbook one: pairs by rank
+    sh = sim.shape("allreduce", 4, 0, total=total, ring=(0, 2, 1, 3))
+    assert build(sh).sends()[0].peer == 2
+
+
+@pytest.mark.parametrize("collective,algorithm,build", BUILDERS,
+                         ids=[f"{c}-{a}" for c, a, _ in BUILDERS])
+def test_every_message_is_a_piece(collective, algorithm, build):
+    """No algorithm sends more than a piece in one message (the ring's AllGather: its pieces of
+    AG_SEGMENT_FACTOR segments): 6 ranks, uneven, segments of 8 elements."""
+    if WORLD.rank != 0:
+        pytest.skip("single-process check, run on rank 0")
+    n, seg = 6, 8
+    counts = ring.split(1001, n)[0]
+    most = seg * (ring.AG_SEGMENT_FACTOR if collective == "allgather" else 1)
+    for r in range(n):
+        sh = sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
+                       total=1001 if collective == "allreduce" else None, segment=seg,
+                       nodes=(0, 0, 0, 1, 1, 2))
+        assert max(o.region.count for o in build(sh).sends()) <= most, (algorithm, r)
+
+
 # --- the checks catch broken schedules ------------------------------------------------
 
 def _mutated(build, change):
@@ -270,10 +369,11 @@ def test_checks_catch_a_broken_builder(change, model, op, expect):
     """Each mutation of recursive doubling AllReduce is caught; the unbroken one passes."""
     if WORLD.rank != 0:
         pytest.skip("single-process check, run on rank 0")
-    run_case("allreduce", recursive.allreduce_schedule, 5, (9,), (0,), 9, False, model, op=op)
+    # (segments of 64: each exchange one message each way, the pattern _send_first turns)
+    run_case("allreduce", recursive.allreduce_schedule, 5, (9,), (0,), 9, False, model, (64, 2), op=op)
     with pytest.raises(expect):
         run_case("allreduce", _mutated(recursive.allreduce_schedule, change), 5, (9,), (0,), 9,
-                 False, model, op=op)
+                 False, model, (64, 2), op=op)
 
 
 # --- readers of the schedules: the ring diagram -------------------------------------------

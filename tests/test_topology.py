@@ -74,14 +74,21 @@ def _comm_with_nodes(spec, comm=WORLD):
     return dup
 
 
-def test_real_nodes_single_machine():
-    """Without the override every rank here shares one node: the ring is the identity."""
+def test_real_nodes():
+    """Without the override the node layout is the launch's: one node here, or the emulated cluster's.
+
+    tests/cluster/cluster.sh exports MPICOLL_CLUSTER_NODES (the node of every
+    rank); without it every rank shares this machine and the ring is the identity.
+    """
     if os.environ.get("MPICOLL_FAKE_NODES"):
         pytest.skip("MPICOLL_FAKE_NODES is set for this run")
     comm = WORLD.Dup()
     try:
-        assert _topology.node_ids(comm) == [0] * comm.size
-        assert _context.context(comm).ring == list(range(comm.size))
+        spec = os.environ.get("MPICOLL_CLUSTER_NODES")
+        placed = [int(k) for k in spec.split(",")] if spec else [0] * comm.size
+        want = [placed.index(placed[r]) for r in range(comm.size)]  # lowest rank on r's node
+        assert _topology.node_ids(comm) == want
+        assert _context.context(comm).ring == _topology.ring_from_nodes(want)
     finally:
         comm.Free()
 

@@ -54,13 +54,13 @@ def data(n, dtype=np.float64):
 def expect(ctx, collective, algorithm, itemsize, total=None, counts=None, in_place=False):
     """(messages_sent, bytes_sent, messages_received, bytes_received, send_steps) of the call.
 
-    Read from the algorithm's schedule for this rank, with the ring order of
-    ``ctx`` and segments of :data:`SEG_BYTES`.
+    Read from the algorithm's schedule for this rank, with the ring order and
+    node layout of ``ctx`` and segments of :data:`SEG_BYTES`.
     """
     build = _select.BUILDERS[collective][algorithm]
     shape = sim.shape(collective, ctx.size, ctx.rank, counts=counts, total=total,
                       ring=ctx.ring, segment=max(1, SEG_BYTES // itemsize), window=ctx.window,
-                      in_place=in_place)
+                      in_place=in_place, nodes=getattr(ctx, "nodes", ()))
     return tuple(sim.traffic(build(shape), itemsize)[:5])
 
 

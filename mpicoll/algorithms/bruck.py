@@ -14,7 +14,7 @@ rank counts that are not powers of two, at the price of two local copies.
 
 from __future__ import annotations
 
-from .schedule import DST, Builder, Label, Region, exchange, offsets, own_block, packed
+from .schedule import DST, Label, PieceBuilder, Region, exchange, offsets, own_block, packed
 
 
 def allgather_schedule(shape):
@@ -27,7 +27,7 @@ def allgather_schedule(shape):
     """
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
-    b = Builder()
+    b = PieceBuilder(shape.segment, shape.window)
     own = own_block(b, shape)
     # offset of position j in the rotated work buffer
     at = offsets(counts[(rank + j) % n] for j in range(n))

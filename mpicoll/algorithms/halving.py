@@ -33,7 +33,19 @@ Schedules
 from __future__ import annotations
 
 from .recursive import fold_in, fold_steps, new_rank, real_rank
-from .schedule import DST, SRC, Builder, Label, Region, exchange, offsets, packed, recv_from, send_to, split
+from .schedule import (
+    DST,
+    SRC,
+    Label,
+    PieceBuilder,
+    Region,
+    exchange,
+    offsets,
+    packed,
+    recv_from,
+    send_to,
+    split,
+)
 
 # --- schedules (see mpicoll.algorithms.schedule) ------------------------------------
 #
@@ -42,13 +54,16 @@ from .schedule import DST, SRC, Builder, Label, Region, exchange, offsets, packe
 # (Rabenseifner: then the doubling steps), then the unfold.
 
 
-def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step, last=None):
+def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step, last=None,
+                 peer_of=None):
     """Emit recursive halving among the active ranks; the result's buffer.
 
     ``cur`` names the buffer holding this rank's data (never written),
     ``acc`` the one reduced ranges are written to, ``tmp`` the incoming halves.
     ``last``: a buffer the last step reduces into, at offset 0, instead of
     ``acc`` (the ReduceScatter's output: no copy after); then returns None.
+    ``peer_of``: the rank acting as a new rank (default: the fold's
+    :func:`real_rank`).
     """
     lo, hi = 0, pof2
     mask, step = pof2 >> 1, first_step
@@ -60,7 +75,7 @@ def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step, l
         else:
             keep_lo, keep_hi, give_lo, give_hi = mid, hi, lo, mid
         ka, kb = edge[keep_lo], edge[keep_hi]
-        peer = real_rank(newpeer, rem)
+        peer = real_rank(newpeer, rem) if peer_of is None else peer_of(newpeer)
         incoming = Region(tmp, 0, kb - ka)
         exchange(b, peer, Region(cur, edge[give_lo], edge[give_hi]), incoming,
                  Label(step, "reduce-scatter", None, 0, 0))
@@ -87,7 +102,7 @@ def reduce_scatter_schedule(shape):
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
     own, mine = displs[rank], counts[rank]
-    b = Builder()
+    b = PieceBuilder(shape.segment, shape.window)
     if n == 1:
         if mine and not (shape.in_place and own == 0):
             if shape.in_place:  # own block moves down over itself: through a work buffer
@@ -139,42 +154,72 @@ def reduce_scatter_schedule(shape):
     return b.build(rounds + 2 * base)
 
 
+def _bit_reversed(x: int, bits: int) -> int:
+    return int(f"{x:0{bits}b}"[::-1], 2) if bits else 0
+
+
+def _ids(shape, rem, rounds):
+    """(this rank's id, rank of an id, new rank of an id's new rank) for Rabenseifner.
+
+    On one node (``shape.nodes`` with one label, or unknown) ids are ranks and
+    the schedule is the textbook one.  Across nodes ids are ring positions
+    (nodes are contiguous on the ring, see transport.topology), so the fold
+    pairs ring neighbours, and the halving runs on bit-reversed new ranks:
+    its first and largest exchange (half the array) is between ring
+    neighbours, inside a node, and only the small later ones cross nodes,
+    whatever the launcher's placement.
+    """
+    if len(set(shape.nodes)) < 2:
+        return shape.rank, (lambda i: i), (lambda q: q)
+    return shape.ring_pos, shape.ring.__getitem__, (lambda q: _bit_reversed(q, rounds))
+
+
 def allreduce_schedule(shape):
-    """Rabenseifner AllReduce: recursive halving ReduceScatter + recursive doubling AllGather."""
+    """Rabenseifner AllReduce: recursive halving ReduceScatter + recursive doubling AllGather.
+
+    Across nodes ranks pair by ring position, largest exchange inside a node (see :func:`_ids`).
+    """
     n, rank, N = shape.size, shape.rank, shape.total
-    b = Builder()
+    b = PieceBuilder(shape.segment, shape.window)
     if n == 1 or N == 0:
         if N and not shape.in_place:
             b.copy(Region(DST, 0, N), Region(SRC, 0, N))
         return b.build(0)
     pof2, rem, rounds, base = fold_steps(n)
+    me, rank_of, order = _ids(shape, rem, rounds)
     counts, displs = split(N, pof2)
     edge = displs + [N]
     fold_lab = Label(0, "fold", None, 0, 0)
     unfold = fold_lab._replace(step=base + 2 * rounds, phase="unfold")
-    if rank < 2 * rem and rank % 2 == 0:
-        send_to(b, rank + 1, Region(SRC, 0, N), fold_lab)
-        recv_from(b, rank + 1, Region(DST, 0, N), unfold)
+    if me < 2 * rem and me % 2 == 0:
+        send_to(b, rank_of(me + 1), Region(SRC, 0, N), fold_lab)
+        recv_from(b, rank_of(me + 1), Region(DST, 0, N), unfold)
         return b.build(2 * rounds + 2 * base)
     # largest incoming piece: the whole array for the fold, else the first kept half
     half = edge[pof2 // 2]
     tmp = b.buffer("incoming half", N if rem else max(half, N - half))
     cur = SRC
-    if rank < 2 * rem:
-        fold_in(b, rank, Region(tmp, 0, N), Region(SRC, 0, N), Region(DST, 0, N), fold_lab)
+    if me < 2 * rem:
+        # (the lower id's data on the left, as fold_in does)
+        recv_from(b, rank_of(me - 1), Region(tmp, 0, N), fold_lab)
+        b.reduce(Region(tmp, 0, N), Region(SRC, 0, N), Region(DST, 0, N))
         cur = DST
-    newrank = new_rank(rank, rem)
-    _halve_steps(b, rank, newrank, pof2, rem, cur, DST, tmp, edge, base)
+    newrank = order(new_rank(me, rem))
+
+    def peer_of(q):
+        return rank_of(real_rank(order(q), rem))
+
+    _halve_steps(b, rank, newrank, pof2, rem, cur, DST, tmp, edge, base, peer_of=peer_of)
     for k in range(rounds):
         mask = 1 << k
         newpeer = newrank ^ mask
         mine = newrank & ~(mask - 1)
         theirs = newpeer & ~(mask - 1)
-        exchange(b, real_rank(newpeer, rem), Region(DST, edge[mine], edge[mine + mask]),
+        exchange(b, peer_of(newpeer), Region(DST, edge[mine], edge[mine + mask]),
                  Region(DST, edge[theirs], edge[theirs + mask]),
                  Label(base + rounds + k, "allgather", None, 0, 0))
-    if rank < 2 * rem:
-        send_to(b, rank - 1, Region(DST, 0, N), unfold)
+    if me < 2 * rem:
+        send_to(b, rank_of(me - 1), Region(DST, 0, N), unfold)
     return b.build(2 * rounds + 2 * base)
 
 

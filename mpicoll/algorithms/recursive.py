@@ -37,6 +37,7 @@ from .schedule import (
     SRC,
     Builder,
     Label,
+    PieceBuilder,
     Region,
     exchange,
     offsets,
@@ -141,7 +142,7 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
 def allreduce_schedule(shape):
     """Recursive doubling AllReduce of ``shape.total`` elements: SRC -> DST."""
     n, N = shape.size, shape.total
-    b = Builder()
+    b = PieceBuilder(shape.segment, shape.window)
     if n == 1 or N == 0:
         if N and not shape.in_place:
             b.copy(Region(DST, 0, N), Region(SRC, 0, N))
@@ -160,7 +161,7 @@ def reduce_scatter_schedule(shape):
     n, rank = shape.size, shape.rank
     total = max((d + c for c, d in zip(shape.counts, shape.displs)), default=0)
     own, mine = shape.displs[rank], shape.counts[rank]
-    b = Builder()
+    b = PieceBuilder(shape.segment, shape.window)
     if total == 0:
         return b.build(0)
     if n == 1 and not (shape.in_place and own):
@@ -187,7 +188,7 @@ def allgather_schedule(shape):
     """
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
-    b = Builder()
+    b = PieceBuilder(shape.segment, shape.window)
     in_order = packed(counts, displs)
     pof2, rem, rounds, base = fold_steps(n)
     # With n a power of two and the blocks packed, the first exchange sends this rank's

@@ -158,9 +158,9 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
         ctx = _context.context(comm, timeout, lambda: (
             f"{label} #1 ({name}, {total} x {_check.dtype_label(msg)})", label, name), env)
     _observe.check_usable(ctx)
-    if algorithm == "auto":  # the communicator's selection (a tuning file), made with its context
+    if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose(collective, algorithm, nbytes, size, commutative, staged=staged,
-                              forced=opts["algorithm"], selection=ctx.selection)
+                              forced=opts["algorithm"], selection=ctx.selection, nodes=ctx.nodes)
     run = _Run()
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
     run.build = _select.builder(collective, name)

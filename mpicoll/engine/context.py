@@ -155,8 +155,9 @@ class Context:
             self.tag_ub = int(ub)
         self.ring = _topology.ring_from_nodes(labels.tolist())
         self.ring_pos = self.ring.index(self.rank)
+        self.nodes = tuple(labels.tolist())  # node label per rank (Shape.nodes, select.choose)
         # what "auto" picks on this communicator: its rank and node counts choose the tuning
-        self.selection = _select.selection(self.size, len(set(labels.tolist())))
+        self.selection = _select.selection(self.size, len(set(self.nodes)))
 
     def _wait(self, pending: list, step: str) -> None:
         """Complete the set-up requests ``pending``; CollectiveTimeout after the call's timeout."""

@@ -103,7 +103,7 @@ def shape_of(ctx, total, counts, displs, itemsize, in_place, commutative=True) -
     """The :class:`Shape` of a call on ``ctx`` (segment and window from its options)."""
     seg = max(1, ctx.segment_bytes // max(itemsize, 1))
     return Shape(ctx.size, ctx.rank, tuple(ctx.ring), ctx.ring_pos, total, tuple(counts),
-                 tuple(displs), seg, ctx.window, bool(in_place), commutative)
+                 tuple(displs), seg, ctx.window, bool(in_place), commutative, ctx.nodes)
 
 
 # --- progress ----------------------------------------------------------------------------

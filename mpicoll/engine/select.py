@@ -25,6 +25,7 @@ import warnings
 from ..algorithms import bruck as _bruck
 from ..algorithms import direct as _direct
 from ..algorithms import halving as _halving
+from ..algorithms import hierarchical as _hierarchical
 from ..algorithms import recursive as _recursive
 from ..algorithms import ring as _ring
 from ..core import config as _config
@@ -33,7 +34,7 @@ from . import tuning as _tuning
 # Schedule builders ``build(shape) -> Schedule`` (algorithms.schedule), run by the
 # executor (engine.executor), from each algorithm module's SCHEDULES table.
 BUILDERS: dict = {"allreduce": {}, "reduce_scatter": {}, "allgather": {}}
-for _module in (_ring, _recursive, _halving, _bruck, _direct):
+for _module in (_ring, _recursive, _halving, _bruck, _direct, _hierarchical):
     for (_collective, _name), _build in _module.SCHEDULES.items():
         BUILDERS[_collective][_name] = _build
 
@@ -171,6 +172,23 @@ def selection(nranks: int, nodes: int = 1) -> Selection:
     return sel
 
 
+# "auto" across nodes: where the table above picks the ring (sizes above the
+# collective's last limit), a communicator that spans more than one node with
+# more than one rank on some node gets the hierarchical algorithm instead: it
+# puts 2(k-1)/k * N on each of k node links where the ring on n ranks puts
+# 2(n-1)/n * N (AllReduce; ReduceScatter and AllGather: half), and the
+# extra steps inside a node cost latency the ring's sizes absorb.  The node
+# layout is the context's (transport.topology: Split_type(COMM_TYPE_SHARED),
+# or MPICOLL_FAKE_NODES); docs/performance.md "Across nodes".
+HIERARCHICAL_ABOVE = {collective: rows[-2][0] for collective, rows in THRESHOLDS.items()}
+
+
+def spans_nodes(nodes) -> bool:
+    """More than one node, and more than one rank on some node (node label per rank)."""
+    k = len(set(nodes)) if nodes else 0
+    return 1 < k < len(nodes)
+
+
 def names(collective: str) -> tuple[str, ...]:
     return ("auto",) + tuple(ALGORITHMS[collective])
 
@@ -187,21 +205,25 @@ def check_algorithm(collective: str, algorithm, argname: str = "algorithm") -> N
 
 def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutative: bool = True,
            staged: bool = False, forced: str | None = None,
-           selection: Selection | None = None) -> str:
+           selection: Selection | None = None, nodes=None) -> str:
     """The name of the algorithm to run; ValueError if it cannot run this op.
 
     ``forced``: the ``algorithm`` option (MPICOLL_ALGORITHM, read with the
     communicator's options), which replaces "auto" where it applies.
 
     ``selection``: the communicator's :class:`Selection` (made once, with its
-    context); None: the built-in table.
+    context); None: the built-in table.  A collective the tuning file measured
+    takes its rows; otherwise, across nodes (``nodes``: node label per rank),
+    the sizes where the table picks the ring take the hierarchical algorithm
+    (:func:`spans_nodes`).
 
     ``staged``: device arrays whose every message is staged through host
     memory (see backends.devices.DeviceBackend.stages_per_step).  "auto" then takes
     the ring, whose copies are per segment and overlap the transfers; the
     other algorithms send whole arrays or halves, one staged copy per step.
     (Small device calls are not staged per step: they run the host table on
-    one host copy.)
+    one host copy.)  ``nodes``: the node label of every rank, where known
+    (see :data:`HIERARCHICAL_ABOVE`).
     """
     table = ALGORITHMS[collective]
     if algorithm == "auto":
@@ -218,10 +240,13 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
             return next(a for a in table if a in ORDER_PRESERVING)
         if staged:
             return "ring"
-        if selection is not None:
+        if selection is not None and selection.entry is not None \
+                and collective in selection.entry.selection:
             for limit, name in selection.rows[collective]:
                 if limit is None or nbytes <= limit:
                     return name
+        if nodes is not None and spans_nodes(nodes) and nbytes > HIERARCHICAL_ABOVE[collective]:
+            return "hierarchical"
         pof2 = nranks & (nranks - 1) == 0
         for limit, if_pof2, otherwise in THRESHOLDS[collective]:
             if limit is None or nbytes <= limit:
