@@ -23,7 +23,7 @@ import numpy as np
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .. import iallgather, iallreduce, ireduce_scatter
+from .. import allreduce, iallgather, iallreduce, ireduce_scatter
 from .ops import reduction
 from .tensors import Staged, check_same, check_tensor
 from .work import MpiPiece, Work
@@ -56,6 +56,11 @@ def create(dist_opts, backend_opts=None):
     if comm.Get_rank() != rank or comm.Get_size() != size:
         raise RuntimeError(f"mpicoll backend: MPI placed this process at rank {comm.Get_rank()} "
                            f"of {comm.Get_size()}, torch at rank {rank} of {size}")
+    # mpicoll sets itself up on a communicator (a private duplicate) at its first
+    # collective: do it now, while every member is creating the group, so that a
+    # rank that later skips a collective makes the others time out in that
+    # collective's work, not in a set-up inside the call
+    allreduce(np.zeros(1), comm=comm, timeout=_seconds(dist_opts.timeout))
     return ProcessGroupMpicoll(comm, rank, size, dist_opts.timeout)
 
 
