@@ -5,6 +5,8 @@ shares its memory); any other tensor -- a strided view, a CUDA tensor -- is
 moved through a contiguous host copy that is copied back when the collective
 is complete (:class:`Staged`).  Tensors that require grad are ``detach()``-ed
 first: NumPy refuses them, and a collective is not part of autograd anyway.
+A tensor's own memory is seen through DLPack, never ``Tensor.numpy()``, which
+would leave its storage unresizable (FSDP frees parameters by resizing).
 """
 
 from __future__ import annotations
@@ -79,7 +81,9 @@ class Staged:
                     host = host.cpu()
                 self._back = host
         self._host = host
-        self.array = host.numpy().reshape(-1)
+        # the tensor's own memory through DLPack: Tensor.numpy() would mark its storage
+        # as not resizable for good, and FSDP frees parameter storage by resizing it
+        self.array = (np.from_dlpack(host) if self._back is None else host.numpy()).reshape(-1)
 
     @property
     def direct(self) -> bool:
