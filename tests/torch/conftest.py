@@ -1,7 +1,7 @@
 """Set-up of the torch group: one default group on the mpicoll backend, and a gloo group beside it.
 
 Every file here imports torch through ``pytest.importorskip`` (the group is
-skipped without torch).  The default group is made once per pytest process
+skipped without torch).  The default group is made once per test module (and destroyed after it)
 with ``init_process_group(backend="mpicoll")`` and nothing else set (rank and
 world size from MPI), as a user under ``mpirun`` would; the gloo group, on the
 same ranks and the store of that rendezvous, is the reference backend that
@@ -15,7 +15,7 @@ import types
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def groups():
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
