@@ -139,16 +139,16 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         tensors = list(tensors)
         for i, t in enumerate(tensors):
             check_tensor(t, f"tensors[{i}]")
-        return self._allreduce(tensors, _op(opts), "allreduce")
+        return self._allreduce(tensors, opts, "allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = list(tensors)
         if tensors:
             check_same(tensors, tensors[0].dtype, "tensors")
-        return self._allreduce(tensors, _op(opts), "allreduce_coalesced")
+        return self._allreduce(tensors, opts, "allreduce_coalesced")
 
-    def _allreduce(self, tensors, op, what):
-        reds = [reduction(op, t.dtype) for t in tensors]
+    def _allreduce(self, tensors, opts, what):
+        reds = [reduction(_op(opts), t.dtype) for t in tensors]
         staged = [Staged(t) for t in tensors]
         handles = []
         for s, red in zip(staged, reds):
@@ -160,7 +160,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             for s, red in zip(staged, reds):
                 red.post(s, self._size)
 
-        return Work(handles, finish, tensors, what)
+        return Work(handles, finish, tensors, what, opts)
 
     # -- AllGather ------------------------------------------------------------------------
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -172,7 +172,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         pieces, finishes = [], []
         for j, (outs, inp) in enumerate(zip(outputs, inputs)):
             self._gather_into_list(outs, inp, f"output_tensors[{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "allgather")
+        return Work(pieces, _all(finishes), outputs, "allgather", opts)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         inputs = list(input_list)
@@ -184,7 +184,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         for j, inp in enumerate(inputs):
             outs = [outputs[r][j] for r in range(self._size)]
             self._gather_into_list(outs, inp, f"output_lists[*][{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "allgather_coalesced")
+        return Work(pieces, _all(finishes), outputs, "allgather_coalesced", opts)
 
     def _gather_into_list(self, outs, inp, what, pieces, finishes):
         check_tensor(inp, "input")
@@ -214,7 +214,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         pieces, finishes = [], []
         self._gather_single(output, input, "output", pieces, finishes)
-        return Work(pieces, _all(finishes), [output], "all_gather_single")
+        return Work(pieces, _all(finishes), [output], "all_gather_single", opts)
 
     _allgather_base = all_gather_single
 
@@ -225,7 +225,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         pieces, finishes = [], []
         for j, (out, inp) in enumerate(zip(outputs, inputs)):
             self._gather_single(out, inp, f"outputs[{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "all_gather_single_coalesced")
+        return Work(pieces, _all(finishes), outputs, "all_gather_single_coalesced", opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -281,12 +281,12 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             red = reduction(_op(opts), out.dtype)
             flat = np.concatenate([Staged(i).array for i in ins]) if ins else np.empty(0)
             self._scatter_reduced(out, flat, red, counts, pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "reduce_scatter")
+        return Work(pieces, _all(finishes), outputs, "reduce_scatter", opts)
 
     def reduce_scatter_single(self, output, input, opts=None):
         pieces, finishes = [], []
         self._reduce_scatter_single(output, input, _op(opts), "output", pieces, finishes)
-        return Work(pieces, _all(finishes), [output], "reduce_scatter_single")
+        return Work(pieces, _all(finishes), [output], "reduce_scatter_single", opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -297,7 +297,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         pieces, finishes = [], []
         for j, (out, inp) in enumerate(zip(outputs, inputs)):
             self._reduce_scatter_single(out, inp, _op(opts), f"outputs[{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "reduce_scatter_single_coalesced")
+        return Work(pieces, _all(finishes), outputs, "reduce_scatter_single_coalesced", opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -339,10 +339,10 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             pieces.append(self._mpi(self._comm.Ibcast([_bytes(s.array), MPI.BYTE], root=root),
                                     "broadcast"))
             finishes.append(s.done)
-        return Work(pieces, _all(finishes), tensors, "broadcast")
+        return Work(pieces, _all(finishes), tensors, "broadcast", opts)
 
     def barrier(self, opts=None):
-        return Work([self._mpi(self._comm.Ibarrier(), "barrier")], None, [], "barrier")
+        return Work([self._mpi(self._comm.Ibarrier(), "barrier")], None, [], "barrier", opts)
 
     def reduce(self, tensors, opts=None):
         tensors = list(tensors)
@@ -365,7 +365,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                 for s, red in zip(staged, reds):
                     red.post(s, self._size)
 
-        return Work(handles, finish, tensors, "reduce")
+        return Work(handles, finish, tensors, "reduce", opts)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         root = 0 if opts is None else opts.rootRank
@@ -392,7 +392,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                 _bytes(dst.array)[...] = flat[r * nbytes:(r + 1) * nbytes]
                 dst.done()
 
-        return Work([self._mpi(req, "gather")], finish, [outs], "gather")
+        return Work([self._mpi(req, "gather")], finish, [outs], "gather", opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = 0 if opts is None else opts.rootRank
@@ -413,7 +413,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         else:
             flat = np.empty(0, np.uint8)
         req = self._comm.Iscatter([flat, MPI.BYTE], [_bytes(dst.array), MPI.BYTE], root=root)
-        return Work([self._mpi(req, "scatter")], dst.done, [out], "scatter")
+        return Work([self._mpi(req, "scatter")], dst.done, [out], "scatter", opts)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         check_tensor(input, "input")
@@ -428,7 +428,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         rcounts = self._split_bytes(output, list(output_split_sizes), "output_split_sizes")
         req = self._comm.Ialltoallv([_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
                                     [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
-        return Work([self._mpi(req, "all_to_all_single")], dst.done, [output], "all_to_all_single")
+        return Work([self._mpi(req, "all_to_all_single")], dst.done, [output], "all_to_all_single",
+                    opts)
 
     alltoall_base = all_to_all_single
 
@@ -455,7 +456,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                 dst.done()
                 at += n
 
-        return Work([self._mpi(req, "alltoall")], finish, outs, "alltoall")
+        return Work([self._mpi(req, "alltoall")], finish, outs, "alltoall", opts)
 
     def send(self, tensors, dst_rank, tag=0):
         pieces = []
@@ -464,7 +465,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             s = Staged(t, "bits")
             pieces.append(self._mpi(self._comm.Isend([_bytes(s.array), MPI.BYTE], dst_rank, tag),
                                     "send"))
-        return Work(pieces, None, list(tensors), "send")
+        return Work(pieces, None, list(tensors), "send", None)
 
     def recv(self, tensors, src_rank, tag=0):
         pieces, finishes = [], []
@@ -474,7 +475,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             pieces.append(self._mpi(self._comm.Irecv([_bytes(s.array), MPI.BYTE], src_rank, tag),
                                     "recv"))
             finishes.append(s.done)
-        return Work(pieces, _all(finishes), list(tensors), "recv")
+        return Work(pieces, _all(finishes), list(tensors), "recv", None)
 
     def _check_root(self, root, what) -> None:
         if not 0 <= root < self._size:

@@ -62,9 +62,15 @@ class Reduction:
             t.copy_(torch.div(t, size, rounding_mode="trunc"))
 
 
+_MADE: dict = {}  # (RedOpType, dtype) -> Reduction, for every op but PREMUL_SUM (its factor varies)
+
+
 def reduction(op, dtype) -> Reduction:
     """The :class:`Reduction` of a ``ReduceOp`` on ``dtype``; ValueError for one that does not apply."""
     kind = getattr(op, "op", op)  # a ReduceOp holds its RedOpType; ReduceOp.SUM is one
+    made = _MADE.get((kind, dtype))
+    if made is not None:
+        return made
     if not isinstance(kind, R):
         raise TypeError(f"op: expected a torch.distributed.ReduceOp, got {type(op).__name__}")
     if dtype is torch.bool:
@@ -77,10 +83,10 @@ def reduction(op, dtype) -> Reduction:
         raise ValueError(f"op: ReduceOp.{kind.name} does not apply to {dtype} "
                          f"(the mpicoll backend takes {', '.join(k.name for k in table)} on it)")
     mpi_op, post = table[kind]
-    factor = None
     if kind == R.PREMUL_SUM:
-        factor = _factor(op)
-    return Reduction(mpi_op, factor, post == "avg", kind.name)
+        return Reduction(mpi_op, _factor(op), False, kind.name)
+    made = _MADE[(kind, dtype)] = Reduction(mpi_op, None, post == "avg", kind.name)
+    return made
 
 
 def _factor(op) -> float:

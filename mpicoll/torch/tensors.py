@@ -5,8 +5,7 @@ shares its memory); any other tensor -- a strided view, a CUDA tensor -- is
 moved through a contiguous host copy that is copied back when the collective
 is complete (:class:`Staged`).  Tensors that require grad are ``detach()``-ed
 first: NumPy refuses them, and a collective is not part of autograd anyway.
-A tensor's own memory is seen through DLPack, never ``Tensor.numpy()``, which
-would leave its storage unresizable (FSDP frees parameters by resizing).
+A tensor's own memory is seen through :func:`memory_view`.
 """
 
 from __future__ import annotations
@@ -81,9 +80,7 @@ class Staged:
                     host = host.cpu()
                 self._back = host
         self._host = host
-        # the tensor's own memory through DLPack: Tensor.numpy() would mark its storage
-        # as not resizable for good, and FSDP frees parameter storage by resizing it
-        self.array = (np.from_dlpack(host) if self._back is None else host.numpy()).reshape(-1)
+        self.array = memory_view(host) if self._back is None else host.numpy().reshape(-1)
 
     @property
     def direct(self) -> bool:
@@ -101,6 +98,17 @@ class Staged:
             self.tensor.view(_BITS[self.tensor.dtype]).copy_(back)
         else:
             self.tensor.copy_(back)
+
+
+def memory_view(t):
+    """A flat NumPy array over a contiguous CPU tensor's memory, holding the tensor alive.
+
+    Through DLPack, not ``Tensor.numpy()``: that would mark the storage as
+    never resizable, and FSDP frees parameters by resizing their storage.
+    The array keeps the tensor (so an input nobody else holds, such as a
+    temporary passed with ``async_op=True``) alive until the collective is done.
+    """
+    return np.from_dlpack(t).reshape(-1)
 
 
 def to_reducible(t):

@@ -4,7 +4,8 @@ A :class:`Work` holds the pieces of one collective in flight (mpicoll handles,
 mpi4py requests) and what to do once they are complete (copy staged tensors
 back, divide for AVG).  ``wait()`` completes it on the caller's thread and
 re-raises what failed; ``get_future()`` returns a future that completes by
-itself: every work not complete when it is made is handed to one shared
+itself: every asynchronous work (``async_op=True``, and any work whose
+future is asked for) not complete when it is made is handed to one shared
 completion thread, which calls ``test()`` on the works in flight (a short sleep
 between sweeps, none at all while nothing is in flight) and completes each
 future, with its tensors or with the error, as soon as its pieces are done.
@@ -63,7 +64,7 @@ class Work(dist._Work):
     waiting, with the output tensors or the error.
     """
 
-    def __init__(self, pieces, finish, result, what: str):
+    def __init__(self, pieces, finish, result, what: str, opts=None):
         super().__init__()
         self._pieces = list(pieces)
         self._finish = finish
@@ -73,7 +74,15 @@ class Work(dist._Work):
         self._error = None
         self._done = False
         self._future = torch.futures.Future()
-        if not self._advance(False):
+        self._queued = False
+        # a blocking call (torch sets opts.asyncOp False) is waited for at once on the
+        # caller's thread: handing it to the completion thread too only adds a hand-off
+        if not self._advance(False) and getattr(opts, "asyncOp", True):
+            self._queue()
+
+    def _queue(self) -> None:
+        if not self._queued:
+            self._queued = True
             _completer().add(self)
 
     def _advance(self, block: bool, lock=True) -> bool:
@@ -117,6 +126,8 @@ class Work(dist._Work):
         return True
 
     def get_future(self):
+        if not self._done:
+            self._queue()  # the future completes by itself from now on
         return self._future
 
     def is_completed(self) -> bool:

@@ -17,8 +17,8 @@ import pytest
 
 @pytest.fixture(scope="module")
 def groups():
-    torch = pytest.importorskip("torch")
-    import torch.distributed as dist
+    dist = pytest.importorskip("torch.distributed")
+    import torch
 
     import mpicoll.torch  # noqa: F401 -- registers the backend
 

@@ -14,9 +14,10 @@ import functools
 
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch.distributed first: without torch, "torch" alone would import this folder (tests/
+# is on sys.path) as a namespace package
 dist = pytest.importorskip("torch.distributed")
-
+import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from mpicoll.tools import results  # noqa: E402

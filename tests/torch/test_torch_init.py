@@ -13,9 +13,10 @@ from datetime import timedelta
 
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch.distributed first: without torch, "torch" alone would import this folder (tests/
+# is on sys.path) as a namespace package
 dist = pytest.importorskip("torch.distributed")
-
+import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mpicoll.torch  # noqa: E402, F401 -- registers the backend

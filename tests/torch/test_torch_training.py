@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch.distributed first: without torch, "torch" alone would import this folder (tests/
+# is on sys.path) as a namespace package
 dist = pytest.importorskip("torch.distributed")
-
+import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
