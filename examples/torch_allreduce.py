@@ -41,7 +41,7 @@ def main():
 
     inputs = torch.stack([contribution(r) for r in range(size)])
     want = {"SUM": inputs.sum(0), "PRODUCT": inputs.prod(0), "MIN": inputs.min(0).values,
-            "MAX": inputs.max(0).values, "AVG": inputs.sum(0) / size}
+            "MAX": inputs.max(0).values, "AVG": inputs.sum(0).double() / size}
     for name, ref in want.items():
         t = contribution(rank).to(torch.float64).to(device)
         dist.all_reduce(t, op=getattr(dist.ReduceOp, name))
