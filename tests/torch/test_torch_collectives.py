@@ -306,3 +306,40 @@ def test_bad_input_raises_before_any_message(groups):
         dist.all_gather_into_tensor(torch.empty(g.size * 2), torch.ones(2, dtype=torch.int32),
                                     group=g.mpicoll)
     dist.barrier(group=g.mpicoll)  # nothing was left in flight
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_reduce(groups, case):
+    dtype, name = case
+    g = groups
+    root = g.size // 2
+    x = data(g.rank, 3, dtype)
+    got = x.clone()
+    dist.reduce(got, dst=root, op=make_op(name), group=g.mpicoll)
+    if g.rank == root:
+        same(got, reference(name, [data(r, 3, dtype) for r in range(g.size)], g.size))
+    else:
+        same(got, x)  # only dst receives the result
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int32, torch.bool], ids=str)
+def test_all_to_all_list_send_recv_uneven_all_gather(groups, dtype):
+    g = groups
+    ins = [data(g.rank, k + 1, dtype, salt=k) for k in range(g.size)]  # k + 1 elements to rank k
+    outs = [torch.empty(g.rank + 1, dtype=dtype) for _ in range(g.size)]
+    dist.all_to_all(outs, ins, group=g.mpicoll)
+    for k, o in enumerate(outs):
+        same(o, data(k, g.rank + 1, dtype, salt=g.rank))
+    # a ring of send/recv: rank r sends to r + 1
+    nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    got = torch.empty(4, dtype=dtype)
+    reqs = [dist.isend(data(g.rank, 4, dtype), nxt, group=g.mpicoll),
+            dist.irecv(got, prv, group=g.mpicoll)]
+    for r in reqs:
+        r.wait()
+    same(got, data(prv, 4, dtype))
+    # all_gather into outputs of different sizes (MPI's Allgatherv)
+    outs = [torch.empty(r % 3, dtype=dtype) for r in range(g.size)]
+    dist.all_gather(outs, data(g.rank, g.rank % 3, dtype), group=g.mpicoll)
+    for r, o in enumerate(outs):
+        same(o, data(r, r % 3, dtype))
