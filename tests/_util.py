@@ -274,3 +274,61 @@ def run_job(cmd, env, limit: float) -> subprocess.CompletedProcess:
         pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {limit} s\n"
                     f"--- stdout\n{out}\n--- stderr\n{err}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def as_function(collective: str, build):
+    """The schedule builder ``build`` as a function of the classic algorithm signature.
+
+    ``allreduce``: ``fn(ctx, ch, be, red, src, dst)``, in place when ``src is dst``;
+    ``reduce_scatter``: ``fn(ctx, ch, be, red, src, dst, counts, displs)``, in place when
+    ``src`` and ``dst`` share memory; ``allgather``: ``fn(ctx, ch, be, src, dst, counts,
+    displs)``, in place when ``src`` is None.  Each call builds the schedule of its shape
+    and runs it to the end with ``executor.run_on`` (tests drive algorithms on simulated
+    channels this way).
+    """
+    from mpicoll.engine.executor import run_on, shape_of
+
+    if collective == "allreduce":
+        def fn(ctx, ch, be, red, src, dst):
+            shape = shape_of(ctx, len(dst), (len(dst),), (0,), dst.dtype.itemsize, src is dst)
+            run_on(build(shape), ctx, ch, be, red, src, dst)
+    elif collective == "reduce_scatter":
+        def fn(ctx, ch, be, red, src, dst, counts, displs):
+            shape = shape_of(ctx, sum(counts), tuple(counts), tuple(displs), src.dtype.itemsize,
+                             bool(np.shares_memory(src, dst)))
+            run_on(build(shape), ctx, ch, be, red, src, dst)
+    else:
+        def fn(ctx, ch, be, src, dst, counts, displs):
+            shape = shape_of(ctx, sum(counts), tuple(counts), tuple(displs), dst.dtype.itemsize,
+                             src is None)
+            run_on(build(shape), ctx, ch, be, None, src, dst)
+    return fn
+
+
+def algorithm_functions(collective: str) -> dict:
+    """{name: :func:`as_function` of its builder} for every algorithm of ``collective``."""
+    from mpicoll.engine import select
+    return {name: as_function(collective, build)
+            for name, build in select.BUILDERS[collective].items()}
+
+
+class env_options:
+    """``monkeypatch``'s setenv/delenv for ``MPICOLL_*`` variables, read again at once.
+
+    mpicoll reads its options when a communicator's context is created; a test
+    that changes a process-wide option (cuda_aware, progress, trace) in the
+    environment reads it again here, as a new communicator would.
+    """
+
+    def __init__(self, monkeypatch):
+        self.monkeypatch = monkeypatch
+
+    def setenv(self, name, value):
+        from mpicoll.core import config
+        self.monkeypatch.setenv(name, value)
+        config.read_environment()
+
+    def delenv(self, name, raising=False):
+        from mpicoll.core import config
+        self.monkeypatch.delenv(name, raising=raising)
+        config.read_environment()

@@ -299,7 +299,7 @@ def _allreduce_cases():
 
 
 def _allreduce_case(name, n, N, ring, seg, win, in_place, red_name):
-    fn = _select.ALGORITHMS["allreduce"][name]
+    fn = _util.algorithm_functions("allreduce")[name]
     dtype = np.complex128 if red_name == "affine" else np.float64
     red = AFFINE if red_name == "affine" else SUM
     inputs = [_data(r, N, dtype) for r in range(n)]
@@ -345,7 +345,7 @@ def _reduce_scatter_cases():
 
 
 def _reduce_scatter_case(name, n, counts, ring, seg, win, in_place, red_name):
-    fn = _select.ALGORITHMS["reduce_scatter"][name]
+    fn = _util.algorithm_functions("reduce_scatter")[name]
     dtype = np.complex128 if red_name == "affine" else np.float64
     red = AFFINE if red_name == "affine" else SUM
     total = sum(counts)
@@ -408,7 +408,7 @@ def _layout(counts, how, rng):
 
 
 def _allgather_case(name, n, counts, how, ring, seg, win, in_place, rng):
-    fn = _select.ALGORITHMS["allgather"][name]
+    fn = _util.algorithm_functions("allgather")[name]
     displs, length = _layout(counts, how, rng)
     blocks = [_data(r, counts[r], np.float64) + 100 * r for r in range(n)]
     expect = np.full(length, -1.0)
@@ -451,7 +451,7 @@ def test_ring_reduce_scatter_memory_is_bounded():
     n, per, seg_elems, win = 4, 1000, 16, 2
     counts = [per] * n
     displs = [per * r for r in range(n)]
-    fn = _select.ALGORITHMS["reduce_scatter"]["ring"]
+    fn = _util.algorithm_functions("reduce_scatter")["ring"]
     inputs = [_data(r, per * n, np.float64) for r in range(n)]
     ctxs = [FakeCtx(r, n, list(range(n)), seg_elems * 8, win, None) for r in range(n)]
 
@@ -526,7 +526,7 @@ def test_every_algorithm_matches_mpi(tiny_comm, collective):
     comm = tiny_comm
     n, rank = comm.size, comm.rank
     ctx = _context.context(comm)
-    for name, fn in _select.ALGORITHMS[collective].items():
+    for name, fn in _util.algorithm_functions(collective).items():
         for N in (0, 1, n + 1, 50, 1001):
             for dtype in (np.int64, np.float32):
                 counts = split(N, n)[0]
@@ -552,19 +552,23 @@ def test_every_algorithm_matches_mpi(tiny_comm, collective):
 
 @pytest.mark.local
 def test_tuning_from_environment():
-    from mpicoll.algorithms.ring import DEFAULT_SEGMENT_BYTES, DEFAULT_WINDOW, parse_bytes, tuning
+    from mpicoll.core.config import parse_bytes, read_environment
 
-    assert tuning({}) == (DEFAULT_SEGMENT_BYTES, DEFAULT_WINDOW)
-    assert tuning({"MPICOLL_SEGMENT_BYTES": "64K", "MPICOLL_WINDOW": "3"}) == (65536, 3)
-    assert tuning({"MPICOLL_SEGMENT_BYTES": " 2MiB ", "MPICOLL_WINDOW": ""}) == (2 << 20, DEFAULT_WINDOW)
+    defaults = read_environment({})
+    assert (defaults["segment_bytes"], defaults["window"]) == (1 << 20, 2)
+    got = read_environment({"MPICOLL_SEGMENT_BYTES": "64K", "MPICOLL_WINDOW": "3"})
+    assert (got["segment_bytes"], got["window"]) == (65536, 3)
+    got = read_environment({"MPICOLL_SEGMENT_BYTES": " 2MiB ", "MPICOLL_WINDOW": ""})
+    assert (got["segment_bytes"], got["window"]) == (2 << 20, 2)
     assert parse_bytes("4096", "x") == 4096 and parse_bytes("1g", "x") == 1 << 30
     for bad in ({"MPICOLL_SEGMENT_BYTES": "0"}, {"MPICOLL_SEGMENT_BYTES": "1.5M"},
                 {"MPICOLL_SEGMENT_BYTES": "big"}):
         with pytest.raises(ValueError, match="MPICOLL_SEGMENT_BYTES"):
-            tuning(bad)
+            read_environment(bad)
     for bad in ("0", "65", "two"):
         with pytest.raises(ValueError, match="MPICOLL_WINDOW"):
-            tuning({"MPICOLL_WINDOW": bad})
+            read_environment({"MPICOLL_WINDOW": bad})
+    read_environment()
 
 
 @pytest.mark.timeout(60)
@@ -598,364 +602,28 @@ def test_threshold_table_is_well_formed():
 
 
 @pytest.mark.local
-def test_auto_follows_the_table(monkeypatch):
-    monkeypatch.delenv("MPICOLL_ALGORITHM", raising=False)
+def test_auto_follows_the_table():
     for collective, rows in _select.THRESHOLDS.items():
         lo = 0
         for limit, pof2, other in rows:
             for nbytes in {lo, (limit if limit is not None else lo + (1 << 30))}:
-                assert _select.choose(collective, "auto", nbytes, 4)[0] == pof2
-                assert _select.choose(collective, "auto", nbytes, 6)[0] == other
+                assert _select.choose(collective, "auto", nbytes, 4) == pof2
+                assert _select.choose(collective, "auto", nbytes, 6) == other
             lo = (limit or 0) + 1
     # non-commutative ops: always an order-preserving algorithm
     for collective in ("allreduce", "reduce_scatter"):
         for nbytes in (8, 1 << 30):
-            name = _select.choose(collective, "auto", nbytes, 5, commutative=False)[0]
+            name = _select.choose(collective, "auto", nbytes, 5, commutative=False)
             assert name in _select.ORDER_PRESERVING
 
 
 @pytest.mark.local
-def test_environment_override(monkeypatch):
-    monkeypatch.setenv("MPICOLL_ALGORITHM", "ring")
-    assert _select.choose("allreduce", "auto", 8, 4)[0] == "ring"
-    assert _select.choose("allreduce", "auto", 8, 4, commutative=False)[0] == "recursive_doubling"
-    assert _select.choose("allreduce", "rabenseifner", 8, 4)[0] == "rabenseifner"  # explicit wins
-    monkeypatch.setenv("MPICOLL_ALGORITHM", "bruck")  # AllGather only: others stay on auto
-    assert _select.choose("allgather", "auto", 1 << 30, 4)[0] == "bruck"
-    assert _select.choose("allreduce", "auto", 1 << 30, 4)[0] == "ring"
-
-
-# --- plans: a repeated call with the same arrays goes straight to moving data ------
-
-@pytest.mark.timeout(60)
-def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
-    """The same buffers again: no validation, no schedule binding, no allocation; right results."""
-    import mpicoll
-    from mpicoll.api import arrays as _arrays
-    from mpicoll.engine import executor as _executor
-    comm = WORLD.Dup()
-    try:
-        mc = mpicoll.Comm(comm)
-        ctx = _context.context(comm)
-        rank, n = WORLD.rank, WORLD.size
-        checks = _util.spy(monkeypatch, mpicoll.Comm, ["_allreduce_args", "_allgather_args",
-                                                        "_reduce_scatter_block_args"])
-        _util.spy(monkeypatch, _arrays, ["_allreduce_args", "_allgather_args",
-                                         "_reduce_scatter_args"], checks)
-        binds = _util.spy(monkeypatch, _executor, ["bind"])
-        for N in (1, 7, 1000):
-            x = (np.arange(N * n) * 3 + rank).astype(np.float64)
-            ar, ar2 = np.empty_like(x), np.empty_like(x)
-            ag, ag2 = np.empty(N * n * n), np.empty(N * n * n)
-            rs, rs2 = np.empty(N), np.empty(N)
-            want_ar = np.empty_like(x)
-            want_ag = np.empty_like(ag)
-            want_rs = np.empty_like(rs)
-            for step in range(3):
-                x += step  # new contents, same buffers
-                WORLD.Allreduce(x, want_ar)
-                WORLD.Allgather(x, want_ag)
-                WORLD.Reduce_scatter_block(x, want_rs)
-                before = (len(checks), len(binds), ctx.work.allocations)
-                mc.Allreduce(x, ar)
-                mc.Allgather(x, ag)
-                mc.Reduce_scatter_block(x, rs)
-                assert mpicoll.allreduce(x, comm=comm, out=ar2) is ar2
-                assert mpicoll.allgather(x, comm=comm, out=ag2) is ag2
-                assert mpicoll.reduce_scatter(x, comm=comm, out=rs2) is rs2
-                for got, want in ((ar, want_ar), (ag, want_ag), (rs, want_rs), (ar2, want_ar),
-                                  (ag2, want_ag), (rs2, want_rs)):
-                    np.testing.assert_array_equal(got, want)
-                if step:
-                    assert (len(checks), len(binds), ctx.work.allocations) == before
-                else:
-                    assert len(checks) == before[0] + 6
-    finally:
-        comm.Free()
-
-
-@pytest.mark.timeout(60)
-def test_plan_hits_and_persistent_starts_warn_for_no_op():
-    """Every predefined op runs from a plan and a persistent program without a warning
-    (NumPy 2.4 deprecates a positional output for maximum and minimum; the compiled
-    reductions passed it positionally)."""
-    import warnings
-
-    import mpicoll
-    comm = WORLD.Dup()
-    try:
-        mc = mpicoll.Comm(comm)
-        x = (np.arange(6) * 7 + WORLD.rank * 3 % 5).astype(np.int64)
-        y, want = np.empty_like(x), np.empty_like(x)
-        for name in ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"):
-            op = getattr(MPI, name)
-            req = mc.Allreduce_init(x, y, op)
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                for _ in range(3):  # the general path, then the plan / the program
-                    mc.Allreduce(x, y, op)
-                    req.Start()
-                    req.Wait()
-            req.Free()
-            WORLD.Allreduce(x, want, op)
-            np.testing.assert_array_equal(y, want, err_msg=name)
-    finally:
-        comm.Free()
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "complex128", "int8",
-                                   "uint64", "bool"])
-def test_plan_hits_are_right_for_every_dtype_and_in_place(dtype):
-    """Calls run from a plan (persistent requests, one object per region) stay exact.
-
-    Every message keeps the channel's datatype (float16 travels as 16-bit
-    words); every repeat gets new contents and is judged by values.
-    """
-    import mpicoll
-    comm = WORLD.Dup()
-    try:
-        mc = mpicoll.Comm(comm)
-        rank, n = WORLD.rank, WORLD.size
-        op = MPI.LOR if dtype == "bool" else MPI.SUM
-        for N in (1, 5, 300):
-            x = np.empty(N * n, dtype)
-            ar, rs, ag = np.empty_like(x), np.empty(N, dtype), np.empty(N * n * n, dtype)
-            inplace, inplace_rs = np.empty_like(x), np.empty_like(x)
-            for step in range(3):
-                rows = [(np.arange(N * n) * 3 + r + step) % 5 for r in range(n)]
-                if dtype == "bool":
-                    rows = [row % 2 == (r % 2) for r, row in enumerate(rows)]
-                x[...] = rows[rank]
-                want = np.logical_or.reduce(rows) if dtype == "bool" else np.sum(rows, axis=0)
-                want = want.astype(dtype)
-                mc.Allreduce(x, ar, op)
-                mc.Reduce_scatter_block(x, rs, op)
-                mc.Allgather(x, ag)
-                inplace[...] = x
-                mc.Allreduce(MPI.IN_PLACE, inplace, op)
-                inplace_rs[...] = x
-                mc.Reduce_scatter_block(MPI.IN_PLACE, inplace_rs, op)
-                np.testing.assert_array_equal(ar, want)
-                np.testing.assert_array_equal(inplace, want)
-                np.testing.assert_array_equal(rs, want[rank * N:(rank + 1) * N])
-                np.testing.assert_array_equal(inplace_rs[:N], want[rank * N:(rank + 1) * N])
-                np.testing.assert_array_equal(ag, np.concatenate(rows).astype(dtype))
-    finally:
-        comm.Free()
-
-
-@pytest.mark.timeout(60)
-def test_plan_is_not_used_when_observed_or_arguments_change():
-    """Other objects, an observer or an option change take the validating path again."""
-    import mpicoll
-    comm = WORLD.Dup()
-    try:
-        mc = mpicoll.Comm(comm)
-        x = np.arange(6.0) + WORLD.rank
-        y = np.empty(6)
-        mc.Allreduce(x, y)
-        # a bad buffer of the same signature is refused, not run from the plan
-        ro = np.empty(6)
-        ro.flags.writeable = False
-        with pytest.raises(ValueError, match="recvbuf"):
-            mc.Allreduce(x, ro)
-        with mpicoll.traffic() as t:
-            mc.Allreduce(x, y)
-        assert len(t.calls) == 1  # counted: it went through the observed path
-        with mpicoll.traffic() as t:
-            mpicoll.allreduce(x, comm=comm, out=y)
-        assert len(t.calls) == 1
-        with pytest.raises(TypeError, match="op"):
-            mc.Allreduce(x, y, op="sum")
-        want = np.empty(6)
-        WORLD.Allreduce(x, want, MPI.MAX)
-        mc.Allreduce(x, y, MPI.MAX)  # another op, same buffers
-        np.testing.assert_array_equal(y, want)
-    finally:
-        comm.Free()
-
-
-@pytest.mark.timeout(60)
-def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
-    """``options(check=False)`` (what ``python -m mpicoll.bench`` wraps its batches in) is quiet.
-
-    A plan runs again when every API setting only switches the check off --
-    even with MPICOLL_CHECK set, which that setting overrides -- and not when
-    the check or a timeout is on, by setting or by variable.
-    """
-    import mpicoll
-    comm = WORLD.Dup()
-    try:
-        mc = mpicoll.Comm(comm)
-        checks = _util.spy(monkeypatch, mpicoll.Comm, ["_allreduce_args"])
-        x = np.arange(5.0) * (WORLD.rank + 2)
-        y, want = np.empty(5), np.empty(5)
-        WORLD.Allreduce(x, want)
-
-        def validated(**options):
-            with mpicoll.options(**options):
-                before = len(checks)
-                mc.Allreduce(x, y)
-                np.testing.assert_array_equal(y, want)
-                return len(checks) - before
-
-        monkeypatch.delenv("MPICOLL_CHECK", raising=False)
-        monkeypatch.delenv("MPICOLL_TIMEOUT", raising=False)
-        validated(check=False)  # (keeps the plan)
-        assert validated(check=False) == 0
-        assert validated() == 0
-        assert validated(check=True) == 1
-        assert validated(timeout=60.0) == 1
-        assert validated(progress=False) == 1  # any other setting: the general path
-        monkeypatch.setenv("MPICOLL_CHECK", "1")
-        assert validated() == 1
-        validated(check=False)
-        assert validated(check=False) == 0  # the setting wins over the variable
-        monkeypatch.delenv("MPICOLL_CHECK")
-        monkeypatch.setenv("MPICOLL_TIMEOUT", "60")
-        assert validated(check=False) == 1
-    finally:
-        comm.Free()
-
-
-@pytest.mark.local
-def test_a_bad_option_changes_no_setting():
-    """configure() checks every value before it sets any (it used to set ``check``
-    before refusing the ``timeout`` after it)."""
-    import mpicoll
-    from mpicoll.core import config
-    from mpicoll.observe import calls
-    with pytest.raises(ValueError, match="^timeout: "):
-        mpicoll.configure(check=True, timeout=0)
-    assert not config.configured("check")
-    assert calls.COMMON_QUIET[2] == []  # what a plan's hit reads: no setting made
-    with mpicoll.options(check=False):
-        assert calls.COMMON_QUIET[2] == []  # check=False keeps calls quiet
-        with mpicoll.options(timeout=5.0):
-            assert calls.COMMON_QUIET[2] == [True]
-        assert calls.COMMON_QUIET[2] == []
-
-
-@pytest.mark.timeout(60)
-def test_an_algorithm_that_is_a_function_runs_every_call(monkeypatch):
-    """A registered function algorithm (no schedule, nothing bound) is never kept as a plan.
-
-    Plain calls of one used to fail after running ('NoneType' object is not
-    iterable, in plan.keep).
-    """
-    import mpicoll
-    ran = []
-
-    def local(ctx, ch, be, red, src, dst):
-        ran.append(1)
-        be.copy(dst, src)
-
-    monkeypatch.setitem(_select.ALGORITHMS["allreduce"], "local", local)
-    comm = WORLD.Dup()
-    try:
-        mc = mpicoll.Comm(comm, algorithm="local")
-        x, y = np.arange(4.0) + WORLD.rank, np.empty(4)
-        for k in range(3):
-            mc.Allreduce(x, y)
-            np.testing.assert_array_equal(y, x)
-            assert len(ran) == k + 1
-    finally:
-        comm.Free()
-
-
-@pytest.mark.timeout(60)
-def test_plan_requests_are_freed_with_the_plan():
-    """A plan's persistent requests are freed when it is dropped: another call of its
-    function (on any rank), the communicator freed; the work goes on right."""
-    import mpicoll
-    from mpicoll.engine import plan as _plan
-    comm = WORLD.Dup()
-    mc = mpicoll.Comm(comm)
-    n, rank = WORLD.size, WORLD.rank
-    x = np.arange(4.0 * n) + rank
-    y, y2 = np.empty_like(x), np.empty_like(x)
-    want = np.empty_like(x)
-    WORLD.Allreduce(x, want)
-
-    def plan_requests():
-        return list(_context.context(comm).plans["Comm.Allreduce"].requests)
-
-    try:
-        mc.Allreduce(x, y)
-        first = plan_requests()
-        # one receive and one send per exchange; 2 ranks: one exchange; 1 rank: a copy
-        assert len(first) == {1: 0, 2: 2}.get(n, len(first)) and len(first) % 2 == 0
-        if n > 1:
-            assert first and all(r != MPI.REQUEST_NULL for r in first)
-        mc.Allreduce(x, y)  # a hit: the same requests again
-        assert plan_requests() == first and all(r != MPI.REQUEST_NULL for r in first)
-        mc.Allreduce(x, y2)  # other buffers: the old plan goes, with its requests
-        assert all(r == MPI.REQUEST_NULL for r in first)
-        second = plan_requests()
-        np.testing.assert_array_equal(y, want)
-        np.testing.assert_array_equal(y2, want)
-    finally:
-        comm.Free()
-    assert all(r == MPI.REQUEST_NULL for r in second)
-    assert not [p for p in _plan._HOLDING if p.comm is None or p.comm is mc]
-
-
-@pytest.mark.timeout(60)
-def test_plan_and_general_paths_mix_across_ranks():
-    """Ranks on different paths in one call agree on algorithm and call number."""
-    import mpicoll
-    comm = WORLD.Dup()
-    try:
-        ctx = _context.context(comm)
-        for N in (1, 100, 100000):
-            x = np.arange(N, dtype=np.float64) + WORLD.rank
-            ref = np.empty_like(x)
-            comm.Allreduce(x, ref)
-            seq = ctx.seq
-            # a timeout is observed, so odd ranks take the general path
-            got = mpicoll.allreduce(x, comm=comm, timeout=60.0 if WORLD.rank % 2 else None)
-            assert ctx.seq == seq + 1
-            np.testing.assert_array_equal(got, ref)
-        with mpicoll.options(check=True):  # fingerprints agree whatever path each rank took before
-            mpicoll.allreduce(np.ones(3), comm=comm)
-    finally:
-        comm.Free()
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.ranks(1, 2, 3)  # 1: no requests; 2: one exchange; 3: the fold
-def test_interrupted_plan_is_dropped():
-    """A plan interrupted between starting its requests and waiting for them (Ctrl-C, an
-    MPI error) never runs again: the next call takes the general path and is right."""
-    import mpicoll
-    from mpicoll.engine import plan as _plan
-    comm = WORLD.Dup()
-    try:
-        mc = mpicoll.Comm(comm)
-        ctx = _context.context(comm)
-        x = np.arange(6.0) + WORLD.rank
-        y = np.empty(6)
-        want = np.empty(6)
-        WORLD.Allreduce(x, want)
-        mc.Allreduce(x, y)
-        plan = ctx.plans["Comm.Allreduce"]
-        steps = list(plan.steps)
-        starts = [i for i, s in enumerate(steps) if getattr(s, "__name__", "") == "Start"]
-        at = starts[-1] + 1 if starts else len(steps)  # every request started, none waited
-
-        def interrupt():
-            raise KeyboardInterrupt
-
-        plan.steps = tuple(steps[:at] + [interrupt] + steps[at:])
-        with pytest.raises(KeyboardInterrupt):
-            mc.Allreduce(x, y)
-        assert "Comm.Allreduce" not in ctx.plans and not plan.live
-        assert all(r == MPI.REQUEST_NULL for r in plan.requests) and plan not in _plan._HOLDING
-        for _ in range(3):  # the general path, then a new plan
-            y[...] = -1
-            mc.Allreduce(x, y)
-            np.testing.assert_array_equal(y, want)
-        assert ctx.plans["Comm.Allreduce"] is not plan
-    finally:
-        comm.Free()
+def test_environment_override():
+    """The ``algorithm`` option (MPICOLL_ALGORITHM) replaces "auto" where it applies."""
+    assert _select.choose("allreduce", "auto", 8, 4, forced="ring") == "ring"
+    assert _select.choose("allreduce", "auto", 8, 4, commutative=False,
+                          forced="ring") == "recursive_doubling"
+    assert _select.choose("allreduce", "rabenseifner", 8, 4, forced="ring") == "rabenseifner"
+    # AllGather only: the others stay on auto
+    assert _select.choose("allgather", "auto", 1 << 30, 4, forced="bruck") == "bruck"
+    assert _select.choose("allreduce", "auto", 1 << 30, 4, forced="bruck") == "ring"

@@ -553,12 +553,14 @@ ENV_BAD = [
 
 
 def env_case(entry, var, value, match):
-    """Case: a bad environment variable, read when the collective starts."""
+    """Case: a bad environment variable, read when a communicator is set up (its first
+    collective), here a new one."""
     fn, good, _ = ARRAY_ENTRIES[entry]
 
     def build(fx):
         fx.setenv(var, value)
         kw = good()
+        kw["comm"] = fx.fresh()
         x = kw.pop("x")
         return (lambda: fn(x, **kw)), [x]
 
@@ -594,6 +596,7 @@ class Fixtures:
         self.freed_comm = WORLD.Dup()
         self.freed_comm.Free()
         self.intercomm = self.local = None
+        self.comms = []
         if SIZE >= 2:
             self.local = WORLD.Split(RANK % 2, RANK)
             self.intercomm = self.local.Create_intercomm(0, WORLD, 1 - RANK % 2, tag=11)
@@ -601,7 +604,15 @@ class Fixtures:
     def setenv(self, name, value):
         self.monkeypatch.setenv(name, value)
 
+    def fresh(self):
+        """A new communicator (not set up by mpicoll yet), freed with the fixtures."""
+        comm = WORLD.Dup()
+        self.comms.append(comm)
+        return comm
+
     def free(self):
+        for comm in self.comms:
+            comm.Free()
         self.group.Free()
         self.derived.Free()
         self.noncommutative.Free()

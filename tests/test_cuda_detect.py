@@ -10,10 +10,12 @@ from __future__ import annotations
 import ctypes
 import os
 
+import _util
 import pytest
 
 import mpicoll
 from mpicoll.backends import cuda as _cuda
+from mpicoll.core import config as _config
 
 # no messages: the same at any rank count (the local group)
 pytestmark = pytest.mark.local
@@ -45,10 +47,13 @@ def gpu_query(flag, rc=0, calls=None):
 @pytest.fixture
 def clean(monkeypatch):
     """No explicit setting from the environment or configure()."""
-    monkeypatch.delenv("MPICOLL_CUDA_AWARE", raising=False)
+    env = _util.env_options(monkeypatch)  # (read again at once, as a new communicator would)
+    env.delenv("MPICOLL_CUDA_AWARE", raising=False)
     previous = mpicoll.configure(cuda_aware=None)
-    yield monkeypatch
+    yield env
     mpicoll.configure(**previous)
+    monkeypatch.undo()
+    _config.read_environment()
 
 
 @pytest.mark.parametrize("value, expected", [("1", True), ("yes", True), ("0", False), ("off", False)])

@@ -1,7 +1,7 @@
 """Plans and persistent programs free their persistent requests at exit, before MPI is finalized.
 
-A plan (engine.plan) and a persistent collective's program (engine.executor)
-hold persistent point-to-point requests; MPI must see them freed before
+A plan (engine.plan) and a persistent collective's program (engine.collectives)
+hold persistent point-to-point requests (engine.executor.hold); MPI must see them freed before
 ``MPI_Finalize`` (MPICH warns of each one left).  The job below keeps plans
 on COMM_WORLD and on a duplicate it never frees, and a persistent collective
 it never frees, and checks
@@ -29,7 +29,7 @@ def check():
 
 import numpy as np
 import mpicoll
-from mpicoll.engine import context, plan
+from mpicoll.engine import context, executor
 
 comm = mpicoll.Comm(MPI.COMM_WORLD)
 dup = mpicoll.Comm(MPI.COMM_WORLD.Dup())
@@ -40,14 +40,14 @@ for c in (comm, dup):
         c.Allreduce(x, y)
         c.Allgather(x, z)
     for p in context.context(c).plans.values():
-        held.extend(p.requests)
+        held.extend(executor._HOLDING.get(p, ()))
 # a persistent collective on its program (two requests), never freed
 w = np.empty(8)
 req = dup.Allreduce_init(x, w)
 for _ in range(2):
     req.Start()
     req.Wait()
-held.extend(req._active.op._preqs)
+held.extend(executor._HOLDING.get(req._op.run, ()))
 assert np.array_equal(y, sum(np.arange(8.0) + r for r in range(comm.size)))
 assert np.array_equal(w, y)
 '''

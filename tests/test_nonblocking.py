@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll.api import requests as _requests
+from mpicoll.core import config
 from mpicoll.engine import select as _select
 
 WORLD = MPI.COMM_WORLD
@@ -339,23 +340,23 @@ def test_persistent_starts_run_on_persistent_requests(monkeypatch):
     x = np.empty(7)
     y = np.full(7, SENTINEL, np.float64)
     req = COMM.Allreduce_init(x, y)
-    op = req._active.op
+    op = req._op
     bad = []
     for it in range(4):
         x[:] = rank_data(7, salt=70 + it)
         req.Start()
         req.Wait()
         bad.append(problems([(f"start #{it + 1}", y, builtin_allreduce(x))]))
-    compiled = op._prog is not None and op in _executor._PROGRAMS
+    compiled = op.run.program is not None and op.run in _executor._HOLDING
     with mpicoll.traffic() as t:
         x[:] = rank_data(7, salt=80)
         req.Start()
         req.Wait()
     bad.append(problems([("counted start", y, builtin_allreduce(x))]))
     counted = len(t.calls) == 1 and (SIZE == 1 or t.calls[0].messages_sent > 0)
-    requests = op._preqs
+    requests = list(_executor._HOLDING.get(op.run, ()))
     req.Free()
-    freed = op._prog is None and op not in _executor._PROGRAMS and \
+    freed = op.run.program is None and op.run not in _executor._HOLDING and \
         all(r == MPI.REQUEST_NULL for r in requests)
     bad = "; ".join(b for b in bad if b)
     _util.assert_all(WORLD, not bad and compiled and counted and freed and len(begins) == 2,
@@ -385,7 +386,7 @@ def test_persistent_programs_and_nonblocking_waited_in_rank_dependent_orders():
         bad.append(problems([(f"allreduce #{it}", y, builtin_allreduce(x, MPI.MAX)),
                              (f"iallreduce #{it}", z, builtin_allreduce(x)),
                              (f"allgather #{it}", g, builtin_allgatherv(x, [n] * SIZE))]))
-    compiled = p1._active.op._prog is not None and p2._active.op._prog is not None
+    compiled = p1._op.run.program is not None and p2._op.run.program is not None
     p1.Free()
     p2.Free()
     bad = "; ".join(b for b in bad if b)
@@ -400,12 +401,12 @@ def test_freeing_the_communicator_frees_the_programs():
     for _ in range(2):
         req.Start()
         req.Wait()
-    op = req._active.op
-    requests, held = op._preqs, op in _executor._PROGRAMS
+    op = req._op
+    requests, held = list(_executor._HOLDING.get(op.run, ())), op.run in _executor._HOLDING
     comm.Free()
-    ok = held and op._prog is None and all(r == MPI.REQUEST_NULL for r in requests)
+    ok = held and op.run.program is None and all(r == MPI.REQUEST_NULL for r in requests)
     req.Free()
-    _util.assert_all(WORLD, ok, f"held={held} program={op._prog} requests={requests}")
+    _util.assert_all(WORLD, ok, f"held={held} program={op.run.program} requests={requests}")
 
 
 # ---------------------------------------------------------------------------
@@ -486,12 +487,12 @@ def test_no_restart_before_the_last_request_was_seen_complete(monkeypatch):
     x, y = rank_data(5, salt=140), np.empty(5)
     COMM.Iallreduce(x, y).Wait()
     r1 = COMM.Iallreduce(x, y)  # restarted
-    r1_op = r1._active.op
+    r1_op = r1._op
     while not r1_op.done:  # complete, but r1 has not seen it
         r1_op.test()
     before = len(validated)
     r2 = COMM.Iallreduce(x, y)
-    fresh = len(validated) == before + 1 and r2._active.op is not r1_op
+    fresh = len(validated) == before + 1 and r2._op is not r1_op
     r2.Wait()
     r1.Wait()
     ok = fresh and _util.same_bytes(y, builtin_allreduce(x))
@@ -537,7 +538,7 @@ def test_nonblocking_tags_never_take_a_persistent_operations_tag():
         _context.context(comm).tag_ub = _executor.FIRST_TAG + 7
         x, y = np.empty(n), np.full(n, SENTINEL, np.float64)
         p = comm.Allreduce_init(x, y, op=MPI.MAX)
-        ptag = p._active.op._run.tag
+        ptag = p._op.run.tag
         tags, bad = set(), []
         for it in range(3):
             x[:] = rank_data(n, salt=160 + it)
@@ -546,7 +547,7 @@ def test_nonblocking_tags_never_take_a_persistent_operations_tag():
                 a = rank_data(n, salt=170 + k)
                 b = np.full(n, SENTINEL, np.float64)
                 r = comm.Iallreduce(a, b)
-                tags.add(r._active.op._run.tag)
+                tags.add(r._op.run.tag)
                 r.Wait()
                 bad.append(problems([(f"Iallreduce {it}.{k}", b, builtin_allreduce(a))]))
             p.Wait()
@@ -746,11 +747,22 @@ def test_progress_needs_thread_multiple(monkeypatch, refuse_start):
                                 lambda: mpicoll.iallreduce(x), x)
 
 
-def test_progress_environment_variable(monkeypatch, refuse_start):
+def test_progress_environment_variable(monkeypatch):
+    """A bad MPICOLL_PROGRESS raises when it is read (a communicator set up), before mpicoll
+    has sent anything or set the communicator up."""
+    from mpicoll.engine import context as _context
     monkeypatch.setenv("MPICOLL_PROGRESS", "maybe")
     x = rank_data(4)
-    _util.raises_everywhere(COMM, ValueError, "MPICOLL_PROGRESS: expected 1/0",
-                            lambda: mpicoll.iallreduce(x), x)
+    before = x.copy()
+    comm = WORLD.Dup()
+    try:
+        with pytest.raises(ValueError, match="MPICOLL_PROGRESS: expected 1/0"):
+            mpicoll.iallreduce(x, comm=comm)
+        assert _context.existing(comm) is None and np.array_equal(x, before)
+    finally:
+        comm.Free()
+    monkeypatch.undo()
+    config.read_environment()
 
 
 # ---------------------------------------------------------------------------

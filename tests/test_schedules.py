@@ -30,7 +30,7 @@ import pytest
 import schedsim as sim
 from mpi4py import MPI
 
-from mpicoll.algorithms import bruck, halving, recursive, ring
+from mpicoll.algorithms import bruck, direct, halving, recursive, ring
 from mpicoll.algorithms.schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Send, Wait
 from mpicoll.engine import select as _select
 
@@ -47,7 +47,7 @@ def _registry():
     """
     out = []
     for mod, default in ((ring, "ring"), (recursive, "recursive_doubling"), (halving, None),
-                         (bruck, "bruck")):
+                         (bruck, "bruck"), (direct, None)):
         for key, build in getattr(mod, "SCHEDULES", {}).items():
             collective, algorithm = key if isinstance(key, tuple) else (key, default)
             out.append((collective, algorithm, build))

@@ -231,11 +231,11 @@ def test_skipped_call_times_out_in_the_check():
 @pytest.mark.parametrize("how", ["argument", "configure", "environment"])
 def test_healthy_calls_are_unchanged(how, monkeypatch):
     """Polling moves the same data: many segments, every collective, both APIs."""
+    if how == "environment":  # read when the communicator is set up
+        monkeypatch.setenv("MPICOLL_TIMEOUT", "30")
     comm = WORLD.Dup()
     _context.context(comm).segment_bytes = 256  # many segments per block
     kw = {"timeout": 30.0} if how == "argument" else {}
-    if how == "environment":
-        monkeypatch.setenv("MPICOLL_TIMEOUT", "30")
     previous = mpicoll.configure(timeout=30.0) if how == "configure" else None
     try:
         for n in (0, 1, SIZE + 1, 3001):
@@ -273,9 +273,14 @@ def test_timeout_argument_is_checked(value, exc):
 
 
 def test_bad_environment_value(monkeypatch):
-    monkeypatch.setenv("MPICOLL_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match="MPICOLL_TIMEOUT: expected a number of seconds, got 'soon'"):
-        mpicoll.allreduce(data(4))
+    monkeypatch.setenv("MPICOLL_TIMEOUT", "soon")  # read when a communicator is set up
+    comm = WORLD.Dup()
+    try:
+        with pytest.raises(ValueError,
+                           match="MPICOLL_TIMEOUT: expected a number of seconds, got 'soon'"):
+            mpicoll.allreduce(data(4), comm=comm)
+    finally:
+        comm.Free()
 
 
 def test_abort_checks_its_arguments_first():

@@ -222,10 +222,15 @@ def test_refused_before_any_message(name):
 
 def test_env_algorithm_unknown(monkeypatch):
     """MPICOLL_ALGORITHM with an unknown name: ValueError naming the variable, no message."""
-    monkeypatch.setenv("MPICOLL_ALGORITHM", "bogus")
+    monkeypatch.setenv("MPICOLL_ALGORITHM", "bogus")  # read when a communicator is set up
     x = f64()
-    _util.raises_everywhere(WORLD, ValueError, r"MPICOLL_ALGORITHM: expected one of .*got 'bogus'",
-                            lambda: mpicoll.allreduce(x), x)
+    comm = WORLD.Dup()
+    try:
+        _util.raises_everywhere(WORLD, ValueError,
+                                r"MPICOLL_ALGORITHM: expected one of .*got 'bogus'",
+                                lambda: mpicoll.allreduce(x, comm=comm), x)
+    finally:
+        comm.Free()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ rank counts that are not powers of two, at the price of two local copies.
 
 from __future__ import annotations
 
-from .schedule import DST, Builder, Label, Region, own_block
+from .schedule import DST, Builder, Label, Region, exchange, offsets, own_block, packed
 
 
 def allgather_schedule(shape):
@@ -30,9 +30,7 @@ def allgather_schedule(shape):
     b = Builder()
     own = own_block(b, shape)
     # offset of position j in the rotated work buffer
-    at = [0] * (n + 1)
-    for j in range(n):
-        at[j + 1] = at[j] + counts[(rank + j) % n]
+    at = offsets(counts[(rank + j) % n] for j in range(n))
     total = at[n]
     nsteps = (n - 1).bit_length()
     if n == 1 or total == 0:
@@ -44,17 +42,12 @@ def allgather_schedule(shape):
     while d < n:
         c = min(d, n - d)
         # one exchange with two partners: receive from rank + d, send to rank - d
-        r = Region(work, at[d], at[d + c])
-        s = Region(work, 0, at[c])
-        lab = Label(step, "allgather", None, 0, 0)
-        rh = b.recv((rank + d) % n, r, lab._replace(count=r.count)) if r.count else None
-        sh = b.send((rank - d) % n, s, lab._replace(count=s.count)) if s.count else None
-        b.wait(rh, sh)
+        exchange(b, (rank + d) % n, Region(work, 0, at[c]), Region(work, at[d], at[d + c]),
+                 Label(step, "allgather", None, 0, 0), to=(rank - d) % n)
         d <<= 1
         step += 1
     # rotate back: position j holds rank (rank + j) % n
-    packed = all(displs[r + 1] == displs[r] + counts[r] for r in range(n - 1))
-    if packed:
+    if packed(counts, displs):
         tail = n - rank  # positions 1 .. tail-1 are ranks rank+1 .. n-1
         if at[tail] > at[1]:
             lo = displs[rank] + counts[rank]

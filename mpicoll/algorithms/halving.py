@@ -32,9 +32,8 @@ Schedules
 
 from __future__ import annotations
 
-from .recursive import exchange, fold_in, fold_steps, is_packed, new_rank, real_rank, recv_from, send_to
-from .ring import split
-from .schedule import DST, SRC, Builder, Label, Region
+from .recursive import fold_in, fold_steps, new_rank, real_rank
+from .schedule import DST, SRC, Builder, Label, Region, exchange, offsets, packed, recv_from, send_to, split
 
 # --- schedules (see mpicoll.algorithms.schedule) ------------------------------------
 #
@@ -102,10 +101,8 @@ def reduce_scatter_schedule(shape):
     if total == 0:
         return b.build(0)
     src = SRC
-    start = [0] * (n + 1)
-    for r in range(n):
-        start[r + 1] = start[r] + counts[r]
-    if not is_packed(counts, displs):
+    start = offsets(counts)
+    if not packed(counts, displs):
         src = b.buffer("packed input", total)
         for r in range(n):
             if counts[r]:

@@ -32,7 +32,19 @@ Schedules
 
 from __future__ import annotations
 
-from .schedule import DST, SRC, Builder, Label, Region, own_block
+from .schedule import (
+    DST,
+    SRC,
+    Builder,
+    Label,
+    Region,
+    exchange,
+    offsets,
+    own_block,
+    packed,
+    recv_from,
+    send_to,
+)
 
 
 def fold(n: int):
@@ -53,44 +65,11 @@ def real_rank(newrank: int, rem: int) -> int:
     return newrank * 2 + 1 if newrank < rem else newrank + rem
 
 
-def is_packed(counts, displs) -> bool:
-    """True if block r starts where block r-1 ends, from 0 (rank-ordered, no gaps)."""
-    at = 0
-    for c, d in zip(counts, displs):
-        if d != at:
-            return False
-        at += c
-    return True
-
-
 # --- schedules (see mpicoll.algorithms.schedule) ------------------------------------
 #
 # Empty messages are not sent (both ends know their sizes).  Steps: 0 is the
 # fold (only when n is not a power of two), then one step per bit of pof2,
 # then the unfold.
-
-
-def exchange(b: Builder, peer: int, send: Region, recv: Region, label: Label,
-             during: tuple | None = None) -> None:
-    """Receive ``recv`` from and send ``send`` to ``peer``, then wait (empty halves skipped);
-    ``during``: a copy ``(dst, src)`` made while the messages are on the wire."""
-    r = b.recv(peer, recv, label._replace(count=recv.count)) if recv.count else None
-    s = b.send(peer, send, label._replace(count=send.count)) if send.count else None
-    if during is not None:
-        b.copy(*during)
-    b.wait(r, s)
-
-
-def send_to(b: Builder, peer: int, region: Region, label: Label) -> None:
-    """Send ``region`` to ``peer`` and wait (nothing when it is empty)."""
-    if region.count:
-        b.wait(b.send(peer, region, label._replace(count=region.count)))
-
-
-def recv_from(b: Builder, peer: int, region: Region, label: Label) -> None:
-    """Receive ``region`` from ``peer`` and wait (nothing when it is empty)."""
-    if region.count:
-        b.wait(b.recv(peer, region, label._replace(count=region.count)))
 
 
 def fold_in(b: Builder, rank: int, incoming: Region, src: Region, into: Region,
@@ -209,22 +188,20 @@ def allgather_schedule(shape):
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
     b = Builder()
-    packed = is_packed(counts, displs)
+    in_order = packed(counts, displs)
     pof2, rem, rounds, base = fold_steps(n)
     # With n a power of two and the blocks packed, the first exchange sends this rank's
     # block straight from SRC and the copy into DST runs while it is on the wire.
-    late = n > 1 and packed and rem == 0 and not shape.in_place
+    late = n > 1 and in_order and rem == 0 and not shape.in_place
     if late:
         own = Region(DST, displs[rank], displs[rank] + counts[rank])
     else:
         own = own_block(b, shape)
     if n == 1:
         return b.build(0)
-    total = sum(counts)
-    start = [0] * (n + 1)
-    for r in range(n):
-        start[r + 1] = start[r] + counts[r]
-    if packed:
+    start = offsets(counts)
+    total = start[n]
+    if in_order:
         work = DST
     else:
         work = b.buffer("packed blocks", total)
@@ -257,7 +234,7 @@ def allgather_schedule(shape):
                 exchange(b, peer, send, recv, label)
         if rank < 2 * rem:
             send_to(b, rank - 1, Region(work, 0, total), unfold)
-    if not packed:
+    if not in_order:
         for r in range(n):
             if counts[r]:
                 b.copy(Region(DST, displs[r], displs[r] + counts[r]),

@@ -72,6 +72,10 @@ class Region(NamedTuple):
     def count(self) -> int:
         return self.stop - self.start
 
+    def part(self, start: int, stop: int) -> Region:
+        """Elements ``start:stop`` of this region (offsets from its start)."""
+        return Region(self.buf, self.start + start, self.start + stop)
+
 
 class Send(NamedTuple):
     peer: int
@@ -191,3 +195,246 @@ def own_block(b: Builder, shape: Shape) -> Region:
     if not shape.in_place and own.count:
         b.copy(own, Region(SRC, 0, own.count))
     return own
+
+
+# --- counts and layouts ---------------------------------------------------------------
+
+def offsets(counts) -> list:
+    """Where each block starts when blocks of ``counts`` lie end to end from 0, then the total:
+    ``[0, c0, c0 + c1, ..., sum(counts)]``."""
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + c)
+    return out
+
+
+def split(total: int, n: int):
+    """(counts, displs) of ``total`` elements cut into ``n`` blocks (``numpy.array_split``'s
+    rule: the first ``total % n`` blocks hold one element more)."""
+    q, r = divmod(total, n)
+    counts = [q + 1] * r + [q] * (n - r)
+    return counts, offsets(counts)[:-1]
+
+
+def packed(counts, displs) -> bool:
+    """True when the blocks lie end to end in rank order from offset 0 (no gaps, no reordering)."""
+    return list(displs) == offsets(counts)[:-1]
+
+
+# --- messages between two ranks -------------------------------------------------------
+
+def exchange(b: Builder, peer: int, send: Region, recv: Region, label: Label,
+             during: tuple | None = None, to: int | None = None) -> None:
+    """Receive ``recv`` from ``peer`` and send ``send`` to ``to`` (default: ``peer``), then wait
+    for both; an empty half is not sent (both ends know its size).  ``during``: a copy
+    ``(dst, src)`` made while the messages are on the wire."""
+    r = b.recv(peer, recv, label._replace(count=recv.count)) if recv.count else None
+    s = (b.send(peer if to is None else to, send, label._replace(count=send.count))
+         if send.count else None)
+    if during is not None:
+        b.copy(*during)
+    b.wait(r, s)
+
+
+def send_to(b: Builder, peer: int, region: Region, label: Label) -> None:
+    """Send ``region`` to ``peer`` and wait (nothing when it is empty)."""
+    if region.count:
+        b.wait(b.send(peer, region, label._replace(count=region.count)))
+
+
+def recv_from(b: Builder, peer: int, region: Region, label: Label) -> None:
+    """Receive ``region`` from ``peer`` and wait (nothing when it is empty)."""
+    if region.count:
+        b.wait(b.recv(peer, region, label._replace(count=region.count)))
+
+
+# --- steps around a ring --------------------------------------------------------------
+
+class Block(NamedTuple):
+    """A block of a ring collective as one rank sees it (``count`` elements).
+
+    ``label`` names it in message labels; ``mine`` is this rank's contribution
+    (what it sends first, or reduces into what arrives); ``home`` is where the
+    output keeps it (None: nowhere, this rank only passes its partials on).
+    """
+
+    label: int
+    count: int
+    mine: Region | None
+    home: Region | None
+
+
+_RECV, _REDUCE, _SEND, _KEEP = 1, 2, 4, 8
+
+
+class Ring:
+    """One rank's steps on a ring: it sends only to the next position, receives only from the one before.
+
+    A ring algorithm calls one method per step, in step order; step ``t``
+    sends (if it sends) in step ``t`` and receives what the rank before it
+    sent in step ``t - 1``.  Then :meth:`run` writes the operations:
+
+    * blocks are cut into segments of ``segment`` elements, and each segment
+      is passed on as soon as it is reduced, so the steps overlap;
+    * receives are posted ``window`` segments ahead (at least 2 when nothing is
+      reduced: those land in the output and cost no memory), into the
+      block's home in the output when nothing there is still needed (out of
+      place), else into ``window`` receive slots;
+    * partials with no home (ReduceScatter: every block but this rank's own)
+      are passed on from a few send slots, reused once their sends completed.
+      Then every block is cut into the same number of segments (an empty one
+      still travels) and the segments are taken in groups, the first step's
+      segments of a group sent first, so that this bounded memory cannot
+      deadlock (docs/performance.md, "Bounded work memory for the ring
+      ReduceScatter");
+    * where the steps switch from reducing to copying, sends still reading
+      blocks the copies may receive into are waited for (all but the last
+      step's, which carry this rank's own, complete block).
+
+    Message labels carry the step, :attr:`phase` as it was when the sending
+    step was called, the block's label and the segment.
+    """
+
+    def __init__(self, b: Builder, shape: Shape, blocks: list, phase: str, segment: int):
+        n, p = shape.size, shape.ring_pos
+        self.b, self.blocks, self.phase, self.segment = b, blocks, phase, max(1, segment)
+        self.left, self.right = shape.ring[(p - 1) % n], shape.ring[(p + 1) % n]
+        self.window, self.in_place = max(1, shape.window), shape.in_place
+        self.steps: list = []  # (what, block, phase) per step
+
+    def _step(self, what: int, block: int) -> None:
+        self.steps.append((what, self.blocks[block % len(self.blocks)], self.phase))
+
+    def send(self, block: int) -> None:
+        """Send my contribution to ``block``."""
+        self._step(_SEND, block)
+
+    def copy_send(self, block: int) -> None:
+        """Send my ``block`` and put it in its home (the copy overlaps the first receives)."""
+        self._step(_SEND | _KEEP, block)
+
+    def recv_reduce_send(self, block: int) -> None:
+        """Receive the partial of ``block``, add mine, pass it on."""
+        self._step(_RECV | _REDUCE | _SEND, block)
+
+    def recv_reduce(self, block: int) -> None:
+        """Receive the partial of ``block`` and add mine: it is complete, in its home."""
+        self._step(_RECV | _REDUCE, block)
+
+    def recv_copy_send(self, block: int) -> None:
+        """Receive ``block`` into its home and pass it on."""
+        self._step(_RECV | _SEND, block)
+
+    def recv(self, block: int) -> None:
+        """Receive ``block`` into its home."""
+        self._step(_RECV, block)
+
+    def run(self) -> int:
+        """Write the steps' operations into the builder; the number of steps messages take."""
+        passes: list = []  # runs of steps that all reduce or all copy what they receive
+        for t, (what, _, _) in enumerate(self.steps):
+            prev = self.steps[t - 1][0] if t else 0
+            if not t or (prev & _RECV and (prev ^ what) & _REDUCE):
+                passes.append([])
+            passes[-1].append(t)
+        sending: dict = {}  # handle of a send not waited for yet -> its step
+        for k, ts in enumerate(passes):
+            if k:
+                done = [h for h in sorted(sending) if sending[h] != ts[0] - 1]
+                self.b.wait(*done)
+                for h in done:
+                    del sending[h]
+            self._pass(ts, sending)
+        self.b.wait(*sorted(sending))
+        return len(self.steps) - 1
+
+    def _pass(self, ts: list, sending: dict) -> None:
+        b, steps, seg = self.b, self.steps, self.segment
+        first = ts[0] if not steps[ts[0]][0] & _RECV else None  # the step that only sends
+        recvs = [t for t in ts if steps[t][0] & _RECV]
+        reduces = bool(recvs) and bool(steps[recvs[0]][0] & _REDUCE)
+        window = self.window if reduces else max(self.window, 2)
+        # blocks without a home: send slots, equal cuts, groups (see the class docstring)
+        if any(bl.home is None for bl in self.blocks):
+            nseg = -(-max(bl.count for bl in self.blocks) // seg)
+            group = min(2 * window - 1, nseg)
+            nout = max(1, group - window + 1)
+            groups = [range(g, min(g + group, nseg)) for g in range(0, nseg, group)]
+
+            def cut(bl):
+                at = offsets(split(bl.count, nseg)[0])
+                return list(zip(at, at[1:]))
+        else:
+            groups = [None]
+
+            def cut(bl):
+                return [(a, min(a + seg, bl.count)) for a in range(0, bl.count, seg)]
+
+        units, starts = [], []  # units: (step, segment, start, stop) in the order they are taken
+        for g in groups:
+            starts.append(len(units))
+            for t in recvs:
+                pieces = cut(steps[t][1])
+                units.extend((t, j, *pieces[j]) for j in (range(len(pieces)) if g is None else g))
+        nunits = len(units)
+        window = min(window, nunits)
+
+        def direct(t):
+            what, bl, _ = steps[t]
+            return not what & _REDUCE or (not self.in_place and bl.home is not None)
+
+        into = [u[3] - u[2] for u in units if not direct(u[0])]
+        rslots = b.buffer("ring: receive slots", window * max(into)) if into else None
+        passed = [u[3] - u[2] for u in units if steps[u[0]][0] & _SEND and steps[u[0]][1].home is None]
+        width = max(passed, default=0)
+        sslots = b.buffer("ring: partials to pass on", nout * width) if passed else None
+        slot_send = [None] * (nout if passed else 0)
+
+        def target(i):
+            t, j, a, c = units[i]
+            if direct(t):
+                return steps[t][1].home.part(a, c)
+            at = (i % window) * max(into)
+            return Region(rslots, at, at + c - a)
+
+        def post(i):
+            t, j, a, c = units[i]
+            _, prev_phase = steps[t - 1][0], steps[t - 1][2]
+            return b.recv(self.left, target(i), Label(t - 1, prev_phase, steps[t][1].label, j, c - a))
+
+        def send_first(g):
+            if first is None:
+                return
+            _, bl, phase = steps[first]
+            pieces = cut(bl)
+            for j in (range(len(pieces)) if groups[g] is None else groups[g]):
+                a, c = pieces[j]
+                label = Label(first, phase, bl.label, j, c - a)
+                sending[b.send(self.right, bl.mine.part(a, c), label)] = first
+
+        send_first(0)
+        posted = [post(i) for i in range(window)]
+        if first is not None and steps[first][0] & _KEEP and steps[first][1].count:
+            b.copy(steps[first][1].home, steps[first][1].mine)
+        o = 0
+        for i, (t, j, a, c) in enumerate(units):
+            if i and i in starts:
+                send_first(starts.index(i))
+            b.wait(posted[i % window])
+            what, bl, phase = steps[t]
+            dest, slot = (bl.home.part(a, c) if bl.home is not None else None), None
+            if what & _REDUCE:
+                if dest is None:  # a partial passed on, not kept: through a send slot
+                    slot, o = o % nout, o + 1
+                    if slot_send[slot] is not None:
+                        b.wait(slot_send[slot])
+                        sending.pop(slot_send[slot])
+                    dest = Region(sslots, slot * width, slot * width + c - a)
+                b.reduce(target(i), bl.mine.part(a, c), dest)
+            if i + window < nunits:
+                posted[i % window] = post(i + window)
+            if what & _SEND:
+                h = b.send(self.right, dest, Label(t, phase, bl.label, j, c - a))
+                sending[h] = t
+                if slot is not None:
+                    slot_send[slot] = h

@@ -29,6 +29,7 @@ from ..core.comms import check_comm
 from ..engine import collectives as _collectives
 from ..engine import plan as _plan
 from ..engine import select as _select
+from . import numerics as _numerics
 from . import requests as _requests
 from .buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
 
@@ -38,6 +39,16 @@ _ndarray = np.ndarray
 
 def _comm(comm):
     return check_comm(MPI.COMM_WORLD if comm is None else comm)
+
+
+def _forced(comm, collective, algorithm):
+    """``"auto"`` on an ``mpicoll.Comm`` made with ``algorithm=``: that algorithm, where it
+    exists for the collective (as its own methods do)."""
+    if algorithm == "auto":
+        algo = getattr(comm, "_algo", None)
+        if algo is not None:
+            return algo(collective)
+    return algorithm
 
 
 def _new_out(backend, x, shape):
@@ -109,7 +120,8 @@ def _rows(x):
     return x.shape[0], _prod(x.shape[1:])
 
 
-def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None):
+def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None,
+              deterministic=None, accumulate=None):
     """Reduce ``x`` elementwise over all ranks; every rank gets the result.
 
     Args:
@@ -123,6 +135,10 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         algorithm: ``"auto"``, ``"ring"`` or ``"recursive_doubling"``.
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
+        deterministic: True: a floating SUM/PROD is the rank-order fold, bitwise the same
+            for every algorithm and setting (default: ``MPICOLL_DETERMINISTIC``).
+        accumulate: False: SUM/PROD of 16/8-bit floats keep partial results in the
+            input type (default: accumulated in float32, rounded once).  See docs/numerics.md.
 
     Returns:
         The reduced array: ``out`` when given, else a new array in ``x``'s
@@ -133,13 +149,22 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         x = np.array([rank, 10 * rank])      # rank r: [r, 10r]
         y = mpicoll.allreduce(x)             # every rank: [6, 60]
     """
-    if out is not None and timeout is None and _plan.repeat(_WORLD if comm is None else comm,
-                                                              "allreduce", x, out, op, algorithm):
+    plain = deterministic is None and accumulate is None  # numerics: see api.numerics
+    if plain and out is not None and timeout is None and _plan.repeat(
+            _WORLD if comm is None else comm, "allreduce", x, out, op, algorithm):
         return out
     key = _plan.key(x, out, op, algorithm)
     args, timeout, result, after = _allreduce_args(x, op, comm, out, algorithm, timeout)
-    _collectives.run_allreduce(*args, timeout=timeout,
-                               memo=_memo("allreduce", key, x, out, result, after, op))
+    # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
+    _numerics.check_flags(deterministic, accumulate)
+    route = _numerics.route("allreduce", args[0], args[1], args[2], args[3], args[4],
+                            deterministic=deterministic, accumulate=accumulate)
+    if route is not None:
+        route.run(timeout)
+    # -- end numerics --
+    else:
+        _collectives.run_allreduce(*args, timeout=timeout,
+                                   memo=_memo("allreduce", key, x, out, result, after, op))
     if after is not None:
         after()
     return result
@@ -151,6 +176,7 @@ def _allreduce_args(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeou
     timeout = _config.check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("allreduce", algorithm)
+    algorithm = _forced(comm, "allreduce", algorithm)
     backend, x = array_arg(x, "x")
     if out is None:
         # same memory order as x (C unless x is Fortran-ordered)
@@ -229,8 +255,16 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         return out
     key = _plan.key(x, out, algorithm)
     args, timeout, result, after = _allgather_args(x, comm, out, counts, algorithm, timeout)
-    _collectives.run_allgather(*args, timeout=timeout,
-                               memo=_memo("allgather", key, x, out, result, after, counts=counts))
+    # -- numerics: ml_dtypes types move as words (api.numerics) --
+    route = _numerics.route("allgather", args[0], args[1], args[2], None, args[5], args[3],
+                            args[4])
+    if route is not None:
+        route.run(timeout)
+    # -- end numerics --
+    else:
+        _collectives.run_allgather(*args, timeout=timeout,
+                                   memo=_memo("allgather", key, x, out, result, after,
+                                              counts=counts))
     if after is not None:
         after()
     return result
@@ -241,6 +275,7 @@ def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeo
     comm = _comm(comm)
     timeout = _config.check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
+    algorithm = _forced(comm, "allgather", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
     backend, x = array_arg(x, "x")
     converted = None if out is None else _out_arg(out, backend, x)  # converted once
@@ -278,7 +313,7 @@ def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeo
 
 
 def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
-                   timeout=None):
+                   timeout=None, deterministic=None, accumulate=None):
     """Reduce ``x`` over all ranks and give rank r only its rows (block r along axis 0).
 
     Args:
@@ -295,6 +330,7 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         algorithm: ``"auto"``, ``"ring"`` or ``"recursive_doubling"``.
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
+        deterministic, accumulate: as for :func:`allreduce`.
 
     Returns:
         This rank's reduced rows (``out`` when given, else a new C-ordered array).
@@ -304,15 +340,24 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         x = np.arange(4) + 10 * rank         # rank 0: [0,1,2,3]  rank 1: [10,11,12,13]
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
-    if out is not None and counts is None and timeout is None and \
+    plain = deterministic is None and accumulate is None  # numerics: see api.numerics
+    if plain and out is not None and counts is None and timeout is None and \
             _plan.repeat(_WORLD if comm is None else comm, "reduce_scatter", x, out, op, algorithm):
         return out
     key = _plan.key(x, out, op, algorithm)
     args, timeout, result, after = _reduce_scatter_args(x, op, comm, out, counts, algorithm,
                                                         timeout)
-    _collectives.run_reduce_scatter(*args, timeout=timeout,
-                                    memo=_memo("reduce_scatter", key, x, out, result, after, op,
-                                               counts))
+    # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
+    _numerics.check_flags(deterministic, accumulate)
+    route = _numerics.route("reduce_scatter", args[0], args[1], args[2], args[5], args[6],
+                            args[3], args[4], deterministic=deterministic, accumulate=accumulate)
+    if route is not None:
+        route.run(timeout)
+    # -- end numerics --
+    else:
+        _collectives.run_reduce_scatter(*args, timeout=timeout,
+                                        memo=_memo("reduce_scatter", key, x, out, result, after,
+                                                   op, counts))
     if after is not None:
         after()
     return result
@@ -325,6 +370,7 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
     timeout = _config.check_value("timeout", timeout)
     _types.check_op(op)
     _select.check_algorithm("reduce_scatter", algorithm)
+    algorithm = _forced(comm, "reduce_scatter", algorithm)
     size, rank = comm.Get_size(), comm.Get_rank()
     backend, x = array_arg(x, "x")
     if x.ndim == 0:
@@ -371,35 +417,58 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
 # restarts the operation that call left (engine.plan.restart): no validation.
 
 
-def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout):
+def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout, numerics=None):
     """A handle of ``name``'s kept operation restarted (its result: ``out``), else of a new
     one started on ``validate()`` (the function's ``_*_args`` call) and kept for the call's
-    repeat if plain (:func:`_memo`)."""
-    progress = None
-    if out is not None and counts is None and timeout is None:
-        progress = _requests.check_progress()
+    repeat if plain (:func:`_memo`).  The handle keeps ``x`` and ``out`` alive until it has
+    seen the operation complete.  ``numerics``: (deterministic, accumulate) (api.numerics)."""
+    _requests.check_progress()
+    plain = numerics is None or numerics == (None, None)
+    if plain and out is not None and counts is None and timeout is None:
         operation = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm)
         if operation is not None:
-            return _requests.Handle(operation, _finisher(out, None), progress)
+            return _requests.Handle(operation, _finisher(out, None), (x, out))
     key = _plan.key(x, out, op, algorithm)
     args, timeout, result, after = validate()
-    if progress is None:
-        progress = _requests.check_progress()
+    # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
+    route = _istart_route(name, args, numerics)
+    if route is not None:
+        return _requests.Handle(route.start(timeout), _finisher(result, after, route.finish),
+                                (x, out))
+    # -- end numerics --
     memo = _memo(name, key, x, out, result, after, op, counts)
     return _requests.Handle(start(*args, timeout=timeout, memo=memo), _finisher(result, after),
-                            progress)
+                            (x, out))
 
 
-def _finisher(result, after):
-    """``finish()``: the result, once ``after`` (the copy out of a C-ordered work array) ran."""
+def _istart_route(name, args, numerics):
+    """The api.numerics route of a non-blocking call's validated ``args``, or None."""
+    det, acc = (None, None) if numerics is None else numerics
+    _numerics.check_flags(det, acc)
+    if name == "iallgather":
+        return _numerics.route("allgather", args[0], args[1], args[2], None, args[5], args[3],
+                               args[4], one_operation=True)
+    if name == "iallreduce":
+        return _numerics.route("allreduce", *args[:5], deterministic=det, accumulate=acc,
+                               one_operation=True)
+    return _numerics.route("reduce_scatter", args[0], args[1], args[2], args[5], args[6], args[3],
+                           args[4], deterministic=det, accumulate=acc, one_operation=True)
+
+
+def _finisher(result, after, first=None):
+    """``finish()``: the result, once ``first`` (api.numerics' rounding) and ``after`` (the
+    copy out of a C-ordered work array) ran."""
     def finish():
+        if first is not None:
+            first()
         if after is not None:
             after()
         return result
     return finish
 
 
-def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None):
+def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None,
+               deterministic=None, accumulate=None):
     """Start an :func:`allreduce`; returns a handle whose ``wait()`` returns the result.
 
     The arguments are :func:`allreduce`'s.  ``x`` and ``out`` belong to the
@@ -413,20 +482,20 @@ def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=
     """
     return _istart("iallreduce", _requests.start_allreduce,
                    lambda: _allreduce_args(x, op, comm, out, algorithm, timeout),
-                   comm, x, out, op, algorithm, None, timeout)
+                   comm, x, out, op, algorithm, None, timeout, (deterministic, accumulate))
 
 
 def iallgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """Start an :func:`allgather` (same arguments); ``wait()`` on the handle returns the result."""
     return _istart("iallgather", _requests.start_allgather,
                    lambda: _allgather_args(x, comm, out, counts, algorithm, timeout),
-                   comm, x, out, None, algorithm, counts, timeout)
+                   comm, x, out, None, algorithm, counts, timeout, (None, None))
 
 
 def ireduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
-                    timeout=None):
+                    timeout=None, deterministic=None, accumulate=None):
     """Start a :func:`reduce_scatter` (same arguments); ``wait()`` on the handle returns the result."""
     # (in-place calls are not kept: their result is a view of x; see _memo)
     return _istart("ireduce_scatter", _requests.start_reduce_scatter,
                    lambda: _reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout),
-                   comm, x, out, op, algorithm, counts, timeout)
+                   comm, x, out, op, algorithm, counts, timeout, (deterministic, accumulate))

@@ -11,6 +11,7 @@ from ..core.comms import check_comm
 from ..engine import collectives as _collectives
 from ..engine import plan as _plan
 from ..engine import select as _select
+from . import numerics as _numerics
 from . import requests as _requests
 from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
 
@@ -38,6 +39,12 @@ class Comm(MPI.Intracomm):
     Args:
         comm: the intra-communicator to wrap (default ``MPI.COMM_WORLD``).
         algorithm: ``"auto"`` or an algorithm name forced for every call.
+        deterministic: True: floating SUM/PROD reductions are the rank-order fold,
+            bitwise the same for every algorithm and setting (default:
+            ``MPICOLL_DETERMINISTIC``); see docs/numerics.md.
+        accumulate: False: SUM/PROD of 16/8-bit floats keep partials in the input
+            type (default: float32, rounded once; the non-blocking and persistent
+            forms keep them in the input type).
 
     Example (4 ranks)::
 
@@ -48,20 +55,23 @@ class Comm(MPI.Intracomm):
     """
 
     _algorithm = "auto"  # (forced for every call; set by __init__ and _derived)
+    _numerics = (None, None)  # (deterministic, accumulate): api.numerics
 
-    def __new__(cls, comm=None, algorithm: str = "auto"):
+    def __new__(cls, comm=None, algorithm: str = "auto", deterministic=None, accumulate=None):
         comm = MPI.COMM_WORLD if comm is None else comm
         check_comm(comm)
         self = super().__new__(cls, comm)
         return self
 
-    def __init__(self, comm=None, algorithm: str = "auto"):
+    def __init__(self, comm=None, algorithm: str = "auto", deterministic=None, accumulate=None):
         for collective in _select.ALGORITHMS:
             if algorithm == "auto" or algorithm in _select.ALGORITHMS[collective]:
                 break
         else:
             _select.check_algorithm("allreduce", algorithm)
         self._algorithm = algorithm
+        _numerics.check_flags(deterministic, accumulate)
+        self._numerics = (deterministic, accumulate)
 
     def _algo(self, collective):
         algo = self._algorithm
@@ -80,6 +90,7 @@ class Comm(MPI.Intracomm):
         if not isinstance(new, Comm):
             new = MPI.Intracomm.__new__(Comm, new)
         new._algorithm = self._algorithm
+        new._numerics = self._numerics
         return new
 
     def Dup(self, info=None):
@@ -94,11 +105,13 @@ class Comm(MPI.Intracomm):
     def Idup(self, info=None):
         comm, request = super().Idup(info)  # already a Comm; its handle is set on completion
         comm._algorithm = self._algorithm
+        comm._numerics = self._numerics
         return comm, request
 
     def Idup_with_info(self, info):
         comm, request = super().Idup_with_info(info)
         comm._algorithm = self._algorithm
+        comm._numerics = self._numerics
         return comm, request
 
     def Split(self, color=0, key=0):
@@ -125,8 +138,10 @@ class Comm(MPI.Intracomm):
         if _plan.repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, op, algorithm)
-        _collectives.run_allreduce(*self._allreduce_args(sendbuf, recvbuf, op),
-                                   memo=_memo("Comm.Allreduce", key, sendbuf, recvbuf, op))
+        args = self._allreduce_args(sendbuf, recvbuf, op)
+        if not self._routed("allreduce", args):  # numerics
+            _collectives.run_allreduce(*args, memo=_memo("Comm.Allreduce", key, sendbuf, recvbuf,
+                                                         op))
 
     def _allreduce_args(self, sendbuf, recvbuf, op=MPI.SUM):
         """(comm, smsg, rmsg, op, algorithm) for start_allreduce; raises for bad arguments."""
@@ -150,8 +165,9 @@ class Comm(MPI.Intracomm):
         if _plan.repeat(self, "Comm.Allgather", sendbuf, recvbuf, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, algorithm)
-        _collectives.run_allgather(*self._allgather_args(sendbuf, recvbuf),
-                                   memo=_memo("Comm.Allgather", key, sendbuf, recvbuf))
+        args = self._allgather_args(sendbuf, recvbuf)
+        if not self._routed("allgather", args):  # numerics
+            _collectives.run_allgather(*args, memo=_memo("Comm.Allgather", key, sendbuf, recvbuf))
 
     def _allgather_args(self, sendbuf, recvbuf):
         """(comm, smsg, rmsg, counts, displs, algorithm) for start_allgather."""
@@ -210,9 +226,10 @@ class Comm(MPI.Intracomm):
         if _plan.repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, op, algorithm)
-        _collectives.run_reduce_scatter(
-            *self._reduce_scatter_block_args(sendbuf, recvbuf, op),
-            memo=_memo("Comm.Reduce_scatter_block", key, sendbuf, recvbuf, op))
+        args = self._reduce_scatter_block_args(sendbuf, recvbuf, op)
+        if not self._routed("reduce_scatter", args):  # numerics
+            _collectives.run_reduce_scatter(
+                *args, memo=_memo("Comm.Reduce_scatter_block", key, sendbuf, recvbuf, op))
 
     def _reduce_scatter_block_args(self, sendbuf, recvbuf, op=MPI.SUM):
         """(comm, smsg, rmsg, counts, displs, op, algorithm) for start_reduce_scatter."""
@@ -246,8 +263,9 @@ class Comm(MPI.Intracomm):
         verdict on its own arguments travels with its count, so every rank
         raises if any rank's arguments are bad (none is left waiting).
         """
-        _collectives.run_reduce_scatter(*self._reduce_scatter_args(sendbuf, recvbuf, recvcounts,
-                                                                    op))
+        args = self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op)
+        if not self._routed("reduce_scatter", args):  # numerics
+            _collectives.run_reduce_scatter(*args)
 
     def _reduce_scatter_args(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """(comm, smsg, rmsg, counts, displs, op, algorithm) for start_reduce_scatter.
@@ -318,22 +336,63 @@ class Comm(MPI.Intracomm):
     # A repeated call (the same buffer objects, the last one's request seen complete)
     # restarts the operation that call left (engine.plan.restart): no validation.
 
+    # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --------------
+
+    def _route(self, collective, args, one_operation=False):
+        """The api.numerics route of a validated call's engine ``args``, or None."""
+        det, acc = self._numerics
+        if collective == "allgather":
+            return _numerics.route("allgather", args[0], args[1], args[2], None, args[5],
+                                   args[3], args[4])
+        if collective == "allreduce":
+            op, algorithm, counts, displs = args[3], args[4], None, None
+        else:
+            op, algorithm, counts, displs = args[5], args[6], args[3], args[4]
+        route = _numerics.route(collective, args[0], args[1], args[2], op, algorithm, counts,
+                                displs, deterministic=det, accumulate=acc,
+                                one_operation=one_operation)
+        if one_operation and route is not None and route.finish is not None:
+            # a request has no step of its own at completion: partials in the input type
+            route = _numerics.route(collective, args[0], args[1], args[2], op, algorithm, counts,
+                                    displs, deterministic=det, accumulate=False,
+                                    one_operation=one_operation)
+        return route
+
+    def _routed(self, collective, args) -> bool:
+        """Run a blocking call through api.numerics if it routes it; whether it did."""
+        route = self._route(collective, args)
+        if route is None:
+            return False
+        route.run(None)
+        return True
+
+    _COLLECTIVE = {_requests.start_allreduce: "allreduce", _requests.start_allgather: "allgather",
+                   _requests.start_reduce_scatter: "reduce_scatter"}
+
+    # -- end numerics ------------------------------------------------------------------
+
     def _start(self, start, args, persistent=False):
-        progress = _requests.check_progress()
+        _requests.check_progress()
+        route = self._route(self._COLLECTIVE[start], args, True)  # numerics
+        if route is not None:
+            return _requests.Request(route.start(None, persistent), args[1:3], persistent)
         op = start(*args, persistent=persistent)
-        return _requests.Request(op, args[1:3], persistent, progress)
+        return _requests.Request(op, args[1:3], persistent)
 
     def _istart(self, name, start, validate, sendbuf, recvbuf, op=None):
         """A request of ``name``'s kept operation restarted, else of a new one started on
         ``validate()`` (a ``_*_args`` call) and kept for the call's repeat if plain."""
-        progress = _requests.check_progress()
+        _requests.check_progress()
         algorithm = self._algorithm
         operation = _plan.restart(self, name, sendbuf, recvbuf, op, algorithm)
         if operation is not None:
-            return _requests.Request(operation, (sendbuf, recvbuf), False, progress)
+            return _requests.Request(operation, (sendbuf, recvbuf))
         args = validate()
+        route = self._route(self._COLLECTIVE[start], args, True)  # numerics
+        if route is not None:
+            return _requests.Request(route.start(None), args[1:3])
         memo = _memo(name, _plan.key(sendbuf, recvbuf, op, algorithm), sendbuf, recvbuf, op)
-        return _requests.Request(start(*args, memo=memo), args[1:3], False, progress)
+        return _requests.Request(start(*args, memo=memo), (sendbuf, recvbuf))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""
@@ -392,7 +451,7 @@ class Comm(MPI.Intracomm):
 def _memo(name, key, sendbuf, recvbuf, op=None):
     """(name, key) to keep a plain call as a plan: bare NumPy buffers (or IN_PLACE) and a
     predefined op only (a user op could be freed between calls)."""
-    if type(recvbuf) is np.ndarray and (type(sendbuf) is np.ndarray or is_in_place(sendbuf)) \
+    if type(recvbuf) is np.ndarray and (type(sendbuf) is np.ndarray or sendbuf is MPI.IN_PLACE) \
             and (op is None or _types.op_name(op) is not None):
         return name, key
     return None

@@ -27,43 +27,45 @@ from ..core import config as _config
 from ..core.errors import MpicollError
 
 # The engine's start functions (each returns an engine.executor.Operation).
-from ..engine.collectives import start_allgather, start_allreduce, start_reduce_scatter
+from ..engine.collectives import (
+    free_persistent,
+    start_allgather,
+    start_allreduce,
+    start_persistent,
+    start_reduce_scatter,
+)
 
 __all__ = ["Request", "Handle", "waitall", "testall", "check_progress",
            "start_allreduce", "start_allgather", "start_reduce_scatter"]
 
 
-class _Active:
-    """An operation with its lock and the error the progress thread met, if any."""
+def check_progress() -> None:
+    """Raise before anything starts if the ``progress`` option is on and MPI cannot host the
+    thread (or a bad MPICOLL_PROGRESS was read).  Called by the API before a start."""
+    if _config.get("progress") and _thread is None:
+        _check_threads()
 
-    __slots__ = ("op", "lock", "error", "__weakref__")
 
-    def __init__(self, op):
-        self.op = op
-        self.lock = threading.Lock()
-        self.error = None
+def _progress(op) -> None:
+    """Hand a started operation to the progress thread when the ``progress`` option is on
+    (the thread starts with the first such operation, even one complete at once)."""
+    if op.progress:
+        thread = _progress_thread()
+        if op._active:
+            thread.add(op)
 
-    def test(self) -> bool:
-        with self.lock:
-            self._raise()
-            return self.op.test()
 
-    def wait(self) -> None:
-        with self.lock:
-            self._raise()
-            self.op.wait()
-
-    def _raise(self):
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
-
-    def start(self) -> None:
-        progress = check_progress()
-        with self.lock:
-            self.op.start()
-        if progress:
-            _progress_add(self, True)
+def _check_threads() -> None:
+    provided = MPI.Query_thread()
+    if provided != MPI.THREAD_MULTIPLE:
+        names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+                 MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
+        raise MpicollError(
+            f"progress: the progress thread needs MPI_THREAD_MULTIPLE, but MPI was initialised "
+            f"with {names.get(provided, provided)}; initialise MPI with MPI_THREAD_MULTIPLE "
+            f"(mpi4py's default: mpi4py.rc.thread_level = 'multiple') or turn the progress "
+            f"option off"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -87,17 +89,18 @@ class Request:
     is complete: do not read the receive buffer or write either buffer before
     ``Wait`` (or a ``Test`` returning True).  A persistent request is
     inactive until ``Start()``, may be started again once complete, and is
-    released by ``Free()``.
+    released by ``Free()``.  A collective that failed (a timeout, an MPI
+    error) raises its exception from every later ``Test`` and ``Wait``.
 
     Attributes:
         algorithm: the algorithm the collective runs.
     """
 
-    __slots__ = ("_active", "_buffers", "persistent", "_algorithm", "_started", "__weakref__")
+    __slots__ = ("_op", "_buffers", "persistent", "_algorithm", "_started", "__weakref__")
 
-    def __init__(self, op, buffers=(), persistent=False, progress=None):
-        self._active = _Active(op)
-        self._algorithm = None
+    def __init__(self, op, buffers=(), persistent=False):
+        self._op = op
+        self._algorithm = op.algorithm
         # started and its completion not yet seen by Test/Wait: MPI's "active" (a
         # persistent request may not be started again before that)
         self._started = False
@@ -105,28 +108,23 @@ class Request:
         self.persistent = persistent
         if not persistent:
             op.owner = self  # until this request has seen it complete (engine.plan.restart)
-            _progress_add(self._active, progress)
+            _progress(op)
 
     @property
     def algorithm(self) -> str:
-        return self._algorithm if self._active is None else self._active.op.algorithm
+        return self._algorithm
 
     @property
     def done(self) -> bool:
         """Whether the collective is known complete (or inactive), without advancing it."""
-        return self._active is None or self._active.op.done
-
-    def _live(self, what):
-        if self._active is None:
-            raise ValueError(f"{what}: the request has been freed (MPI.REQUEST_NULL)")
-        return self._active
+        return self._op is None or self._op.done
 
     def Test(self, status=None) -> bool:
         """Advance without blocking; True (and ``status`` filled) once complete."""
-        if self._active is None:  # a null request is complete, as in MPI
+        if self._op is None:  # a null request is complete, as in MPI
             _empty_status(status)
             return True
-        done = self._active.test()
+        done = self._op.test()
         if done:
             self._started = False
             self._seen_complete()
@@ -135,8 +133,8 @@ class Request:
 
     def Wait(self, status=None) -> bool:
         """Block until complete; returns True (mpi4py's ``Literal[True]``)."""
-        if self._active is not None:
-            self._active.wait()
+        if self._op is not None:
+            self._op.wait()
             self._seen_complete()
         self._started = False
         _empty_status(status)
@@ -146,10 +144,9 @@ class Request:
         """A non-blocking request, complete: it lets go of its operation (MPI: the request
         is now null), which a repeat of the call may restart (engine.plan.restart)."""
         if not self.persistent:
-            active, self._active = self._active, None
-            self._algorithm = active.op.algorithm
-            if active.op.owner is self:
-                active.op.owner = None
+            op, self._op = self._op, None
+            if op.owner is self:
+                op.owner = None
             self._buffers = ()
 
     def Start(self) -> None:
@@ -157,29 +154,34 @@ class Request:
         if not self.persistent:
             raise ValueError("Start: expected a persistent request (Allreduce_init...), "
                              "got a non-blocking one")
-        active = self._live("Start")
+        if self._op is None:
+            raise ValueError("Start: the request has been freed (MPI.REQUEST_NULL)")
         if self._started:
             raise ValueError("Start: the request is active (started, not completed by Wait or "
                              "a Test returning True)")
-        active.start()
+        start_persistent(self._op)
         self._started = True
+        _progress(self._op)
 
     def Free(self) -> None:
         """Release the request; an active one completes first.  Freeing twice is harmless."""
-        active, self._active = self._active, None
-        if active is not None:
-            self._algorithm = active.op.algorithm
-            with active.lock:
-                active.op.wait()
+        op, self._op = self._op, None
+        if op is not None:
+            try:
                 if self.persistent:
-                    active.op.free()
-                elif active.op.owner is self:
-                    active.op.owner = None
+                    free_persistent(op)
+                else:
+                    op.wait()
+            finally:
+                if op.owner is self:
+                    op.owner = None
         self._buffers = ()
 
     @classmethod
     def Waitall(cls, requests, statuses=None) -> bool:
-        """Wait for every request (any mix of mpicoll requests), in order; returns True."""
+        """Wait for every request (any mix of mpicoll requests); returns True.
+
+        Each wait advances every operation in flight, so the order does not matter."""
         requests = list(requests)
         for i, req in enumerate(requests):
             req.Wait(None if statuses is None else statuses[i])
@@ -208,32 +210,31 @@ class Handle:
 
     Neither ``x`` nor ``out`` may be touched until ``wait()`` has returned (or
     ``test()`` returned True); ``wait()`` returns the result, as the blocking
-    function does.
+    function does.  The handle keeps them alive until then.  A collective that
+    failed raises its exception from every later ``test()`` and ``wait()``.
     """
 
-    __slots__ = ("_active", "_finish", "_result", "__weakref__")
+    __slots__ = ("_op", "_finish", "_result", "_keep", "algorithm", "__weakref__")
 
-    def __init__(self, op, finish, progress=None):
-        self._active = _Active(op)
+    def __init__(self, op, finish, keep=()):
+        self._op = op
         self._finish = finish
         self._result = None
+        self._keep = keep
+        self.algorithm = op.algorithm
         op.owner = self  # until this handle has seen it complete (engine.plan.restart)
-        _progress_add(self._active, progress)
-
-    @property
-    def algorithm(self) -> str:
-        return self._active.op.algorithm
+        _progress(op)
 
     @property
     def done(self) -> bool:
         """Whether the collective is known complete, without advancing it."""
-        return self._finish is None or self._active.op.done
+        return self._finish is None or self._op.done
 
     def test(self) -> bool:
         """Advance without blocking; True once complete (then ``wait()`` returns at once)."""
         if self._finish is None:
             return True
-        if self._active.test():
+        if self._op.test():
             self._complete()
             return True
         return False
@@ -241,16 +242,26 @@ class Handle:
     def wait(self):
         """Block until complete; returns the result array."""
         if self._finish is not None:
-            self._active.wait()
+            self._op.wait()
             self._complete()
         return self._result
 
     def _complete(self):
         finish, self._finish = self._finish, None
-        op = self._active.op
+        op, self._op = self._op, _Done
         if op.owner is self:
             op.owner = None
+        self._keep = ()
         self._result = finish()
+
+
+class _DoneOp:
+    """What a handle holds once it has seen its operation complete."""
+
+    done = True
+
+
+_Done = _DoneOp()
 
 
 def waitall(handles) -> list:
@@ -274,45 +285,46 @@ _POLL_S = 50e-6  # pause between sweeps over the in-flight operations
 
 
 class _Progress:
-    """A daemon thread that calls ``test()`` on every registered in-flight operation."""
+    """A daemon thread that advances every operation handed to it until it completes.
+
+    It takes an operation's own lock without waiting (one the caller is
+    advancing is skipped this sweep), so it never holds anything across an
+    MPI wait; an operation that fails here keeps its exception, which the
+    caller's next test/wait raises.  Timeouts are enforced here as in test().
+    """
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.active: list = []
+        self.ops: list = []
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="mpicoll-progress", daemon=True)
         self.thread.start()
 
-    def add(self, active: _Active) -> None:
+    def add(self, op) -> None:
         with self.cond:
-            self.active.append(active)
+            self.ops.append(op)
             self.cond.notify()
 
     def _run(self):
         while True:
             with self.cond:
-                while not self.active and not self.stopping:
+                while not self.ops and not self.stopping:
                     self.cond.wait()
                 if self.stopping:
                     return
-                batch = list(self.active)
+                batch = list(self.ops)
             if MPI.Is_finalized():
                 return
             finished = []
-            for active in batch:
-                if not active.lock.acquire(blocking=False):
-                    continue  # the caller is advancing it
+            for op in batch:
                 try:
-                    if active.error is not None or active.op.test():
-                        finished.append(active)
-                except BaseException as exc:  # handed to the caller's next Test/Wait
-                    active.error = exc
-                    finished.append(active)
-                finally:
-                    active.lock.release()
+                    if op.test():
+                        finished.append(op)
+                except BaseException:  # kept by the operation: the caller's test/wait raises it
+                    finished.append(op)
             with self.cond:
-                for active in finished:
-                    self.active.remove(active)
+                for op in finished:
+                    self.ops.remove(op)
             time.sleep(_POLL_S)
 
     def stop(self) -> None:
@@ -326,48 +338,13 @@ _thread: _Progress | None = None
 _thread_lock = threading.Lock()
 
 
-def check_progress() -> bool:
-    """Whether the ``progress`` option is on; raises before anything starts if it is on and
-    MPI cannot host the thread.
-
-    Also raises for a bad ``MPICOLL_PROGRESS`` value.  Called by the API
-    before it starts an operation.
-    """
-    progress = bool(_config.get("progress"))
-    if progress and _thread is None:
-        _check_threads()
-    return progress
-
-
-def _progress_add(active: _Active, progress=None) -> None:
-    """Hand a started operation to the progress thread when the ``progress`` option is on
-    (``progress``: as :func:`check_progress` returned it before the start; None: read now).
-
-    The thread starts with the first operation started under the option, even
-    one that completed at once (at one rank, or a message that was there)."""
-    if not (_config.get("progress") if progress is None else progress):
-        return
+def _progress_thread() -> _Progress:
     global _thread
     if _thread is None:
         with _thread_lock:
             if _thread is None:
-                _check_threads()
                 _thread = _Progress()
-    if not active.op.done:
-        _thread.add(active)
-
-
-def _check_threads() -> None:
-    provided = MPI.Query_thread()
-    if provided != MPI.THREAD_MULTIPLE:
-        names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
-                 MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
-        raise MpicollError(
-            f"progress: the progress thread needs MPI_THREAD_MULTIPLE, but MPI was initialised "
-            f"with {names.get(provided, provided)}; initialise MPI with MPI_THREAD_MULTIPLE "
-            f"(mpi4py's default: mpi4py.rc.thread_level = 'multiple') or turn the progress "
-            f"option off"
-        )
+    return _thread
 
 
 def stop_progress() -> None:

@@ -78,7 +78,7 @@ def cuda_aware_mpi(cuda_aware: bool | None = None) -> Decision:
         if _config.configured("cuda_aware"):
             how = f"mpicoll.configure(cuda_aware={setting})"
         else:
-            how = f"MPICOLL_CUDA_AWARE={os.environ.get('MPICOLL_CUDA_AWARE', '').strip()}"
+            how = f"MPICOLL_CUDA_AWARE={_config.text('cuda_aware')}"
         return Decision(setting, f"forced by {how}")
     return _probe_this_process()
 

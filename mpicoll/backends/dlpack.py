@@ -11,7 +11,10 @@ dtypes NumPy has no name for (bool through some producers, bfloat16, ...).
 rules.  The capsule lives as long as the array (its ``base``): when both are
 gone the capsule's destructor calls the producer's deleter, as for mpi4py.
 Tensors of a type mpi4py moves as raw bytes (``MPI.BYTE``: bfloat16,
-vector lanes, ...) come back as uint8 arrays that :func:`is_raw` recognises.
+vector lanes, ...) come back as uint8 arrays that :func:`is_raw` recognises,
+except bfloat16 and the float8 types when ``ml_dtypes`` is installed: those
+come back as arrays of ml_dtypes' types, with the tensor's shape, so that
+they can be reduced (in float32) and returned in their own type.
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ _DTYPES = {
     (5, 64): np.dtype(np.complex64), (5, 128): np.dtype(np.complex128),
     (5, 2 * _LONGDOUBLE_BITS): np.dtype(np.clongdouble),
 }
+# (DLPack type code, bits) -> ml_dtypes type name (dlpack.h: kDLBfloat 4,
+# kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12); NumPy has no names for these
+_ML_CODES = {(4, 16): "bfloat16", (10, 8): "float8_e4m3fn", (12, 8): "float8_e5m2"}
 # two float lanes: mpi4py reads them as one complex number
 _PAIRS = {32: np.dtype(np.complex64), 64: np.dtype(np.complex128),
           _LONGDOUBLE_BITS: np.dtype(np.clongdouble)}
@@ -118,9 +124,21 @@ def _capsule(obj):
     raise TypeError("dlpack: the producer returned no valid DLPack capsule")
 
 
+def _ml_dtype(dt):
+    """The ml_dtypes dtype of a bfloat16/float8 tensor, or None (another type, no ml_dtypes)."""
+    name = _ML_CODES.get((dt.code, dt.bits)) if dt.lanes == 1 else None
+    if name is None:
+        return None
+    try:
+        import ml_dtypes
+    except ImportError:  # then moved as bytes, as mpi4py moves it
+        return None
+    return np.dtype(getattr(ml_dtypes, name))
+
+
 def _dtype(dt):
     if dt.lanes == 1:
-        return _DTYPES.get((dt.code, dt.bits))
+        return _DTYPES.get((dt.code, dt.bits)) or _ml_dtype(dt)
     if dt.code == 2 and dt.lanes == 2:
         return _PAIRS.get(dt.bits)
     return None
@@ -169,10 +187,15 @@ def asarray(obj) -> np.ndarray:
     if nelems == 0 or not address:  # no memory to view (NULL is allowed): a stand-in address
         stand_in = np.empty(1, np.uint8)
         keep, address, strides = (capsule, stand_in), stand_in.ctypes.data, None
-    interface = {"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
+    # ml_dtypes types have no typestr NumPy reads back: describe them as bytes ("V2")
+    # and view the result as the type
+    view = dtype if dtype.kind == "V" or dtype.str[1:] == "f1" else None
+    typestr = f"|V{dtype.itemsize}" if view is not None else dtype.str
+    interface = {"version": 3, "shape": shape, "typestr": typestr, "strides": strides,
                  "data": (address, readonly)}
     dltype = (int(t.dtype.code), int(t.dtype.bits), int(t.dtype.lanes)) if raw else None
-    return np.asarray(_Owner(keep, interface, dltype))
+    arr = np.asarray(_Owner(keep, interface, dltype))
+    return arr if view is None else arr.view(view)
 
 
 def _contiguous(shape, strides) -> bool:

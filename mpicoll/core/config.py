@@ -1,18 +1,36 @@
-"""Run-time options: an API setting wins over the environment variable.
+"""Run-time options: one table of every ``MPICOLL_*`` knob, read once per communicator.
 
-=============  ======================  ==========================================
-option         environment variable    meaning
-=============  ======================  ==========================================
-check          MPICOLL_CHECK           ranks agree on a call fingerprint first
-timeout        MPICOLL_TIMEOUT         seconds without progress before raising
-cuda_aware     MPICOLL_CUDA_AWARE      hand device pointers straight to MPI
-progress       MPICOLL_PROGRESS        a thread advances non-blocking collectives
-=============  ======================  ==========================================
+===============  ======================  =========  =================================================
+option           environment variable    default    meaning
+===============  ======================  =========  =================================================
+check            MPICOLL_CHECK           off        ranks agree on a call fingerprint first
+timeout          MPICOLL_TIMEOUT         none       seconds without progress before raising
+cuda_aware       MPICOLL_CUDA_AWARE      detect     hand device pointers straight to MPI
+progress         MPICOLL_PROGRESS        off        a thread advances non-blocking collectives
+algorithm        MPICOLL_ALGORITHM       auto       the algorithm every "auto" call runs, where it applies
+segment_bytes    MPICOLL_SEGMENT_BYTES   1M         ring segment size (pipelining)
+window           MPICOLL_WINDOW          2          ring segments in flight per link
+fake_nodes       MPICOLL_FAKE_NODES      none       node layout for tests ("block:2", "cyclic:2", "0,0,1,1")
+trace            MPICOLL_TRACE           none       trace the whole run into this JSON file
+deterministic    MPICOLL_DETERMINISTIC   off        floating reductions: the rank-order fold, bitwise
+===============  ======================  =========  =================================================
 
-``mpicoll.configure(check=True)`` sets options for the process (``None``
-returns an option to its environment variable); ``with mpicoll.options(...)``
-sets them for a block.  Options are read at every collective call, so both
-take effect immediately.
+When the environment is read
+    Once, when mpicoll creates its context for a communicator (the first
+    mpicoll call on it): :func:`read_environment` parses every variable of
+    the table (a bad value raises ``ValueError`` naming the variable, before
+    any message is sent) and the context keeps the values.  Nothing reads the
+    environment on a call after that, so a variable changed later applies to
+    communicators set up later.  The process-wide options (``progress``,
+    ``cuda_aware``, ``trace``) take the values of the latest read.
+
+API settings
+    ``mpicoll.configure(check=True)`` sets an option for the process (``None``
+    returns it to the environment's value); ``with mpicoll.options(...)`` for
+    a block.  Both apply at once, to every communicator: an API setting wins
+    over the environment.  Every change bumps :data:`EPOCH`, which a cached
+    call (engine.plan) compares, so a cached call never runs under options it
+    was not made for.
 """
 
 from __future__ import annotations
@@ -20,23 +38,144 @@ from __future__ import annotations
 import contextlib
 import os
 
-_ENV = {
-    "check": "MPICOLL_CHECK",
-    "timeout": "MPICOLL_TIMEOUT",
-    "cuda_aware": "MPICOLL_CUDA_AWARE",
-    "progress": "MPICOLL_PROGRESS",
-}
-_FLAGS = ("check", "cuda_aware", "progress")
-_UNSET = object()
-_settings: dict = {}
-_watchers: list = []  # called with the settings after every change (see watch)
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str, name: str) -> int:
+    """``"4096"``, ``"64K"``, ``"1M"``, ``"1G"`` -> bytes; ValueError naming ``name``."""
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = raw[-1:] if raw[-1:] in _SUFFIX else ""
+    try:
+        value = int(raw[: len(raw) - len(unit)]) * _SUFFIX[unit]
+    except ValueError:
+        raise ValueError(f"{name}: expected a size in bytes such as 65536, 64K or 1M, "
+                         f"got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name}: expected a positive size, got {text!r}")
+    return value
+
+
+def parse_flag(text: str, name: str) -> bool:
+    """1/yes/true/on or 0/no/false/off (any case); ValueError naming ``name``."""
+    value = text.strip().lower()
+    if value in ("1", "yes", "true", "on"):
+        return True
+    if value in ("0", "no", "false", "off"):
+        return False
+    raise ValueError(f"{name}: expected 1/0, yes/no, true/false or on/off, got {text!r}")
+
+
+def parse_seconds(text: str, name: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected a number of seconds, got {text!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"{name}: expected a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def parse_window(text: str, name: str) -> int:
+    try:
+        window = int(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected a positive integer, got {text!r}") from None
+    if not 1 <= window <= 64:
+        raise ValueError(f"{name}: expected an integer from 1 to 64, got {text!r}")
+    return window
+
+
+def parse_text(text: str, name: str) -> str:
+    return text.strip()
+
+
+class Option:
+    """One row of :data:`OPTIONS`: name, variable, parser, default, whether configure() sets it."""
+
+    __slots__ = ("name", "env", "parse", "default", "api", "doc")
+
+    def __init__(self, name, env, parse, default, api, doc):
+        self.name, self.env, self.parse, self.default, self.api, self.doc = \
+            name, env, parse, default, api, doc
+
+
+OPTIONS = (
+    Option("check", "MPICOLL_CHECK", parse_flag, False, True,
+           "ranks agree on a fingerprint of every call before any payload message"),
+    Option("timeout", "MPICOLL_TIMEOUT", parse_seconds, None, True,
+           "seconds a collective may go without progress before CollectiveTimeout"),
+    Option("cuda_aware", "MPICOLL_CUDA_AWARE", parse_flag, None, True,
+           "force (1) or forbid (0) handing device pointers to MPI; unset: detect"),
+    Option("progress", "MPICOLL_PROGRESS", parse_flag, False, True,
+           "a background thread advances non-blocking and persistent collectives"),
+    Option("algorithm", "MPICOLL_ALGORITHM", parse_text, None, False,
+           "the algorithm every 'auto' call runs where it exists and applies to the op"),
+    Option("segment_bytes", "MPICOLL_SEGMENT_BYTES", parse_bytes, 1 << 20, False,
+           "ring segment size: blocks are cut into segments forwarded as soon as reduced"),
+    Option("window", "MPICOLL_WINDOW", parse_window, 2, False,
+           "ring segments in flight per link"),
+    Option("fake_nodes", "MPICOLL_FAKE_NODES", parse_text, None, False,
+           "node layout for tests: block:K, cyclic:K or one label per COMM_WORLD rank"),
+    Option("trace", "MPICOLL_TRACE", parse_text, None, False,
+           "trace the whole run and save it to this JSON file at exit"),
+    Option("deterministic", "MPICOLL_DETERMINISTIC", parse_flag, False, True,
+           "floating reductions are the rank-order fold ((x0 + x1) + x2) + ..., bitwise the "
+           "same for every algorithm, size, segment and window (docs/numerics.md)"),
+)
+TABLE = {opt.name: opt for opt in OPTIONS}
+_API = tuple(opt.name for opt in OPTIONS if opt.api)
+
+_settings: dict = {}  # API settings: option -> value
+# Bumped by every change of an API setting (and by observers switching on or off,
+# see bump): a cached call compares it instead of re-reading anything.
+EPOCH = [0]
+_process: dict = {}  # the latest read of the environment (process-wide options)
+_raw: dict = {}  # the text of each variable set at the latest read (for messages)
+
+
+def bump() -> None:
+    """Something that changes how calls run was switched on or off: cached calls miss."""
+    EPOCH[0] += 1
+
+
+def read_environment(environ=None) -> dict:
+    """Every option's value from the environment (its default where unset); the one read.
+
+    ValueError naming the variable for a bad value.  Also becomes the process-wide
+    values (:func:`get`).
+    """
+    environ = os.environ if environ is None else environ
+    values, texts = {}, {}
+    for opt in OPTIONS:
+        raw = environ.get(opt.env)
+        if raw is None or raw.strip() == "":
+            values[opt.name] = opt.default
+        else:
+            values[opt.name] = opt.parse(raw, opt.env)
+            texts[opt.name] = raw.strip()
+    _raw.clear()
+    _raw.update(texts)
+    if values != _process:
+        _process.clear()
+        _process.update(values)
+        bump()
+    return values
+
+
+def resolve(env: dict) -> dict:
+    """The options in force for a communicator whose environment read is ``env``."""
+    if not _settings:
+        return env
+    merged = dict(env)
+    merged.update(_settings)
+    return merged
 
 
 def check_value(name, value):
     """``value`` checked for option ``name`` (TypeError/ValueError naming it); None stays None."""
     if value is None:
         return None
-    if name in _FLAGS:
+    if name in ("check", "cuda_aware", "progress", "deterministic"):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool or None, got {type(value).__name__}")
         return value
@@ -55,11 +194,12 @@ def configure(**kwargs) -> dict:
         timeout: seconds a collective may go without progress (float).
         cuda_aware: force (True) or forbid (False) CUDA-aware MPI.
         progress: advance non-blocking collectives in a background thread (bool).
+        deterministic: floating reductions are the rank-order fold (bool).
         Each accepts None to fall back to its environment variable.
     """
     for name in kwargs:
-        if name not in _ENV:
-            raise TypeError(f"configure: unknown option {name!r}; expected one of {', '.join(_ENV)}")
+        if name not in _API:
+            raise TypeError(f"configure: unknown option {name!r}; expected one of {', '.join(_API)}")
     values = {name: check_value(name, value) for name, value in kwargs.items()}
     previous = {}
     for name, value in values.items():
@@ -68,19 +208,8 @@ def configure(**kwargs) -> dict:
             _settings.pop(name, None)
         else:
             _settings[name] = value
-    for fn in _watchers:
-        fn(_settings)
+    bump()
     return previous
-
-
-def watch(fn) -> None:
-    """Call ``fn(settings)`` now and after every change made by configure()/options().
-
-    ``settings`` is the live {option: value} dict of the API settings, to be read,
-    not changed (observe.calls keeps what a plan's hit tests up to date this way).
-    """
-    _watchers.append(fn)
-    fn(_settings)
 
 
 @contextlib.contextmanager
@@ -99,109 +228,20 @@ def configured(name: str) -> bool:
 
 
 def get(name: str):
-    """Current value of an option: API setting, else environment, else None."""
-    value = _settings.get(name, _UNSET)
-    if value is not _UNSET:
+    """A process-wide option now: its API setting, else the latest environment read."""
+    value = _settings.get(name, _settings)
+    if value is not _settings:
         return value
-    var = _ENV[name]
-    raw = env_value(var)
-    if raw is None or raw.strip() == "":
-        return None
-    if name in _FLAGS:
-        return env_flag(var)
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ValueError(f"{var}: expected a number of seconds, got {raw!r}") from None
-    if not seconds > 0:
-        raise ValueError(f"{var}: expected a positive number of seconds, got {raw!r}")
-    return seconds
+    if not _process:
+        read_environment()
+    return _process[name]
 
 
-# os.environ.get() raises and catches KeyError inside for an unset variable,
-# about a microsecond; collectives read their options on every call and
-# usually none is set.  On POSIX, os.environ keeps its contents in a dict of
-# bytes that every change made through os.environ updates; reading that dict
-# answers "unset" without an exception.  Anywhere else: os.environ.get().
-_ENV_BYTES = os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict)
-_ENV_KEYS: dict = {}
+def text(name: str) -> str:
+    """The text option ``name``'s variable had at the latest read ("" if unset)."""
+    return _raw.get(name, "")
 
 
-def env_value(name: str) -> str | None:
-    """``os.environ.get(name)``, cheap when the variable is unset."""
-    data = os.environ._data if _ENV_BYTES else None
-    if type(data) is not dict:
-        return os.environ.get(name)
-    key = _ENV_KEYS.get(name)
-    if key is None:
-        key = _ENV_KEYS[name] = os.fsencode(name)
-    raw = data.get(key)
-    return None if raw is None else os.fsdecode(raw)
-
-
-def env_flag(name: str) -> bool | None:
-    """Read a boolean environment variable: 1/yes/true/on or 0/no/false/off."""
-    value = env_value(name)
-    if value is None or value.strip() == "":
-        return None
-    value = value.strip().lower()
-    if value in ("1", "yes", "true", "on"):
-        return True
-    if value in ("0", "no", "false", "off"):
-        return False
-    raise ValueError(f"{name}: expected 1/0, yes/no, true/false or on/off, got {value!r}")
-
-
-def live_env(names: tuple):
-    """(the dict ``os.environ`` keeps its contents in, the keys ``names`` have in it), for a
-    membership test inline on a hot path; None where ``os.environ`` keeps no such dict.
-
-    Every change made through ``os.environ`` (``monkeypatch.setenv`` included)
-    writes through to that dict, so testing it is reading the environment now.
-    """
-    data = getattr(os.environ, "_data", None)
-    encode = getattr(os.environ, "encodekey", None)
-    if type(data) is not dict or encode is None:
-        return None
-    return data, tuple(encode(name) for name in names)
-
-
-def unset_test(names: tuple, off: dict | None = None):
-    """A function of no arguments: whether nothing of ``names`` and ``off`` is on, cheaply.
-
-    ``names``: environment variables that must be unset.  ``off``: {option:
-    its variable}: options that must not be on.  An API setting of False
-    switches one off whatever its variable says (``with mpicoll.options(
-    check=False)``); without an API setting its variable must be unset.  Any
-    other API setting makes the function return False.  The variables are
-    read at every call (a test or a user may set one at run time); only the
-    encoded keys and the lookups are prepared.
-    """
-    off = dict(off or {})
-    live = live_env(tuple(names) + tuple(off.values()))
-    if live is None:
-        def slow() -> bool:
-            for name, value in _settings.items():
-                if name not in off or value is not False:
-                    return False
-            return (all(os.environ.get(n) is None for n in names)
-                    and all(os.environ.get(var) is None
-                            for opt, var in off.items() if opt not in _settings))
-        return slow
-    data, keys = live
-    off_keys = tuple(zip(off, keys[len(names):]))
-    settings = _settings
-    env = data.keys()  # a live view of the environment (os.environ writes through)
-
-    def test() -> bool:
-        if not settings:
-            return env.isdisjoint(keys)
-        for name, value in settings.items():
-            if name not in off or value is not False:
-                return False
-        for opt, key in off_keys:
-            if opt not in settings and key in data:
-                return False
-        return env.isdisjoint(keys[:len(names)])
-
-    return test
+def describe() -> list:
+    """(variable, default, meaning) of every option, for ``python -m mpicoll.info``."""
+    return [(opt.env, opt.default, opt.doc) for opt in OPTIONS]

@@ -16,6 +16,10 @@ pair        MINLOC MAXLOC            (MPI.FLOAT_INT, MPI.DOUBLE_INT, ...)
 
 float16 counts as floating: MPI has no standard half-precision datatype, so
 mpicoll moves it as 16-bit words (``MPI.UINT16_T``) and reduces it locally.
+The ``ml_dtypes`` types (bfloat16, float8_e4m3fn, float8_e5m2) count as
+floating too and move as 16- or 8-bit words; NumPy cannot hand MPI their
+memory (no buffer protocol), so api.numerics moves them through unsigned views
+and reduces them in float32 (see :func:`accumulation_dtype`).
 User-defined ops (``MPI.Op.Create``) apply to every datatype; they are
 applied with ``Op.Reduce_local`` on the datatype mpi4py would hand them for
 the same buffer (:func:`natural_type`, or the datatype the caller gave), never
@@ -26,6 +30,7 @@ MPI) or ``MPIX_C_FLOAT16`` (MPICH), not ``MPI.UINT16_T``.
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -119,7 +124,58 @@ def wire_type(dtype: np.dtype) -> MPI.Datatype | None:
     """The predefined MPI datatype that carries ``dtype``, or None if there is none."""
     if dtype.byteorder not in "=|" and dtype.byteorder != _NATIVE:
         return None
-    return _WIRE_TYPES.get((dtype.kind, dtype.itemsize))
+    wire = _WIRE_TYPES.get((dtype.kind, dtype.itemsize))
+    if wire is None or dtype.kind == "V" or dtype.itemsize == 1:
+        extra = ml_types()
+        if dtype in extra:
+            return extra[dtype][0]
+    return wire
+
+
+# ml_dtypes names -> (wire datatype, unsigned view dtype); read only once ml_dtypes is
+# imported: an array of these types cannot exist before, and importing it here
+# would be work at import time for every user.
+_ML_NAMES = {
+    "bfloat16": (MPI.UINT16_T, np.dtype(np.uint16)),
+    "float8_e4m3fn": (MPI.UINT8_T, np.dtype(np.uint8)),
+    "float8_e5m2": (MPI.UINT8_T, np.dtype(np.uint8)),
+}
+_ML: dict = {}
+
+
+def ml_types() -> dict:
+    """{ml_dtypes dtype: (wire datatype, unsigned view dtype)}; empty until ml_dtypes is imported."""
+    if not _ML:
+        module = sys.modules.get("ml_dtypes")
+        if module is None:
+            return _ML
+        for name, entry in _ML_NAMES.items():
+            _ML[np.dtype(getattr(module, name))] = entry
+    return _ML
+
+
+def is_ml_type(dtype) -> bool:
+    """Whether ``dtype`` is one of the ml_dtypes types (no buffer protocol: moved through views)."""
+    return (dtype.kind == "V" or dtype.itemsize == 1) and dtype in ml_types()
+
+
+def view_dtype(dtype: np.dtype) -> np.dtype:
+    """The unsigned integer dtype of the same size that carries ``dtype``'s bits."""
+    return np.dtype(f"u{dtype.itemsize}")
+
+
+_F32 = np.dtype(np.float32)
+
+
+def accumulation_dtype(dtype: np.dtype) -> np.dtype | None:
+    """float32 for the 8- and 16-bit floating types (float16, bfloat16, float8), else None.
+
+    SUM and PROD of these types are accumulated in float32 and rounded once
+    to ``dtype`` at the end (see docs/numerics.md).
+    """
+    if dtype.itemsize <= 2 and (dtype.kind == "f" or is_ml_type(dtype)):
+        return _F32
+    return None
 
 
 _NATIVE = "<" if np.little_endian else ">"
@@ -142,7 +198,7 @@ def natural_type(dtype: np.dtype) -> MPI.Datatype | None:
     except KeyError:
         pass
     datatype = None
-    if wire_type(dtype) is not None:
+    if wire_type(dtype) is not None and not is_ml_type(dtype):  # no buffer format for those
         fmt = memoryview(np.empty(0, dtype)).format.lstrip("@=<>!")
         datatype = MPI._typedict.get(fmt)
         if datatype is not None and (datatype == MPI.DATATYPE_NULL
@@ -186,6 +242,8 @@ def dtype_of_datatype(datatype: MPI.Datatype) -> tuple[np.dtype, str]:
 def category_of_dtype(dtype: np.dtype) -> str:
     """Category of a NumPy dtype; TypeError if MPI cannot carry it."""
     category = _KIND_CATEGORY.get(dtype.kind)
+    if is_ml_type(dtype):
+        category = "floating"
     if category is None or wire_type(dtype) is None:
         raise TypeError(
             f"expected an array of bool, integer, floating or complex numbers in native "

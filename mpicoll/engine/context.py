@@ -31,11 +31,13 @@ A set-up that fails otherwise frees what it created and caches nothing.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 
 import numpy as np
 from mpi4py import MPI
 
+from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from ..transport import timeout as _timeout
 from .workmem import WorkMemory
@@ -96,20 +98,25 @@ class Context:
             attributes; None: "collective #1".
     """
 
-    def __init__(self, comm: MPI.Intracomm, timeout: float | None = None, describe=None):
-        from ..algorithms import ring as _ring
+    def __init__(self, comm: MPI.Intracomm, timeout: float | None = None, describe=None,
+                 env: dict | None = None):
         from ..transport import topology as _topology
-        # 1. every option first: a bad value raises before any MPI call
-        # (pipelining of the ring algorithms: MPICOLL_SEGMENT_BYTES, MPICOLL_WINDOW)
-        self.segment_bytes, self.window = _ring.tuning()
-        fake = _topology.fake_labels()
+        # 1. every option first, read once for this communicator (core.config): a bad
+        # value raises before any MPI call
+        self.env = _config.read_environment() if env is None else env
+        self.segment_bytes, self.window = self.env["segment_bytes"], self.env["window"]
+        fake = _topology.fake_labels(self.env["fake_nodes"])
+        self.active = 0  # its operations in flight (its duplicate is freed after the last)
+        self.freeing = False  # the user's communicator was freed with operations in flight
         self.seq = 0  # collectives started on this communicator
         self.persistent_made = 0  # persistent operations made on it (their tags: executor.tag_of)
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
         self.plans = {}  # public function name -> engine.plan.Plan of its last plain call
-        # (name, ids of the arguments) -> engine.plan.Kept: non-blocking operations to restart
+        # (name, ids of the communicator and argument objects) -> engine.plan.Plan: the
+        # non-blocking repeats (engine.plan)
         self.kept = OrderedDict()
         self.schedules = OrderedDict()  # (collective, algorithm, Shape) -> Schedule, LRU
+        self.programs = weakref.WeakSet()  # runs of persistent operations holding programs
         self.devices = {}  # device backends' state for this communicator (backends.devices)
         self.tag_ub = 32767  # largest tag (MPI guarantees at least this), read from the duplicate
         self.comm = MPI.COMM_NULL
@@ -149,6 +156,10 @@ class Context:
 
     def _wait(self, pending: list, step: str) -> None:
         """Complete the set-up requests ``pending``; CollectiveTimeout after the call's timeout."""
+        from .executor import wait_for
+        # the operations in flight advance meanwhile (a peer may wait for them first)
+        if wait_for(lambda: MPI.Request.Testall(pending), timeout=self._timeout):
+            return
         if self._timeout is None:
             MPI.Request.Waitall(pending)
             return
@@ -186,17 +197,33 @@ class Context:
     def drop_plans(self) -> None:
         """Drop the plans of this context (engine.plan) and the programs of its persistent
         operations (engine.executor): freed, or unusable after a timeout."""
-        from .executor import drop_programs
+        from .collectives import drop_programs
         from .plan import drop_all
         drop_all(self)
         drop_programs(self)
 
     def free(self) -> None:
+        """The user's communicator is freed: so is mpicoll's duplicate, once the operations
+        in flight on it have completed (MPI's rule for MPI_Comm_free)."""
         self.drop_plans()
-        self.work = WorkMemory()
         self.schedules.clear()
+        if self.active:
+            self.freeing = True
+            return
+        self._release()
+
+    def operation_ended(self) -> None:
+        """One of its operations in flight ended."""
+        self.active -= 1
+        if self.freeing and self.active == 0:
+            self._release()
+
+    def _release(self) -> None:
+        self.freeing = False
+        self.work = WorkMemory()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
+        self.comm = MPI.COMM_NULL
 
 
 def keyval() -> int:
@@ -207,7 +234,17 @@ def keyval() -> int:
     return _KEYVAL
 
 
-def context(comm: MPI.Intracomm, timeout: float | None = None, describe=None) -> Context:
+def existing(comm: MPI.Intracomm):
+    """The context of ``comm`` if it has one (None before its first call); MpicollError if
+    an earlier set-up on ``comm`` timed out."""
+    state = comm.Get_attr(keyval())
+    if type(state) is _Unusable:
+        context(comm)
+    return state
+
+
+def context(comm: MPI.Intracomm, timeout: float | None = None, describe=None,
+            env: dict | None = None) -> Context:
     """The cached state of ``comm``; the first call on a communicator is collective.
 
     The other arguments only matter for that first call (see :class:`Context`).
@@ -217,7 +254,7 @@ def context(comm: MPI.Intracomm, timeout: float | None = None, describe=None) ->
     state = comm.Get_attr(key)
     if state is None:
         try:
-            state = Context(comm, timeout, describe)
+            state = Context(comm, timeout, describe, env)
         except CollectiveTimeout as exc:
             comm.Set_attr(key, _Unusable(f"{exc.collective or 'a collective'} #1 timed out "
                                              f"on rank {exc.rank} while setting it up"))

@@ -1,64 +1,56 @@
-"""One executor for every schedule: bind, post, wait, reduce, copy; blocking or step by step.
+"""The progress engine: one operation type, one loop that advances it, one rule for waiting.
 
 An algorithm is a :class:`~mpicoll.algorithms.schedule.Schedule` (no MPI, no
 arrays).  Running it takes two stages:
 
-Binding (:func:`bind`)
-    Every region is turned into an array view once: ``SRC`` and ``DST`` are
-    the call's arrays, work buffers come from a lease of the context's arena
-    (engine.workmem).  The result is a tuple of plain tuples, one per
-    operation, cached by the plan (engine.plan) so that a repeated call on
-    the same arrays does no binding at all.  For blocking runs on the plain
-    host channel, a ``Send``, ``Recv`` and the ``Wait`` for both (a step of
-    recursive doubling, halving or Bruck) become one ``MPI_Sendrecv`` with
-    its buffer specs built here (one MPI call instead of three: small
-    messages are latency-bound).
+Binding
+    :func:`bind` turns every region into an array view (``SRC`` and ``DST``
+    are the call's arrays, work buffers come from a lease of the context's
+    arena, engine.workmem): a tuple of *steps*, one per schedule op.  A
+    cached call (engine.plan) binds once more, with :func:`compile_bound`:
+    each message of up to one piece becomes a persistent point-to-point
+    request made once, and its steps start that request instead of posting
+    a new one.  Both are the same steps; only how a message is posted differs.
 
-Running (:class:`Operation`)
-    An operation holds the bound ops, the index of the next one and the
-    outstanding requests, so it can stop at any ``Wait`` whose requests are
-    not complete and resume later: :meth:`Operation.test` advances without
-    blocking, :meth:`Operation.wait` blocks (the channel's ``waitall``; an
-    observed channel polls there under the call's timeout, see
-    observe.calls).  Timeouts, traffic counting and traces see the
-    operation's messages through its channel, like any blocking call.
+Advancing (:class:`Operation`)
+    An operation holds its steps, the index of the next one and the
+    outstanding requests.  :meth:`Operation._advance` is the only loop over
+    steps: it runs steps until a ``Wait`` whose requests are not complete,
+    then returns (``test``) or waits (``wait``).  A blocking call is an
+    operation started and waited for; a non-blocking one is started and
+    handed to the caller; a persistent one is started again and again.
 
-Progress
-    Operations started and not yet complete are listed in :data:`IN_FLIGHT`.
-    A blocking wait -- of an operation, or inside a blocking call -- while
-    another operation is in flight polls instead of blocking, and advances
-    every operation in flight as it goes (MPI's progress rule): ranks may
-    complete operations in different orders, and a rank waiting for one
-    operation must still send the messages of the others that its peers wait
-    for.  A wait under a timeout falls back to the channel's timed wait once
-    nothing moved for that long, so such a wait still ends.  :data:`LOCK`
-    (re-entrant) serialises all of this between the caller and the progress
-    thread (api.requests): one thread advances operations at a time.
+The progress rule (MPI's)
+    Operations started and not complete are listed in :data:`IN_FLIGHT`.
+    Every wait -- a blocking call's, ``Wait``/``wait()``, the fingerprint
+    check's, the context set-up's (:func:`wait_for`) -- advances every
+    operation in flight while its own requests are incomplete, so no order
+    in which ranks complete operations can hang: a rank waiting for one
+    operation still sends the messages of the others its peers wait for.
+    Only when nothing else is in flight does a wait block inside MPI.
 
-Persistent operations
-    A persistent operation's buffers are fixed, so after its first start that
-    ran unobserved on the plain host channel (NumPy arrays, no timeout, check,
-    traffic counter or trace) its bound ops are compiled into a *program*
-    (:func:`compile_bound`, shared with the blocking plans of engine.plan):
-    every message of up to one piece a persistent point-to-point request made
-    once with the operation's tag, each reduction and copy a ready call.  A
-    later start runs the program when no traffic counter or trace is on
-    (timeout and check are fixed when the operation is made), and otherwise
-    the general path: ``Start`` then costs what MPI's ``Start`` costs, plus
-    the calls.  A program waits as the general path does (without blocking in
-    ``Test``, advancing the other operations in flight in a blocking wait).
-    Its requests are freed by ``Free``, when the communicator is freed, after
-    an interrupted run (the next start takes the general path) and at exit.
+Locking
+    No lock is held across an MPI wait.  Each operation has a lock of its
+    own, held while one thread advances it (the caller, another caller's
+    wait, or the progress thread; the others skip it: ``acquire(False)``).
+    :data:`_MEMBERS` guards only the membership of :data:`IN_FLIGHT`.  So two
+    threads on two communicators never wait for each other, and the progress
+    thread can always advance what no one else is advancing.
+
+Failure
+    An operation that fails (a timeout, an MPI error, an interrupt) keeps its
+    exception: every later ``test``/``wait`` raises it again.  A failure met
+    while advancing *another* operation belongs to that operation and is
+    raised to its own caller, not to the one whose wait happened to advance it.
 
 Tags
     Blocking calls use the channel's default tag: they never overlap on a
-    rank, and MPI's non-overtaking rule keeps their messages in order.  A
-    non-blocking operation gets a tag of its own, derived from the context's
-    call counter, and a persistent one from the count of persistent
-    operations made, in a separate range (every rank starts collectives and
-    makes persistent operations in the same order, so every rank derives the
-    same tag), so operations in flight together never match each other's
-    messages; see :func:`tag_of`.
+    communicator (MPI's rule for collectives), and MPI's non-overtaking rule
+    keeps their messages in order.  A non-blocking operation gets a tag of
+    its own, derived from the context's call counter, and a persistent one
+    from the count of persistent operations made, in a separate range (every
+    rank starts collectives and makes persistent operations in the same
+    order, so every rank derives the same tag); see :func:`tag_of`.
 """
 
 from __future__ import annotations
@@ -66,6 +58,7 @@ from __future__ import annotations
 import atexit
 import functools
 import threading
+import time
 from operator import setitem
 from time import perf_counter
 
@@ -74,30 +67,15 @@ from mpi4py import MPI
 
 from ..algorithms.schedule import DST, SRC, Copy, Recv, Reduce, Send, Shape, Wait
 from ..backends.host import NUMPY
-from ..observe import calls as _observe
+from ..transport import timeout as _timeout
 from ..transport.channel import TAG, Channel, mpi_requests
 
 # operations started and not yet complete (non-blocking and persistent), oldest first
 IN_FLIGHT: list = []
-LOCK = threading.RLock()
-# persistent operations holding a compiled program (their requests are freed at exit)
-_PROGRAMS: set = set()
-# a traffic counter or a trace on: a start must take the observed path (observe.calls)
-_ACTIVE, _RECORDING = _observe.COMMON_QUIET[:2]
+_MEMBERS = threading.Lock()  # guards IN_FLIGHT's membership; never held across MPI
 
-
-def progress_others(me=None) -> bool:
-    """Advance every operation in flight except ``me`` without blocking; True if any completed."""
-    moved = False
-    for other in tuple(IN_FLIGHT):
-        if other is not me and other._active:
-            other._advance(False)
-            moved = moved or not other._active
-    return moved
-
-
-# bound op kinds
-SEND, RECV, WAIT, REDUCE, COPY, SENDRECV = range(6)
+# step kinds (the first item of each step tuple)
+SEND, RECV, WAIT, REDUCE, COPY, START, CALL = range(7)
 
 # Tag 0 is the blocking calls' (transport.channel.TAG), 1 the fingerprint check's
 # (observe.check.TAG); non-blocking and persistent operations take tags from 2 up.
@@ -122,31 +100,74 @@ def tag_of(seq: int, tag_ub: int, persistent: bool = False) -> int:
 
 
 def shape_of(ctx, total, counts, displs, itemsize, in_place, commutative=True) -> Shape:
-    """The :class:`Shape` of a call on ``ctx`` (segment and window from its tuning)."""
-    seg = max(1, getattr(ctx, "segment_bytes", 1 << 20) // max(itemsize, 1))
+    """The :class:`Shape` of a call on ``ctx`` (segment and window from its options)."""
+    seg = max(1, ctx.segment_bytes // max(itemsize, 1))
     return Shape(ctx.size, ctx.rank, tuple(ctx.ring), ctx.ring_pos, total, tuple(counts),
-                 tuple(displs), seg, getattr(ctx, "window", 2), bool(in_place), commutative)
+                 tuple(displs), seg, ctx.window, bool(in_place), commutative)
 
 
-def bind(schedule, views: dict, fuse_channel=None) -> tuple:
-    """The schedule's ops with every region an array view (see the module docstring).
+# --- progress ----------------------------------------------------------------------------
 
-    ``views`` maps buffer names to 1-D arrays.  ``fuse_channel``: the plain
-    host :class:`Channel` of a blocking run, whose Send/Recv/Wait triples of
-    messages up to a piece become one ``Sendrecv``; None: no fusion.
+def progress_others(me=None) -> bool:
+    """Advance every operation in flight except ``me`` without blocking; True if any moved
+    to completion (or failed).  An operation another thread is advancing is skipped."""
+    moved = False
+    for other in tuple(IN_FLIGHT):
+        if other is me or not other._lock.acquire(False):
+            continue
+        try:
+            if other._active:
+                try:
+                    other._advance(False)
+                except BaseException:  # kept by the operation, raised to its own caller
+                    pass
+                moved = moved or not other._active
+        finally:
+            other._lock.release()
+    return moved
+
+
+def others_in_flight(me=None) -> bool:
+    """Whether some operation other than ``me`` is in flight (a wait must then poll)."""
+    n = len(IN_FLIGHT)
+    return n > 1 or (n == 1 and IN_FLIGHT[0] is not me)
+
+
+def wait_for(test, me=None, timeout=None) -> bool:
+    """Poll ``test()`` until True, advancing every other operation in flight meanwhile.
+
+    Returns True once ``test()`` is; False when nothing else is in flight (the
+    caller then blocks in MPI itself) or, under ``timeout``, once nothing at
+    all moved for that long (the caller's timed wait then decides).  Spins
+    for ``_timeout.SPIN_S`` after the last progress, then sleeps between polls,
+    doubling the pause up to ``_timeout.MAX_SLEEP_S``, so a rank waiting for
+    a late peer leaves the core to others.
     """
-    ops = schedule.ops
+    quiet_since = perf_counter()
+    pause = 0.0
+    while not test():
+        if not others_in_flight(me):
+            return False
+        if progress_others(me):
+            quiet_since = perf_counter()
+            pause = 0.0
+            continue
+        idle = perf_counter() - quiet_since
+        if timeout is not None and idle > timeout:
+            return False
+        if idle > _timeout.SPIN_S:
+            pause = min(max(2 * pause, _timeout.MIN_SLEEP_S), _timeout.MAX_SLEEP_S)
+            time.sleep(pause)
+    return True
+
+
+# --- binding -----------------------------------------------------------------------------
+
+def bind(schedule, views: dict) -> tuple:
+    """The schedule's ops as steps, every region an array view of ``views`` (name -> 1-D)."""
     out = []
-    i, n = 0, len(ops)
-    while i < n:
-        op = ops[i]
+    for i, op in enumerate(schedule.ops):
         t = type(op)
-        if fuse_channel is not None and i + 2 < n:
-            fused = _fuse(ops, i, views, fuse_channel)
-            if fused is not None:
-                out.append(fused)
-                i += 3
-                continue
         if t is Send:
             r = op.region
             out.append((SEND, views[r.buf][r.start:r.stop], op.peer, i))
@@ -154,7 +175,7 @@ def bind(schedule, views: dict, fuse_channel=None) -> tuple:
             r = op.region
             out.append((RECV, views[r.buf][r.start:r.stop], op.peer, i))
         elif t is Wait:
-            out.append((WAIT, op.handles))
+            out.append((WAIT, op.handles, None))
         elif t is Reduce:
             a, b, o = op.a, op.b, op.out
             out.append((REDUCE, views[a.buf][a.start:a.stop], views[b.buf][b.start:b.stop],
@@ -164,28 +185,7 @@ def bind(schedule, views: dict, fuse_channel=None) -> tuple:
             out.append((COPY, views[d.buf][d.start:d.stop], views[s.buf][s.start:s.stop]))
         else:  # pragma: no cover - the schedule module defines no other op
             raise TypeError(f"schedule op {op!r} unknown")
-        i += 1
     return tuple(out)
-
-
-def _fuse(ops, i, views, ch):
-    """A SENDRECV op for ops i..i+2 = Send, Recv, Wait(both) (either order), else None."""
-    a, b, w = ops[i], ops[i + 1], ops[i + 2]
-    if type(w) is not Wait or set(w.handles) != {i, i + 1}:
-        return None
-    if type(a) is Send and type(b) is Recv:
-        s, r = a, b
-    elif type(a) is Recv and type(b) is Send:
-        s, r = b, a
-    else:
-        return None
-    ns, nr = s.region.count, r.region.count
-    if not (0 < ns <= ch.piece and 0 < nr <= ch.piece):
-        return None
-    T = ch.mpitype
-    sv = views[s.region.buf][s.region.start:s.region.stop]
-    rv = views[r.region.buf][r.region.start:r.region.stop]
-    return (SENDRECV, ch.comm.Sendrecv, [sv, T], s.peer, ch.tag, [rv, T], r.peer, ch.tag)
 
 
 def work_views(schedule, lease, dtype) -> dict:
@@ -193,125 +193,74 @@ def work_views(schedule, lease, dtype) -> dict:
     return {purpose: lease.take(dtype, n, purpose) for purpose, n in schedule.work.items()}
 
 
-def run_blocking(bound, nops, ch, red, be) -> None:
-    """Run bound ops to the end (blocking)."""
-    reqs = [None] * nops if nops else None
-    for op in bound:
-        k = op[0]
-        if k == SENDRECV:
-            op[1](op[2], op[3], op[4], op[5], op[6], op[7])
-        elif k == REDUCE:
-            red(op[1], op[2], op[3])
-        elif k == SEND:
-            reqs[op[3]] = ch.isend(op[1], op[2])
-        elif k == RECV:
-            reqs[op[3]] = ch.irecv(op[1], op[2])
-        elif k == WAIT:
-            h = op[1]
-            if len(h) == 1:
-                ch.wait(reqs[h[0]])
-                reqs[h[0]] = None
-            else:
-                ch.waitall([reqs[j] for j in h])
-                for j in h:
-                    reqs[j] = None
-        else:
-            be.copy(op[1], op[2])
-
-
-# --- programs: bound ops on persistent point-to-point requests -----------------------
-# A program is a tuple of (kind, x): START starts the persistent request x, WAIT waits for
-# the list x of them, CALL calls x (a reduction or a copy with its operands bound).
-START, CALL = SENDRECV + 1, SENDRECV + 2
 _ALL = slice(None)
 # ufuncs whose output NumPy (2.4) no longer takes as a positional argument
 _OUT_BY_KEYWORD = frozenset({np.maximum, np.minimum})
 
 
-def compile_bound(bound, ch, red, be) -> tuple:
-    """(program, its persistent requests) for ``bound``; (None, ()) when an op cannot be.
+def compile_bound(steps, ch, red, be) -> tuple:
+    """(the same steps on persistent requests, those requests); (None, ()) when some message
+    cannot be one.
 
     Every message of at most one piece on the plain host channel becomes a
     persistent request made here, once (``Recv_init``/``Send_init`` on the
-    channel's communicator with its tag): started where the bound ops post it,
-    waited for where they wait.  A fused exchange (SENDRECV) becomes "start
-    the receive, start the send, wait for both".  A message over one piece, or
-    a channel that is not the plain host one (staging, observation), makes
-    the bound ops uncompilable.  The requests are inactive when the program
-    has run to the end; whoever holds the program frees them (:func:`free_requests`).
+    channel's communicator with its tag), started where the steps post it
+    and waited for where they wait; each reduction and copy becomes a ready
+    call with its operands bound (one array object per memory region, so
+    NumPy's overlap check is cheap).  A message over one piece, or a channel
+    that is not the plain host one (staging, observation), makes the steps
+    uncompilable.  The requests are inactive after a run to the end; whoever
+    holds them frees them (:func:`free_requests`).
     """
-    prog, requests = [], []
+    if type(ch) is not Channel:
+        return None, ()
+    out, requests, posted = [], [], {}
     ufunc = getattr(red, "ufunc", None)
     one = _Views()
-    posted = {}  # bound op index -> its persistent request (Send/Recv ops)
-    plain = type(ch) is Channel
-
-    def persistent(init, arr, peer):
-        if not plain or len(arr) > ch.piece:
-            return None
-        req = init([arr, ch.mpitype], peer, ch.tag)
-        requests.append(req)
-        return req
-
-    for op in bound:
-        k = op[0]
-        if k == SENDRECV:
-            _, _, sspec, dest, stag, rspec, src, rtag = op
-            recv = ch.comm.Recv_init(rspec, src, rtag)
-            requests.append(recv)
-            send = ch.comm.Send_init(sspec, dest, stag)
-            requests.append(send)
-            # both started before either is waited for: no order between the peers
-            prog += ((START, recv), (START, send), (WAIT, [send, recv]))
-        elif k == SEND or k == RECV:
-            req = persistent(ch.comm.Send_init if k == SEND else ch.comm.Recv_init,
-                             op[1], op[2])
-            if req is None:
-                break
-            posted[op[3]] = req
-            prog.append((START, req))
+    for step in steps:
+        k = step[0]
+        if k == SEND or k == RECV:
+            arr = step[1]
+            if len(arr) > ch.piece:
+                free_requests(requests)
+                return None, ()
+            init = ch.comm.Send_init if k == SEND else ch.comm.Recv_init
+            req = init([arr, ch.mpitype], step[2], ch.tag)
+            requests.append(req)
+            posted[step[3]] = req
+            out.append((START, req))
         elif k == WAIT:
-            prog.append((WAIT, [posted[h] for h in op[1]]))
+            out.append((WAIT, step[1], [posted[h] for h in step[1]]))
         elif k == REDUCE:
-            a, b, out = one(op[1]), one(op[2]), one(op[3])
+            a, b, o = one(step[1]), one(step[2]), one(step[3])
             if ufunc is None:
-                prog.append((CALL, functools.partial(red, a, b, out)))
+                out.append((CALL, functools.partial(red, a, b, o)))
             elif ufunc in _OUT_BY_KEYWORD:
-                prog.append((CALL, functools.partial(ufunc, a, b, out=out)))
-            else:  # (positional out: 0.12 us less than a keyword at 16 B, measured)
-                prog.append((CALL, functools.partial(ufunc, a, b, out)))
+                out.append((CALL, functools.partial(ufunc, a, b, out=o)))
+            else:
+                out.append((CALL, functools.partial(ufunc, a, b, o)))
         elif k == COPY:
-            dst, src = one(op[1]), one(op[2])
+            dst, src = one(step[1]), one(step[2])
             if be.copy is NUMPY.copy and type(dst) is np.ndarray and type(src) is np.ndarray \
                     and dst.shape == src.shape and dst.dtype == src.dtype:
-                # dst[:] = src: the same bytes as NUMPY.copy's np.copyto, 40-55 ns less
-                # per call (16 B - 4 KiB, measured)
-                prog.append((CALL, functools.partial(setitem, dst, _ALL, src)))
+                out.append((CALL, functools.partial(setitem, dst, _ALL, src)))
             else:
-                prog.append((CALL, functools.partial(be.copy, dst, src)))
+                out.append((CALL, functools.partial(be.copy, dst, src)))
         else:
-            break
-    else:
-        return tuple(prog), tuple(requests)
-    free_requests(requests)
-    return None, ()
+            out.append(step)
+    return tuple(out), tuple(requests)
 
 
 def free_requests(requests) -> None:
-    """Free a program's persistent requests: inactive after a run to the end; active only
-    after an interrupted run, which MPI then completes on its own."""
+    """Free persistent requests: inactive after a run to the end; active only after an
+    interrupted run, which MPI then completes on its own."""
     if requests and not MPI.Is_finalized():
         for req in requests:
             req.Free()
 
 
 class _Views:
-    """One array object per memory region: the first view seen of the same bytes.
-
-    The bound ops take a new view of a region for each use; a reduction whose
-    output is a second view of one of its inputs makes NumPy check the two for
-    overlap on every call (0.15-0.2 us at 16 B, measured), which the same object skips.
-    """
+    """One array object per memory region: the first view seen of the same bytes."""
 
     def __init__(self):
         self.seen: dict = {}
@@ -334,315 +283,223 @@ def testall(ch, reqs) -> bool:
     return MPI.Request.Testall(mpi_requests(reqs))
 
 
+# --- operations --------------------------------------------------------------------------
+
+class Operation:
+    """One collective on one rank: steps, where it is in them, its requests, its fate.
+
+    ``steps``: from :func:`bind` (or :func:`compile_bound`); ``ch``, ``red``,
+    ``be``: the channel, reducer and backend they run with; ``run``: what
+    started it (engine.collectives; None for an internal exchange); ``call``:
+    its observation (observe.calls), whose timeout :meth:`test` enforces.
+
+    Attributes:
+        algorithm: the algorithm chosen.
+        done: True once complete (also while a persistent operation is inactive).
+        error: the exception it failed with (raised again by every test/wait), or None.
+    """
+
+    __slots__ = ("algorithm", "done", "error", "persistent", "run", "steps", "ch", "red", "be",
+                 "call", "ctx", "progress", "_i", "_reqs", "_active", "_lock", "_since", "owner",
+                 "__weakref__")
+
+    def __init__(self, steps, ch, red, be, *, run=None, ctx=None, persistent=False,
+                 algorithm=None):
+        self.algorithm = algorithm
+        self.done = True
+        self.error = None
+        self.persistent = persistent
+        self.run = run
+        self.ctx = ctx
+        self.steps, self.ch, self.red, self.be = steps, ch, red, be
+        self.call = None
+        self.progress = False  # handed to the progress thread (api.requests)
+        self._i = 0
+        self._reqs = None
+        self._active = False
+        self._lock = threading.Lock()
+        self._since = 0.0  # when it last moved (timeouts under test())
+        # non-blocking: the request or handle whose caller has not seen it complete yet
+        # (api.requests); a cached operation restarts only without one (engine.plan)
+        self.owner = None
+
+    # -- the interface --------------------------------------------------------
+    def go(self, block: bool) -> None:
+        """Start from the first step: in flight unless ``block`` (a blocking call, which
+        then runs to the end here)."""
+        self.done = False
+        self.error = None
+        self._i = 0
+        self._reqs = [None] * len(self.steps)
+        self._active = True
+        self._since = perf_counter()
+        if not block:
+            with _MEMBERS:
+                IN_FLIGHT.append(self)
+            if self.ctx is not None:
+                self.ctx.active += 1
+        with self._lock:
+            self._advance(block)
+
+    def test(self) -> bool:
+        """Advance without blocking; True once complete.  Raises what the operation failed
+        with (every time), including CollectiveTimeout once its timeout passed."""
+        if self._active and self._lock.acquire(False):
+            try:
+                if self._active:
+                    self._advance(False)
+                    if self._active:
+                        self._check_idle()
+            finally:
+                self._lock.release()
+        if self.error is not None:
+            raise self.error
+        return not self._active
+
+    def wait(self) -> None:
+        """Block until complete, advancing every other operation in flight meanwhile."""
+        while self._active:
+            with self._lock:
+                if self._active:
+                    self._advance(True)
+        if self.error is not None:
+            raise self.error
+
+    # -- the loop -------------------------------------------------------------
+    def _advance(self, block: bool) -> None:
+        """Run steps until one must wait (``block``: wait there); the only loop over steps."""
+        steps, reqs, ch = self.steps, self._reqs, self.ch
+        i, n = self._i, len(steps)
+        try:
+            while i < n:
+                step = steps[i]
+                k = step[0]
+                if k == SEND:
+                    reqs[step[3]] = ch.isend(step[1], step[2])
+                elif k == RECV:
+                    reqs[step[3]] = ch.irecv(step[1], step[2])
+                elif k == START:
+                    step[1].Start()
+                elif k == WAIT:
+                    if not self._waited(step, block):
+                        self._i = i
+                        return
+                    self._since = perf_counter()
+                elif k == REDUCE:
+                    self.red(step[1], step[2], step[3])
+                elif k == COPY:
+                    self.be.copy(step[1], step[2])
+                else:
+                    step[1]()
+                i += 1
+        except BaseException as exc:
+            self._i = i
+            self._end(exc)
+            raise
+        self._i = i
+        self._end(None)
+
+    def _waited(self, step, block: bool) -> bool:
+        """Complete the requests of a Wait step; False if not complete and not ``block``."""
+        preqs = step[2]
+        if preqs is not None:  # persistent requests (compile_bound)
+            if block:
+                if others_in_flight(self):
+                    wait_for(lambda: MPI.Request.Testall(preqs), self)
+                MPI.Request.Waitall(preqs)
+                return True
+            return MPI.Request.Testall(preqs)
+        ch, reqs = self.ch, self._reqs
+        rs = [reqs[j] for j in step[1]]
+        if not block:
+            if not testall(ch, rs):
+                return False
+        elif others_in_flight(self):
+            call = self.call
+            wait_for(lambda: testall(ch, rs), self, None if call is None else call.timeout)
+        # complete (or, after wait_for gave up under a timeout, the channel's timed wait):
+        # returns at once, but does the books
+        ch.waitall(rs)
+        for j in step[1]:
+            reqs[j] = None
+        return True
+
+    def _check_idle(self) -> None:
+        """Under a timeout: CollectiveTimeout once nothing moved for that long (test())."""
+        call = self.call
+        if call is None or call.timeout is None:
+            return
+        since = max(self._since, getattr(call, "last_progress", 0.0))
+        idle = perf_counter() - since
+        if idle <= call.timeout:
+            return
+        step = self.steps[self._i]
+        left = [r for r in (self._reqs[j] for j in step[1]) if r is not None
+                and getattr(r, "done", None) is None]
+        if not left:
+            return
+        _timeout.cancel(left)
+        exc = call.expired(left, idle, getattr(self.ch, "phase", None))
+        self._end(exc)
+        raise exc
+
+    def _end(self, exc) -> None:
+        """No longer active: complete (``exc`` None) or failed with ``exc``."""
+        was_active = self._active
+        self._active = False
+        self._reqs = None
+        if was_active and self in IN_FLIGHT:
+            with _MEMBERS:
+                if self in IN_FLIGHT:
+                    IN_FLIGHT.remove(self)
+            if self.ctx is not None:
+                self.ctx.operation_ended()
+        self.error = exc
+        self.done = exc is None
+        if self.run is not None:
+            self.run.ended(self, exc)
+
+
+def run_to_end(steps, ch, red, be) -> None:
+    """Run bound steps to the end (an internal exchange: the fingerprint check's), advancing
+    every operation in flight while it waits."""
+    Operation(steps, ch, red, be).go(True)
+
+
 def run_on(schedule, ctx, ch, be, red, src, dst) -> None:
     """Run ``schedule`` to the end on ``ch`` with work memory from a scope of ``ctx``.
 
-    The old algorithm signature's way in (tests drive algorithms through
-    simulated channels this way).  ``src`` None: nothing but ``dst``.
+    ``src`` None: nothing but ``dst``.  (The fingerprint check runs its
+    exchanges this way; tests drive algorithms on simulated channels with it.)
     """
     with ctx.work.scope(be) as scope:
         views = work_views(schedule, scope, dst.dtype)
         views[DST] = dst
         views[SRC] = dst if src is None else src
-        run_blocking(bind(schedule, views), len(schedule.ops), ch, red, be)
+        run_to_end(bind(schedule, views), ch, red, be)
 
 
-def as_function(collective: str, build):
-    """The schedule builder ``build`` as a function of the old algorithm signature.
-
-    ``allreduce``: ``fn(ctx, ch, be, red, src, dst)``, in place when ``src is dst``;
-    ``reduce_scatter``: ``fn(ctx, ch, be, red, src, dst, counts, displs)``, in
-    place when ``src`` and ``dst`` share memory; ``allgather``:
-    ``fn(ctx, ch, be, src, dst, counts, displs)``, in place when ``src`` is None.
-    Each call builds the schedule of its shape and runs it to the end with
-    :func:`run_on` (tests drive algorithms on simulated channels this way).
-    """
-    if collective == "allreduce":
-        def fn(ctx, ch, be, red, src, dst):
-            shape = shape_of(ctx, len(dst), (len(dst),), (0,), dst.dtype.itemsize, src is dst)
-            run_on(build(shape), ctx, ch, be, red, src, dst)
-    elif collective == "reduce_scatter":
-        def fn(ctx, ch, be, red, src, dst, counts, displs):
-            shape = shape_of(ctx, sum(counts), tuple(counts), tuple(displs), src.dtype.itemsize,
-                             _shares_memory(src, dst))
-            run_on(build(shape), ctx, ch, be, red, src, dst)
-    elif collective == "allgather":
-        def fn(ctx, ch, be, src, dst, counts, displs):
-            shape = shape_of(ctx, sum(counts), tuple(counts), tuple(displs), dst.dtype.itemsize,
-                             src is None)
-            run_on(build(shape), ctx, ch, be, None, src, dst)
-    else:
-        raise ValueError(f"collective: expected allreduce, reduce_scatter or allgather, "
-                         f"got {collective!r}")
-    functools.update_wrapper(fn, build)  # its module, name and docstring: the algorithm's
-    return fn
+# persistent requests that must be freed before MPI_Finalize: owner -> requests
+_HOLDING: dict = {}
 
 
-def _shares_memory(a, b) -> bool:
-    """True if arrays ``a`` and ``b`` (NumPy, or with ``__cuda_array_interface__``) overlap."""
-    try:
-        import numpy as np
-        if isinstance(a, np.ndarray):
-            return bool(np.shares_memory(a, b))
-        ia = a.__cuda_array_interface__["data"][0]
-        ib = b.__cuda_array_interface__["data"][0]
-        return ia < ib + b.nbytes and ib < ia + a.nbytes
-    except Exception:
-        return True
+def hold(owner, requests) -> None:
+    """``owner`` keeps persistent ``requests`` (freed at exit unless released first)."""
+    if requests:
+        _HOLDING[owner] = requests
 
 
-class Operation:
-    """One collective in flight (see the module docstring).
-
-    Attributes:
-        algorithm: the algorithm chosen.
-        done: True once complete (the result is in the receive buffer).
-    """
-
-    __slots__ = ("algorithm", "done", "persistent", "_run", "_i", "_reqs", "_active", "_freed",
-                 "_prog", "_preqs", "_on_prog", "owner", "__weakref__")
-
-    def __init__(self, run, persistent: bool):
-        self.algorithm = run.name
-        self.done = True  # an inactive persistent operation counts as complete (MPI)
-        self.persistent = persistent
-        self._run = run
-        self._i = 0
-        self._reqs = None
-        self._active = False
-        self._freed = False
-        # persistent: the bound ops compiled on persistent requests after the first plain
-        # start (see "Persistent operations"), and whether the current start runs them
-        self._prog = None
-        self._preqs = ()
-        self._on_prog = False
-        # non-blocking: the request or handle whose caller has not seen it complete yet
-        # (api.requests); a kept operation restarts only without one (engine.plan)
-        self.owner = None
-
-    # -- the interface --------------------------------------------------------
-    def test(self) -> bool:
-        """Advance without blocking; True once complete."""
-        if self._active:
-            with LOCK:
-                if self._active:
-                    self._advance(False)
-        return not self._active
-
-    def wait(self) -> None:
-        """Block until complete (CollectiveTimeout under a timeout); see "Progress"."""
-        if self._active:
-            with LOCK:
-                if self._active:
-                    self._advance(True)
-
-    def start(self) -> None:
-        """Persistent only: run again on the buffers' current contents."""
-        if not self.persistent:
-            raise RuntimeError("start: only a persistent operation can be started")
-        if self._freed:
-            raise RuntimeError("start: the persistent operation was freed")
-        if self._active:
-            raise RuntimeError("start: the persistent operation is still active; wait for it first")
-        with LOCK:
-            if self._prog is not None and not (_ACTIVE or _RECORDING):
-                self._begin_prog()
-            else:
-                self._begin(self._run.blocking)
-
-    def restart(self) -> None:
-        """Non-blocking, complete and kept (engine.plan): run again on the same buffers,
-        with the tag of the call it now is.
-
-        Kept operations ran unobserved on the plain host channel, and a restart
-        happens only while nothing observes calls, so what begin() would set up
-        again is what the run holds: its channel (given the new tag) and bound ops.
-        """
-        run = self._run
-        ctx = run.ctx
-        ctx.seq += 1  # every start is a call, as in begin()
-        run.tag = run.ch.tag = tag_of(ctx.seq, ctx.tag_ub)
-        with LOCK:
-            self.done = False
-            self._reqs = [None] * run.nops
-            self._go(False)
-
-    def free(self) -> None:
-        """Persistent: give back its work memory and requests (idempotent).  An active one
-        completes first."""
-        if self._active:
-            self.wait()
-        if not self._freed:
-            self._freed = True
-            self.drop_program()
-            self._run.release()
-
-    def drop_program(self) -> None:
-        """Free the compiled program's requests; later starts take the general path."""
-        requests, self._preqs, self._prog = self._preqs, (), None
-        _PROGRAMS.discard(self)
-        free_requests(requests)
-
-    # -- the machinery --------------------------------------------------------
-    def _begin(self, block: bool = False) -> None:
-        """Start: post what can be posted (``block``: run to the end, a blocking call)."""
-        run = self._run
-        self.done = False
-        try:
-            bound = run.begin()
-        except BaseException:
-            self._end(True)
-            raise
-        if bound is None:  # an algorithm without a schedule: ran to the end in begin()
-            self._end(False)
-            return
-        self._reqs = [None] * run.nops
-        self._go(block)
-
-    def _begin_prog(self) -> None:
-        """Start on the compiled program (what begin() decides is known: see start)."""
-        self._run.ctx.seq += 1  # every start is a call, as in begin()
-        self.done = False
-        self._on_prog = True
-        self._go(False)
-
-    def _go(self, block: bool) -> None:
-        """Active from the first op: in flight unless ``block``, then run as far as it goes
-        (every start ends here, once its run is set up)."""
-        self._i = 0
-        self._active = True
-        if not block:
-            IN_FLIGHT.append(self)
-        self._advance(block)
-
-    def _advance_prog(self, block: bool) -> None:
-        prog = self._prog
-        i, n = self._i, len(prog)
-        try:
-            while i < n:
-                kind, x = prog[i]
-                if kind == START:
-                    x.Start()
-                elif kind == CALL:
-                    x()
-                elif not block:
-                    if not MPI.Request.Testall(x):
-                        self._i = i
-                        return
-                else:
-                    if IN_FLIGHT and (len(IN_FLIGHT) > 1 or IN_FLIGHT[0] is not self):
-                        self._i = i
-                        while not MPI.Request.Testall(x) and (
-                                len(IN_FLIGHT) > 1 or IN_FLIGHT[0] is not self):
-                            progress_others(self)
-                    MPI.Request.Waitall(x)
-                i += 1
-        except BaseException:
-            # interrupted: requests may still be active, so the program goes (MPI
-            # completes them) and the next start takes the general path
-            self._i = i
-            self.drop_program()
-            self._end(True)
-            raise
-        self._i = i
-        self._end(False)
-
-    def _advance(self, block: bool) -> None:
-        if self._on_prog:
-            self._advance_prog(block)
-            return
-        run = self._run
-        bound, reqs, ch = run.bound, self._reqs, run.ch
-        i, n = self._i, len(bound)
-        try:
-            while i < n:
-                op = bound[i]
-                k = op[0]
-                if k == SEND:
-                    reqs[op[3]] = ch.isend(op[1], op[2])
-                elif k == RECV:
-                    reqs[op[3]] = ch.irecv(op[1], op[2])
-                elif k == WAIT:
-                    rs = [reqs[j] for j in op[1]]
-                    if not block:
-                        if not testall(ch, rs):
-                            self._i = i
-                            return
-                    elif IN_FLIGHT and (len(IN_FLIGHT) > 1 or IN_FLIGHT[0] is not self):
-                        self._i = i
-                        self._poll(ch, rs)
-                    # complete (or, after _poll gave up under a timeout, a timed wait):
-                    # returns at once, but does the books
-                    ch.waitall(rs)
-                    for j in op[1]:
-                        reqs[j] = None
-                elif k == REDUCE:
-                    run.red(op[1], op[2], op[3])
-                elif k == COPY:
-                    run.be.copy(op[1], op[2])
-                else:
-                    op[1](op[2], op[3], op[4], op[5], op[6], op[7])
-                i += 1
-        except BaseException:
-            self._i = i
-            self._end(True)
-            raise
-        self._i = i
-        self._end(False)
-
-    def _poll(self, ch, rs) -> None:
-        """Wait for ``rs`` while advancing every other operation in flight (see "Progress").
-
-        Returns when ``rs`` completed, or -- under a timeout -- when nothing
-        moved for that long: the caller's timed wait then decides.
-        """
-        timeout = self._run.timeout
-        quiet_since = perf_counter()
-        while not testall(ch, rs):
-            if progress_others(self):
-                quiet_since = perf_counter()
-            elif timeout is not None and perf_counter() - quiet_since > timeout:
-                return
-            if not IN_FLIGHT or (len(IN_FLIGHT) == 1 and IN_FLIGHT[0] is self):
-                return  # nothing else to advance: block in the channel's wait
-
-    def _end(self, failed: bool) -> None:
-        if self in IN_FLIGHT:
-            IN_FLIGHT.remove(self)
-        self._active = False
-        self._reqs = None
-        run = self._run
-        if self._on_prog:
-            self._on_prog = False
-            if failed:
-                run.end(True)  # (its bound ops and work memory go too)
-            self.done = not failed
-            return
-        # a blocking call's caller may keep its work memory for a plan (engine.plan)
-        run.end(failed, release=failed or not (self.persistent or run.plannable))
-        self.done = not failed
-        if self.persistent and not failed and self._prog is None and not run.observed \
-                and run.bound is not None and not self._freed and run.msg.backend is NUMPY:
-            self._prog, self._preqs = compile_bound(run.bound, run.ch, run.red, run.be)
-            if self._prog is not None:
-                _PROGRAMS.add(self)
-
-
-def drop_programs(ctx) -> None:
-    """Free the programs of the inactive persistent operations on ``ctx`` (its communicator
-    is freed or unusable); active ones keep theirs until they end or the interpreter exits."""
-    for op in tuple(_PROGRAMS):
-        if op._run.ctx is ctx and not op._active:
-            op.drop_program()
+def unhold(owner) -> None:
+    free_requests(_HOLDING.pop(owner, ()))
 
 
 @atexit.register
-def _free_programs_at_exit() -> None:
+def _free_at_exit() -> None:
     # Persistent requests must be freed before MPI_Finalize (MPICH warns of each one
     # left); mpi4py finalizes MPI after the interpreter's atexit handlers have run.
-    for op in tuple(_PROGRAMS):
-        op.drop_program()
+    while _HOLDING:
+        free_requests(_HOLDING.popitem()[1])
 
 
-__all__ = ["IN_FLIGHT", "LOCK", "Operation", "progress_others", "bind", "run_blocking", "run_on",
-           "shape_of", "tag_of", "testall", "TAG", "Channel"]
+__all__ = ["IN_FLIGHT", "Operation", "progress_others", "wait_for", "bind", "compile_bound",
+           "run_on", "shape_of", "tag_of", "testall", "TAG", "Channel"]

@@ -14,36 +14,30 @@ calls with a non-commutative op stay on "auto").  An explicit
 from __future__ import annotations
 
 from ..algorithms import bruck as _bruck
+from ..algorithms import direct as _direct
 from ..algorithms import halving as _halving
 from ..algorithms import recursive as _recursive
 from ..algorithms import ring as _ring
-from ..core.config import env_value
-from . import executor as _executor
 
 # Schedule builders ``build(shape) -> Schedule`` (algorithms.schedule), run by the
 # executor (engine.executor), from each algorithm module's SCHEDULES table.
 BUILDERS: dict = {"allreduce": {}, "reduce_scatter": {}, "allgather": {}}
-for _module in (_ring, _recursive, _halving, _bruck):
+for _module in (_ring, _recursive, _halving, _bruck, _direct):
     for (_collective, _name), _build in _module.SCHEDULES.items():
         BUILDERS[_collective][_name] = _build
 
-# collective -> algorithm name -> function of the old algorithm signature
-# (ctx, ch, be, [red,] src, dst, ...): each builder run through the executor
-# (executor.as_function; tests drive them on simulated channels).  An entry
-# added here without a builder (a test's deliberately broken algorithm) runs
-# as that function when its operation starts.
-ALGORITHMS = {collective: {name: _executor.as_function(collective, build)
-                           for name, build in table.items()}
-              for collective, table in BUILDERS.items()}
+# The algorithms by name, for validation and the tools (the builders themselves).
+ALGORITHMS = BUILDERS
 
 
 def builder(collective: str, name: str):
-    """The schedule builder of an algorithm, or None if it still runs as a function."""
-    return BUILDERS[collective].get(name)
+    """The schedule builder of an algorithm."""
+    return BUILDERS[collective][name]
 
 
-# Algorithms that keep rank order and so accept non-commutative ops.
-ORDER_PRESERVING = {"recursive_doubling"}
+# Algorithms that keep rank order and so accept non-commutative ops ("direct" folds
+# in rank order from the left: also deterministic mode's, see api.numerics).
+ORDER_PRESERVING = {"recursive_doubling", "direct"}
 
 # "auto": the first row of the collective whose size limit holds (max bytes,
 # inclusive; None: no limit) gives the algorithm, one for power-of-two rank
@@ -86,8 +80,11 @@ def check_algorithm(collective: str, algorithm, argname: str = "algorithm") -> N
 
 
 def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutative: bool = True,
-           staged: bool = False):
-    """(name, function) of the algorithm to run; ValueError if it cannot run this op.
+           staged: bool = False, forced: str | None = None) -> str:
+    """The name of the algorithm to run; ValueError if it cannot run this op.
+
+    ``forced``: the ``algorithm`` option (MPICOLL_ALGORITHM, read with the
+    communicator's options), which replaces "auto" where it applies.
 
     ``staged``: device arrays whose every message is staged through host
     memory (see backends.devices.DeviceBackend.stages_per_step).  "auto" then takes
@@ -98,8 +95,7 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
     """
     table = ALGORITHMS[collective]
     if algorithm == "auto":
-        env = env_value("MPICOLL_ALGORITHM")
-        env = env.strip() if env else None
+        env = forced
         if env and env != "auto":
             if env not in table and not any(env in t for t in ALGORITHMS.values()):
                 raise ValueError(
@@ -107,20 +103,18 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
                     f"{', '.join(sorted({a for t in ALGORITHMS.values() for a in t}))}, got {env!r}"
                 )
             if env in table and (commutative or env in ORDER_PRESERVING):
-                return env, table[env]
+                return env
         if not commutative:
-            name = next(a for a in table if a in ORDER_PRESERVING)
-            return name, table[name]
+            return next(a for a in table if a in ORDER_PRESERVING)
         if staged:
-            return "ring", table["ring"]
+            return "ring"
         pof2 = nranks & (nranks - 1) == 0
         for limit, if_pof2, otherwise in THRESHOLDS[collective]:
             if limit is None or nbytes <= limit:
-                name = if_pof2 if pof2 else otherwise
-                return name, table[name]
+                return if_pof2 if pof2 else otherwise
     if not commutative and algorithm not in ORDER_PRESERVING and collective != "allgather":
         raise ValueError(
             f"algorithm: {algorithm!r} reorders operands and cannot run a non-commutative op; "
             f"use 'auto' or one of {', '.join(sorted(ORDER_PRESERVING & set(table)))}"
         )
-    return algorithm, table[algorithm]
+    return algorithm

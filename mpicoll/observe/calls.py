@@ -13,8 +13,7 @@ channel untouched.  Otherwise the Call
 * hands its counts and events to the active recorders when the call ends.
 
 Message k of a call is labelled with step, block and segment from the
-schedule the call runs (:meth:`Call.use_schedule`); an algorithm that runs as
-a function and exchanges through ``sendrecv`` only gets its round numbers.
+schedule the call runs (:meth:`Call.use_schedule`).
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ from time import perf_counter
 
 from mpi4py import MPI
 
-from ..algorithms.schedule import Label
-from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from ..transport import channel as _channel
 from ..transport import timeout as _timeout
@@ -52,41 +49,10 @@ def _drop_plans(ctx) -> None:
         drop()
 
 
-def quiet() -> bool:
-    """Whether a call now would run unobserved, on the algorithm its plan chose.
-
-    No traffic counter, trace, timeout or check is on (an API setting, else
-    MPICOLL_TIMEOUT / MPICOLL_CHECK), no other option is set through the API
-    (``options(check=False)`` is quiet), and ``MPICOLL_ALGORITHM`` is unset;
-    engine.plan runs only such calls again.  (MPICOLL_TRACE is read at the
-    first collective, which comes before any plan.)
-    """
-    return not (_traffic.ACTIVE or _trace.RECORDING) and _env_unset()
-
-
-# What changes how a call runs: with MPICOLL_ALGORITHM set, a timeout or the check on
-# (API setting, else MPICOLL_TIMEOUT / MPICOLL_CHECK set), or any other option set
-# through the API, no call runs from a plan; ``options(check=False)`` is quiet.
-_QUIET_ENV = ("MPICOLL_ALGORITHM",)
-_QUIET_OFF = {"check": "MPICOLL_CHECK", "timeout": "MPICOLL_TIMEOUT"}
-_env_unset = _config.unset_test(_QUIET_ENV, _QUIET_OFF)
-
-# quiet()'s common case, tested inline by engine.plan on every repeated call (a call of
-# quiet() costs more than the test): when these three lists are empty and none of the
-# keys is in the environment's dict, quiet() is True.  Without such a dict (see
-# config.live_env) the keys are in the stand-in, so the test always defers to quiet().
-_LOUD_SETTINGS: list = []  # [True] while an API setting other than check=False is made
-
-
-def _settings_changed(settings) -> None:
-    loud = any(name not in _QUIET_OFF or value is not False for name, value in settings.items())
-    _LOUD_SETTINGS[:] = [True] if loud else []
-
-
-_config.watch(_settings_changed)
-_live = _config.live_env(_QUIET_ENV + tuple(_QUIET_OFF.values()))
-COMMON_QUIET = (_traffic.ACTIVE, _trace.RECORDING, _LOUD_SETTINGS) + \
-    (_live if _live is not None else ({None: None}, (None,) * 3))
+def observing() -> bool:
+    """Whether a traffic counter or a trace records calls now (then no call runs from a
+    cached program: engine.plan, engine.collectives)."""
+    return bool(_traffic.ACTIVE or _trace.active())
 
 
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
@@ -137,10 +103,6 @@ class Call:
         self.nsend = self.nrecv = 0
         self.scounts: list[int] = []    # elements of each send / receive, in issue order
         self.rcounts: list[int] = []
-        self.round = -1                 # sendrecv calls so far (-1: none)
-        self.in_round = None            # index of the sendrecv being issued, else None
-        self.srounds: list = []         # round of each send / receive (None: outside sendrecv)
-        self.rrounds: list = []
         self.sent = [0, 0]              # messages, bytes completed
         self.received = [0, 0]
         self.events = [] if tracers else None
@@ -149,6 +111,7 @@ class Call:
         self.lanes: dict = {}           # (kind, peer) -> Windowed messages not fully posted
         self._schedule = False
         self.t0 = perf_counter()
+        self.last_progress = self.t0    # a completion or a piece seen (timeouts under test())
 
     # -- set-up ---------------------------------------------------------------
     def check(self, run) -> None:
@@ -201,19 +164,9 @@ class Call:
         return True
 
     def label_of(self, kind: str, k: int):
-        """The Label (step, phase, block, segment, count) of send/recv ``k``, or None.
-
-        Algorithms without a schedule that exchange through ``sendrecv`` only
-        (one call per step) get the rank's own round number as the step.
-        """
-        if k < 0:
-            return None
+        """The Label (step, phase, block, segment, count) of send/recv ``k``, or None."""
         sched = self.schedule
-        if sched is None:
-            rounds, counts = (self.srounds, self.scounts) if kind == "send" else (self.rrounds,
-                                                                                  self.rcounts)
-            if k < len(rounds) and rounds[k] is not None:
-                return Label(rounds[k], "round", None, 0, counts[k])
+        if k < 0 or sched is None:
             return None
         seq = sched.sends if kind == "send" else sched.recvs
         return seq[k] if k < len(seq) else None
@@ -222,8 +175,7 @@ class Call:
         """Distinct steps in which this rank sent (received) a message, or None if unknown."""
         sched = self.schedule
         if sched is None:
-            rounds = self.srounds if kind == "send" else self.rrounds
-            return None if None in rounds else len(set(rounds))
+            return None
         labels, n = (sched.sends, self.nsend) if kind == "send" else (sched.recvs, self.nrecv)
         if n != len(labels):
             return None
@@ -260,9 +212,7 @@ class Call:
         peer = _peer_name(self.ctx, r.peer)
         where = ""
         lab = None if phase == "check" else self.label_of(r.kind, r.k)
-        if lab is not None and self.schedule is None:
-            where = f", exchange round {lab.step} on this rank"
-        elif lab is not None:
+        if lab is not None:
             where = f", step {lab.step} of {self.schedule.nsteps} ({lab.phase}"
             if lab.block is not None:
                 where += f", block {lab.block} segment {lab.segment}"
@@ -359,7 +309,6 @@ class ObservedChannel:
         if self.account:
             c.nsend = k + 1
             c.scounts.append(n)
-            c.srounds.append(c.in_round)
         return _Req(req, "send", dest, n * c.wire, k, t0)
 
     def irecv(self, arr, source):
@@ -371,7 +320,6 @@ class ObservedChannel:
         if self.account:
             c.nrecv = k + 1
             c.rcounts.append(n)
-            c.rrounds.append(c.in_round)
         return _Req(req, "recv", source, n * c.wire, k, t0)
 
     def wait(self, r) -> None:
@@ -384,8 +332,10 @@ class ObservedChannel:
             test = _timeout.tester(left, getattr(self.inner, "test", None), self.call.windowed)
             if test is None:
                 return True  # cannot be polled: the next waitall blocks
-            done, _ = test(left)
+            done, progress = test(left)
             now = perf_counter()
+            if done or progress:
+                self.call.last_progress = now
             for i in done:
                 left[i].done = now
             if len(done) < len(left):
@@ -395,46 +345,6 @@ class ObservedChannel:
     def waitall(self, reqs) -> None:
         if reqs:
             self._complete(reqs)
-
-    def sendrecv(self, sendarr, dest, recvarr, source) -> None:
-        c = self.call
-        if self.account and c.timeout is None and c.events is None:
-            self._counted_sendrecv(sendarr, dest, recvarr, source)
-            return
-        reqs = []
-        if self.account:
-            c.round += 1
-            c.in_round = c.round
-        try:
-            if recvarr is not None and len(recvarr):
-                reqs.append(self.irecv(recvarr, source))
-            if sendarr is not None and len(sendarr):
-                reqs.append(self.isend(sendarr, dest))
-        finally:
-            if self.account:
-                c.in_round = None
-        self.waitall(reqs)
-
-    def _counted_sendrecv(self, sendarr, dest, recvarr, source) -> None:
-        """Counting only: one exchange by the inner channel, then the books."""
-        c = self.call
-        c.round += 1
-        nrecv = 0 if recvarr is None else len(recvarr)
-        nsend = 0 if sendarr is None else len(sendarr)
-        self.inner.sendrecv(sendarr if nsend else None, dest, recvarr if nrecv else None, source)
-        if nrecv:
-            c.last_recv = c.nrecv
-            c.nrecv += 1
-            c.rcounts.append(nrecv)
-            c.rrounds.append(c.round)
-            c.received[0] += 1
-            c.received[1] += nrecv * c.wire
-        if nsend:
-            c.nsend += 1
-            c.scounts.append(nsend)
-            c.srounds.append(c.round)
-            c.sent[0] += 1
-            c.sent[1] += nsend * c.wire
 
     def _complete(self, reqs) -> None:
         c = self.call

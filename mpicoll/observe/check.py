@@ -75,13 +75,6 @@ class _CheckChannel(Channel):
     def irecv(self, arr, source):
         return self.comm.Irecv([arr, self.mpitype], source, TAG)
 
-    def sendrecv(self, sendarr, dest, recvarr, source):
-        if sendarr is not None and recvarr is not None:
-            T = self.mpitype
-            self.comm.Sendrecv([sendarr, T], dest, TAG, [recvarr, T], source, TAG)
-        else:
-            Channel.sendrecv(self, sendarr, dest, recvarr, source)
-
 
 def dtype_label(msg) -> str:
     """The element type as ranks compare it: the dtype, or the MPI name where it says more."""

@@ -41,6 +41,8 @@ from time import perf_counter
 import numpy as np
 from mpi4py import MPI
 
+from ..core.config import bump, get
+
 ENV = "MPICOLL_TRACE"
 EXIT_WAIT_S = 60.0
 PINGS = 4
@@ -61,11 +63,12 @@ def active() -> tuple:
     MPICOLL_TRACE is read at the first collective of the process.
     """
     if not _env_trace:
-        path = os.environ.get(ENV, "").strip()
+        path = get("trace")  # (core.config: the environment as read with the first context)
         tr = Trace() if path else None
         if tr is not None:
             atexit.register(_save_at_exit, tr, path)
             RECORDING.insert(0, tr)
+            bump()
         _env_trace.append(tr)
     return tuple(RECORDING)
 
@@ -80,10 +83,12 @@ class Trace:
 
     def __enter__(self) -> Trace:
         RECORDING.append(self)
+        bump()  # cached calls (engine.plan) must now take the observed path
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         RECORDING.remove(self)
+        bump()
         if self.path is not None and exc_type is None:
             self.save(self.path, self.comm)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..core.config import bump
+
 ACTIVE: list = []   # Traffic objects inside their ``with`` block (read by observe.calls)
 
 
@@ -59,10 +61,12 @@ class Traffic:
 
     def __enter__(self) -> Traffic:
         ACTIVE.append(self)
+        bump()  # cached calls (engine.plan) must now take the observed path
         return self
 
     def __exit__(self, *exc) -> None:
         ACTIVE.remove(self)
+        bump()
 
     def _add(self, record: CallTraffic) -> None:
         self.calls.append(record)

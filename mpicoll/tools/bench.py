@@ -52,8 +52,8 @@ from mpi4py import MPI
 
 import mpicoll
 
-from ..algorithms.ring import parse_bytes
 from ..core import types as _types
+from ..core.config import parse_bytes
 from ..engine import select as _select
 from . import arrays as _arrays
 from . import results as _results

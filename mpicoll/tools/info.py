@@ -28,6 +28,7 @@ from mpi4py import MPI
 import mpicoll
 
 from ..backends import cuda as _cuda
+from ..core import config as _config
 
 
 def _cupy_and_gpus():
@@ -57,9 +58,10 @@ def _cupy_and_gpus():
 def report() -> list[tuple[str, str]]:
     """[(label, value)] of this process's report (no MPI communication)."""
     try:
+        _config.read_environment()  # the environment now, as a new communicator reads it
         aware, reason = _cuda.cuda_aware_mpi()
         decision = f"{'yes' if aware else 'no'} ({reason})"
-    except ValueError as exc:  # a malformed MPICOLL_CUDA_AWARE
+    except ValueError as exc:  # a malformed MPICOLL_* variable
         decision = f"unknown ({exc})"
     major, minor = MPI.Get_version()
     cupy_version, gpus = _cupy_and_gpus()

@@ -42,7 +42,7 @@ from mpi4py import MPI
 
 import mpicoll
 
-from ..algorithms.ring import parse_bytes
+from ..core.config import parse_bytes
 
 MODES = ("comm", "compute", "wait", "test", "thread")
 

@@ -6,8 +6,8 @@ for non-blocking ones: see engine.executor); MPI's non-overtaking rule keeps
 messages between two ranks in order, and every rank issues the same sequence
 of messages in a collective, so no per-message tags are needed.
 
-The executor only calls ``isend``, ``irecv``, ``wait``, ``waitall``,
-``testall`` (if there) and ``sendrecv``.  Other modules wrap or replace this class (host staging for GPU
+The executor only calls ``isend``, ``irecv``, ``wait``, ``waitall`` and
+``testall`` (if there).  Other modules wrap or replace this class (host staging for GPU
 buffers, timeouts, traffic accounting, traces) without touching algorithms.
 
 A message longer than :data:`PIECE_BYTES` travels as consecutive pieces of
@@ -107,24 +107,3 @@ class Channel:
     def testall(self, reqs) -> bool:
         """Whether every request of ``reqs`` has completed (never blocks)."""
         return MPI.Request.Testall(mpi_requests(reqs))
-
-    def sendrecv(self, sendarr, dest, recvarr, source):
-        """Send ``sendarr`` to ``dest`` while receiving ``recvarr`` from ``source``.
-
-        Either array may be None (or empty) to skip that half.
-        """
-        recv = recvarr is not None and len(recvarr)
-        send = sendarr is not None and len(sendarr)
-        if recv and send and type(self) is Channel and max(recv, send) <= self.piece:
-            # one MPI call instead of three (small messages are latency-bound);
-            # subclasses and borrowers of this method may stage, tag or observe
-            # messages in isend/irecv, so they take the general path
-            T, tag = self.mpitype, self.tag
-            self.comm.Sendrecv([sendarr, T], dest, tag, [recvarr, T], source, tag)
-            return
-        reqs = []
-        if recv:
-            reqs.append(self.irecv(recvarr, source))
-        if send:
-            reqs.append(self.isend(sendarr, dest))
-        self.waitall(reqs)

@@ -1,7 +1,7 @@
 """Channels for device buffers: straight to a CUDA-aware MPI, or staged through pinned host memory.
 
 Both have the interface of :class:`mpicoll.transport.channel.Channel` (``isend``,
-``irecv``, ``wait``, ``waitall``, ``sendrecv`` on 1-D arrays) and wrap a host
+``irecv``, ``wait``, ``waitall`` on 1-D arrays) and wrap a host
 channel, which does the MPI calls.  All CUDA work goes through the runtime
 object of the device backend (see backends.devices), so a test runtime can stand in.
 
@@ -43,7 +43,7 @@ from collections import deque
 
 from mpi4py import MPI
 
-from .channel import Channel, is_null, mpi_requests
+from .channel import is_null, mpi_requests
 
 QUEUED, COPYING, POSTED, DONE = range(4)
 
@@ -104,7 +104,6 @@ class DirectChannel:
     def waitall(self, reqs):
         self.inner.waitall(reqs)
 
-    sendrecv = Channel.sendrecv
 
 
 class StagingPool:
@@ -319,7 +318,6 @@ class StagingChannel:
                 self.rt.event_synchronize(head.copied)
             # both outstanding: poll again
 
-    sendrecv = Channel.sendrecv
 
     def test(self, req) -> bool:
         """Advance without blocking; True when ``req`` is complete."""

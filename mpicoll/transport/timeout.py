@@ -197,14 +197,14 @@ def wait(pending, timeout: float, expired, test, clock=time.perf_counter) -> Non
                 # the requests completed (an overloaded machine, a debugger).
                 final = True
                 continue
-            _cancel(left)
+            cancel(left)
             raise expired(left, idle)
         if idle > SPIN_S:
             pause = min(max(2 * pause, MIN_SLEEP_S), MAX_SLEEP_S, timeout - idle)
             time.sleep(pause)
 
 
-def _cancel(left) -> None:
+def cancel(left) -> None:
     """Cancel pending receives (MPI-4 deprecates cancelling sends: they are left)."""
     recvs = [r.req for r in left
              if r.kind == "recv" and isinstance(r.req, (MPI.Request, Pieces, Windowed))]

@@ -19,8 +19,6 @@ experiments), by COMM_WORLD rank:
 
 from __future__ import annotations
 
-import os
-
 from mpi4py import MPI
 
 
@@ -72,12 +70,11 @@ def crossings(ring, nodes) -> int:
     return sum(nodes[ring[p]] != nodes[ring[(p + 1) % n]] for p in range(n)) if n > 1 else 0
 
 
-def fake_labels() -> list[int] | None:
-    """Node label of every COMM_WORLD rank from ``MPICOLL_FAKE_NODES``, None if unset.
+def fake_labels(spec: str | None) -> list[int] | None:
+    """Node label of every COMM_WORLD rank from ``MPICOLL_FAKE_NODES``'s value, None if unset.
 
     Sends nothing (a bad value raises before any message, see engine.context).
     """
-    spec = os.environ.get("MPICOLL_FAKE_NODES", "").strip()
     if not spec:
         return None
     return parse_fake_nodes(spec, MPI.COMM_WORLD.Get_size())
@@ -102,6 +99,7 @@ def node_label(comm: MPI.Intracomm, fake: list[int] | None) -> int:
         shared.Free()
 
 
-def node_ids(comm: MPI.Intracomm) -> list[int]:
-    """Node label of every rank of ``comm`` (blocking collective over ``comm``)."""
-    return comm.allgather(node_label(comm, fake_labels()))
+def node_ids(comm: MPI.Intracomm, spec: str | None = None) -> list[int]:
+    """Node label of every rank of ``comm`` (blocking collective over ``comm``); ``spec``:
+    ``MPICOLL_FAKE_NODES``'s value, if set."""
+    return comm.allgather(node_label(comm, fake_labels(spec)))

@@ -1,0 +1,208 @@
+"""Training numerics: 8/16-bit floats reduced in float32, ml_dtypes types moved as words, and
+deterministic reductions; composed from the engine's collectives (docs/numerics.md).
+
+The array functions and :class:`mpicoll.Comm` validate a call into messages
+(api.buffers) and hand it here first (:func:`route`); a call this module
+does not change (most) goes on to engine.collectives as it is.  What changes:
+
+* **bfloat16, float8_e4m3fn, float8_e5m2** (``ml_dtypes`` arrays; DLPack
+  tensors of those types): NumPy cannot give MPI their memory, so they move
+  as 16/8-bit unsigned words (an AllGather moves only those).
+* **SUM / PROD of float16, bfloat16, float8** accumulate in float32 with one
+  rounding to the input type at the end: the input is widened to float32,
+  reduced by the chosen algorithm in float32, rounded.  An AllReduce of
+  more than :data:`SPLIT_BYTES` instead reduce-scatters in float32, rounds
+  its own block and all-gathers the rounded blocks in the input type (1.5x
+  the bytes of an all-16-bit AllReduce rather than 2x).  ``accumulate=False``
+  keeps wire-type partials (each hop rounds, as MPI and NCCL do).
+* **MIN / MAX** are exact in any type: 16/8-bit values are compared in
+  their own type (an op on their words for the ml_dtypes types).
+* **deterministic** (``deterministic=True``, ``MPICOLL_DETERMINISTIC=1``):
+  floating and complex SUM/PROD and user-defined ops run the "direct"
+  schedule (algorithms.direct), whose result is the rank-order fold
+  ``((x0 + x1) + x2) + ...`` in the accumulation type, the same for every
+  algorithm, size, segment, window, blocking or not, in place or not.
+  ``algorithm=`` then names nothing that changes the value.
+
+Each routed call is one engine operation (plus local conversions before and
+after), except the split AllReduce above, which blocking calls only use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from ..backends.host import NUMPY
+from ..core import config as _config
+from ..core import types as _types
+from ..engine import collectives as _collectives
+from .buffers import msg_of_array
+
+# A blocking SUM/PROD AllReduce of 16/8-bit floats above this many bytes (the input)
+# reduce-scatters in float32 and all-gathers in the input type; at or below it, one
+# float32 AllReduce (its latency-optimal algorithms) is faster.  Measured: docs/numerics.md.
+SPLIT_BYTES = 256 << 10
+
+_ACCUMULATED = ("SUM", "PROD")
+_SPLIT_ALGORITHMS = {  # allreduce algorithm -> (reduce_scatter, allgather) of the split form
+    "auto": ("auto", "auto"),
+    "ring": ("ring", "ring"),
+    "rabenseifner": ("recursive_halving", "recursive_doubling"),
+}
+
+
+def check_flags(deterministic, accumulate) -> None:
+    """TypeError unless both are None or a bool."""
+    for name, value in (("deterministic", deterministic), ("accumulate", accumulate)):
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True, False or None, got {type(value).__name__}")
+
+
+def is_deterministic(deterministic) -> bool:
+    return bool(_config.get("deterministic") if deterministic is None else deterministic)
+
+
+class Route:
+    """How one routed call runs: engine arguments, then a local step at the end (or None)."""
+
+    __slots__ = ("collective", "args", "finish")
+
+    def __init__(self, collective, args, finish=None):
+        self.collective, self.args, self.finish = collective, args, finish
+
+    def run(self, timeout):
+        _RUN[self.collective](*self.args, timeout=timeout)
+        if self.finish is not None:
+            self.finish()
+
+    def start(self, timeout, persistent=False):
+        return _START[self.collective](*self.args, timeout=timeout, persistent=persistent)
+
+
+_RUN = {"allreduce": _collectives.run_allreduce, "reduce_scatter": _collectives.run_reduce_scatter,
+        "allgather": _collectives.run_allgather}
+_START = {"allreduce": _collectives.start_allreduce,
+          "reduce_scatter": _collectives.start_reduce_scatter,
+          "allgather": _collectives.start_allgather}
+
+
+def _words(arr):
+    """A message over the unsigned words of an ml_dtypes array (MPI can read those)."""
+    return msg_of_array(arr.view(_types.view_dtype(arr.dtype)), NUMPY)
+
+
+_WORD_OPS: dict = {}
+
+
+def _word_op(name, dtype):
+    """An MPI op applying the ufunc of ``name`` to words holding ``dtype`` (ml_dtypes)."""
+    key = (name, dtype)
+    op = _WORD_OPS.get(key)
+    if op is None:
+        ufunc, words = _types.NUMPY_UFUNCS[name], _types.view_dtype(dtype)
+
+        def apply(inbuf, inoutbuf, datatype, ufunc=ufunc, words=words, dtype=dtype):
+            a = np.frombuffer(inbuf, words).view(dtype)
+            b = np.frombuffer(inoutbuf, words).view(dtype)
+            ufunc(a, b, out=b)
+
+        op = _WORD_OPS[key] = MPI.Op.Create(apply, commute=True)
+    return op
+
+
+def _check_op(msg, op):
+    if _types.is_ml_type(msg.dtype) and _types.op_name(op) is None:
+        raise TypeError(f"op: a user-defined MPI.Op cannot be applied to {msg.dtype} "
+                        f"(MPI has no datatype for it); use a predefined op")
+
+
+def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, displs=None, *,
+          deterministic=None, accumulate=None, one_operation=False):
+    """The :class:`Route` of a validated call, or None when it runs as it is.
+
+    ``smsg`` None: in place.  ``one_operation``: the call must be one engine
+    operation (non-blocking, persistent).  ``accumulate``: None or True:
+    16/8-bit SUM/PROD in float32; False: in the input type.
+    """
+    dtype = rmsg.dtype
+    ml = _types.is_ml_type(dtype)
+    if collective == "allgather":
+        if not ml:
+            return None
+        return Route("allgather", (comm, None if smsg is None else _words(smsg.array),
+                                   _words(rmsg.array), counts, displs, algorithm))
+    name = _types.op_name(op)
+    wide = _types.accumulation_dtype(dtype) if name in _ACCUMULATED and accumulate is not False \
+        else None
+    det = is_deterministic(deterministic) and rmsg.category in ("floating", "complex") and \
+        (name in _ACCUMULATED or name is None)
+    if not (ml or wide is not None or det):
+        return None
+    _check_op(rmsg, op)
+    if det:
+        algorithm = "direct"
+    src = rmsg.array if smsg is None else smsg.array
+    if collective == "allreduce":
+        return _allreduce(comm, src, rmsg.array, op, algorithm, wide, smsg, rmsg, one_operation)
+    mine = counts[comm.Get_rank()]
+    out = rmsg.array[:mine] if smsg is None else rmsg.array
+    if wide is not None:
+        work = src.astype(wide)
+        args = (comm, None, msg_of_array(work, NUMPY), counts, displs, op, algorithm)
+        return Route("reduce_scatter", args, _rounder(out, work[:mine]))
+    if ml:
+        args = (comm, None if smsg is None else _words(smsg.array), _words(rmsg.array), counts,
+                displs, _word_op(name, dtype), algorithm)
+        return Route("reduce_scatter", args)
+    return Route("reduce_scatter", (comm, smsg, rmsg, counts, displs, op, algorithm))
+
+
+def _rounder(dst, wide):
+    def finish():
+        np.copyto(dst, wide.astype(dst.dtype))  # the one rounding
+    return finish
+
+
+def _allreduce(comm, src, dst, op, algorithm, wide, smsg, rmsg, one_operation):
+    dtype = dst.dtype
+    if wide is not None:
+        work = src.astype(wide)
+        split = _SPLIT_ALGORITHMS.get(algorithm)
+        if not one_operation and split is not None and comm.Get_size() > 1 and \
+                src.nbytes > SPLIT_BYTES:
+            return _SplitRoute(comm, work, dst, op, split)
+        return Route("allreduce", (comm, None, msg_of_array(work, NUMPY), op, algorithm),
+                     _rounder(dst, work))
+    if _types.is_ml_type(dtype):
+        return Route("allreduce", (comm, None if smsg is None else _words(src), _words(dst),
+                                   _word_op(_types.op_name(op), dtype), algorithm))
+    return Route("allreduce", (comm, smsg, rmsg, op, algorithm))
+
+
+class _SplitRoute(Route):
+    """ReduceScatter in float32, round this rank's block, AllGather the rounded blocks."""
+
+    __slots__ = ("work", "dst", "op", "algorithms")
+
+    def __init__(self, comm, work, dst, op, algorithms):
+        super().__init__("allreduce", (comm,))
+        self.work, self.dst, self.op, self.algorithms = work, dst, op, algorithms
+
+    def run(self, timeout):
+        from ..algorithms.ring import split
+
+        comm = self.args[0]
+        n, rank = comm.Get_size(), comm.Get_rank()
+        counts, displs = split(len(self.dst), n)
+        mine, own = counts[rank], displs[rank]
+        rs, ag = self.algorithms
+        _collectives.run_reduce_scatter(comm, None, msg_of_array(self.work, NUMPY), counts, displs,
+                                        self.op, rs, timeout=timeout)
+        np.copyto(self.dst[own:own + mine], self.work[:mine].astype(self.dst.dtype))
+        words = self.dst.view(_types.view_dtype(self.dst.dtype))
+        _collectives.run_allgather(comm, None, msg_of_array(words, NUMPY), counts, displs, ag,
+                                   timeout=timeout)
+
+    def start(self, timeout, persistent=False):  # pragma: no cover - route(one_operation=True)
+        raise AssertionError("a split AllReduce is not one operation")

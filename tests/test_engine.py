@@ -1,0 +1,323 @@
+"""The progress engine: operations in flight complete in any order, threads, lifecycle.
+
+Every wait advances every operation in flight (MPI's progress rule), so no
+order in which ranks complete their operations can hang, with blocking calls
+among them, the fingerprint check on, a communicator set up meanwhile, the
+progress thread on or off.  No lock is held across an MPI wait, so two threads
+on two communicators proceed independently.  A failed operation keeps failing;
+timeouts fire while the caller only polls ``test()``; a communicator freed with
+operations in flight lets them complete.
+
+Each test that could hang runs under a timeout (pytest-timeout), and the
+communicators it uses are its own (``WORLD.Dup()``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll.engine import context as _context
+from mpicoll.observe import calls as _calls
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+
+
+def _data(n, salt):
+    """Rank-asymmetric float64 data: exact sums at any rank count."""
+    return (np.arange(n) * (RANK + 1) + 7 * salt + RANK * RANK).astype(np.float64)
+
+
+def _sum(n, salt):
+    rows = [(np.arange(n) * (r + 1) + 7 * salt + r * r).astype(np.float64) for r in range(SIZE)]
+    return np.sum(rows, axis=0)
+
+
+@pytest.fixture(params=[False, True], ids=["no-thread", "progress-thread"])
+def progress(request):
+    with mpicoll.options(progress=request.param):
+        yield request.param
+
+
+@pytest.mark.timeout(60)
+def test_blocking_call_among_operations_completed_in_other_orders(progress):
+    """Rank 0: A started, A waited, blocking B; rank 1: A started, blocking B, A waited.
+
+    MPI's own Iallreduce/Allreduce complete this; a blocking call that advanced
+    nothing else (a fused Sendrecv, a lock held across the wait) hung.  Repeated,
+    so the blocking call runs from its plan too.
+    """
+    comm = WORLD.Dup()
+    try:
+        a, b = _data(1000, 1), _data(10, 2)
+        out_b = np.empty_like(b)
+        for _ in range(4):
+            h = mpicoll.iallreduce(a, comm=comm, algorithm="ring")
+            if RANK % 2 == 0:
+                got_a = h.wait()
+                mpicoll.allreduce(b, comm=comm, out=out_b)
+            else:
+                mpicoll.allreduce(b, comm=comm, out=out_b)
+                got_a = h.wait()
+            np.testing.assert_array_equal(got_a, _sum(1000, 1))
+            np.testing.assert_array_equal(out_b, _sum(10, 2))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_first_call_on_a_new_communicator_among_operations_in_flight(progress):
+    """The blocking call is the first on its communicator: its set-up advances the others."""
+    comm = WORLD.Dup()
+    try:
+        a, b = _data(500, 3), _data(7, 4)
+        h = mpicoll.iallreduce(a, comm=comm, algorithm="ring")
+        fresh = WORLD.Dup()
+        try:
+            if RANK % 2 == 0:
+                got_a = h.wait()
+                got_b = mpicoll.allreduce(b, comm=fresh)
+            else:
+                got_b = mpicoll.allreduce(b, comm=fresh)
+                got_a = h.wait()
+        finally:
+            fresh.Free()
+        np.testing.assert_array_equal(got_a, _sum(500, 3))
+        np.testing.assert_array_equal(got_b, _sum(7, 4))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("check", [False, True], ids=["plain", "check"])
+def test_operations_waited_in_every_order(progress, check):
+    """Three operations (three algorithms, two forms) and a blocking call, each rank
+    completing them in its own order (a permutation chosen by rank), with the fingerprint
+    check on or off and a timeout that must not fire."""
+    comm = WORLD.Dup()
+    mc = mpicoll.Comm(comm)
+    orders = list(itertools.permutations(range(4)))
+    try:
+        with mpicoll.options(check=check, timeout=30.0 if check else None):
+            for rep in range(3):
+                xs = [_data(n, rep * 10 + k) for k, n in enumerate((3, 300, 5000))]
+                ys = [np.empty_like(x) for x in xs]
+                blocking_in, blocking_out = _data(4, rep * 10 + 5), np.empty(4)
+                work = [mpicoll.iallreduce(xs[0], comm=comm, algorithm="recursive_doubling"),
+                        mc.Iallreduce(xs[1], ys[1]),
+                        mpicoll.iallreduce(xs[2], comm=comm, algorithm="ring", out=ys[2])]
+                for k in orders[(RANK + rep) % len(orders)]:
+                    if k == 3:
+                        mc.Allreduce(blocking_in, blocking_out)
+                    elif k == 0:
+                        ys[0] = work[0].wait()
+                    elif k == 1:
+                        work[1].Wait()
+                    else:
+                        work[2].wait()
+                for k, x in enumerate(xs):
+                    np.testing.assert_array_equal(ys[k], _sum(len(x), rep * 10 + k))
+                np.testing.assert_array_equal(blocking_out, _sum(4, rep * 10 + 5))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_check_on_with_operations_started_in_other_orders():
+    """MPICOLL_CHECK with A and B in flight: rank 0 starts A, waits A, starts B, waits B;
+    rank 1 starts A, starts B, waits A, waits B (it hung; with a timeout too it raised a
+    false CollectiveTimeout)."""
+    comm = WORLD.Dup()
+    try:
+        for timeout in (None, 20.0):
+            with mpicoll.options(check=True, timeout=timeout):
+                a, b = _data(200, 6), _data(9, 7)
+                ha = mpicoll.iallreduce(a, comm=comm, algorithm="ring")
+                if RANK % 2 == 0:
+                    got_a = ha.wait()
+                    got_b = mpicoll.iallreduce(b, comm=comm).wait()
+                else:
+                    hb = mpicoll.iallreduce(b, comm=comm)
+                    got_a = ha.wait()
+                    got_b = hb.wait()
+            np.testing.assert_array_equal(got_a, _sum(200, 6))
+            np.testing.assert_array_equal(got_b, _sum(9, 7))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_two_threads_on_two_communicators():
+    """Each rank runs two threads, one per communicator; even ranks start on c1 first,
+    odd ranks on c2 first (with a lock held across MPI waits this deadlocked)."""
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        pytest.skip("needs MPI_THREAD_MULTIPLE")
+    c1, c2 = WORLD.Dup(), WORLD.Dup()
+    errors, results = [], {}
+    first_started = threading.Event()
+
+    def worker(comm, key, salt, wait_first):
+        try:
+            if wait_first:
+                first_started.wait(5.0)
+                time.sleep(0.2)  # the other thread is inside its first call by now
+            else:
+                first_started.set()
+            got = []
+            x = _data(2000, salt)
+            for _ in range(5):
+                got.append(mpicoll.allreduce(x, comm=comm, algorithm="ring"))
+                got.append(mpicoll.iallreduce(x, comm=comm).wait())
+            results[key] = got
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    even = RANK % 2 == 0
+    t1 = threading.Thread(target=worker, args=(c1, "c1", 1, not even))
+    t2 = threading.Thread(target=worker, args=(c2, "c2", 2, even))
+    t1.start()
+    t2.start()
+    t1.join(40.0)
+    t2.join(40.0)
+    alive = t1.is_alive() or t2.is_alive()
+    assert not alive, "threads on two communicators did not finish"
+    assert not errors, errors
+    for key, salt in (("c1", 1), ("c2", 2)):
+        for got in results[key]:
+            np.testing.assert_array_equal(got, _sum(2000, salt))
+    c1.Free()
+    c2.Free()
+
+
+@pytest.mark.timeout(60)
+def test_communicator_freed_with_operations_in_flight(progress):
+    """MPI_Comm_free marks for deallocation; pending operations complete normally
+    (mpicoll freed its duplicate at once: MPI_ERR_COMM on Open MPI, a hang on MPICH)."""
+    n = 300_000  # the ring posts most of its segments after the free
+    for order in range(2):
+        comm = WORLD.Dup()
+        mc = mpicoll.Comm(comm, algorithm="ring")
+        x, y = _data(n, 8), np.empty(n)
+        h = mpicoll.iallreduce(_data(10, 9), comm=comm)
+        req = mc.Iallreduce(x, y)
+        comm.Free()
+        if (RANK + order) % 2:
+            got = h.wait()
+            req.Wait()
+        else:
+            req.Wait()
+            got = h.wait()
+        np.testing.assert_array_equal(got, _sum(10, 9))
+        np.testing.assert_array_equal(y, _sum(n, 8))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.ranks(2, 3)  # a rank that never joins needs a peer
+def test_timeout_fires_while_the_caller_polls_test(progress):
+    """A rank that never joins: polling ``test()`` raises CollectiveTimeout within the
+    timeout (it stayed False after 4x the timeout), and keeps raising it after that, as
+    does ``wait()`` (the handle reported success)."""
+    if SIZE < 2:
+        pytest.skip("needs a peer")
+    comm = WORLD.Dup()
+    mpicoll.allreduce(np.ones(1), comm=comm)  # the context set up on every rank
+    outcome = None
+    if RANK == 0:
+        h = mpicoll.iallreduce(_data(5, 10), comm=comm, timeout=0.25)
+        t0 = time.perf_counter()
+        try:
+            while time.perf_counter() - t0 < 4.0:
+                if h.test():
+                    outcome = "completed"
+                    break
+                time.sleep(0.001)
+            else:
+                outcome = "no timeout"
+        except mpicoll.CollectiveTimeout:
+            outcome = "timeout"
+            again = []
+            for attempt in (h.test, h.wait):
+                try:
+                    attempt()
+                    again.append("returned")
+                except mpicoll.CollectiveTimeout:
+                    again.append("raised")
+            assert again == ["raised", "raised"], again
+        assert time.perf_counter() - t0 < 2.0
+    WORLD.Barrier()
+    assert outcome in (None, "timeout"), outcome
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.ranks(2, 3)
+def test_request_keeps_raising_after_a_timeout():
+    """``Comm.Iallreduce``'s request, timed out under ``Wait``: ``Test`` and ``Wait`` raise
+    again (a second Wait returned with nothing)."""
+    if SIZE < 2:
+        pytest.skip("needs a peer")
+    comm = WORLD.Dup()
+    mc = mpicoll.Comm(comm)
+    mc.Allreduce(np.ones(1), np.empty(1))
+    raised = []
+    if RANK == 0:
+        with mpicoll.options(timeout=0.25):
+            req = mc.Iallreduce(_data(5, 11), np.empty(5))
+        for attempt in (req.Wait, req.Test, req.Wait):
+            try:
+                attempt()
+                raised.append(False)
+            except mpicoll.CollectiveTimeout:
+                raised.append(True)
+    WORLD.Barrier()
+    assert raised in ([], [True, True, True]), raised
+
+
+@pytest.mark.timeout(60)
+def test_persistent_start_on_an_unusable_communicator_sends_nothing():
+    """After a timeout marks a communicator unusable, ``Start()`` raises MpicollError before
+    sending, as Allreduce and Iallreduce do (it used to send anyway)."""
+    comm = WORLD.Dup()
+    mc = mpicoll.Comm(comm)
+    x, y = _data(6, 12), np.empty(6)
+    req = mc.Allreduce_init(x, y)
+    req.Start()
+    req.Wait()
+    np.testing.assert_array_equal(y, _sum(6, 12))
+    ctx = _context.context(comm)
+    setattr(ctx, _calls._BROKEN, "allreduce #9 timed out on rank 0 (a test)")
+    with mpicoll.traffic() as t:
+        for call in (req.Start, lambda: mc.Allreduce(x, y), lambda: mc.Iallreduce(x, y)):
+            with pytest.raises(mpicoll.MpicollError, match="unusable"):
+                call()
+    assert not t.calls
+    req.Free()
+    delattr(ctx, _calls._BROKEN)
+    comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_a_comm_made_with_an_algorithm_forces_it_for_the_array_functions():
+    """``allreduce(x, comm=mpicoll.Comm(W, algorithm="ring"))`` runs the ring (it ran
+    recursive doubling), as the README says such a Comm does for every call."""
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm, algorithm="ring")
+        x = _data(8, 13)
+        with mpicoll.traffic() as t:
+            got = mpicoll.allreduce(x, comm=mc)
+            mpicoll.allgather(x, comm=mc)
+            mpicoll.iallreduce(x, comm=mc).wait()
+        np.testing.assert_array_equal(got, _sum(8, 13))
+        assert [c.algorithm for c in t.calls] == ["ring"] * 3
+        with mpicoll.traffic() as t:  # bruck exists for AllGather only: the others stay auto
+            mpicoll.allreduce(x, comm=mpicoll.Comm(comm, algorithm="bruck"))
+        assert t.calls[0].algorithm != "bruck"
+    finally:
+        comm.Free()

@@ -1,0 +1,89 @@
+"""Numerics on simulated ranks (tests/schedsim.py): float32 accumulation error to 512 ranks,
+the direct schedule's rank-order fold under every tuning.
+
+The composition api.numerics runs for a 16-bit SUM (widen to float32, a
+float32 ReduceScatter by the algorithm's own schedule, one rounding, an
+AllGather of the rounded words) is run here with the real schedule builders
+on every rank at once; its error against the exact sum of the bfloat16
+inputs stays within 1.1x the floor (the exact sum rounded once).  Wire-type
+partials (every hop rounds) are computed beside it for docs/numerics.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import schedsim as sim
+
+from mpicoll.algorithms import direct
+from mpicoll.algorithms.ring import split
+from mpicoll.engine import select as _select
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+pytestmark = pytest.mark.local  # simulated ranks in one process: no MPI peer
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def inputs(n, count, seed=18):
+    """Rank-asymmetric N(0.5, 1) values, rounded to bfloat16 (what each rank holds)."""
+    rng = np.random.default_rng(seed)
+    return [rng.normal(0.5, 1.0, count).astype(BF16) for _ in range(n)]
+
+
+def reduce_scatter(xs, algorithm, op=np.add, dtype=np.float32):
+    """Every rank's block of the ReduceScatter of ``xs`` (widened to ``dtype``) by ``algorithm``."""
+    n, total = len(xs), len(xs[0])
+    counts, displs = split(total, n)
+    build = _select.BUILDERS["reduce_scatter"][algorithm]
+    schedules, bufs = [], []
+    for r in range(n):
+        shape = sim.shape("reduce_scatter", n, r, counts)
+        schedules.append(build(shape))
+        bufs.append(sim.bind("reduce_scatter", shape, xs[r].astype(dtype),
+                             np.empty(counts[r], dtype)))
+    res = sim.simulate(schedules, bufs, op, model="eager")
+    return np.concatenate([res.dst(r) for r in range(n)])
+
+
+def rel_error(got, exact):
+    got = np.asarray(got, np.float64)
+    return float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+
+
+def bf16_partials(a, b, out):
+    """A bfloat16 hop: the sum rounded to bfloat16 (wire-type partials, as NCCL's ring)."""
+    np.copyto(out, np.add(a, b).astype(BF16).astype(np.float32))
+
+
+# 512 ranks (about 30 s on a 2-core VM) only for the ring, the algorithm whose
+# wire-type error grows fastest with the rank count
+@pytest.mark.parametrize("n,algorithm", [(2, "ring"), (3, "ring"), (8, "ring"), (128, "ring"),
+                                         (512, "ring"), (3, "recursive_halving"),
+                                         (8, "recursive_halving"), (128, "recursive_halving")])
+def test_float32_accumulation_within_floor(n, algorithm):
+    count = 4 * 1024 if n <= 128 else 1024  # 512 ranks: 2 elements a block
+    xs = inputs(n, count)
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    floor = rel_error(exact.astype(BF16), exact)
+    got = reduce_scatter(xs, algorithm).astype(BF16)  # the one rounding
+    assert rel_error(got, exact) <= 1.1 * floor
+    if 8 <= n <= 128:  # the contrast: a bfloat16 ring grows past the floor
+        ring16 = reduce_scatter(xs, "ring", bf16_partials)
+        assert rel_error(ring16, exact) > 1.1 * floor
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 16])
+def test_direct_is_the_rank_order_fold_for_every_tuning(n):
+    """Same ops for every segment/window (nothing to tune), and the fold's bits."""
+    counts, _ = split(37, n)
+    shapes = [sim.shape("reduce_scatter", n, 0, counts, segment=s, window=w)
+              for s, w in ((1, 1), (3, 2), (1 << 17, 8))]
+    first = direct.reduce_scatter_schedule(shapes[0])
+    assert all(direct.reduce_scatter_schedule(s) == first for s in shapes)
+    xs = [x.astype(np.float32) for x in inputs(n, 37, seed=n)]
+    fold = xs[0].copy()
+    for x in xs[1:]:
+        fold = fold + x
+    got = reduce_scatter(xs, "direct")
+    assert got.tobytes() == fold.tobytes()
