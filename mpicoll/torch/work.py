@@ -133,7 +133,20 @@ class Work(dist._Work):
                 self._lock.release()
 
     def wait(self, timeout=None) -> bool:
-        self._advance(True)
+        """Block until complete and re-raise what failed; ``timeout`` (a timedelta, torch's
+        argument; 0 or None: none): raise CollectiveTimeout if not complete by then, the
+        collective staying in flight (its future still completes)."""
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        if seconds > 0 and not self._done:
+            end = time.monotonic() + seconds
+            while not self._advance(False):
+                if time.monotonic() > end:
+                    raise CollectiveTimeout(
+                        f"{self._what}: not complete within wait()'s timeout of {seconds:g} s; "
+                        f"it is still in flight", collective=self._what)
+                time.sleep(_SPIN_S)
+        else:
+            self._advance(True)
         if self._error is not None:
             raise self._error
         return True

@@ -100,6 +100,9 @@ def test_a_timeout_reaches_all(groups):
     if g.rank != 0:
         work = dist.all_reduce(torch.ones(1000), async_op=True, group=late)
         fut = work.get_future()
+        with pytest.raises(mpicoll.CollectiveTimeout, match="wait"):  # wait()'s own timeout first
+            work.wait(timedelta(seconds=0.2))
+        assert not work.is_completed()
         with pytest.raises(mpicoll.CollectiveTimeout):
             work.wait()
         with pytest.raises(mpicoll.CollectiveTimeout):  # every call re-raises
