@@ -139,3 +139,18 @@ def test_no_module_reads_another_modules_private_names():
                     and not node.attr.startswith("__")):
                 bad.append(f"{rel}:{node.lineno}: {local[node.value.id]}.{node.attr}")
     assert not bad, "private names read from another module:\n" + "\n".join(bad)
+
+
+def test_only_the_torch_layer_imports_torch():
+    """mpicoll without torch never imports it: only ``mpicoll/torch/`` names torch in an import."""
+    bad = []
+    for f in sorted(ROOT.rglob("*.py")):
+        if f.relative_to(ROOT).parts[0] == "torch":
+            continue
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            bad += [f"{f.relative_to(ROOT.parent)}:{node.lineno}: {n}" for n in names
+                    if n == "torch" or n.startswith("torch.")]
+    assert not bad, "torch imported outside mpicoll/torch:\n" + "\n".join(bad)
