@@ -148,3 +148,26 @@ def report(problem, comm=MPI.COMM_WORLD) -> bool:
 def check(ok: bool, message: str, comm=MPI.COMM_WORLD) -> bool:
     """``report(None if ok else message)``."""
     return report(None if ok else message, comm)
+
+
+def torch_device(device: str, comm=MPI.COMM_WORLD):
+    """The ``torch.device`` for ``--device`` in the torch examples (imports torch).
+
+    "gpu" binds this rank to GPU (local rank mod GPU count), as
+    :func:`mpicoll.bind_device` does for CuPy; "auto" picks "gpu" only when
+    every rank sees a GPU.
+    """
+    import torch
+
+    if device == "auto":
+        device = "gpu" if comm.allreduce(torch.cuda.is_available(), op=MPI.LAND) else "cpu"
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        print0("--device gpu: torch sees no GPU on this rank", comm=comm)
+        sys.exit(2)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    index = local.Get_rank() % torch.cuda.device_count()
+    local.Free()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)

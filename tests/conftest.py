@@ -21,6 +21,10 @@ Groups (what a test needs; ``--group`` selects them, ``tests/README.md`` has the
 ``launch``
     ``tests/test_launch_*.py``: they start ``mpirun`` themselves, so they run
     under plain pytest only (left out under a launcher).
+``torch``
+    ``tests/torch/``: the torch.distributed backend, under the launcher at 2
+    and 3 ranks in a venv with torch (``.ci/run``'s torch section); skipped
+    without torch, left out of the other groups.
 
 Without ``--group`` (a run by hand) every test collected runs, at any rank
 count, as before: the markers only select in ``--group`` runs.  A new test
@@ -77,13 +81,14 @@ def pytest_report_header(config):
 
 
 ALL_RANKS = (1, 2, 3, 4, 5)
-GROUPS = ("local", "mpi", "launch")
+GROUPS = ("local", "mpi", "launch", "torch")
+TORCH_DIR = Path(__file__).resolve().parent / "torch"
 
 
 def pytest_addoption(parser):
     parser.addoption(
         "--group", default="", metavar="GROUP[,GROUP]",
-        help="run only these test groups (local, mpi, launch; see conftest.py): "
+        help="run only these test groups (local, mpi, launch, torch; see conftest.py): "
              "mpi tests only at the rank counts of their ranks marker")
 
 
@@ -98,7 +103,9 @@ def pytest_configure(config):
 
 
 def group_of(item) -> str:
-    """The group of a collected test: launch, local or mpi."""
+    """The group of a collected test: launch, local, mpi or torch."""
+    if TORCH_DIR in item.path.parents:
+        return "torch"
     if item.path.name.startswith("test_launch_"):
         return "launch"
     return "local" if item.get_closest_marker("local") else "mpi"
@@ -137,6 +144,10 @@ def _nothing_selected(path: Path, wanted, size: int) -> bool:
     this rank count and no test has a ``ranks`` of its own, for mpi), so
     the run does not import and collect it for nothing.
     """
+    if TORCH_DIR in path.resolve().parents:
+        return "torch" not in wanted
+    if wanted == ["torch"]:
+        return True
     if path.name.startswith("test_launch_"):
         return "launch" not in wanted
     text = path.read_text(encoding="utf-8", errors="replace")

@@ -64,4 +64,4 @@ def test_a_file_none_of_whose_tests_run_is_not_collected():
 def test_unknown_group_is_refused():
     rc, _, out = collect("--group", "local,everything", "tests/test_cuda_detect.py")
     assert rc != 0
-    assert "--group: expected some of local, mpi, launch, got 'everything'" in out
+    assert "--group: expected some of local, mpi, launch, torch, got 'everything'" in out

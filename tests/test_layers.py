@@ -2,7 +2,8 @@
 
 Layers bottom up (issue 10, item 5): ``core``; ``backends`` and ``transport``
 (side by side); ``algorithms``; ``observe``; ``engine``; ``api``; ``tools``;
-then the package itself (``mpicoll/__init__.py`` and the thin
+``torch`` (the torch.distributed backend, on the public API) beside
+the package itself (``mpicoll/__init__.py`` and the thin
 ``python -m mpicoll.<tool>`` modules).  Imports are read from the source
 (``ast``, every ``from . import``/``from ..x import``, also those inside
 functions), so a cycle that only shows when a lazy import runs is caught too.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import pathlib
+import types
 
 import pytest
 
@@ -23,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "mpicoll"
 # layer -> its level; a module may import its own layer and lower levels (and
 # backends/transport each other's, as one level)
 LEVEL = {"core": 0, "backends": 1, "transport": 1, "algorithms": 2, "observe": 3,
-         "engine": 4, "api": 5, "tools": 6, "top": 7}
+         "engine": 4, "api": 5, "tools": 6, "torch": 7, "top": 7}
 
 
 def _imports():
@@ -42,6 +44,19 @@ def _imports():
                 out.append((f.relative_to(ROOT.parent), layer, target,
                             [a.name for a in node.names]))
     return out
+
+
+def _find_spec(module: str):
+    """``importlib.util.find_spec`` for mpicoll's modules read from the source tree, not imported:
+    finding ``mpicoll.torch.x`` by import would import torch, which the suite may not have."""
+    if module != "mpicoll" and not module.startswith("mpicoll."):
+        return importlib.util.find_spec(module)
+    path = ROOT.parent.joinpath(*module.split("."))
+    if (path / "__init__.py").exists():
+        return types.SimpleNamespace(origin=str(path / "__init__.py"), submodule_search_locations=[str(path)])
+    if path.with_suffix(".py").exists():
+        return types.SimpleNamespace(origin=str(path.with_suffix(".py")), submodule_search_locations=None)
+    return None
 
 
 def _layer(module: str) -> str:
@@ -65,7 +80,7 @@ def test_relative_imports_resolve():
     """Every ``from .x import y`` names a module, or a package and one of its modules or names."""
     missing = []
     for f, _, target, names in _imports():
-        spec = importlib.util.find_spec(target)
+        spec = _find_spec(target)
         if spec is None:
             missing.append(f"{f}: no module {target}")
             continue
@@ -73,7 +88,7 @@ def test_relative_imports_resolve():
         for name in names:
             if name == "*" or _defines(target, name):
                 continue
-            if package and importlib.util.find_spec(f"{target}.{name}") is not None:
+            if package and _find_spec(f"{target}.{name}") is not None:
                 continue
             missing.append(f"{f}: {target} has no {name}")
     assert not missing, "\n".join(missing)
@@ -81,7 +96,7 @@ def test_relative_imports_resolve():
 
 def _defines(module: str, name: str) -> bool:
     """Whether the source of ``module`` binds ``name`` at its top level."""
-    spec = importlib.util.find_spec(module)
+    spec = _find_spec(module)
     tree = ast.parse(pathlib.Path(spec.origin).read_text())
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
@@ -102,11 +117,11 @@ def test_no_module_reads_another_modules_private_names():
     """``_mod._name`` where ``_mod`` is an imported mpicoll module: private state read from outside."""
     aliases = {}  # file -> {local name: module} of the mpicoll modules it imports
     for f, _, target, names in _imports():
-        spec = importlib.util.find_spec(target)
+        spec = _find_spec(target)
         if spec is None or spec.submodule_search_locations is None:
             continue
         for node_name in names:
-            if importlib.util.find_spec(f"{target}.{node_name}") is not None:
+            if _find_spec(f"{target}.{node_name}") is not None:
                 aliases.setdefault(f, {})[node_name] = f"{target}.{node_name}"
     bad = []
     for f in sorted(ROOT.rglob("*.py")):
@@ -124,3 +139,18 @@ def test_no_module_reads_another_modules_private_names():
                     and not node.attr.startswith("__")):
                 bad.append(f"{rel}:{node.lineno}: {local[node.value.id]}.{node.attr}")
     assert not bad, "private names read from another module:\n" + "\n".join(bad)
+
+
+def test_only_the_torch_layer_imports_torch():
+    """mpicoll without torch never imports it: only ``mpicoll/torch/`` names torch in an import."""
+    bad = []
+    for f in sorted(ROOT.rglob("*.py")):
+        if f.relative_to(ROOT).parts[0] == "torch":
+            continue
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            bad += [f"{f.relative_to(ROOT.parent)}:{node.lineno}: {n}" for n in names
+                    if n == "torch" or n.startswith("torch.")]
+    assert not bad, "torch imported outside mpicoll/torch:\n" + "\n".join(bad)

@@ -157,6 +157,21 @@ run_tests "$ENV_OMPI" 2 "GPU tests, Open MPI, 2 ranks" 100
 run_tests "$ENV_MPICH" 4 "GPU tests, MPICH, 4 ranks" 100
 rm -f "$OUT/.tests"
 
+# -- 2b. torch on CUDA tensors ----------------------------------------------------------
+# Only where the image has torch with CUDA (its 5.5 GB wheel cannot be carried):
+# the four torch examples (mpicoll.torch backend) with --device gpu at 2 ranks.
+if [ "$(left)" -lt 60 ]; then
+    skip "torch examples on CUDA" "out of time"
+elif ! "$ENV_OMPI/bin/python" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    skip "torch examples on CUDA" "no torch with CUDA in the image"
+else
+    section "torch examples on CUDA tensors, Open MPI, 2 ranks"
+    for ex in torch_allreduce torch_allgather torch_reduce_scatter torch_ddp; do
+        launch "$(limit 60)" "$ENV_OMPI" 2 "$ENV_OMPI/bin/python" "examples/$ex.py" --device gpu
+        result "torch $ex, CUDA, 2 ranks" $?
+    done
+fi
+
 # -- 3. stress ------------------------------------------------------------------------
 if [ "$(left)" -ge 60 ]; then
     section "stress, 4 ranks"

@@ -1,0 +1,516 @@
+"""``ProcessGroupMpicoll``: torch.distributed's collectives on mpicoll and MPI.
+
+mpicoll's own algorithms run AllReduce, AllGather and ReduceScatter in every
+form torch has (list, single-tensor, coalesced); broadcast, barrier, gather,
+scatter, reduce, all-to-all and send/recv use MPI's built-ins (reduce runs as
+mpicoll's AllReduce, because MPI's built-in has no float16 or bfloat16).
+Every call checks its arguments before any message (TypeError/ValueError),
+starts without blocking and returns a :class:`~mpicoll.torch.work.Work`.
+
+Communicators: the default group runs on ``MPI.COMM_WORLD`` ordered by torch
+rank; a group of ``new_group(ranks)`` or a ``DeviceMesh`` dimension on the
+MPI communicator of exactly those global ranks, in group-rank order
+(``MPI_Comm_create_group``, which only the members call, as torch only
+creates the backend on members).  MPI's built-ins run on that communicator;
+mpicoll sends its messages on its own duplicate of it.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch.distributed as dist
+from mpi4py import MPI
+
+from .. import allreduce, iallgather, iallreduce, ireduce_scatter
+from .ops import reduction
+from .tensors import Staged, check_same, check_tensor
+from .work import MpiPiece, Work
+
+_SUM = dist.ReduceOp.SUM
+_world: list = [None]  # the default group's communicator (COMM_WORLD in torch-rank order)
+
+
+def create(dist_opts, backend_opts=None):
+    """The backend's creator for ``register_backend(..., extended_api=True)``."""
+    ranks = list(dist_opts.global_ranks_in_group)
+    rank, size = dist_opts.group_rank, dist_opts.group_size
+    if not ranks:
+        world = MPI.COMM_WORLD
+        if size != world.Get_size():
+            raise ValueError(
+                f"world_size: the mpicoll backend runs on the MPI processes of one job: expected "
+                f"{world.Get_size()} (MPI.COMM_WORLD's size), got {size}; launch with "
+                f"mpirun -n {size} (or srun)")
+        comm = world.Split(0, rank)
+        _world[0] = comm
+    else:
+        parent = _world[0]
+        if parent is None:
+            raise RuntimeError("new_group: the default group is not an mpicoll group")
+        group = parent.Get_group().Incl(ranks)
+        # one tag per member set: only members call Create_group, in torch's order
+        comm = parent.Create_group(group, tag=zlib.crc32(repr(ranks).encode()) % 32768)
+        group.Free()
+    if comm.Get_rank() != rank or comm.Get_size() != size:
+        raise RuntimeError(f"mpicoll backend: MPI placed this process at rank {comm.Get_rank()} "
+                           f"of {comm.Get_size()}, torch at rank {rank} of {size}")
+    # mpicoll sets itself up on a communicator (a private duplicate) at its first
+    # collective: do it now, while every member is creating the group, so that a
+    # rank that later skips a collective makes the others time out in that
+    # collective's work, not in a set-up inside the call
+    allreduce(np.zeros(1), comm=comm, timeout=_seconds(dist_opts.timeout))
+    return ProcessGroupMpicoll(comm, rank, size, dist_opts.timeout)
+
+
+def _seconds(timeout):
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+def _op(opts):
+    return _SUM if opts is None else opts.reduceOp
+
+
+def _bytes(array):
+    return array.view(np.uint8)
+
+
+def _shares_memory(a, b) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() and b.numel()
+
+
+def _fresh(staged: Staged) -> None:
+    """Make ``staged.array`` a copy: the input must stay as it was (PREMUL_SUM, overlaps)."""
+    if staged.direct:
+        staged.array = staged.array.copy()
+
+
+class ProcessGroupMpicoll(dist.ProcessGroup):
+    """torch.distributed's process group on mpicoll (backend name ``"mpicoll"``)."""
+
+    def __init__(self, comm, rank: int, size: int, timeout=None):
+        super().__init__(rank, size)
+        self._comm = comm
+        self._rank = rank
+        self._size = size
+        self._timeout = _seconds(timeout)
+        self._group_name = ""
+        self._group_desc = ""
+
+    # -- identity (DeviceMesh and FSDP2 name groups through these) -------------------------
+    def getRank(self) -> int:
+        return self._rank
+
+    def getSize(self) -> int:
+        return self._size
+
+    def getBackendName(self) -> str:
+        return "mpicoll"
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def set_timeout(self, timeout) -> None:
+        self._timeout = _seconds(timeout)
+
+    @property
+    def comm(self):
+        """The MPI communicator of this group (its ranks in group-rank order)."""
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupMpicoll rank {self._rank} of {self._size}>"
+
+    # -- AllReduce ------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        tensors = list(tensors)
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+        return self._allreduce(tensors, opts, "allreduce")
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        tensors = list(tensors)
+        if tensors:
+            check_same(tensors, tensors[0].dtype, "tensors")
+        return self._allreduce(tensors, opts, "allreduce_coalesced")
+
+    def _allreduce(self, tensors, opts, what):
+        reds = [reduction(_op(opts), t.dtype) for t in tensors]
+        staged = [Staged(t) for t in tensors]
+        handles = []
+        for s, red in zip(staged, reds):
+            red.pre(s.array)
+            handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
+                                      timeout=self._timeout))
+
+        def finish():
+            for s, red in zip(staged, reds):
+                red.post(s, self._size)
+
+        return Work(handles, finish, tensors, what, opts)
+
+    # -- AllGather ------------------------------------------------------------------------
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inputs = list(input_tensors)
+        outputs = [list(o) for o in output_tensors]
+        if len(outputs) != len(inputs):
+            raise ValueError(f"output_tensors: expected one list per input ({len(inputs)}), "
+                             f"got {len(outputs)}")
+        pieces, finishes = [], []
+        for j, (outs, inp) in enumerate(zip(outputs, inputs)):
+            self._gather_into_list(outs, inp, f"output_tensors[{j}]", pieces, finishes)
+        return Work(pieces, _all(finishes), outputs, "allgather", opts)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        inputs = list(input_list)
+        outputs = [list(o) for o in output_lists]
+        if len(outputs) != self._size:
+            raise ValueError(f"output_lists: expected one list per rank ({self._size}), "
+                             f"got {len(outputs)}")
+        pieces, finishes = [], []
+        for j, inp in enumerate(inputs):
+            outs = [outputs[r][j] for r in range(self._size)]
+            self._gather_into_list(outs, inp, f"output_lists[*][{j}]", pieces, finishes)
+        return Work(pieces, _all(finishes), outputs, "allgather_coalesced", opts)
+
+    def _gather_into_list(self, outs, inp, what, pieces, finishes):
+        check_tensor(inp, "input")
+        if len(outs) != self._size:
+            raise ValueError(f"{what}: expected {self._size} tensors (one per rank), got {len(outs)}")
+        check_same(outs, inp.dtype, what)
+        counts = [o.numel() for o in outs]
+        if counts[self._rank] != inp.numel():
+            raise ValueError(f"{what}[{self._rank}]: expected {inp.numel()} elements like the "
+                             f"input, got {counts[self._rank]}")
+        src = Staged(inp, "bits")
+        flat = np.empty(sum(counts), dtype=src.array.dtype)
+        even = len(set(counts)) == 1
+        pieces.append(iallgather(src.array, comm=self._comm, out=flat,
+                                 counts=None if even else counts, timeout=self._timeout))
+
+        def finish():
+            at = 0
+            for o, n in zip(outs, counts):
+                dst = Staged(o, "out")
+                dst.array[...] = flat[at:at + n]
+                dst.done()
+                at += n
+
+        finishes.append(finish)
+
+    def all_gather_single(self, output, input, opts=None):
+        pieces, finishes = [], []
+        self._gather_single(output, input, "output", pieces, finishes)
+        return Work(pieces, _all(finishes), [output], "all_gather_single", opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"outputs: expected {len(inputs)} tensors like inputs, got {len(outputs)}")
+        pieces, finishes = [], []
+        for j, (out, inp) in enumerate(zip(outputs, inputs)):
+            self._gather_single(out, inp, f"outputs[{j}]", pieces, finishes)
+        return Work(pieces, _all(finishes), outputs, "all_gather_single_coalesced", opts)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _gather_single(self, output, input, what, pieces, finishes):
+        check_tensor(input, "input")
+        check_tensor(output, what)
+        if output.dtype != input.dtype:
+            raise TypeError(f"{what}: expected dtype {input.dtype} like the input, got {output.dtype}")
+        k = input.numel()
+        if output.numel() != self._size * k:
+            raise ValueError(f"{what}: expected {self._size} x {k} = {self._size * k} elements "
+                             f"(the group size times the input's), got {output.numel()}")
+        own = self._is_own_block(output, input)
+        dst = Staged(output, "bits" if own else "out")
+        if own and dst.direct:
+            # FSDP2's all-gather: the input is this rank's block of the output, in place
+            pieces.append(iallgather(dst.array, comm=self._comm, out=dst.array,
+                                     timeout=self._timeout))
+        else:
+            src = Staged(input, "bits")
+            if _shares_memory(input, output):
+                src.array = src.array.copy()
+            pieces.append(iallgather(src.array, comm=self._comm, out=dst.array,
+                                     timeout=self._timeout))
+        finishes.append(dst.done)
+
+    def _is_own_block(self, output, input) -> bool:
+        """Whether ``input`` is exactly block ``rank`` of a contiguous CPU ``output``."""
+        if not (output.device.type == "cpu" and input.device == output.device
+                and output.is_contiguous() and input.is_contiguous() and input.numel()):
+            return False
+        own = output.data_ptr() + self._rank * input.numel() * input.element_size()
+        return input.data_ptr() == own and _shares_memory(input, output)
+
+    # -- ReduceScatter ------------------------------------------------------------------------
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        outputs = list(output_tensors)
+        inputs = [list(i) for i in input_tensors]
+        if len(outputs) != len(inputs):
+            raise ValueError(f"input_tensors: expected one list per output ({len(outputs)}), "
+                             f"got {len(inputs)}")
+        pieces, finishes = [], []
+        for j, (out, ins) in enumerate(zip(outputs, inputs)):
+            check_tensor(out, f"output_tensors[{j}]")
+            if len(ins) != self._size:
+                raise ValueError(f"input_tensors[{j}]: expected {self._size} tensors (one per "
+                                 f"rank), got {len(ins)}")
+            check_same(ins, out.dtype, f"input_tensors[{j}]")
+            counts = [i.numel() for i in ins]
+            if counts[self._rank] != out.numel():
+                raise ValueError(f"output_tensors[{j}]: expected {counts[self._rank]} elements "
+                                 f"like input_tensors[{j}][{self._rank}], got {out.numel()}")
+            red = reduction(_op(opts), out.dtype)
+            flat = np.concatenate([Staged(i).array for i in ins]) if ins else np.empty(0)
+            self._scatter_reduced(out, flat, red, counts, pieces, finishes)
+        return Work(pieces, _all(finishes), outputs, "reduce_scatter", opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        pieces, finishes = [], []
+        self._reduce_scatter_single(output, input, _op(opts), "output", pieces, finishes)
+        return Work(pieces, _all(finishes), [output], "reduce_scatter_single", opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"outputs: expected {len(inputs)} tensors like inputs, got {len(outputs)}")
+        pieces, finishes = [], []
+        for j, (out, inp) in enumerate(zip(outputs, inputs)):
+            self._reduce_scatter_single(out, inp, _op(opts), f"outputs[{j}]", pieces, finishes)
+        return Work(pieces, _all(finishes), outputs, "reduce_scatter_single_coalesced", opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _reduce_scatter_single(self, output, input, op, what, pieces, finishes):
+        check_tensor(input, "input")
+        check_tensor(output, what)
+        if output.dtype != input.dtype:
+            raise TypeError(f"{what}: expected dtype {input.dtype} like the input, got {output.dtype}")
+        k = output.numel()
+        if input.numel() != self._size * k:
+            raise ValueError(f"input: expected {self._size} x {k} = {self._size * k} elements "
+                             f"(the group size times the output's), got {input.numel()}")
+        red = reduction(op, input.dtype)
+        src = Staged(input)
+        if red.factor is not None or _shares_memory(input, output):
+            _fresh(src)
+        self._scatter_reduced(output, src.array, red, None, pieces, finishes)
+
+    def _scatter_reduced(self, out, flat, red, counts, pieces, finishes):
+        red.pre(flat)
+        dst = Staged(out)
+        even = counts is None or len(set(counts)) == 1
+        pieces.append(ireduce_scatter(flat, red.mpi_op, comm=self._comm, out=dst.array,
+                                      counts=None if even else counts, timeout=self._timeout))
+        finishes.append(lambda: red.post(dst, self._size))
+
+    # -- MPI built-ins ------------------------------------------------------------------------
+    def _mpi(self, request, what):
+        return MpiPiece(request, what, self._timeout)
+
+    def broadcast(self, tensors, opts=None):
+        tensors = list(tensors)
+        root = 0 if opts is None else opts.rootRank
+        self._check_root(root, "rootRank")
+        pieces, finishes = [], []
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+            s = Staged(t, "bits")
+            pieces.append(self._mpi(self._comm.Ibcast([_bytes(s.array), MPI.BYTE], root=root),
+                                    "broadcast"))
+            finishes.append(s.done)
+        return Work(pieces, _all(finishes), tensors, "broadcast", opts)
+
+    def barrier(self, opts=None):
+        return Work([self._mpi(self._comm.Ibarrier(), "barrier")], None, [], "barrier", opts)
+
+    def reduce(self, tensors, opts=None):
+        tensors = list(tensors)
+        root = 0 if opts is None else opts.rootRank
+        self._check_root(root, "rootRank")
+        reds, staged, handles = [], [], []
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+            red = reduction(_op(opts), t.dtype)
+            # only the root's tensor receives the result; the others' stay as they were
+            s = Staged(t if self._rank == root else t.detach().clone())
+            red.pre(s.array)
+            handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
+                                      timeout=self._timeout))
+            reds.append(red)
+            staged.append(s)
+
+        def finish():
+            if self._rank == root:
+                for s, red in zip(staged, reds):
+                    red.post(s, self._size)
+
+        return Work(handles, finish, tensors, "reduce", opts)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = 0 if opts is None else opts.rootRank
+        self._check_root(root, "rootRank")
+        (inp,) = list(input_tensors)
+        check_tensor(inp, "input_tensors[0]")
+        src = Staged(inp, "bits")
+        nbytes = src.array.nbytes
+        outs = list(output_tensors[0]) if self._rank == root else []
+        flat = np.empty(nbytes * self._size if self._rank == root else 0, np.uint8)
+        if self._rank == root:
+            if len(outs) != self._size:
+                raise ValueError(f"output_tensors[0]: expected {self._size} tensors, got {len(outs)}")
+            check_same(outs, inp.dtype, "output_tensors[0]")
+            for o in outs:
+                if o.numel() != inp.numel():
+                    raise ValueError(f"output_tensors[0]: expected {inp.numel()} elements each "
+                                     f"like the input, got {o.numel()}")
+        req = self._comm.Igather([_bytes(src.array), MPI.BYTE], [flat, MPI.BYTE], root=root)
+
+        def finish():
+            for r, o in enumerate(outs):
+                dst = Staged(o, "out")
+                _bytes(dst.array)[...] = flat[r * nbytes:(r + 1) * nbytes]
+                dst.done()
+
+        return Work([self._mpi(req, "gather")], finish, [outs], "gather", opts)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = 0 if opts is None else opts.rootRank
+        self._check_root(root, "rootRank")
+        (out,) = list(output_tensors)
+        check_tensor(out, "output_tensors[0]")
+        dst = Staged(out, "out")
+        nbytes = dst.array.nbytes
+        if self._rank == root:
+            ins = list(input_tensors[0])
+            if len(ins) != self._size:
+                raise ValueError(f"input_tensors[0]: expected {self._size} tensors, got {len(ins)}")
+            check_same(ins, out.dtype, "input_tensors[0]")
+            flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
+            if flat.nbytes != nbytes * self._size:
+                raise ValueError(f"input_tensors[0]: expected {out.numel()} elements each like "
+                                 f"the output")
+        else:
+            flat = np.empty(0, np.uint8)
+        req = self._comm.Iscatter([flat, MPI.BYTE], [_bytes(dst.array), MPI.BYTE], root=root)
+        return Work([self._mpi(req, "scatter")], dst.done, [out], "scatter", opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        check_tensor(input, "input")
+        check_tensor(output, "output")
+        if output.dtype != input.dtype:
+            raise TypeError(f"output: expected dtype {input.dtype} like the input, got {output.dtype}")
+        src = Staged(input, "bits")
+        if _shares_memory(input, output):
+            _fresh(src)
+        dst = Staged(output, "out")
+        scounts = self._split_bytes(input, list(input_split_sizes), "input_split_sizes")
+        rcounts = self._split_bytes(output, list(output_split_sizes), "output_split_sizes")
+        req = self._comm.Ialltoallv([_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
+                                    [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
+        return Work([self._mpi(req, "all_to_all_single")], dst.done, [output], "all_to_all_single",
+                    opts)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        outs, ins = list(output_tensors), list(input_tensors)
+        for what, ts in (("output_tensors", outs), ("input_tensors", ins)):
+            if len(ts) != self._size:
+                raise ValueError(f"{what}: expected {self._size} tensors, got {len(ts)}")
+        check_tensor(ins[0], "input_tensors[0]")
+        check_same(ins, ins[0].dtype, "input_tensors")
+        check_same(outs, ins[0].dtype, "output_tensors")
+        flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
+        scounts = [Staged(i, "bits").array.nbytes for i in ins]
+        rcounts = [o.numel() * o.element_size() for o in outs]
+        recv = np.empty(sum(rcounts), np.uint8)
+        req = self._comm.Ialltoallv([flat, (scounts, _displs(scounts)), MPI.BYTE],
+                                    [recv, (rcounts, _displs(rcounts)), MPI.BYTE])
+
+        def finish():
+            at = 0
+            for o, n in zip(outs, rcounts):
+                dst = Staged(o, "out")
+                _bytes(dst.array)[...] = recv[at:at + n]
+                dst.done()
+                at += n
+
+        return Work([self._mpi(req, "alltoall")], finish, outs, "alltoall", opts)
+
+    def send(self, tensors, dst_rank, tag=0):
+        pieces = []
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+            s = Staged(t, "bits")
+            pieces.append(self._mpi(self._comm.Isend([_bytes(s.array), MPI.BYTE], dst_rank, tag),
+                                    "send"))
+        return Work(pieces, None, list(tensors), "send", None)
+
+    def recv(self, tensors, src_rank, tag=0):
+        pieces, finishes = [], []
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+            s = Staged(t, "out")
+            pieces.append(self._mpi(self._comm.Irecv([_bytes(s.array), MPI.BYTE], src_rank, tag),
+                                    "recv"))
+            finishes.append(s.done)
+        return Work(pieces, _all(finishes), list(tensors), "recv", None)
+
+    def _check_root(self, root, what) -> None:
+        if not 0 <= root < self._size:
+            raise ValueError(f"{what}: expected a rank in 0..{self._size - 1}, got {root}")
+
+    def _split_bytes(self, t, splits, what):
+        rows = t.shape[0] if t.dim() else 1
+        row_bytes = (t.numel() // rows if rows else 0) * t.element_size()
+        if not splits:
+            if rows % self._size:
+                raise ValueError(f"{what}: empty (equal split), but {rows} rows do not split "
+                                 f"evenly over {self._size} ranks")
+            splits = [rows // self._size] * self._size
+        if len(splits) != self._size or sum(splits) != rows:
+            raise ValueError(f"{what}: expected {self._size} row counts summing to {rows}, got "
+                             f"{splits}")
+        return [int(s) * row_bytes for s in splits]
+
+
+def _displs(counts):
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def _all(finishes):
+    if not finishes:
+        return None
+    if len(finishes) == 1:
+        return finishes[0]
+
+    def finish():
+        for f in finishes:
+            f()
+
+    return finish

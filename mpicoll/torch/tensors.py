@@ -1,0 +1,127 @@
+"""Tensors as NumPy arrays for mpicoll: the dtype table, host staging, the bfloat16 stand-in.
+
+A CPU tensor that is contiguous is moved where it lies (``Tensor.numpy()``
+shares its memory); any other tensor -- a strided view, a CUDA tensor -- is
+moved through a contiguous host copy that is copied back when the collective
+is complete (:class:`Staged`).  Tensors that require grad are ``detach()``-ed
+first: NumPy refuses them, and a collective is not part of autograd anyway.
+A tensor's own memory is seen through :func:`memory_view`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# torch dtype -> NumPy dtype of the same bits, for the dtypes the backend takes.
+# bfloat16 has no NumPy dtype: see to_reducible / as_bits.
+DTYPES = {
+    torch.bool: np.bool_,
+    torch.uint8: np.uint8,
+    torch.int8: np.int8,
+    torch.int16: np.int16,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+    torch.float16: np.float16,
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+}
+SUPPORTED = tuple(DTYPES) + (torch.bfloat16,)
+
+# dtypes moved by gathers, scatters and broadcasts as the integer of the same width
+_BITS = {torch.bfloat16: torch.int16}
+
+
+def check_tensor(t, what: str) -> None:
+    """TypeError unless ``t`` is a tensor of a supported dtype (before any message)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED:
+        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED)
+        raise TypeError(f"{what}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
+                        f"by the mpicoll backend (supported: {names})")
+    if t.is_sparse or t.layout is not torch.strided:
+        raise TypeError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
+
+
+def check_same(tensors, dtype, what: str) -> None:
+    """TypeError unless every tensor of ``tensors`` has ``dtype`` (torch's backends refuse a mix)."""
+    for i, t in enumerate(tensors):
+        check_tensor(t, f"{what}[{i}]")
+        if t.dtype != dtype:
+            raise TypeError(f"{what}[{i}]: expected dtype {dtype} like the input, got {t.dtype}")
+
+
+class Staged:
+    """A tensor's data as a flat C-ordered host NumPy array, copied back by :meth:`done`.
+
+    ``mode``: ``"reduce"`` (an array mpicoll can reduce: bfloat16 as float32),
+    ``"bits"`` (bfloat16 as int16: moving bytes), ``"out"`` (like bits, but the
+    staging copy need not be filled: the tensor's old contents are overwritten).
+    """
+
+    __slots__ = ("tensor", "array", "_host", "_back")
+
+    def __init__(self, tensor, mode: str = "reduce"):
+        t = tensor.detach()
+        self.tensor = t
+        self._back = None
+        if mode == "reduce" and t.dtype is torch.bfloat16:
+            host = to_reducible(t)
+            self._back = host
+        else:
+            view = t.view(_BITS[t.dtype]) if t.dtype in _BITS else t
+            if view.device.type == "cpu" and view.is_contiguous():
+                host = view
+            else:
+                host = view.contiguous() if mode != "out" else torch.empty(
+                    view.shape, dtype=view.dtype)
+                if view.device.type != "cpu":
+                    host = host.cpu()
+                self._back = host
+        self._host = host
+        self.array = memory_view(host) if self._back is None else host.numpy().reshape(-1)
+
+    @property
+    def direct(self) -> bool:
+        """Whether ``array`` is the tensor's own memory (no staging copy)."""
+        return self._back is None
+
+    def done(self) -> None:
+        """Copy the staged result back into the tensor (nothing when moved in place)."""
+        if self._back is None:
+            return
+        back = self._back
+        if self.tensor.dtype is torch.bfloat16 and back.dtype is not torch.int16:
+            from_reducible(self.tensor, back)
+        elif self.tensor.dtype in _BITS:
+            self.tensor.view(_BITS[self.tensor.dtype]).copy_(back)
+        else:
+            self.tensor.copy_(back)
+
+
+def memory_view(t):
+    """A flat NumPy array over a contiguous CPU tensor's memory, holding the tensor alive.
+
+    Through DLPack, not ``Tensor.numpy()``: that would mark the storage as
+    never resizable, and FSDP frees parameters by resizing their storage.
+    The array keeps the tensor (so an input nobody else holds, such as a
+    temporary passed with ``async_op=True``) alive until the collective is done.
+    """
+    return np.from_dlpack(t).reshape(-1)
+
+
+def to_reducible(t):
+    """bfloat16 stand-in: a float32 host copy of a bfloat16 tensor, which mpicoll reduces.
+
+    mpicoll's array layer does not take bfloat16 yet; reducing in float32 and
+    rounding once at the end (:func:`from_reducible`) is what torch's own CPU
+    backend does for bfloat16 sums.  The one place to switch to a native
+    bfloat16 path when the array layer has one.
+    """
+    return t.to(device="cpu", dtype=torch.float32).contiguous()
+
+
+def from_reducible(t, reduced) -> None:
+    """Write the float32 result of :func:`to_reducible` back into the bfloat16 tensor ``t``."""
+    t.copy_(reduced)

@@ -1,0 +1,242 @@
+"""Works: what the backend's collectives return, and the one thread that completes them.
+
+A :class:`Work` holds the pieces of one collective in flight (mpicoll handles,
+mpi4py requests) and what to do once they are complete (copy staged tensors
+back, divide for AVG).  ``wait()`` completes it on the caller's thread and
+re-raises what failed; ``get_future()`` returns a future that completes by
+itself: every asynchronous work (``async_op=True``, and any work whose
+future is asked for) not complete when it is made is handed to one shared
+completion thread, which calls ``test()`` on the works in flight (a short sleep
+between sweeps, none at all while nothing is in flight) and completes each
+future, with its tensors or with the error, as soon as its pieces are done.
+One lock per work keeps the thread and a caller's ``wait()`` from finishing the
+same work twice; the engine advances every operation in flight during any
+wait, so works complete in any order.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from ..core.errors import CollectiveTimeout, MpicollError
+
+_POLL_S = 50e-6  # the completion thread's pause between sweeps over the works in flight
+_SPIN_S = 20e-6  # a caller's pause between tests of an MPI built-in's request
+# A blocking wait first tests for this long without sleeping: a timed mpicoll wait
+# (the group always has a timeout) sleeps between polls, and one sleep costs more
+# than a whole small collective (measured: 2 ranks, 16 B, 94 -> see docs/torch.md)
+_EAGER_S = 200e-6
+
+
+class MpiPiece:
+    """An mpi4py request of an MPI built-in, with the timeout mpicoll's own calls have."""
+
+    __slots__ = ("request", "what", "deadline", "timeout")
+
+    def __init__(self, request, what: str, timeout):
+        self.request = request
+        self.what = what
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def test(self) -> bool:
+        if self.request.Test():
+            return True
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise CollectiveTimeout(
+                f"{self.what}: not complete after {self.timeout:g} s (the group's timeout); "
+                f"another rank of the group has not joined it, or failed before it",
+                collective=self.what)
+        return False
+
+    def wait(self) -> None:
+        while not self.test():
+            time.sleep(_SPIN_S)
+
+
+def _eager_wait(piece) -> None:
+    """``piece.wait()``, after testing it without a pause for up to ``_EAGER_S``."""
+    end = time.perf_counter() + _EAGER_S
+    while not piece.test():
+        if time.perf_counter() > end:
+            piece.wait()
+            return
+
+
+class Work(dist._Work):
+    """One collective of the mpicoll backend: ``wait()``, ``get_future()``, ``is_completed()``.
+
+    ``wait()`` blocks until complete and re-raises the error the collective met
+    (on every call); ``get_future()``'s future completes without the caller
+    waiting, with the output tensors or the error.
+    """
+
+    def __init__(self, pieces, finish, result, what: str, opts=None):
+        super().__init__()
+        self._pieces = list(pieces)
+        self._finish = finish
+        self._result = result
+        self._what = what
+        self._lock = threading.RLock()  # a future callback may wait() on its own work
+        self._error = None
+        self._done = False
+        self._future = torch.futures.Future()
+        self._queued = False
+        # a blocking call (torch sets opts.asyncOp False) is waited for at once on the
+        # caller's thread: handing it to the completion thread too only adds a hand-off
+        if not self._advance(False) and getattr(opts, "asyncOp", True):
+            self._queue()
+
+    def _queue(self) -> None:
+        if not self._queued:
+            self._queued = True
+            _completer().add(self)
+
+    def _advance(self, block: bool, lock=True) -> bool:
+        """Test (``block``: wait for) the pieces; finish and complete the future once all are done."""
+        if lock:
+            if block:
+                self._lock.acquire()
+            elif not self._lock.acquire(blocking=False):
+                return False  # a caller is advancing it
+        try:
+            if self._done:
+                return True
+            try:
+                while self._pieces:
+                    piece = self._pieces[0]
+                    if block:
+                        _eager_wait(piece)
+                    elif not piece.test():
+                        return False
+                    self._pieces.pop(0)
+                if self._finish is not None:
+                    self._finish()
+            except BaseException as exc:  # kept for wait() and the future, never lost
+                self._error = exc if isinstance(exc, Exception) else MpicollError(repr(exc))
+                self._pieces.clear()
+            self._done = True
+            self._finish = None
+            if self._error is None:
+                self._future.set_result(self._result)
+            else:
+                self._future.set_exception(self._error)
+            return True
+        finally:
+            if lock:
+                self._lock.release()
+
+    def wait(self, timeout=None) -> bool:
+        """Block until complete and re-raise what failed; ``timeout`` (a timedelta, torch's
+        argument; 0 or None: none): raise CollectiveTimeout if not complete by then, the
+        collective staying in flight (its future still completes)."""
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        if seconds > 0 and not self._done:
+            end = time.monotonic() + seconds
+            while not self._advance(False):
+                if time.monotonic() > end:
+                    raise CollectiveTimeout(
+                        f"{self._what}: not complete within wait()'s timeout of {seconds:g} s; "
+                        f"it is still in flight", collective=self._what)
+                time.sleep(_SPIN_S)
+        else:
+            self._advance(True)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self):
+        if not self._done:
+            self._queue()  # the future completes by itself from now on
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done or self._advance(False)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error is not None else "complete" if self._done else "in flight"
+        return f"<mpicoll.torch.Work {self._what}: {state}>"
+
+
+class _Completer:
+    """The one thread that advances every work in flight and completes its future."""
+
+    def __init__(self):
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise MpicollError(
+                "the mpicoll torch backend completes works on a thread of its own, which needs "
+                "MPI_THREAD_MULTIPLE (mpi4py's default: mpi4py.rc.thread_level = 'multiple')")
+        self.cond = threading.Condition()
+        self.works: list = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="mpicoll-torch-completion",
+                                       daemon=True)
+        self.thread.start()
+
+    def add(self, work: Work) -> None:
+        with self.cond:
+            self.works.append(work)
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.works and not self.stopping:
+                    self.cond.wait()
+                if self.stopping or MPI.Is_finalized():
+                    return
+                batch = list(self.works)
+            finished = [w for w in batch if w._done or w._advance(False)]
+            if finished:
+                with self.cond:
+                    for w in finished:
+                        self.works.remove(w)
+            time.sleep(_POLL_S)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join(timeout=10.0)
+
+
+_thread: _Completer | None = None
+_thread_lock = threading.Lock()
+
+
+def _completer() -> _Completer:
+    global _thread
+    if _thread is None:
+        with _thread_lock:
+            if _thread is None:
+                _thread = _Completer()
+    return _thread
+
+
+@atexit.register
+def _stop() -> None:
+    """Stop the completion thread before mpi4py finalizes MPI (atexit runs this first)."""
+    global _thread
+    with _thread_lock:
+        thread, _thread = _thread, None
+    if thread is not None:
+        thread.stop()
