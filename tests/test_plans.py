@@ -309,6 +309,11 @@ def test_interrupted_plan_is_dropped():
             raise KeyboardInterrupt
 
         op.steps = tuple(steps[:at] + [(_executor.CALL, interrupt)] + steps[at:])
+        if plan.calls is not None:  # (what a hit runs with nothing else in flight)
+            calls = list(plan.calls)
+            at = 1 + max([i for i, f in enumerate(calls) if getattr(f, "__name__", "") == "Start"],
+                         default=len(calls) - 1)
+            plan.calls = tuple(calls[:at] + [interrupt] + calls[at:])
         with pytest.raises(KeyboardInterrupt):
             mc.Allreduce(x, y)
         assert "Comm.Allreduce" not in ctx.plans and not plan.live

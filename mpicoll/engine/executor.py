@@ -332,14 +332,18 @@ class Operation:
         self._i = 0
         self._reqs = [None] * len(self.steps)
         self._active = True
-        self._since = perf_counter()
-        if not block:
-            with _MEMBERS:
-                IN_FLIGHT.append(self)
-            if self.ctx is not None:
-                self.ctx.active += 1
+        if self.call is not None:
+            self._since = perf_counter()
+        if block:
+            # (no lock: an operation run to the end here is in no list another thread reads)
+            self._advance(True)
+            return
+        with _MEMBERS:
+            IN_FLIGHT.append(self)
+        if self.ctx is not None:
+            self.ctx.active += 1
         with self._lock:
-            self._advance(block)
+            self._advance(False)
 
     def test(self) -> bool:
         """Advance without blocking; True once complete.  Raises what the operation failed
@@ -384,7 +388,8 @@ class Operation:
                     if not self._waited(step, block):
                         self._i = i
                         return
-                    self._since = perf_counter()
+                    if self.call is not None:
+                        self._since = perf_counter()
                 elif k == REDUCE:
                     self.red(step[1], step[2], step[3])
                 elif k == COPY:
@@ -445,14 +450,14 @@ class Operation:
 
     def _end(self, exc) -> None:
         """No longer active: complete (``exc`` None) or failed with ``exc``."""
-        was_active = self._active
         self._active = False
         self._reqs = None
-        if was_active and self in IN_FLIGHT:
+        if IN_FLIGHT and self in IN_FLIGHT:
             with _MEMBERS:
-                if self in IN_FLIGHT:
+                listed = self in IN_FLIGHT
+                if listed:
                     IN_FLIGHT.remove(self)
-            if self.ctx is not None:
+            if listed and self.ctx is not None:
                 self.ctx.operation_ended()
         self.error = exc
         self.done = exc is None

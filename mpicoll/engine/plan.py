@@ -60,7 +60,19 @@ from ..algorithms.schedule import DST, SRC
 from ..core.config import EPOCH, resolve
 from ..observe import calls as _observe
 from . import context as _context
-from .executor import Channel, Operation, bind, compile_bound, hold, tag_of, unhold, work_views
+from .executor import (
+    IN_FLIGHT,
+    START,
+    WAIT,
+    Channel,
+    Operation,
+    bind,
+    compile_bound,
+    hold,
+    tag_of,
+    unhold,
+    work_views,
+)
 
 _IN_PLACE = MPI.IN_PLACE
 _ndarray = np.ndarray
@@ -73,22 +85,25 @@ class Plan:
     """A plain call's operation bound for repeats, and the signature that proves a hit."""
 
     __slots__ = ("name", "comm", "ctx", "ra", "rb", "sa", "ta", "da", "sb", "tb", "db",
-                 "c", "d", "epoch", "forced", "operation", "lease", "live", "__weakref__")
+                 "c", "d", "epoch", "forced", "operation", "calls", "lease", "live",
+                 "__weakref__")
 
     def matches(self, comm, a, b, c, d) -> bool:
         """Whether a call with these arguments is this plan's call, unchanged."""
-        if not (self.live and self.comm is comm and self.c == c and self.d == d):
+        if not (self.comm is comm and self.rb() is b and self.live
+                and (self.c is c or self.c == c) and (self.d is d or self.d == d)
+                and b.dtype is self.db and b.strides == self.tb and b.shape == self.sb
+                and b.flags.writeable):
             return False
-        if self.epoch != EPOCH[0] and not self._still_plain():
-            return False
-        ra = self.ra
-        if ra is None:
-            if a is not _IN_PLACE:
+        if a is not b:
+            ra = self.ra
+            if ra is None:
+                if a is not _IN_PLACE:
+                    return False
+            elif ra() is not a or a.dtype is not self.da or a.strides != self.ta \
+                    or a.shape != self.sa:
                 return False
-        elif ra() is not a or a.shape != self.sa or a.strides != self.ta or a.dtype is not self.da:
-            return False
-        return (self.rb() is b and b.shape == self.sb and b.strides == self.tb
-                and b.dtype is self.db and b.flags.writeable)
+        return self.epoch == EPOCH[0] or self._still_plain()
 
     def _still_plain(self) -> bool:
         """After a change of options: whether a call now still runs as this plan's did
@@ -149,17 +164,35 @@ def _new(ctx, comm, name, args, run, blocking):
     views[SRC] = dst if run.src is None or run.src is run.dst else _raw(run.src)
     steps = bind(sched, views)
     requests = ()
+    plan.calls = None
     # a channel of its own: a non-blocking plan's restart gives it the tag of its call
     ch = Channel(run.ch.comm, run.ch.mpitype, run.ch.tag)
     if blocking:
         program, requests = compile_bound(steps, ch, run.red, run.be)
         if program is not None:
             steps = program
+            plan.calls = _calls(program)
     op = Operation(steps, ch, run.red, run.be, ctx=ctx, algorithm=run.name)
     op.run = _Ended(plan)
     plan.operation = op
     hold(plan, requests)
     return plan
+
+
+def _calls(program) -> tuple:
+    """The program's steps as one tuple of ready calls: ``Start``, each request's ``Wait``,
+    the reductions and copies.  What a blocking hit runs when no other operation is in
+    flight: its waits then block in MPI without holding back anything else (the progress
+    rule has nothing to advance), and the loop costs one call per step."""
+    calls = []
+    for step in program:
+        if step[0] == START:
+            calls.append(step[1].Start)
+        elif step[0] == WAIT:
+            calls += [req.Wait for req in step[2]]
+        else:
+            calls.append(step[1])
+    return tuple(calls)
 
 
 def _dropper(ref):
@@ -219,7 +252,18 @@ def repeat(comm, name: str, a, b, c=None, d=None) -> bool:
             return False
         _LAST[name] = plan
     plan.ctx.seq += 1
-    plan.operation.go(True)
+    calls = plan.calls
+    if calls is None or IN_FLIGHT:
+        plan.operation.go(True)  # (the loop: it advances the operations in flight meanwhile)
+        return True
+    try:
+        for call in calls:
+            call()
+    except BaseException:
+        # interrupted (an MPI error, Ctrl-C): its requests may still be active, so the
+        # plan never runs again; they are freed (MPI completes them)
+        forget(plan)
+        raise
     return True
 
 
