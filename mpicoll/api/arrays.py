@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..algorithms.schedule import offsets
 from ..core import config as _config
 from ..core import types as _types
 from ..core.comms import check_comm
@@ -304,9 +305,7 @@ def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeo
         if in_place and tuple(x.shape) != shape:
             raise ValueError(f"out: expected shape {shape} for an in-place allgather, got {tuple(x.shape)}")
     ecounts = [c * rowsize for c in counts]
-    edispls = [0] * size
-    for r in range(1, size):
-        edispls[r] = edispls[r - 1] + ecounts[r - 1]
+    edispls = offsets(ecounts)[:-1]
     # rows in logical (C) order on every rank, whatever its layout
     smsg, rmsg, after = _logical(backend, x, out, out if in_place else None)
     return (comm, smsg, rmsg, ecounts, edispls, algorithm), timeout, out, after
@@ -391,9 +390,7 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
     else:
         result, in_place = _check_out(_out_arg(out, backend, x), backend, x, shape, "reduce_scatter")
     ecounts = [c * rowsize for c in counts]
-    edispls = [0] * size
-    for r in range(1, size):
-        edispls[r] = edispls[r - 1] + ecounts[r - 1]
+    edispls = offsets(ecounts)[:-1]
     # rows in logical (C) order on every rank, whatever its layout
     src = _c_order(backend, x)
     if in_place:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..algorithms.schedule import offsets
 from ..backends.host import NUMPY
 from ..core import types as _types
 from ..core.comms import check_comm
@@ -13,17 +14,13 @@ from ..engine import plan as _plan
 from ..engine import select as _select
 from . import numerics as _numerics
 from . import requests as _requests
-from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array
+from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array, overlaps
 
 
 def _check_no_overlap(smsg, rmsg):
-    if smsg.backend is rmsg.backend and smsg.count and rmsg.count:
-        try:
-            overlap = smsg.backend.may_share_memory(smsg.array, rmsg.array)
-        except AttributeError:
-            overlap = False
-        if overlap:
-            raise ValueError("sendbuf: overlaps recvbuf; pass MPI.IN_PLACE as sendbuf instead")
+    """ValueError if the send and receive buffers share memory (the one overlap test)."""
+    if smsg.backend is rmsg.backend and overlaps(smsg.backend, smsg.array, rmsg.array):
+        raise ValueError("sendbuf: overlaps recvbuf; pass MPI.IN_PLACE as sendbuf instead")
 
 
 class Comm(MPI.Intracomm):
@@ -272,7 +269,7 @@ class Comm(MPI.Intracomm):
 
         Without ``recvcounts`` this exchanges the receive counts (collective).
         """
-        size, rank = self.Get_size(), self.Get_rank()
+        rank = self.Get_rank()
         if recvcounts is not None or is_in_place(sendbuf):
             smsg, rmsg, counts = self._reduce_scatter_local(sendbuf, recvbuf, recvcounts, op)
         else:
@@ -299,10 +296,7 @@ class Comm(MPI.Intracomm):
                     raise ValueError(
                         f"mismatch in send count {scount} and sum(counts) {total} on rank {r}"
                     )
-        displs = [0] * size
-        for r in range(1, size):
-            displs[r] = displs[r - 1] + counts[r - 1]
-        return self, smsg, rmsg, counts, displs, op, self._algo("reduce_scatter")
+        return self, smsg, rmsg, counts, offsets(counts)[:-1], op, self._algo("reduce_scatter")
 
     def _reduce_scatter_local(self, sendbuf, recvbuf, recvcounts, op):
         """(smsg or None, rmsg, counts or None) of a Reduce_scatter call, checked locally."""
