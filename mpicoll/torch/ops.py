@@ -51,13 +51,16 @@ class Reduction:
     def post(self, staged, size: int) -> None:
         """Finish a staged result and copy it back (tensors.Staged): AVG divides by ``size``.
 
-        Floating point divides the reduced array (bfloat16: its float32 stand-in,
-        so the result is rounded once); integers divide the tensor, truncating.
+        Floating point divides the reduced array (bfloat16: the ml_dtypes array,
+        so the sum and the quotient are each rounded, as NCCL's AVG; without
+        ml_dtypes the float32 stand-in, rounded once); integers divide the
+        tensor, truncating.
         """
-        if self.avg and staged.array.dtype.kind == "f":
+        floating = staged.tensor.is_floating_point()  # ml_dtypes' bfloat16 is NumPy kind "V"
+        if self.avg and floating:
             staged.array /= staged.array.dtype.type(size)
         staged.done()
-        if self.avg and staged.array.dtype.kind != "f":
+        if self.avg and not floating:
             t = staged.tensor
             t.copy_(torch.div(t, size, rounding_mode="trunc"))
 

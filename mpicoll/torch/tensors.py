@@ -1,4 +1,4 @@
-"""Tensors as NumPy arrays for mpicoll: the dtype table, host staging, the bfloat16 stand-in.
+"""Tensors as NumPy arrays for mpicoll: the dtype table, host staging, bfloat16.
 
 A CPU tensor that is contiguous is moved where it lies (``Tensor.numpy()``
 shares its memory); any other tensor -- a strided view, a CUDA tensor -- is
@@ -6,6 +6,11 @@ moved through a contiguous host copy that is copied back when the collective
 is complete (:class:`Staged`).  Tensors that require grad are ``detach()``-ed
 first: NumPy refuses them, and a collective is not part of autograd anyway.
 A tensor's own memory is seen through :func:`memory_view`.
+
+bfloat16 is reduced by mpicoll itself where ``ml_dtypes`` is installed (the
+``torch`` extra installs it): the tensor's memory seen as an ``ml_dtypes``
+bfloat16 array, which mpicoll accumulates in float32 and rounds once.
+Without ``ml_dtypes`` a float32 host copy stands in (:func:`to_reducible`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import numpy as np
 import torch
 
 # torch dtype -> NumPy dtype of the same bits, for the dtypes the backend takes.
-# bfloat16 has no NumPy dtype: see to_reducible / as_bits.
+# bfloat16 has no NumPy dtype of its own: see bfloat16() and to_reducible.
 DTYPES = {
     torch.bool: np.bool_,
     torch.uint8: np.uint8,
@@ -30,6 +35,25 @@ SUPPORTED = tuple(DTYPES) + (torch.bfloat16,)
 
 # dtypes moved by gathers, scatters and broadcasts as the integer of the same width
 _BITS = {torch.bfloat16: torch.int16}
+
+
+_ML_BF16: list = []  # [ml_dtypes' bfloat16 NumPy dtype, or None]: looked up once, at first use
+
+
+def bfloat16():
+    """``ml_dtypes``' bfloat16 as a NumPy dtype, or None where ``ml_dtypes`` is not installed.
+
+    Imported at the first bfloat16 reduction, not when mpicoll.torch is
+    imported; mpicoll's array layer knows the type once ``ml_dtypes`` is imported.
+    """
+    if not _ML_BF16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            _ML_BF16.append(None)
+        else:
+            _ML_BF16.append(np.dtype(ml_dtypes.bfloat16))
+    return _ML_BF16[0]
 
 
 def check_tensor(t, what: str) -> None:
@@ -55,7 +79,9 @@ def check_same(tensors, dtype, what: str) -> None:
 class Staged:
     """A tensor's data as a flat C-ordered host NumPy array, copied back by :meth:`done`.
 
-    ``mode``: ``"reduce"`` (an array mpicoll can reduce: bfloat16 as float32),
+    ``mode``: ``"reduce"`` (an array mpicoll can reduce: bfloat16 as an
+    ``ml_dtypes`` bfloat16 array over the same bytes, or, without ``ml_dtypes``,
+    a float32 copy),
     ``"bits"`` (bfloat16 as int16: moving bytes), ``"out"`` (like bits, but the
     staging copy need not be filled: the tensor's old contents are overwritten).
     """
@@ -66,7 +92,10 @@ class Staged:
         t = tensor.detach()
         self.tensor = t
         self._back = None
+        native = None
         if mode == "reduce" and t.dtype is torch.bfloat16:
+            native = bfloat16()
+        if mode == "reduce" and t.dtype is torch.bfloat16 and native is None:
             host = to_reducible(t)
             self._back = host
         else:
@@ -81,6 +110,8 @@ class Staged:
                 self._back = host
         self._host = host
         self.array = memory_view(host) if self._back is None else host.numpy().reshape(-1)
+        if native is not None:
+            self.array = self.array.view(native)  # the int16 bits, read as bfloat16
 
     @property
     def direct(self) -> bool:
@@ -112,12 +143,12 @@ def memory_view(t):
 
 
 def to_reducible(t):
-    """bfloat16 stand-in: a float32 host copy of a bfloat16 tensor, which mpicoll reduces.
+    """bfloat16 without ``ml_dtypes``: a float32 host copy of a bfloat16 tensor, which mpicoll reduces.
 
-    mpicoll's array layer does not take bfloat16 yet; reducing in float32 and
-    rounding once at the end (:func:`from_reducible`) is what torch's own CPU
-    backend does for bfloat16 sums.  The one place to switch to a native
-    bfloat16 path when the array layer has one.
+    mpicoll's array layer takes bfloat16 only as ``ml_dtypes`` arrays; without
+    them, reducing in float32 and rounding once at the end
+    (:func:`from_reducible`) gives what the native path gives for SUM (float32
+    accumulation, one rounding), at the cost of a float32 copy each way.
     """
     return t.to(device="cpu", dtype=torch.float32).contiguous()
 

@@ -294,6 +294,39 @@ def test_float_sums_within_the_rule(groups, dtype):
     assert cmp.ok, cmp
 
 
+@pytest.mark.parametrize("path", ["ml_dtypes", "float32-stand-in"])
+def test_bfloat16_sums_accumulate_in_float32(groups, monkeypatch, path):
+    """bfloat16 SUM/AVG: float32 accumulation, one rounding, on both paths (tensors.bfloat16).
+
+    Values k/16 with |k| <= 255 are exact in bfloat16 and their sums over 5
+    ranks exact in float32, but not in bfloat16: rounding each partial sum
+    (bfloat16 hops) would differ from the exact sum rounded once.
+    """
+    from mpicoll.torch import tensors
+
+    g = groups
+    if path == "ml_dtypes" and tensors.bfloat16() is None:
+        pytest.skip("ml_dtypes is not installed")
+    if path != "ml_dtypes":
+        monkeypatch.setattr(tensors, "_ML_BF16", [None])
+    gen = torch.Generator().manual_seed(99 + g.rank)
+    every = [torch.randint(-255, 256, (257,), generator=torch.Generator().manual_seed(99 + r))
+             .to(torch.float64) / 16 for r in range(g.size)]
+    x = torch.randint(-255, 256, (257,), generator=gen).to(torch.float64).div(16).to(torch.bfloat16)
+    assert torch.equal(x.double(), every[g.rank])
+    total = torch.stack(every).sum(0)
+    assert tensors.Staged(x).direct == (path == "ml_dtypes")  # ml_dtypes: the tensor's own memory
+    for op, want in ((R.SUM, total), (R.AVG, total / g.size)):
+        got = x.clone()
+        dist.all_reduce(got, op=op, group=g.mpicoll)
+        if op == R.AVG and path == "ml_dtypes":
+            want = total.to(torch.bfloat16).double() / g.size  # the sum rounded, then divided
+        same(got, want.to(torch.bfloat16))
+    out = torch.empty(1, dtype=torch.bfloat16)
+    dist.reduce_scatter_tensor(out, x[:g.size].clone(), group=g.mpicoll)
+    same(out, total[g.rank:g.rank + 1].to(torch.bfloat16))
+
+
 def test_bad_input_raises_before_any_message(groups):
     g = groups
     with pytest.raises(TypeError, match="uint32"):
