@@ -35,7 +35,7 @@ from ..engine.collectives import (
     start_reduce_scatter,
 )
 
-__all__ = ["Request", "Handle", "waitall", "testall", "check_progress",
+__all__ = ["Request", "Handle", "waitall", "testall", "check_progress", "watch",
            "start_allreduce", "start_allgather", "start_reduce_scatter"]
 
 
@@ -285,12 +285,15 @@ _POLL_S = 50e-6  # pause between sweeps over the in-flight operations
 
 
 class _Progress:
-    """A daemon thread that advances every operation handed to it until it completes.
+    """A daemon thread that advances everything handed to it until it completes.
 
-    It takes an operation's own lock without waiting (one the caller is
-    advancing is skipped this sweep), so it never holds anything across an
-    MPI wait; an operation that fails here keeps its exception, which the
-    caller's next test/wait raises.  Timeouts are enforced here as in test().
+    What it advances has ``test() -> bool`` (True once complete, never
+    blocking): engine operations, and whatever completes through them (the
+    torch backend's works, :func:`watch`).  An operation takes its own lock
+    without waiting (one the caller is advancing is skipped this sweep), so
+    the thread never holds anything across an MPI wait; an operation that
+    fails here keeps its exception, which the caller's next test/wait raises.
+    Timeouts are enforced here as in test().
     """
 
     def __init__(self):
@@ -343,8 +346,16 @@ def _progress_thread() -> _Progress:
     if _thread is None:
         with _thread_lock:
             if _thread is None:
+                _check_threads()
                 _thread = _Progress()
     return _thread
+
+
+def watch(item) -> None:
+    """Hand ``item`` (``test() -> bool``, never blocking; an exception ends it) to the one
+    progress thread, which calls ``item.test()`` until it returns True.  Needs
+    MPI_THREAD_MULTIPLE (MpicollError otherwise)."""
+    _progress_thread().add(item)
 
 
 def stop_progress() -> None:

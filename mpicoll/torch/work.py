@@ -5,10 +5,11 @@ mpi4py requests) and what to do once they are complete (copy staged tensors
 back, divide for AVG).  ``wait()`` completes it on the caller's thread and
 re-raises what failed; ``get_future()`` returns a future that completes by
 itself: every asynchronous work (``async_op=True``, and any work whose
-future is asked for) not complete when it is made is handed to one shared
-completion thread, which calls ``test()`` on the works in flight (a short sleep
-between sweeps, none at all while nothing is in flight) and completes each
-future, with its tensors or with the error, as soon as its pieces are done.
+future is asked for) not complete when it is made is handed to mpicoll's one
+progress thread (api.requests.watch), which calls ``test()`` on it (a short
+sleep between sweeps, none at all while nothing is in flight) and so
+completes each future, with its tensors or with the error, as soon as its
+pieces are done.
 One lock per work keeps the thread and a caller's ``wait()`` from finishing the
 same work twice; the engine advances every operation in flight during any
 wait, so works complete in any order.
@@ -16,17 +17,15 @@ wait, so works complete in any order.
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 
+from ..api import requests as _requests
 from ..core.errors import CollectiveTimeout, MpicollError
 
-_POLL_S = 50e-6  # the completion thread's pause between sweeps over the works in flight
 _SPIN_S = 20e-6  # a caller's pause between tests of an MPI built-in's request
 # A blocking wait first tests for this long without sleeping: a timed mpicoll wait
 # (the group always has a timeout) sleeps between polls, and one sleep costs more
@@ -96,7 +95,11 @@ class Work(dist._Work):
     def _queue(self) -> None:
         if not self._queued:
             self._queued = True
-            _completer().add(self)
+            _requests.watch(self)  # mpicoll's one progress thread completes it
+
+    def test(self) -> bool:
+        """Advance without blocking; True once complete (what the progress thread calls)."""
+        return self._done or self._advance(False)
 
     def _advance(self, block: bool, lock=True) -> bool:
         """Test (``block``: wait for) the pieces; finish and complete the future once all are done."""
@@ -175,68 +178,3 @@ class Work(dist._Work):
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "complete" if self._done else "in flight"
         return f"<mpicoll.torch.Work {self._what}: {state}>"
-
-
-class _Completer:
-    """The one thread that advances every work in flight and completes its future."""
-
-    def __init__(self):
-        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            raise MpicollError(
-                "the mpicoll torch backend completes works on a thread of its own, which needs "
-                "MPI_THREAD_MULTIPLE (mpi4py's default: mpi4py.rc.thread_level = 'multiple')")
-        self.cond = threading.Condition()
-        self.works: list = []
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="mpicoll-torch-completion",
-                                       daemon=True)
-        self.thread.start()
-
-    def add(self, work: Work) -> None:
-        with self.cond:
-            self.works.append(work)
-            self.cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self.cond:
-                while not self.works and not self.stopping:
-                    self.cond.wait()
-                if self.stopping or MPI.Is_finalized():
-                    return
-                batch = list(self.works)
-            finished = [w for w in batch if w._done or w._advance(False)]
-            if finished:
-                with self.cond:
-                    for w in finished:
-                        self.works.remove(w)
-            time.sleep(_POLL_S)
-
-    def stop(self) -> None:
-        with self.cond:
-            self.stopping = True
-            self.cond.notify()
-        self.thread.join(timeout=10.0)
-
-
-_thread: _Completer | None = None
-_thread_lock = threading.Lock()
-
-
-def _completer() -> _Completer:
-    global _thread
-    if _thread is None:
-        with _thread_lock:
-            if _thread is None:
-                _thread = _Completer()
-    return _thread
-
-
-@atexit.register
-def _stop() -> None:
-    """Stop the completion thread before mpi4py finalizes MPI (atexit runs this first)."""
-    global _thread
-    with _thread_lock:
-        thread, _thread = _thread, None
-    if thread is not None:
-        thread.stop()
