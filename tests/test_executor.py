@@ -251,7 +251,7 @@ def test_device_operations_started_together():
     so device operations run to the end when they start; two in flight at
     once shared that copy and hung.
     """
-    import fakegpu
+    from support import fakegpu
 
     from mpicoll.api.buffers import msg_of_array as as_msg
     comm = WORLD.Dup()

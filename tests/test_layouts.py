@@ -277,7 +277,7 @@ def test_partial_overlap_is_a_value_error(collective, kind):
 
 @pytest.mark.parametrize("cuda_aware", [False, True], ids=["staging", "direct"])
 def test_device_strided_and_in_place_by_memory(cuda_aware):
-    import fakegpu
+    from support import fakegpu
 
     be = fakegpu.fake_backend()
     rt = be.rt

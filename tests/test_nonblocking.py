@@ -794,7 +794,7 @@ def test_nonblocking_runs_mpicolls_algorithms():
 
 @pytest.mark.parametrize("cuda_aware", [False, True])
 def test_device_arrays(cuda_aware):
-    import fakegpu
+    from support import fakegpu
     be = fakegpu.fake_backend(compute="lazy", copies="lazy")
     rt = be.rt
     n = 2 * SIZE + 1

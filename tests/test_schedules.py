@@ -1,4 +1,4 @@
-"""Every schedule builder, run by tests/schedsim.py on all ranks at once (NumPy only, no messages).
+"""Every schedule builder, run by tests/support/schedsim.py on all ranks at once (NumPy only, no messages).
 
 For each builder in the modules' ``SCHEDULES`` registries (see
 :data:`BUILDERS`), at 1..9 ranks, several count patterns (0, 1, fewer than
@@ -27,8 +27,8 @@ import zlib
 
 import numpy as np
 import pytest
-import schedsim as sim
 from mpi4py import MPI
+from support import schedsim as sim
 
 from mpicoll.algorithms import bruck, direct, halving, hierarchical, recursive, ring
 from mpicoll.algorithms.schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Send, Wait
