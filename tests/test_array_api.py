@@ -11,6 +11,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.buffers import DLPackOnly
 
 import mpicoll
 from mpicoll.tools import verify as V
@@ -35,17 +36,6 @@ def data(shape, rank=RANK, dtype=np.int64):
 
 def total(shape, dtype=np.int64):
     return sum(data(shape, r, np.int64) for r in range(SIZE)).astype(dtype)
-
-
-class DLPackOnly:
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
 
 
 SHAPES = [(), (1,), (5,), (3, 4), (2, 3, 2), (0,), (4, 0)]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from mpi4py.util import dtlib
+from support.buffers import DLPackOnly
 
 import mpicoll
 from mpicoll.tools import verify as V
@@ -41,19 +42,6 @@ def rank_sum(n, dtype=np.int32):
     """Sum over ranks of :func:`rank_data`."""
     wide = np.float64 if np.dtype(dtype).kind == "f" else np.int64
     return sum(rank_data(n, wide, r) for r in range(SIZE)).astype(dtype)
-
-
-class DLPackOnly:
-    """An array seen only through ``__dlpack__`` / ``__dlpack_device__`` (no buffer protocol)."""
-
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
 
 
 # ---------------------------------------------------------------------------

@@ -15,10 +15,13 @@ def rank_data(n, rank, dtype=np.float64, salt=0, shape=None):
     """``n`` values of rank ``rank`` (``salt`` gives one rank other data for another call).
 
     bool: every third element true, shifted by rank; complex: real and
-    imaginary parts in {-1, 0, 1} (small integers keep a non-commutative op
-    built from them exact); integers: 1..5 (sums and small products stay in
-    range, even in int8); floats: integers -11..11.  ``shape``: the values
-    reshaped (C order), ``n`` being ignored.
+    imaginary parts in {-1, 0, 1} (products and a non-commutative op built
+    from them stay exact); one-byte integers 1..5, wider ones 1..1021 (sums
+    over 9 ranks stay in range, even in int16); half-precision floats the
+    integers -11..11, wider ones -2049..2049 (exact sums in float32).  The
+    wide kinds repeat only every 1021 or 4099 elements, so a block moved to
+    the wrong offset shows.  ``shape``: the values reshaped (C order), ``n``
+    being ignored.
     """
     if shape is not None:
         n = int(np.prod(shape))
@@ -29,9 +32,10 @@ def rank_data(n, rank, dtype=np.float64, salt=0, shape=None):
     elif dtype.kind == "c":
         x = ((i * 3 + rank + salt) % 3 - 1 + 1j * ((i + 2 * rank + salt) % 3 - 1)).astype(dtype)
     elif dtype.kind in "iu":
-        x = ((i * 7 + rank * 13 + salt) % 5 + 1).astype(dtype)
+        x = ((i * 7 + rank * 13 + salt) % (5 if dtype.itemsize == 1 else 1021) + 1).astype(dtype)
     else:
-        x = ((i * 7 + rank * 13 + salt) % 23 - 11).astype(dtype)
+        x = ((i * 7 + rank * 13 + salt) % (23 if dtype.itemsize <= 2 else 4099)
+             - (11 if dtype.itemsize <= 2 else 2049)).astype(dtype)
     return x if shape is None else x.reshape(shape)
 
 
