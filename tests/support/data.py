@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 
-def rank_data(n, rank, dtype=np.float64, salt=0, shape=None):
-    """``n`` values of rank ``rank`` (``salt`` gives one rank other data for another call).
+def rank_data(n, rank, dtype=np.float64, salt=0):
+    """``n`` values (or a shape: a tuple, C order) of rank ``rank`` (``salt`` gives one rank other data for another call).
 
     bool: every third element true, shifted by rank; complex: real and
     imaginary parts in {-1, 0, 1} (products and a non-commutative op built
@@ -20,11 +20,10 @@ def rank_data(n, rank, dtype=np.float64, salt=0, shape=None):
     over 9 ranks stay in range, even in int16); half-precision floats the
     integers -11..11, wider ones -2049..2049 (exact sums in float32).  The
     wide kinds repeat only every 1021 or 4099 elements, so a block moved to
-    the wrong offset shows.  ``shape``: the values reshaped (C order), ``n``
-    being ignored.
+    the wrong offset shows.
     """
-    if shape is not None:
-        n = int(np.prod(shape))
+    shape = n if isinstance(n, tuple) else None
+    n = int(np.prod(n))
     dtype = np.dtype(dtype)
     i = np.arange(n)
     if dtype.kind == "b":
@@ -39,10 +38,9 @@ def rank_data(n, rank, dtype=np.float64, salt=0, shape=None):
     return x if shape is None else x.reshape(shape)
 
 
-def rank_sum(n, size, dtype=np.float64, salt=0, shape=None):
+def rank_sum(n, size, dtype=np.float64, salt=0):
     """The exact sum over ranks ``0..size-1`` of :func:`rank_data` (in ``dtype``)."""
     dtype = np.dtype(dtype)
     wide = np.complex128 if dtype.kind == "c" else np.float64 if dtype.kind == "f" else np.int64
-    total = sum((rank_data(n, r, wide, salt, shape) for r in range(size)),
-                np.zeros(shape if shape is not None else n, wide))
+    total = sum((rank_data(n, r, wide, salt) for r in range(size)), np.zeros(n, wide))
     return total.astype(dtype)
