@@ -108,6 +108,12 @@ def check_cases(comm, run) -> None:
         pytest.fail(f"{len(bad)} case(s) failed:\n" + "\n".join(shown), pytrace=False)
 
 
+def share(cases) -> list:
+    """This MPI rank's share of ``cases`` (every size-th one): a file of simulated cases then
+    takes the same time at any rank count."""
+    return [c for i, c in enumerate(cases) if i % SIZE == RANK]
+
+
 def same_bytes(a, b) -> bool:
     """Whether two host arrays hold bitwise the same values (padding ignored)."""
     from mpicoll.tools.results import same_values

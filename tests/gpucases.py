@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.algorithms.ring import split
@@ -84,18 +85,8 @@ def op_of(name):
 
 
 def data(n, dtype, rank, salt=0):
-    """Rank- and element-dependent values whose reductions are exact in every dtype above."""
-    dtype = np.dtype(dtype)
-    i = np.arange(n)
-    if dtype.kind == "b":
-        return (i + rank + salt) % 3 == 0
-    if dtype.kind == "c":
-        re_ = (i * 3 + rank + salt) % 3 - 1
-        im = (i + 2 * rank + salt) % 3 - 1
-        return (re_ + 1j * im).astype(dtype)
-    if dtype.kind in "iu":
-        return ((i * 7 + rank * 13 + salt) % 5 + 1).astype(dtype)
-    return ((i * 7 + rank * 13 + salt) % 23 - 11).astype(dtype)
+    """:func:`support.data.rank_data` in this module's argument order."""
+    return rank_data(n, rank, dtype, salt)
 
 
 def cases(collective, size):

@@ -11,6 +11,8 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.buffers import DLPackOnly
+from support.data import rank_data, rank_sum
 
 import mpicoll
 from mpicoll.tools import verify as V
@@ -27,82 +29,63 @@ RS_ALGOS = V.algorithms_for("reduce_scatter", auto=True)
 AG_ALGOS = V.algorithms_for("allgather", auto=True)
 
 
-def data(shape, rank=RANK, dtype=np.int64):
-    """Rank r holds 100 r + arange, shaped."""
-    n = int(np.prod(shape))
-    return (100 * rank + np.arange(n)).reshape(shape).astype(dtype)
-
-
-def total(shape, dtype=np.int64):
-    return sum(data(shape, r, np.int64) for r in range(SIZE)).astype(dtype)
-
-
-class DLPackOnly:
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
-
-
 SHAPES = [(), (1,), (5,), (3, 4), (2, 3, 2), (0,), (4, 0)]
 
 
 @pytest.mark.parametrize("algorithm", AR_ALGOS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_allreduce_shapes(shape, algorithm):
-    x = data(shape)
+    x = rank_data(shape, RANK, np.int64)
     before = x.copy()
     y = mpicoll.allreduce(x, algorithm=algorithm)
     ok = (isinstance(y, np.ndarray) and y.shape == x.shape and y.dtype == x.dtype
-          and y is not x and np.array_equal(y, total(shape)) and np.array_equal(x, before))
+          and y is not x and np.array_equal(y, rank_sum(shape, SIZE, np.int64))
+          and np.array_equal(x, before))
     _util.assert_all(WORLD, ok, f"shape {shape}: got {y!r}")
 
 
 @pytest.mark.parametrize("algorithm", AR_ALGOS)
 def test_allreduce_out_and_in_place(algorithm):
-    x = data((3, 5)).astype(np.float32)
+    x = rank_data((3, 5), RANK, np.int64).astype(np.float32)
     out = np.full((3, 5), -1, np.float32)
     r1 = mpicoll.allreduce(x, MPI.MAX, out=out, algorithm=algorithm)
-    want_max = data((3, 5), SIZE - 1).astype(np.float32)
+    every = [rank_data((3, 5), r, np.int64).astype(np.float32) for r in range(SIZE)]
     z = x.copy()
     r2 = mpicoll.allreduce(z, MPI.MIN, out=z, algorithm=algorithm)
-    ok = r1 is out and np.array_equal(out, want_max) and r2 is z and \
-        np.array_equal(z, data((3, 5), 0).astype(np.float32))
+    ok = r1 is out and np.array_equal(out, np.max(every, axis=0)) and r2 is z and \
+        np.array_equal(z, np.min(every, axis=0))
     _util.assert_all(WORLD, ok, f"{out} {z}")
 
 
 @pytest.mark.parametrize("order", ["F", "C"])
 def test_allreduce_fortran_order(order):
     """Fortran-ordered arrays reduce elementwise; the result has x's shape."""
-    x = np.array(data((4, 3)), order=order)
+    x = np.array(rank_data((4, 3), RANK, np.int64), order=order)
     y = mpicoll.allreduce(x)
     out = np.zeros((4, 3), np.int64)
     mpicoll.allreduce(x, out=out)
     z = x.copy(order="K")
     mpicoll.allreduce(z, out=z)
-    ok = y.shape == (4, 3) and np.array_equal(y, total((4, 3)))
-    ok = ok and np.array_equal(out, total((4, 3))) and np.array_equal(z, total((4, 3)))
+    ok = y.shape == (4, 3) and np.array_equal(y, rank_sum((4, 3), SIZE, np.int64))
+    want = rank_sum((4, 3), SIZE, np.int64)
+    ok = ok and np.array_equal(out, want) and np.array_equal(z, want)
     _util.assert_all(WORLD, ok, f"{order}: {y}")
 
 
 def test_allreduce_dlpack_object():
-    x = data((6,)).astype(np.float64)
+    x = rank_data((6,), RANK, np.int64).astype(np.float64)
     y = mpicoll.allreduce(DLPackOnly(x))
-    _util.assert_all(WORLD, np.array_equal(y, total((6,), np.float64)), f"{y}")
+    _util.assert_all(WORLD, np.array_equal(y, rank_sum((6,), SIZE, np.int64).astype(np.float64)), f"{y}")
 
 
 @pytest.mark.parametrize("algorithm", AG_ALGOS)
 @pytest.mark.parametrize("shape", [(), (2,), (3, 2), (0, 4), (1, 2, 2)], ids=str)
 def test_allgather_shapes(shape, algorithm):
     """Rows are concatenated along axis 0 in rank order; a 0-d array is one row."""
-    x = data(shape, dtype=np.int16)
+    x = rank_data(shape, RANK, np.int16)
     y = mpicoll.allgather(x, algorithm=algorithm)
-    parts = [data(shape, r, np.int16).reshape(-1, *shape[1:]) if shape else
-             data(shape, r, np.int16).reshape(1) for r in range(SIZE)]
+    parts = [rank_data(shape, r, np.int16).reshape(-1, *shape[1:]) if shape else
+             rank_data(shape, r, np.int16).reshape(1) for r in range(SIZE)]
     want = np.concatenate(parts)
     ok = y.dtype == np.int16 and y.shape == want.shape and np.array_equal(y, want)
     _util.assert_all(WORLD, ok, f"{shape}: {y.shape} {y}")
@@ -112,8 +95,8 @@ def test_allgather_shapes(shape, algorithm):
 def test_allgather_counts_out_and_in_place(algorithm):
     """counts= gives uneven row counts (zeros too); out= and out is x (in place)."""
     counts = V.uneven_counts(1, SIZE)
-    x = data((counts[RANK], 3), dtype=np.float64)
-    want = np.concatenate([data((counts[r], 3), r, np.float64) for r in range(SIZE)])
+    x = rank_data((counts[RANK], 3), RANK, np.float64)
+    want = np.concatenate([rank_data((counts[r], 3), r, np.float64) for r in range(SIZE)])
     out = np.empty_like(want)
     r1 = mpicoll.allgather(x, counts=counts, out=out, algorithm=algorithm)
     buf = np.full_like(want, np.nan)
@@ -133,9 +116,9 @@ def test_allgather_counts_out_and_in_place(algorithm):
 @pytest.mark.parametrize("rows", [0, 1, SIZE, 2 * SIZE + 1])
 def test_reduce_scatter_default_split(rows, algorithm):
     """Default counts: numpy.array_split of the rows (first rows % size ranks get one more)."""
-    x = data((rows, 2))
+    x = rank_data((rows, 2), RANK, np.int64)
     y = mpicoll.reduce_scatter(x, algorithm=algorithm)
-    want = np.array_split(total((rows, 2)), SIZE)[RANK]
+    want = np.array_split(rank_sum((rows, 2), SIZE, np.int64), SIZE)[RANK]
     ok = y.shape == want.shape and np.array_equal(y, want)
     _util.assert_all(WORLD, ok, f"rows {rows}: {y} want {want}")
 
@@ -144,8 +127,8 @@ def test_reduce_scatter_default_split(rows, algorithm):
 def test_reduce_scatter_counts_out_and_in_place(algorithm):
     counts = [0] * (SIZE - 1) + [3] if SIZE > 1 else [3]
     counts = counts[::-1]  # rank 0 gets all three rows, the others none
-    x = data((3, 2)).astype(np.int32)
-    want = total((3, 2), np.int32)[sum(counts[:RANK]):sum(counts[:RANK + 1])]
+    x = rank_data((3, 2), RANK, np.int64).astype(np.int32)
+    want = rank_sum((3, 2), SIZE, np.int64).astype(np.int32)[sum(counts[:RANK]):sum(counts[:RANK + 1])]
     out = np.full((counts[RANK], 2), -1, np.int32)
     r1 = mpicoll.reduce_scatter(x, counts=counts, out=out, algorithm=algorithm)
     z = x.copy()

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from mpi4py.util import dtlib
+from support import buffers
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.tools import arrays as _arrays
@@ -26,19 +28,10 @@ DTYPES = ("int32", "float64", "complex128")
 KINDS = [k.name for k in _arrays.HOST_KINDS]
 
 
-def _kind(name):
-    return next(k for k in _arrays.HOST_KINDS if k.name == name)
-
-
-def _data(n, dtype, rank):
-    x = (np.arange(n) * 7 + rank * 13) % 23 - 11
-    return (x + 1j * (x % 5) if np.dtype(dtype).kind == "c" else x).astype(dtype)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_allreduce_and_allgather_on_every_buffer_kind(kind, dtype):
-    arrays = _kind(kind)
+    arrays = buffers.kind(kind)
     if not arrays.supports(dtype):
         pytest.skip(f"{kind} cannot hold {dtype}")
     dt = np.dtype(dtype)
@@ -46,7 +39,7 @@ def test_allreduce_and_allgather_on_every_buffer_kind(kind, dtype):
     comm = mpicoll.Comm(WORLD)
     problems = []
     n = 2 * SIZE + 3
-    x = _data(n, dt, RANK)
+    x = rank_data(n, RANK, dt)
     try:
         send, recv = arrays.put(x), arrays.empty(n, dt)
         comm.Allreduce([send, mpitype], [recv, mpitype], MPI.SUM)
@@ -60,7 +53,7 @@ def test_allreduce_and_allgather_on_every_buffer_kind(kind, dtype):
             problems.append("Allreduce: ranks differ")
         gathered = arrays.empty(n * SIZE, dt)
         comm.Allgather([send, mpitype], [gathered, mpitype])
-        want = np.concatenate([_data(n, dt, r) for r in range(SIZE)])
+        want = np.concatenate([rank_data(n, r, dt) for r in range(SIZE)])
         if not _results.same_values(arrays.get(gathered, dt), want):
             problems.append("Allgather: wrong result")
     except Exception as exc:  # decided together below

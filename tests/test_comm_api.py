@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from mpi4py.util import dtlib
+from support.buffers import DLPackOnly
+from support.data import rank_data, rank_sum
 
 import mpicoll
 from mpicoll.tools import verify as V
@@ -29,31 +31,6 @@ SENTINEL = -7
 
 AR_ALGOS = V.algorithms_for("allreduce", auto=True)
 RS_ALGOS = V.algorithms_for("reduce_scatter", auto=True)
-
-
-def rank_data(n, dtype=np.int32, rank=RANK):
-    """Rank r holds 10 r + [0, 1, ..., n-1] (+ 0.25 for floats)."""
-    x = 10 * rank + np.arange(n)
-    return (x + 0.25 if np.dtype(dtype).kind == "f" else x).astype(dtype)
-
-
-def rank_sum(n, dtype=np.int32):
-    """Sum over ranks of :func:`rank_data`."""
-    wide = np.float64 if np.dtype(dtype).kind == "f" else np.int64
-    return sum(rank_data(n, wide, r) for r in range(SIZE)).astype(dtype)
-
-
-class DLPackOnly:
-    """An array seen only through ``__dlpack__`` / ``__dlpack_device__`` (no buffer protocol)."""
-
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
 
 
 # ---------------------------------------------------------------------------
@@ -86,33 +63,33 @@ SPEC_FORMS = {
 def test_allreduce_spec_forms(form, algorithm):
     """Only the described elements are read and written; the rest of recvbuf keeps its value."""
     send_spec, recv_spec, ssl, rsl = SPEC_FORMS[form]
-    x = rank_data(6)
+    x = rank_data(6, RANK, np.int32)
     y = np.full(6, SENTINEL, np.int32)
     mpicoll.Comm(WORLD, algorithm=algorithm).Allreduce(send_spec(x), recv_spec(y), MPI.SUM)
     want = np.full(6, SENTINEL, np.int32)
-    want[rsl] = rank_sum(6)[ssl]
-    _util.assert_all(WORLD, np.array_equal(y, want) and np.array_equal(x, rank_data(6)),
+    want[rsl] = rank_sum(6, SIZE, np.int32)[ssl]
+    _util.assert_all(WORLD, np.array_equal(y, want) and np.array_equal(x, rank_data(6, RANK, np.int32)),
                      f"{form}: got {y}, want {want}")
 
 
 @pytest.mark.parametrize("inplace", [MPI.IN_PLACE, None], ids=["IN_PLACE", "None"])
 @pytest.mark.parametrize("algorithm", AR_ALGOS)
 def test_allreduce_in_place_spellings(inplace, algorithm):
-    y = rank_data(7, np.float64)
+    y = rank_data(7, RANK, np.float64)
     mpicoll.Comm(WORLD, algorithm=algorithm).Allreduce(inplace, y, MPI.SUM)
-    _util.assert_all(WORLD, np.array_equal(y, rank_sum(7, np.float64)), f"got {y}")
+    _util.assert_all(WORLD, np.array_equal(y, rank_sum(7, SIZE, np.float64)), f"got {y}")
 
 
 def test_float_typecode_and_datatype_reinterpretation():
     """[buf, 'd'] / [buf, MPI.FLOAT] read the bytes as that type, whatever the array's dtype."""
-    x = rank_data(4, np.float64)
+    x = rank_data(4, RANK, np.float64)
     y = np.zeros(4)
     COMM.Allreduce([x, "d"], [y, "d"], MPI.SUM)
-    raw_x = rank_data(6, np.float32).view(np.uint8)  # float32 data seen as bytes
+    raw_x = rank_data(6, RANK, np.float32).view(np.uint8)  # float32 data seen as bytes
     raw_y = np.zeros(24, np.uint8)
     COMM.Allreduce([raw_x, MPI.FLOAT], [raw_y, MPI.FLOAT], MPI.SUM)
-    ok = np.array_equal(y, rank_sum(4, np.float64)) and \
-        np.array_equal(raw_y.view(np.float32), rank_sum(6, np.float32))
+    ok = np.array_equal(y, rank_sum(4, SIZE, np.float64)) and \
+        np.array_equal(raw_y.view(np.float32), rank_sum(6, SIZE, np.float32))
     _util.assert_all(WORLD, ok, f"{y} {raw_y.view(np.float32)}")
 
 
@@ -131,7 +108,7 @@ def test_empty_messages():
 
 def test_bytearray_buffers():
     """bytearray send/receive buffers, bare (bytes, MPI.BYTE-like) and typed [ba, MPI.INT]."""
-    xs = rank_data(5)
+    xs = rank_data(5, RANK, np.int32)
     ba_x, ba_y = bytearray(xs.tobytes()), bytearray(20)
     COMM.Allreduce([ba_x, MPI.INT], [ba_y, MPI.INT], MPI.SUM)
     got_sum = np.frombuffer(bytes(ba_y), np.int32)
@@ -141,7 +118,7 @@ def test_bytearray_buffers():
     want_bits = np.zeros(9, np.uint8)
     for r in range(SIZE):
         want_bits ^= np.array([(r * 37 + i) % 256 for i in range(9)], np.uint8)
-    ok = np.array_equal(got_sum, rank_sum(5)) and bytes(out) == want_bits.tobytes() \
+    ok = np.array_equal(got_sum, rank_sum(5, SIZE, np.int32)) and bytes(out) == want_bits.tobytes() \
         and bytes(ba_x) == xs.tobytes()
     _util.assert_all(WORLD, ok, f"{got_sum} {bytes(out)!r}")
 
@@ -149,29 +126,29 @@ def test_bytearray_buffers():
 @pytest.mark.parametrize("algorithm", AR_ALGOS)
 def test_dlpack_only_objects(algorithm):
     """Objects with only __dlpack__/__dlpack_device__ work as send and receive buffers."""
-    x = rank_data(9, np.float64)
+    x = rank_data(9, RANK, np.float64)
     y = np.zeros(9)
     c = mpicoll.Comm(WORLD, algorithm=algorithm)
     c.Allreduce(DLPackOnly(x), DLPackOnly(y), MPI.SUM)
     g = np.zeros(9 * SIZE)
     c.Allgather(DLPackOnly(x), DLPackOnly(g))
-    want_g = np.concatenate([rank_data(9, np.float64, r) for r in range(SIZE)])
-    ok = np.array_equal(y, rank_sum(9, np.float64)) and np.array_equal(g, want_g)
+    want_g = np.concatenate([rank_data(9, r, np.float64) for r in range(SIZE)])
+    ok = np.array_equal(y, rank_sum(9, SIZE, np.float64)) and np.array_equal(g, want_g)
     _util.assert_all(WORLD, ok, f"{y} {g}")
 
 
 @pytest.mark.parametrize("order_x, order_y", [("C", "C"), ("F", "F"), ("C", "F"), ("F", "C")])
 def test_multidimensional_and_fortran_buffers(order_x, order_y):
     """Buffers are memory: elements combine in memory order, whatever the shape or order."""
-    x = np.array(rank_data(12).reshape(3, 4), order=order_x)
+    x = np.array(rank_data(12, RANK, np.int32).reshape(3, 4), order=order_x)
     y = np.full((3, 4), SENTINEL, np.int32, order=order_y)
     COMM.Allreduce(x, y, MPI.SUM)
-    flat_sum = sum(np.array(rank_data(12, rank=r).reshape(3, 4), order=order_x).ravel(order="K")
+    flat_sum = sum(np.array(rank_data(12, r, np.int32).reshape(3, 4), order=order_x).ravel(order="K")
                    for r in range(SIZE))
     ok = np.array_equal(y.ravel(order="K"), flat_sum)
     g = np.zeros((SIZE, 3, 4), np.int32)
     COMM.Allgather(x, g)
-    ok &= all(np.array_equal(g[r].ravel(), np.array(rank_data(12, rank=r).reshape(3, 4),
+    ok &= all(np.array_equal(g[r].ravel(), np.array(rank_data(12, r, np.int32).reshape(3, 4),
                                                      order=order_x).ravel(order="K"))
               for r in range(SIZE))
     _util.assert_all(WORLD, ok, f"{y}")
@@ -185,11 +162,11 @@ def test_multidimensional_and_fortran_buffers(order_x, order_y):
 @pytest.mark.parametrize("algorithm", V.algorithms_for("allgather", auto=True))
 def test_allgather_count_is_per_rank(algorithm):
     """[recvbuf, count, T]: count is what each rank contributes (as in mpi4py)."""
-    x = rank_data(5)
+    x = rank_data(5, RANK, np.int32)
     y = np.full(2 * SIZE + 3, SENTINEL, np.int32)
     mpicoll.Comm(WORLD, algorithm=algorithm).Allgather([x, 2, MPI.INT], [y, 2, MPI.INT])
     want = np.full(2 * SIZE + 3, SENTINEL, np.int32)
-    want[: 2 * SIZE] = np.concatenate([rank_data(2, rank=r) for r in range(SIZE)])
+    want[: 2 * SIZE] = np.concatenate([rank_data(2, r, np.int32) for r in range(SIZE)])
     _util.assert_all(WORLD, np.array_equal(y, want), f"got {y}, want {want}")
 
 
@@ -197,8 +174,8 @@ def test_allgather_count_is_per_rank(algorithm):
 def test_reduce_scatter_block_forms(algorithm):
     c = mpicoll.Comm(WORLD, algorithm=algorithm)
     per = 3
-    x = rank_data(per * SIZE)
-    total = rank_sum(per * SIZE)
+    x = rank_data(per * SIZE, RANK, np.int32)
+    total = rank_sum(per * SIZE, SIZE, np.int32)
     mine = total[RANK * per:(RANK + 1) * per]
     y = np.full(per, SENTINEL, np.int32)
     c.Reduce_scatter_block(x, y, MPI.SUM)
@@ -216,11 +193,11 @@ def test_reduce_scatter_block_forms(algorithm):
 def test_reduce_scatter_without_recvcounts(algorithm):
     """Without recvcounts each rank's count is its recvbuf length (exchanged), zeros included."""
     counts = V.uneven_counts(2, SIZE)
-    x = rank_data(sum(counts))
+    x = rank_data(sum(counts), RANK, np.int32)
     y = np.full(counts[RANK], SENTINEL, np.int32)
     mpicoll.Comm(WORLD, algorithm=algorithm).Reduce_scatter(x, y, None, MPI.SUM)
     lo = sum(counts[:RANK])
-    want = rank_sum(sum(counts))[lo:lo + counts[RANK]]
+    want = rank_sum(sum(counts), SIZE, np.int32)[lo:lo + counts[RANK]]
     ref = np.empty(counts[RANK], np.int32)
     MPI.Comm.Reduce_scatter(WORLD, x, ref, counts, MPI.SUM)
     ok = np.array_equal(y, want) and np.array_equal(ref, want)
@@ -231,11 +208,11 @@ def test_reduce_scatter_without_recvcounts(algorithm):
 def test_reduce_scatter_uneven_recvcounts(algorithm):
     """recvcounts with zeros (every rank but the last gets nothing) and an in-place variant."""
     counts = [0] * (SIZE - 1) + [7]
-    x = rank_data(7, np.float64)
+    x = rank_data(7, RANK, np.float64)
     y = np.full(counts[RANK], SENTINEL, np.float64)
     c = mpicoll.Comm(WORLD, algorithm=algorithm)
     c.Reduce_scatter(x, y, counts, MPI.SUM)
-    want = rank_sum(7, np.float64) if RANK == SIZE - 1 else np.zeros(0)
+    want = rank_sum(7, SIZE, np.float64) if RANK == SIZE - 1 else np.zeros(0)
     buf = x.copy()
     c.Reduce_scatter(MPI.IN_PLACE, buf, counts, MPI.SUM)
     n = counts[RANK]
@@ -262,12 +239,12 @@ def test_allgatherv_forms(form, algorithm):
         length = sum(counts) + 2
     else:
         displs, length = V.gapped_displs(counts)
-    x = rank_data(counts[RANK])
+    x = rank_data(counts[RANK], RANK, np.int32)
     y = np.full(length, SENTINEL, np.int32)
     mpicoll.Comm(WORLD, algorithm=algorithm).Allgatherv(x, VECTOR_FORMS[form](y, counts, displs))
     want = np.full(length, SENTINEL, np.int32)
     for r in range(SIZE):
-        want[displs[r]:displs[r] + counts[r]] = rank_data(counts[r], rank=r)
+        want[displs[r]:displs[r] + counts[r]] = rank_data(counts[r], r, np.int32)
     ok = np.array_equal(y, want)
     z = want.copy()  # in place: own block already there
     z[displs[RANK]:displs[RANK] + counts[RANK]] = x
@@ -385,7 +362,7 @@ def _affine_expected(count):
 def test_commutative_user_op(user_ops, algorithm):
     """A commutative Python op (integer add) on every algorithm equals MPI.SUM and MPI's built-in."""
     op = user_ops["add"]
-    x = rank_data(3 * SIZE + 1, np.int64)
+    x = rank_data(3 * SIZE + 1, RANK, np.int64)
     y = np.zeros_like(x)
     c = mpicoll.Comm(WORLD, algorithm=algorithm)
     c.Allreduce(x, y, op)
@@ -393,10 +370,10 @@ def test_commutative_user_op(user_ops, algorithm):
     MPI.Comm.Allreduce(WORLD, x, ref, op)
     per = 2
     rs = np.zeros(per, np.int64)
-    rsx = rank_data(per * SIZE, np.int64)
+    rsx = rank_data(per * SIZE, RANK, np.int64)
     c.Reduce_scatter_block(rsx, rs, op)
-    want_rs = rank_sum(per * SIZE, np.int64)[RANK * per:(RANK + 1) * per]
-    ok = np.array_equal(y, rank_sum(len(x), np.int64)) and np.array_equal(y, ref) \
+    want_rs = rank_sum(per * SIZE, SIZE, np.int64)[RANK * per:(RANK + 1) * per]
+    ok = np.array_equal(y, rank_sum(len(x), SIZE, np.int64)) and np.array_equal(y, ref) \
         and np.array_equal(rs, want_rs)
     _util.assert_all(WORLD, ok, f"{y} vs {ref}; {rs} vs {want_rs}")
 
@@ -425,9 +402,9 @@ def test_noncommutative_user_op_allreduce(user_ops, algorithm):
     c.Allreduce(MPI.IN_PLACE, [z, T], user_ops["affine"])
     if not V.same_values(z, ref):
         bad.append(f"affine in place: got {z}, MPI {ref}")
-    f = rank_data(5, np.float64)
+    f = rank_data(5, RANK, np.float64)
     g = mpicoll.allreduce(f, user_ops["left"], algorithm=algorithm)
-    if not np.array_equal(g, rank_data(5, np.float64, rank=0)):
+    if not np.array_equal(g, rank_data(5, 0, np.float64)):
         bad.append(f"left projection: got {g}")
     _util.assert_all(WORLD, not bad, "; ".join(bad))
 
@@ -453,7 +430,7 @@ def test_noncommutative_user_op_reduce_scatter(user_ops, algorithm):
                          [("reduce_scatter", a) for a in UNORDERED_RS])
 def test_noncommutative_op_refused_by_reordering_algorithms(user_ops, collective, algorithm):
     """Forcing a reordering algorithm with a non-commutative op: ValueError before any message."""
-    x = rank_data(2 * SIZE, np.float64)
+    x = rank_data(2 * SIZE, RANK, np.float64)
     y = x.copy()
     op = user_ops["left"]
     fn = getattr(mpicoll, collective)
@@ -468,9 +445,9 @@ def test_noncommutative_op_refused_by_reordering_algorithms(user_ops, collective
 def test_noncommutative_op_ignores_env_override(user_ops, monkeypatch):
     """MPICOLL_ALGORITHM=ring does not apply to a non-commutative op: it stays in rank order."""
     monkeypatch.setenv("MPICOLL_ALGORITHM", "ring")
-    f = rank_data(SIZE + 2, np.float64)
+    f = rank_data(SIZE + 2, RANK, np.float64)
     g = mpicoll.allreduce(f, user_ops["left"])
-    _util.assert_all(WORLD, np.array_equal(g, rank_data(SIZE + 2, np.float64, rank=0)), f"{g}")
+    _util.assert_all(WORLD, np.array_equal(g, rank_data(SIZE + 2, 0, np.float64)), f"{g}")
 
 
 # ---------------------------------------------------------------------------
@@ -479,12 +456,12 @@ def test_noncommutative_op_ignores_env_override(user_ops, monkeypatch):
 
 
 def _rs_one_rank_bad(bad_rank, kind):
-    x = rank_data(2 * SIZE, np.float64)
+    x = rank_data(2 * SIZE, RANK, np.float64)
     y = np.zeros(2)
     if RANK == bad_rank and kind == "read-only recvbuf":
         y.flags.writeable = False
     if RANK == bad_rank and kind == "send count":
-        x = rank_data(2 * SIZE + 1, np.float64)
+        x = rank_data(2 * SIZE + 1, RANK, np.float64)
     return x, y
 
 
@@ -508,7 +485,7 @@ def test_reduce_scatter_exchange_refuses_on_every_rank(kind):
                 rf"mismatch in send count {2 * SIZE + 1} and sum\(counts\) {2 * SIZE} on rank")
     ok = raised is not None and re.search(want, raised) is not None
     # the communicator still works: a good call after the refused one
-    x, y = rank_data(2 * SIZE, np.float64), np.zeros(2)
+    x, y = rank_data(2 * SIZE, RANK, np.float64), np.zeros(2)
     COMM.Reduce_scatter(x, y)
-    ok = ok and np.array_equal(y, rank_sum(2 * SIZE, np.float64)[2 * RANK:2 * RANK + 2])
+    ok = ok and np.array_equal(y, rank_sum(2 * SIZE, SIZE, np.float64)[2 * RANK:2 * RANK + 2])
     _util.assert_all(WORLD, ok, f"raised {raised!r}, want {want!r}; then {y}")

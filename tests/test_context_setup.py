@@ -15,6 +15,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.engine import context as _context
@@ -24,10 +25,6 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.ranks(1, 2)]
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-
-
-def data(n):
-    return (np.arange(n) % 89 * (RANK + 2) + 3 * RANK).astype(np.float64)
 
 
 class CountingComm(MPI.Intracomm):
@@ -75,10 +72,10 @@ def test_bad_option_refused_before_any_mpi_call(var, value, monkeypatch):
     comm = CountingComm(base)
     monkeypatch.setenv(var, value)
     problem = ""
-    calls = [lambda: mpicoll.allreduce(data(6), comm=comm),
-             lambda: mpicoll.Comm(comm).Allreduce(data(6), np.empty(6))]
+    calls = [lambda: mpicoll.allreduce(rank_data(6, RANK), comm=comm),
+             lambda: mpicoll.Comm(comm).Allreduce(rank_data(6, RANK), np.empty(6))]
     if var != "MPICOLL_TIMEOUT":  # (an argument wins over the variable)
-        calls.append(lambda: mpicoll.allreduce(data(6), comm=comm, timeout=30.0))
+        calls.append(lambda: mpicoll.allreduce(rank_data(6, RANK), comm=comm, timeout=30.0))
     for call in calls:
         try:
             call()
@@ -92,9 +89,9 @@ def test_bad_option_refused_before_any_mpi_call(var, value, monkeypatch):
         problem += "a context was cached on the communicator; "
     monkeypatch.delenv(var)
     # the communicator works once the option is fixed
-    y = mpicoll.allreduce(data(7), comm=comm)
+    y = mpicoll.allreduce(rank_data(7, RANK), comm=comm)
     ref = np.empty(7)
-    WORLD.Allreduce(data(7), ref)
+    WORLD.Allreduce(rank_data(7, RANK), ref)
     if not np.array_equal(y, ref):
         problem += "wrong result after the refusals; "
     _util.assert_all(WORLD, not problem, problem)
@@ -110,7 +107,7 @@ def test_thousands_of_refused_calls_leak_nothing(monkeypatch):
         refused = 0
         for _ in range(1500):
             try:
-                mpicoll.allreduce(data(4), comm=comm, algorithm="ring")
+                mpicoll.allreduce(rank_data(4, RANK), comm=comm, algorithm="ring")
             except ValueError:
                 refused += 1
         if refused != 1500:
@@ -118,10 +115,10 @@ def test_thousands_of_refused_calls_leak_nothing(monkeypatch):
         monkeypatch.delenv(var)
     # the communicator, and new ones, still work
     ref = np.empty(5)
-    WORLD.Allreduce(data(5), ref)
-    ok = np.array_equal(mpicoll.allreduce(data(5), comm=comm), ref)
+    WORLD.Allreduce(rank_data(5, RANK), ref)
+    ok = np.array_equal(mpicoll.allreduce(rank_data(5, RANK), comm=comm), ref)
     fresh = WORLD.Dup()
-    ok = ok and np.array_equal(mpicoll.allreduce(data(5), comm=fresh), ref)
+    ok = ok and np.array_equal(mpicoll.allreduce(rank_data(5, RANK), comm=fresh), ref)
     fresh.Free()
     if not ok:
         problem += "wrong result after the refusals; "
@@ -139,7 +136,7 @@ def _first_call(comm, timeout=T):
     """(CollectiveTimeout or None, seconds) of this rank's first allreduce on ``comm``."""
     t0 = time.perf_counter()
     try:
-        mpicoll.allreduce(data(1000), comm=comm, algorithm="ring", timeout=timeout)
+        mpicoll.allreduce(rank_data(1000, RANK), comm=comm, algorithm="ring", timeout=timeout)
     except mpicoll.CollectiveTimeout as exc:
         return exc, time.perf_counter() - t0
     return None, time.perf_counter() - t0
@@ -164,7 +161,7 @@ def _check_setup_timeout(exc, elapsed, comm) -> str:
     # refused afterwards, at once and without any MPI call
     t0 = time.perf_counter()
     try:
-        mpicoll.allreduce(data(3), comm=comm, timeout=T)
+        mpicoll.allreduce(rank_data(3, RANK), comm=comm, timeout=T)
         problem += "a later call was accepted; "
     except mpicoll.MpicollError as e:
         if "communicator unusable: allreduce #1 timed out on rank" not in str(e):
@@ -207,8 +204,8 @@ def test_rank_missing_from_first_call():
     comm.Free()
     # everything else still works
     ref = np.empty(9)
-    WORLD.Allreduce(data(9), ref)
-    assert np.array_equal(mpicoll.allreduce(data(9), timeout=30.0), ref)
+    WORLD.Allreduce(rank_data(9, RANK), ref)
+    assert np.array_equal(mpicoll.allreduce(rank_data(9, RANK), timeout=30.0), ref)
 
 
 @pytest.mark.skipif(SIZE < 2, reason="needs a second rank to call elsewhere")
@@ -232,7 +229,7 @@ def test_late_rank_within_the_timeout_is_fine():
         time.sleep(0.3)
     exc, _ = _first_call(comm, timeout=5.0)
     ref = np.empty(1000)
-    WORLD.Allreduce(data(1000), ref)
-    y = mpicoll.allreduce(data(1000), comm=comm, timeout=5.0)
+    WORLD.Allreduce(rank_data(1000, RANK), ref)
+    y = mpicoll.allreduce(rank_data(1000, RANK), comm=comm, timeout=5.0)
     _util.assert_all(WORLD, exc is None and np.array_equal(y, ref), f"{exc}")
     comm.Free()

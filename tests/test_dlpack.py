@@ -15,6 +15,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 
@@ -51,14 +52,6 @@ class Legacy(Versioned):
 PRODUCERS = {"versioned": Versioned, "legacy": Legacy}
 
 
-def data(n, code, rank=RANK):
-    dtype = np.dtype(code)
-    i = np.arange(n)
-    if dtype.kind == "b":
-        return (i + rank) % 3 == 0
-    return ((i + 2 * rank) % 5 + (0.5 if dtype.kind in "fc" else 0)).astype(dtype)
-
-
 def _op(code):
     return MPI.LOR if np.dtype(code).kind == "b" else MPI.SUM
 
@@ -68,11 +61,11 @@ def _calls(code):
     counts = [1 + r % 3 for r in range(SIZE)]
     op = _op(code)
     return {
-        "Allreduce": (data(5, code), np.zeros(5, code), (op,)),
-        "Allgather": (data(3, code), np.zeros(3 * SIZE, code), ()),
-        "Allgatherv": (data(counts[RANK], code), np.zeros(sum(counts), code), ()),
-        "Reduce_scatter_block": (data(2 * SIZE, code), np.zeros(2, code), (op,)),
-        "Reduce_scatter": (data(sum(counts), code), np.zeros(counts[RANK], code), (counts, op)),
+        "Allreduce": (rank_data(5, RANK, code), np.zeros(5, code), (op,)),
+        "Allgather": (rank_data(3, RANK, code), np.zeros(3 * SIZE, code), ()),
+        "Allgatherv": (rank_data(counts[RANK], RANK, code), np.zeros(sum(counts), code), ()),
+        "Reduce_scatter_block": (rank_data(2 * SIZE, RANK, code), np.zeros(2, code), (op,)),
+        "Reduce_scatter": (rank_data(sum(counts), RANK, code), np.zeros(counts[RANK], code), (counts, op)),
     }
 
 
@@ -108,7 +101,7 @@ def test_dlpack_like_mpi4py(producer, code):
 def test_dlpack_in_place(producer):
     """IN_PLACE with a DLPack recvbuf (legacy capsules are writable)."""
     wrap = PRODUCERS[producer]
-    x = data(4, "d")
+    x = rank_data(4, RANK, "d")
     mine, theirs = x.copy(), x.copy()
     COMM.Allreduce(MPI.IN_PLACE, wrap(mine))
     WORLD.Allreduce(MPI.IN_PLACE, wrap(theirs))
@@ -117,11 +110,11 @@ def test_dlpack_in_place(producer):
 
 def test_dlpack_read_only_flag():
     """A versioned producer's read-only tensor: a fine sendbuf, refused as recvbuf (like mpi4py)."""
-    x = data(4, "d")
+    x = rank_data(4, RANK, "d")
     x.flags.writeable = False
     y = np.zeros(4)
     COMM.Allreduce(Versioned(x), Versioned(y))  # read-only send: fine
-    ok = np.array_equal(y, sum(data(4, "d", r) for r in range(SIZE)))
+    ok = np.array_equal(y, sum(rank_data(4, r, "d") for r in range(SIZE)))
     with pytest.raises(ValueError, match=r"^recvbuf: expected a writable buffer"):
         COMM.Allreduce(Versioned(y.copy()), Versioned(x))
     with pytest.raises(BufferError):
@@ -131,10 +124,10 @@ def test_dlpack_read_only_flag():
 
 def test_dlpack_array_functions_write_legacy_out():
     """The array functions take a legacy DLPack ``out`` too."""
-    x = data(6, "f")
+    x = rank_data(6, RANK, "f")
     out = np.zeros(6, np.float32)
     mpicoll.allreduce(x, out=Legacy(out))
-    want = sum(data(6, "f", r) for r in range(SIZE))
+    want = sum(rank_data(6, r, "f") for r in range(SIZE))
     _util.assert_all(WORLD, np.array_equal(out, want), f"{out} != {want}")
 
 
@@ -212,7 +205,7 @@ class RawTensor:
 
 def test_dlpack_bool_tensor():
     """kDLBool tensors move and reduce like mpi4py's (MPI.C_BOOL)."""
-    x = data(5, "?")
+    x = rank_data(5, RANK, "?")
     mine, theirs = np.zeros(5, bool), np.zeros(5, bool)
     COMM.Allreduce(RawTensor(x, 6, 8), RawTensor(mine, 6, 8), MPI.LOR)
     WORLD.Allreduce(RawTensor(x, 6, 8), RawTensor(theirs, 6, 8), MPI.LOR)
@@ -246,10 +239,10 @@ def test_dlpack_deleter_runs_once_when_done():
     del DELETED[:]
     y = np.zeros(4)
     tensor = RawTensor(y, 2, 64)
-    COMM.Allreduce(RawTensor(data(4, "d"), 2, 64), tensor)
+    COMM.Allreduce(RawTensor(rank_data(4, RANK, "d"), 2, 64), tensor)
     gc.collect()
     ok = len(DELETED) == 2 and not _LIVE  # the send and the receive tensor, once each
-    ok = ok and np.array_equal(y, sum(data(4, "d", r) for r in range(SIZE)))
+    ok = ok and np.array_equal(y, sum(rank_data(4, r, "d") for r in range(SIZE)))
     _util.assert_all(WORLD, ok, f"deleted {len(DELETED)}, live {len(_LIVE)}, {y}")
 
 

@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data, rank_sum
 
 import mpicoll
 from mpicoll.engine import context as _context
@@ -28,16 +29,6 @@ from mpicoll.observe import calls as _calls
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-
-
-def _data(n, salt):
-    """Rank-asymmetric float64 data: exact sums at any rank count."""
-    return (np.arange(n) * (RANK + 1) + 7 * salt + RANK * RANK).astype(np.float64)
-
-
-def _sum(n, salt):
-    rows = [(np.arange(n) * (r + 1) + 7 * salt + r * r).astype(np.float64) for r in range(SIZE)]
-    return np.sum(rows, axis=0)
 
 
 @pytest.fixture(params=[False, True], ids=["no-thread", "progress-thread"])
@@ -56,7 +47,7 @@ def test_blocking_call_among_operations_completed_in_other_orders(progress):
     """
     comm = WORLD.Dup()
     try:
-        a, b = _data(1000, 1), _data(10, 2)
+        a, b = rank_data(1000, RANK, salt=1), rank_data(10, RANK, salt=2)
         out_b = np.empty_like(b)
         for _ in range(4):
             h = mpicoll.iallreduce(a, comm=comm, algorithm="ring")
@@ -66,8 +57,8 @@ def test_blocking_call_among_operations_completed_in_other_orders(progress):
             else:
                 mpicoll.allreduce(b, comm=comm, out=out_b)
                 got_a = h.wait()
-            np.testing.assert_array_equal(got_a, _sum(1000, 1))
-            np.testing.assert_array_equal(out_b, _sum(10, 2))
+            np.testing.assert_array_equal(got_a, rank_sum(1000, SIZE, salt=1))
+            np.testing.assert_array_equal(out_b, rank_sum(10, SIZE, salt=2))
     finally:
         comm.Free()
 
@@ -77,7 +68,7 @@ def test_first_call_on_a_new_communicator_among_operations_in_flight(progress):
     """The blocking call is the first on its communicator: its set-up advances the others."""
     comm = WORLD.Dup()
     try:
-        a, b = _data(500, 3), _data(7, 4)
+        a, b = rank_data(500, RANK, salt=3), rank_data(7, RANK, salt=4)
         h = mpicoll.iallreduce(a, comm=comm, algorithm="ring")
         fresh = WORLD.Dup()
         try:
@@ -89,8 +80,8 @@ def test_first_call_on_a_new_communicator_among_operations_in_flight(progress):
                 got_a = h.wait()
         finally:
             fresh.Free()
-        np.testing.assert_array_equal(got_a, _sum(500, 3))
-        np.testing.assert_array_equal(got_b, _sum(7, 4))
+        np.testing.assert_array_equal(got_a, rank_sum(500, SIZE, salt=3))
+        np.testing.assert_array_equal(got_b, rank_sum(7, SIZE, salt=4))
     finally:
         comm.Free()
 
@@ -107,9 +98,9 @@ def test_operations_waited_in_every_order(progress, check):
     try:
         with mpicoll.options(check=check, timeout=30.0 if check else None):
             for rep in range(3):
-                xs = [_data(n, rep * 10 + k) for k, n in enumerate((3, 300, 5000))]
+                xs = [rank_data(n, RANK, salt=rep * 10 + k) for k, n in enumerate((3, 300, 5000))]
                 ys = [np.empty_like(x) for x in xs]
-                blocking_in, blocking_out = _data(4, rep * 10 + 5), np.empty(4)
+                blocking_in, blocking_out = rank_data(4, RANK, salt=rep * 10 + 5), np.empty(4)
                 work = [mpicoll.iallreduce(xs[0], comm=comm, algorithm="recursive_doubling"),
                         mc.Iallreduce(xs[1], ys[1]),
                         mpicoll.iallreduce(xs[2], comm=comm, algorithm="ring", out=ys[2])]
@@ -123,8 +114,8 @@ def test_operations_waited_in_every_order(progress, check):
                     else:
                         work[2].wait()
                 for k, x in enumerate(xs):
-                    np.testing.assert_array_equal(ys[k], _sum(len(x), rep * 10 + k))
-                np.testing.assert_array_equal(blocking_out, _sum(4, rep * 10 + 5))
+                    np.testing.assert_array_equal(ys[k], rank_sum(len(x), SIZE, salt=rep * 10 + k))
+                np.testing.assert_array_equal(blocking_out, rank_sum(4, SIZE, salt=rep * 10 + 5))
     finally:
         comm.Free()
 
@@ -138,7 +129,7 @@ def test_check_on_with_operations_started_in_other_orders():
     try:
         for timeout in (None, 20.0):
             with mpicoll.options(check=True, timeout=timeout):
-                a, b = _data(200, 6), _data(9, 7)
+                a, b = rank_data(200, RANK, salt=6), rank_data(9, RANK, salt=7)
                 ha = mpicoll.iallreduce(a, comm=comm, algorithm="ring")
                 if RANK % 2 == 0:
                     got_a = ha.wait()
@@ -147,8 +138,8 @@ def test_check_on_with_operations_started_in_other_orders():
                     hb = mpicoll.iallreduce(b, comm=comm)
                     got_a = ha.wait()
                     got_b = hb.wait()
-            np.testing.assert_array_equal(got_a, _sum(200, 6))
-            np.testing.assert_array_equal(got_b, _sum(9, 7))
+            np.testing.assert_array_equal(got_a, rank_sum(200, SIZE, salt=6))
+            np.testing.assert_array_equal(got_b, rank_sum(9, SIZE, salt=7))
     finally:
         comm.Free()
 
@@ -171,7 +162,7 @@ def test_two_threads_on_two_communicators():
             else:
                 first_started.set()
             got = []
-            x = _data(2000, salt)
+            x = rank_data(2000, RANK, salt=salt)
             for _ in range(5):
                 got.append(mpicoll.allreduce(x, comm=comm, algorithm="ring"))
                 got.append(mpicoll.iallreduce(x, comm=comm).wait())
@@ -191,7 +182,7 @@ def test_two_threads_on_two_communicators():
     assert not errors, errors
     for key, salt in (("c1", 1), ("c2", 2)):
         for got in results[key]:
-            np.testing.assert_array_equal(got, _sum(2000, salt))
+            np.testing.assert_array_equal(got, rank_sum(2000, SIZE, salt=salt))
     c1.Free()
     c2.Free()
 
@@ -204,8 +195,8 @@ def test_communicator_freed_with_operations_in_flight(progress):
     for order in range(2):
         comm = WORLD.Dup()
         mc = mpicoll.Comm(comm, algorithm="ring")
-        x, y = _data(n, 8), np.empty(n)
-        h = mpicoll.iallreduce(_data(10, 9), comm=comm)
+        x, y = rank_data(n, RANK, salt=8), np.empty(n)
+        h = mpicoll.iallreduce(rank_data(10, RANK, salt=9), comm=comm)
         req = mc.Iallreduce(x, y)
         comm.Free()
         if (RANK + order) % 2:
@@ -214,8 +205,8 @@ def test_communicator_freed_with_operations_in_flight(progress):
         else:
             req.Wait()
             got = h.wait()
-        np.testing.assert_array_equal(got, _sum(10, 9))
-        np.testing.assert_array_equal(y, _sum(n, 8))
+        np.testing.assert_array_equal(got, rank_sum(10, SIZE, salt=9))
+        np.testing.assert_array_equal(y, rank_sum(n, SIZE, salt=8))
 
 
 @pytest.mark.timeout(60)
@@ -230,7 +221,7 @@ def test_timeout_fires_while_the_caller_polls_test(progress):
     mpicoll.allreduce(np.ones(1), comm=comm)  # the context set up on every rank
     outcome = None
     if RANK == 0:
-        h = mpicoll.iallreduce(_data(5, 10), comm=comm, timeout=0.25)
+        h = mpicoll.iallreduce(rank_data(5, RANK, salt=10), comm=comm, timeout=0.25)
         t0 = time.perf_counter()
         try:
             while time.perf_counter() - t0 < 4.0:
@@ -268,7 +259,7 @@ def test_request_keeps_raising_after_a_timeout():
     raised = []
     if RANK == 0:
         with mpicoll.options(timeout=0.25):
-            req = mc.Iallreduce(_data(5, 11), np.empty(5))
+            req = mc.Iallreduce(rank_data(5, RANK, salt=11), np.empty(5))
         for attempt in (req.Wait, req.Test, req.Wait):
             try:
                 attempt()
@@ -285,11 +276,11 @@ def test_persistent_start_on_an_unusable_communicator_sends_nothing():
     sending, as Allreduce and Iallreduce do (it used to send anyway)."""
     comm = WORLD.Dup()
     mc = mpicoll.Comm(comm)
-    x, y = _data(6, 12), np.empty(6)
+    x, y = rank_data(6, RANK, salt=12), np.empty(6)
     req = mc.Allreduce_init(x, y)
     req.Start()
     req.Wait()
-    np.testing.assert_array_equal(y, _sum(6, 12))
+    np.testing.assert_array_equal(y, rank_sum(6, SIZE, salt=12))
     ctx = _context.context(comm)
     setattr(ctx, _calls._BROKEN, "allreduce #9 timed out on rank 0 (a test)")
     with mpicoll.traffic() as t:
@@ -309,12 +300,12 @@ def test_a_comm_made_with_an_algorithm_forces_it_for_the_array_functions():
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm, algorithm="ring")
-        x = _data(8, 13)
+        x = rank_data(8, RANK, salt=13)
         with mpicoll.traffic() as t:
             got = mpicoll.allreduce(x, comm=mc)
             mpicoll.allgather(x, comm=mc)
             mpicoll.iallreduce(x, comm=mc).wait()
-        np.testing.assert_array_equal(got, _sum(8, 13))
+        np.testing.assert_array_equal(got, rank_sum(8, SIZE, salt=13))
         assert [c.algorithm for c in t.calls] == ["ring"] * 3
         with mpicoll.traffic() as t:  # bruck exists for AllGather only: the others stay auto
             mpicoll.allreduce(x, comm=mpicoll.Comm(comm, algorithm="bruck"))

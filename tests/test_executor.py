@@ -14,6 +14,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.algorithms.ring import split
@@ -23,10 +24,6 @@ from mpicoll.engine import collectives as _coll
 from mpicoll.engine import context as _context
 
 WORLD = MPI.COMM_WORLD
-
-
-def _data(comm, n, salt=0):
-    return (np.arange(n) * 1000 + comm.Get_rank() * 7 + 1 + salt).astype(np.float64)
 
 
 def _msg(a):
@@ -69,7 +66,7 @@ def test_test_until_done_equals_wait(in_place):
     """Polling test() to completion gives what wait() gives, and test() never blocks."""
     comm = _tuned()
     try:
-        x = _data(comm, 101)
+        x = rank_data(101, comm.Get_rank())
         want = _want_allreduce(x)
         results = []
         for mode in ("test", "wait"):
@@ -102,9 +99,9 @@ def test_three_collectives_in_flight_waited_in_reverse_order(algorithm):
     comm = _tuned()
     try:
         n = comm.Get_size()
-        x = _data(comm, 7 * n + 2)
+        x = rank_data(7 * n + 2, comm.Get_rank())
         counts = split(len(x), n)[0]
-        g = _data(comm, counts[comm.Get_rank()], salt=5)
+        g = rank_data(counts[comm.Get_rank()], comm.Get_rank(), salt=5)
         want = (_want_allreduce(x), _want_reduce_scatter(x, counts), _want_allgather(g, counts))
         ar = np.empty_like(x)
         rs = np.empty(counts[comm.Get_rank()])
@@ -130,7 +127,7 @@ def test_operations_get_distinct_tags_and_disjoint_work_memory():
     comm = _tuned(window=3, segment_bytes=16)
     try:
         ctx = _context.context(comm)
-        x1, x2 = _data(comm, 60), _data(comm, 60, salt=3)
+        x1, x2 = rank_data(60, comm.Get_rank()), rank_data(60, comm.Get_rank(), salt=3)
         want1, want2 = _want_allreduce(x1), _want_allreduce(x2)
         y1, y2 = x1.copy(), x2.copy()
         op1 = _coll.start_allreduce(comm, None, _msg(y1), MPI.SUM, "ring")
@@ -176,7 +173,7 @@ def test_persistent_restarted_with_new_data(collective):
                                        persistent=True)
         bad = []
         for step in range(4):
-            x[...] = _data(comm, len(x), salt=100 * step)
+            x[...] = rank_data(len(x), comm.Get_rank(), salt=100 * step)
             if collective == "allreduce":
                 want = _want_allreduce(x)
             elif collective == "reduce_scatter":
@@ -201,7 +198,7 @@ def test_non_blocking_calls_are_counted_like_blocking_ones():
     """mpicoll.traffic() sees an operation completed by test() as it sees a blocking call."""
     comm = _tuned()
     try:
-        x = _data(comm, 40)
+        x = rank_data(40, comm.Get_rank())
         out = np.empty_like(x)
         with mpicoll.traffic() as blocking:
             _coll.run_allreduce(comm, _msg(x), _msg(out), MPI.SUM, "ring")
@@ -251,7 +248,7 @@ def test_device_operations_started_together():
     so device operations run to the end when they start; two in flight at
     once shared that copy and hung.
     """
-    import fakegpu
+    from support import fakegpu
 
     from mpicoll.api.buffers import msg_of_array as as_msg
     comm = WORLD.Dup()
@@ -259,7 +256,7 @@ def test_device_operations_started_together():
         be = fakegpu.fake_backend()
         rt = be.rt
         with fakegpu.registered(be), mpicoll.options(cuda_aware=False):
-            h1, h2 = _data(comm, 16), _data(comm, 16, salt=9)
+            h1, h2 = rank_data(16, comm.Get_rank()), rank_data(16, comm.Get_rank(), salt=9)
             x1, x2 = fakegpu.produce(rt, h1), fakegpu.produce(rt, h2)
             y1, y2 = rt.xp.empty(16, np.float64), rt.xp.empty(16, np.float64)
             op1 = _coll.start_allreduce(comm, as_msg(x1, be), as_msg(y1, be), MPI.SUM, "auto")

@@ -7,9 +7,9 @@ cluster, tests/cluster/).
 
 from __future__ import annotations
 
-import fakegpu
 import pytest
 from mpi4py import MPI
+from support import fakegpu
 
 import mpicoll
 from mpicoll.backends import devices as _devices

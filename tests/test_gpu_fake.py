@@ -14,11 +14,11 @@ collective starts.
 from __future__ import annotations
 
 import _util
-import fakegpu
 import gpucases
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import fakegpu
 
 import mpicoll
 from mpicoll.backends import devices as _devices

@@ -10,10 +10,10 @@ case).
 from __future__ import annotations
 
 import _util
-import fakegpu
 import gpucases
 import pytest
 from mpi4py import MPI
+from support import fakegpu
 
 import mpicoll
 from mpicoll.backends import devices as _devices

@@ -20,6 +20,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.algorithms.ring import split
@@ -35,12 +36,6 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 AR_ALGOS = V.algorithms_for("allreduce", auto=True)
 RS_ALGOS = V.algorithms_for("reduce_scatter", auto=True)
 AG_ALGOS = V.algorithms_for("allgather", auto=True)
-
-
-def logical(shape, rank=RANK, dtype=np.int64):
-    """Rank-asymmetric values by index: element i (C order) of rank r is 1000 i + 7 r + 1."""
-    n = int(np.prod(shape))
-    return (1000 * np.arange(n) + 7 * rank + 1).reshape(shape).astype(dtype)
 
 
 def laid_out(a, layout):
@@ -88,7 +83,7 @@ def test_issue_2x3_c_on_one_rank_fortran_on_another():
 
 def test_fortran_x_with_out_empty_like():
     """allreduce(xF, out=np.empty_like(xF)) works and returns that (Fortran) out."""
-    xf = np.asfortranarray(logical((3, 4)))
+    xf = np.asfortranarray(rank_data((3, 4), RANK, np.int64))
     out = np.empty_like(xf)
     got = mpicoll.allreduce(xf, out=out)
     ok = got is out and out.flags.f_contiguous and np.array_equal(out, _builtin_allreduce(xf))
@@ -102,7 +97,7 @@ def test_fortran_x_with_out_empty_like():
 @pytest.mark.parametrize("algorithm", AR_ALGOS)
 @pytest.mark.parametrize("out_layout", ["new", "C", "F", "S", "in place"])
 def test_allreduce_mixed_layouts(algorithm, out_layout):
-    base = logical((5, 3))
+    base = rank_data((5, 3), RANK, np.int64)
     want = _builtin_allreduce(base)
     x = laid_out(base, _my_layout())
     before = x.copy()
@@ -121,7 +116,7 @@ def test_allreduce_mixed_layouts(algorithm, out_layout):
 @pytest.mark.parametrize("out_layout", ["new", "C", "F", "S", "in place"])
 def test_reduce_scatter_mixed_layouts(algorithm, out_layout):
     rows = 2 * SIZE + 1
-    base = logical((rows, 3))
+    base = rank_data((rows, 3), RANK, np.int64)
     counts = split(rows, SIZE)[0]
     mine = counts[RANK]
     start = sum(counts[:RANK])
@@ -143,7 +138,7 @@ def test_reduce_scatter_mixed_layouts(algorithm, out_layout):
 @pytest.mark.parametrize("algorithm", AG_ALGOS)
 @pytest.mark.parametrize("out_layout", ["new", "C", "F", "S", "in place"])
 def test_allgather_mixed_layouts(algorithm, out_layout):
-    parts = [logical((2, 3), r) for r in range(SIZE)]
+    parts = [rank_data((2, 3), r, np.int64) for r in range(SIZE)]
     want = np.concatenate(parts)
     if out_layout == "in place":
         full = np.zeros_like(want)
@@ -166,12 +161,12 @@ def test_allgather_mixed_layouts(algorithm, out_layout):
 def test_comm_methods_fortran_buffers_match_the_builtin():
     """Fortran-ordered buffers through mpicoll.Comm give the built-in's bytes."""
     comm = mpicoll.Comm(WORLD)
-    xf = np.asfortranarray(logical((SIZE, 3)))
+    xf = np.asfortranarray(rank_data((SIZE, 3), RANK, np.int64))
     results = []
     for name, call in [
         ("Allreduce", lambda c, out: c.Allreduce(xf, out, op=MPI.SUM)),
         ("Reduce_scatter_block", lambda c, out: c.Reduce_scatter_block(xf, out[:3], op=MPI.SUM)),
-        ("Allgather", lambda c, out: c.Allgather(np.asfortranarray(logical((3, 1))), out[: 3 * SIZE])),
+        ("Allgather", lambda c, out: c.Allgather(np.asfortranarray(rank_data((3, 1), RANK, np.int64)), out[: 3 * SIZE])),
     ]:
         got = np.asfortranarray(np.zeros((SIZE, 3), np.int64))
         want = got.copy(order="F")
@@ -186,7 +181,7 @@ def test_comm_methods_fortran_buffers_match_the_builtin():
 
 def _kinds(n):
     """(name, x, out) for each buffer kind over n float64 values; out over exactly x's memory."""
-    vals = logical((n,), dtype=np.float64)
+    vals = rank_data((n,), RANK, np.float64)
     arr = array.array("d", vals.tolist())
     ba = bytearray(vals.tobytes())
     mv_nd = memoryview(vals.copy())
@@ -212,7 +207,7 @@ def test_in_place_allreduce_by_memory(kind):
     n = 4 * SIZE
     name, x, other = _kinds(n)[kind]
     is_bytes = _is_bytes(x)
-    want_src = np.frombuffer(bytes(x), np.uint8) if is_bytes else logical((n,), dtype=np.float64)
+    want_src = np.frombuffer(bytes(x), np.uint8) if is_bytes else rank_data((n,), RANK, np.float64)
     want = _builtin_allreduce(want_src, _op(is_bytes))
     got = mpicoll.allreduce(x, _op(is_bytes), out=other)
     now = np.frombuffer(bytes(x), want.dtype)
@@ -277,12 +272,12 @@ def test_partial_overlap_is_a_value_error(collective, kind):
 
 @pytest.mark.parametrize("cuda_aware", [False, True], ids=["staging", "direct"])
 def test_device_strided_and_in_place_by_memory(cuda_aware):
-    import fakegpu
+    from support import fakegpu
 
     be = fakegpu.fake_backend()
     rt = be.rt
     n = 3 * SIZE + 1
-    base = logical((2 * n,), dtype=np.float64)
+    base = rank_data((2 * n,), RANK, np.float64)
     want = _builtin_allreduce(base[::2])
     counts = split(n, SIZE)[0]
     start = sum(counts[:RANK])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.engine import context as _context
@@ -52,10 +53,6 @@ def comm():
     c.Free()
 
 
-def data(n, dtype=np.float64):
-    return (np.arange(n) * (RANK + 1) + RANK).astype(dtype)
-
-
 def ref_allreduce(x, op=MPI.SUM):
     """MPI's built-in result."""
     out = np.empty_like(x)
@@ -65,36 +62,36 @@ def ref_allreduce(x, op=MPI.SUM):
 
 def _case_count(comm, out):
     n = 1014 if RANK == ODD else 1024
-    return mpicoll.allreduce(data(n), comm=comm, out=out[:n])
+    return mpicoll.allreduce(rank_data(n, RANK), comm=comm, out=out[:n])
 
 
 def _case_dtype(comm, out):
     if RANK == ODD:
-        return mpicoll.allreduce(data(16, np.float32), comm=comm)
-    return mpicoll.allreduce(data(16), comm=comm, out=out[:16])
+        return mpicoll.allreduce(rank_data(16, RANK, np.float32), comm=comm)
+    return mpicoll.allreduce(rank_data(16, RANK), comm=comm, out=out[:16])
 
 
 def _case_op(comm, out):
     op = MPI.MAX if RANK == ODD else MPI.SUM
-    return mpicoll.allreduce(data(16), op, comm=comm, out=out[:16])
+    return mpicoll.allreduce(rank_data(16, RANK), op, comm=comm, out=out[:16])
 
 
 def _case_collective(comm, out):
     if RANK == ODD:
-        return mpicoll.allgather(data(4), comm=comm, out=out[: 4 * SIZE])
-    return mpicoll.allreduce(data(4), comm=comm, out=out[:4])
+        return mpicoll.allgather(rank_data(4, RANK), comm=comm, out=out[: 4 * SIZE])
+    return mpicoll.allreduce(rank_data(4, RANK), comm=comm, out=out[:4])
 
 
 def _case_algorithm(comm, out):
     algo = "recursive_doubling" if RANK == ODD else "ring"
-    return mpicoll.allreduce(data(64), comm=comm, out=out[:64], algorithm=algo)
+    return mpicoll.allreduce(rank_data(64, RANK), comm=comm, out=out[:64], algorithm=algo)
 
 
 def _case_allgather_counts(comm, out):
     counts = [3] * SIZE
     if RANK == ODD:
         counts[0] = 2
-    x = data(counts[RANK])
+    x = rank_data(counts[RANK], RANK)
     return mpicoll.allgather(x, comm=comm, counts=counts, out=out[: sum(counts)])
 
 
@@ -102,14 +99,14 @@ def _case_reduce_scatter_counts(comm, out):
     counts = [2] * SIZE
     if RANK == ODD:
         counts = [1] + [2] * (SIZE - 2) + [3]
-    x = data(sum(counts))
+    x = rank_data(sum(counts), RANK)
     return mpicoll.reduce_scatter(x, comm=comm, counts=counts, out=out[: counts[RANK]])
 
 
 def _case_user_op(comm, out):
     op = MPI.Op.Create(lambda a, b, t: None, commute=True)
     try:
-        return mpicoll.allreduce(data(16), op if RANK == ODD else MPI.SUM, comm=comm,
+        return mpicoll.allreduce(rank_data(16, RANK), op if RANK == ODD else MPI.SUM, comm=comm,
                                  out=out[:16])
     finally:
         op.Free()
@@ -172,8 +169,8 @@ def test_mismatch_raises_same_error_everywhere(comm, name):
     # nothing was written, and the communicator works right after
     assert np.all(out == SENTINEL)
     with mpicoll.options(check=True):
-        y = mpicoll.allreduce(data(10), comm=comm)
-    assert np.array_equal(y, ref_allreduce(data(10)))
+        y = mpicoll.allreduce(rank_data(10, RANK), comm=comm)
+    assert np.array_equal(y, ref_allreduce(rank_data(10, RANK)))
 
 
 @pytest.mark.skipif(SIZE < 2, reason="a mismatch needs two ranks")
@@ -189,16 +186,16 @@ def test_error_attributes(comm):
 @pytest.mark.skipif(SIZE < 2, reason="a mismatch needs two ranks")
 def test_call_number_differs_and_resynchronises(comm):
     """A rank whose call counter is ahead: 'call number differs'; later calls agree again."""
-    mpicoll.allreduce(data(4), comm=comm)          # creates the context; call #1
+    mpicoll.allreduce(rank_data(4, RANK), comm=comm)          # creates the context; call #1
     if RANK == ODD:
         _context.context(comm).seq += 1            # as if it had run one call more
     with mpicoll.options(check=True), pytest.raises(mpicoll.MismatchError) as info:
-        mpicoll.allreduce(data(4), comm=comm)
+        mpicoll.allreduce(rank_data(4, RANK), comm=comm)
     msg = str(info.value)
     assert msg == f"allreduce: call number differs: {groups_text('reached', '#2', '#3')}"
     with mpicoll.options(check=True):
-        y = mpicoll.allreduce(data(4), comm=comm)
-    assert np.array_equal(y, ref_allreduce(data(4)))
+        y = mpicoll.allreduce(rank_data(4, RANK), comm=comm)
+    assert np.array_equal(y, ref_allreduce(rank_data(4, RANK)))
 
 
 @pytest.mark.skipif(SIZE < 2, reason="a mismatch needs two ranks")
@@ -207,8 +204,8 @@ def test_environment_variable(comm, monkeypatch):
     with pytest.raises(mpicoll.MismatchError, match=r"^allreduce #1: count differs"):
         _case_count(comm, np.empty(1024))
     monkeypatch.setenv("MPICOLL_CHECK", "0")
-    y = mpicoll.allreduce(data(5), comm=comm)
-    assert np.array_equal(y, ref_allreduce(data(5)))
+    y = mpicoll.allreduce(rank_data(5, RANK), comm=comm)
+    assert np.array_equal(y, ref_allreduce(rank_data(5, RANK)))
 
 
 def test_matching_calls_pass_and_are_correct(comm):
@@ -216,13 +213,13 @@ def test_matching_calls_pass_and_are_correct(comm):
     counts = [r % 3 for r in range(SIZE)]
     with mpicoll.options(check=True):
         for n in (0, 1, SIZE + 3, 5000):
-            x = data(n)
+            x = rank_data(n, RANK)
             assert np.array_equal(mpicoll.allreduce(x, comm=comm), ref_allreduce(x))
             assert np.array_equal(mpicoll.allreduce(x, MPI.MAX, comm=comm, algorithm="ring"),
                                   ref_allreduce(x, MPI.MAX))
-        g = mpicoll.allgather(data(counts[RANK]), comm=comm, counts=counts)
-        assert np.array_equal(g, np.concatenate(WORLD.allgather(data(counts[RANK]))))
-        x = data(sum(counts) + SIZE)
+        g = mpicoll.allgather(rank_data(counts[RANK], RANK), comm=comm, counts=counts)
+        assert np.array_equal(g, np.concatenate(WORLD.allgather(rank_data(counts[RANK], RANK))))
+        x = rank_data(sum(counts) + SIZE, RANK)
         rcounts = [c + 1 for c in counts]
         r = mpicoll.reduce_scatter(x, comm=comm, counts=rcounts)
         full = ref_allreduce(x)
@@ -240,7 +237,7 @@ def test_one_rank_needs_no_exchange():
     solo = WORLD.Split(RANK, 0)
     try:
         with mpicoll.options(check=True):
-            assert np.array_equal(mpicoll.allreduce(data(7), comm=solo), data(7))
+            assert np.array_equal(mpicoll.allreduce(rank_data(7, RANK), comm=solo), rank_data(7, RANK))
     finally:
         solo.Free()
 

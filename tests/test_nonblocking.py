@@ -14,6 +14,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.api import requests as _requests
@@ -25,12 +26,6 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 COMM = mpicoll.Comm(WORLD)
 SENTINEL = -7
 MPI_COMM = MPI.Intracomm  # mpi4py's own methods: the built-in reference
-
-
-def rank_data(n, dtype=np.float64, rank=RANK, salt=0):
-    """Rank-asymmetric data: 10 r + 3 salt + [0, 1, ...] (+ 0.25 for floats)."""
-    x = 10 * rank + 3 * salt + np.arange(n)
-    return (x + 0.25 if np.dtype(dtype).kind == "f" else x).astype(dtype)
 
 
 def uneven(n_per=3):
@@ -78,9 +73,9 @@ def test_three_collectives_in_flight_waited_in_reverse_order(kind):
         comm = mpicoll.Comm(raw)
         rank, size = comm.Get_rank(), comm.Get_size()
         counts = [(r + 1) % 3 + (r == 0) for r in range(size)]  # uneven, >= 1 on rank 0
-        a = rank_data(7, np.float64, rank, 1)
-        b = rank_data(counts[rank], np.int32, rank, 2)
-        c = rank_data(sum(counts), np.float32, rank, 3)
+        a = rank_data(7, rank, np.float64, salt=1)
+        b = rank_data(counts[rank], rank, np.int32, salt=2)
+        c = rank_data(sum(counts), rank, np.float32, salt=3)
         a0, b0, c0 = a.copy(), b.copy(), c.copy()
         ra = np.full(7, SENTINEL, np.float64)
         rb = np.full(sum(counts), SENTINEL, np.int32)
@@ -102,10 +97,10 @@ def test_three_collectives_in_flight_waited_in_reverse_order(kind):
 
 
 def test_array_api_three_in_flight_waited_in_reverse_order():
-    x = rank_data(6, np.float64, salt=4).reshape(2, 3).T  # Fortran-ordered on every rank
-    g = rank_data(RANK % 3, np.int64, salt=5)                # uneven rows, some 0
+    x = rank_data(6, RANK, np.float64, salt=4).reshape(2, 3).T  # Fortran-ordered on every rank
+    g = rank_data(RANK % 3, RANK, np.int64, salt=5)                # uneven rows, some 0
     counts = [r % 3 for r in range(SIZE)]
-    s = rank_data(2 * SIZE + 1, np.float64, salt=6)
+    s = rank_data(2 * SIZE + 1, RANK, np.float64, salt=6)
     h1 = mpicoll.iallreduce(x, op=MPI.MIN)
     h2 = mpicoll.iallgather(g, counts=counts)
     h3 = mpicoll.ireduce_scatter(s)
@@ -123,10 +118,10 @@ def test_array_api_three_in_flight_waited_in_reverse_order():
 
 def test_blocking_call_while_nonblocking_in_flight():
     """MPI allows a blocking collective between start and wait of a non-blocking one."""
-    a = rank_data(1000, salt=7)
+    a = rank_data(1000, RANK, np.float64, salt=7)
     ra = np.empty_like(a)
     req = COMM.Iallreduce(a, ra)
-    b = rank_data(5, np.int32, salt=8)
+    b = rank_data(5, RANK, np.int32, salt=8)
     rb = np.empty_like(b)
     COMM.Allreduce(b, rb, op=MPI.MAX)
     req.Wait()
@@ -144,7 +139,7 @@ def test_ranks_wait_in_different_orders(algorithm):
     operation."""
     comm = mpicoll.Comm(WORLD, algorithm=algorithm)
     n = 64 * SIZE + 5
-    xs = [rank_data(n, salt=60 + k) for k in range(3)]
+    xs = [rank_data(n, RANK, np.float64, salt=60 + k) for k in range(3)]
     outs = [np.full(n, SENTINEL, np.float64) for _ in xs]
     with mpicoll.options(timeout=60):
         reqs = [comm.Iallreduce(x, y) for x, y in zip(xs, outs)]
@@ -171,7 +166,7 @@ def test_ranks_wait_in_different_orders(algorithm):
 
 
 def test_test_polling_to_completion():
-    a = rank_data(50_000, salt=9)
+    a = rank_data(50_000, RANK, np.float64, salt=9)
     ra = np.full_like(a, SENTINEL)
     status = MPI.Status()
     req = COMM.Iallreduce(a, ra)
@@ -187,7 +182,7 @@ def test_test_polling_to_completion():
 
 
 def test_waitall_and_testall():
-    data = [rank_data(n, salt=10 + n) for n in (0, 1, SIZE - 1, 33)]
+    data = [rank_data(n, RANK, np.float64, salt=10 + n) for n in (0, 1, SIZE - 1, 33)]
     outs = [np.full_like(d, SENTINEL) for d in data]
     reqs = [COMM.Iallreduce(d, o) for d, o in zip(data, outs)]
     statuses = [MPI.Status() for _ in reqs]
@@ -216,12 +211,12 @@ def test_waitall_and_testall():
 @pytest.mark.parametrize("dtype,op", [(np.float64, MPI.SUM), (np.int32, MPI.PROD),
                                       (np.int64, MPI.BXOR), (np.float32, MPI.MAX)])
 def test_counts_and_types(n, dtype, op):
-    x = rank_data(n, dtype, salt=11) % 5 + 1 if op is MPI.PROD else rank_data(n, dtype, salt=11)
+    x = rank_data(n, RANK, dtype, salt=11) % 5 + 1 if op is MPI.PROD else rank_data(n, RANK, dtype, salt=11)
     x = x.astype(dtype)
     r1 = np.full(n, SENTINEL, dtype)
     r2 = np.full(n * SIZE, SENTINEL, dtype)
     r3 = np.full(n, SENTINEL, dtype)
-    big = rank_data(n * SIZE, dtype, salt=12)
+    big = rank_data(n * SIZE, RANK, dtype, salt=12)
     reqs = [COMM.Iallreduce(x, r1, op), COMM.Iallgather(x, r2),
             COMM.Ireduce_scatter_block(big, r3, op)]
     mpicoll.Request.Waitall(reqs)
@@ -234,15 +229,15 @@ def test_counts_and_types(n, dtype, op):
 def test_in_place_forms():
     n = 5
     counts, displs = uneven()
-    ar = rank_data(n, salt=13)
+    ar = rank_data(n, RANK, np.float64, salt=13)
     ag = np.full(SIZE * n, SENTINEL, np.float64)
-    ag[RANK * n:(RANK + 1) * n] = rank_data(n, salt=14)
+    ag[RANK * n:(RANK + 1) * n] = rank_data(n, RANK, np.float64, salt=14)
     agv = np.full(sum(counts), SENTINEL, np.float64)
-    agv[displs[RANK]:displs[RANK] + counts[RANK]] = rank_data(counts[RANK], salt=15)
-    rsb = rank_data(SIZE * n, salt=16)
-    rs = rank_data(sum(counts), salt=17)
-    exp = [builtin_allreduce(ar), builtin_allgatherv(rank_data(n, salt=14), [n] * SIZE),
-           builtin_allgatherv(rank_data(counts[RANK], salt=15), counts),
+    agv[displs[RANK]:displs[RANK] + counts[RANK]] = rank_data(counts[RANK], RANK, np.float64, salt=15)
+    rsb = rank_data(SIZE * n, RANK, np.float64, salt=16)
+    rs = rank_data(sum(counts), RANK, np.float64, salt=17)
+    exp = [builtin_allreduce(ar), builtin_allgatherv(rank_data(n, RANK, np.float64, salt=14), [n] * SIZE),
+           builtin_allgatherv(rank_data(counts[RANK], RANK, np.float64, salt=15), counts),
            builtin_reduce_scatter(rsb, [n] * SIZE), builtin_reduce_scatter(rs, counts)]
     reqs = [COMM.Iallreduce(MPI.IN_PLACE, ar), COMM.Iallgather(MPI.IN_PLACE, ag),
             COMM.Iallgatherv(MPI.IN_PLACE, [agv, counts]),
@@ -250,10 +245,10 @@ def test_in_place_forms():
             COMM.Ireduce_scatter(MPI.IN_PLACE, rs, counts)]
     for r in reversed(reqs):
         r.Wait()
-    x = rank_data(SIZE * 2 + 1, salt=18)
+    x = rank_data(SIZE * 2 + 1, RANK, np.float64, salt=18)
     x_exp = builtin_allreduce(x)
     hx = mpicoll.iallreduce(x, out=x)
-    y = rank_data(SIZE * 2, salt=19)
+    y = rank_data(SIZE * 2, RANK, np.float64, salt=19)
     y_exp = builtin_reduce_scatter(y, [2] * SIZE)
     hy = mpicoll.ireduce_scatter(y, out=y)
     bad = problems([("Iallreduce", ar, exp[0]), ("Iallgather", ag, exp[1]),
@@ -267,7 +262,7 @@ def test_in_place_forms():
 
 def test_reduce_scatter_without_recvcounts():
     counts, _ = uneven(1)
-    x = rank_data(sum(counts), salt=20)
+    x = rank_data(sum(counts), RANK, np.float64, salt=20)
     out = np.full(counts[RANK], SENTINEL, np.float64)
     COMM.Ireduce_scatter(x, out).Wait()
     bad = problems([("Ireduce_scatter", out, builtin_reduce_scatter(x, counts))])
@@ -286,7 +281,7 @@ def test_persistent_allreduce_restarted_with_new_data():
     bad = []
     inactive_done = req.done and req.Test()  # an inactive persistent request is complete
     for it in range(4):
-        x[:] = rank_data(11, salt=30 + it)
+        x[:] = rank_data(11, RANK, np.float64, salt=30 + it)
         req.Start()
         req.Wait()
         if not _util.same_bytes(y, builtin_allreduce(x)):
@@ -311,8 +306,8 @@ def test_persistent_allgather_and_reduce_scatter_block():
     reqs = [COMM.Allgather_init(sx, gy), COMM.Reduce_scatter_block_init(bx, by, op=MPI.MAX)]
     bad = []
     for it in range(3):
-        sx[:] = rank_data(n, np.int32, salt=40 + it)
-        bx[:] = rank_data(n * SIZE, salt=50 + it) * (-1) ** (RANK + it)
+        sx[:] = rank_data(n, RANK, np.int32, salt=40 + it)
+        bx[:] = rank_data(n * SIZE, RANK, np.float64, salt=50 + it) * (-1) ** (RANK + it)
         for r in reqs:
             r.Start()
         polls = 0
@@ -343,14 +338,14 @@ def test_persistent_starts_run_on_persistent_requests(monkeypatch):
     op = req._op
     bad = []
     for it in range(4):
-        x[:] = rank_data(7, salt=70 + it)
+        x[:] = rank_data(7, RANK, np.float64, salt=70 + it)
         req.Start()
         req.Wait()
         bad.append(problems([(f"start #{it + 1}", y, builtin_allreduce(x))]))
     # (one rank: a program of copies, no requests to hold)
     compiled = op.run.program is not None and (SIZE == 1 or op.run in _executor._HOLDING)
     with mpicoll.traffic() as t:
-        x[:] = rank_data(7, salt=80)
+        x[:] = rank_data(7, RANK, np.float64, salt=80)
         req.Start()
         req.Wait()
     bad.append(problems([("counted start", y, builtin_allreduce(x))]))
@@ -376,7 +371,7 @@ def test_persistent_programs_and_nonblocking_waited_in_rank_dependent_orders():
     p1, p2 = COMM.Allreduce_init(x, y, op=MPI.MAX), COMM.Allgather_init(x, g)
     bad = []
     for it in range(4):
-        x[:] = rank_data(n, salt=90 + it)
+        x[:] = rank_data(n, RANK, np.float64, salt=90 + it)
         z = np.full(n, SENTINEL, np.float64)
         p1.Start()
         h = COMM.Iallreduce(x, z)
@@ -397,7 +392,7 @@ def test_persistent_programs_and_nonblocking_waited_in_rank_dependent_orders():
 def test_freeing_the_communicator_frees_the_programs():
     from mpicoll.engine import executor as _executor
     comm = mpicoll.Comm(WORLD.Dup())
-    x, y = rank_data(3), np.empty(3)
+    x, y = rank_data(3, RANK, np.float64), np.empty(3)
     req = comm.Allreduce_init(x, y)
     for _ in range(2):
         req.Start()
@@ -437,8 +432,8 @@ def test_repeated_nonblocking_calls_restart_their_operations(monkeypatch):
     z = np.full(n, SENTINEL, np.float64)
     bad = []
     for step in range(5):
-        x[:] = rank_data(n, salt=100 + step)
-        b[:] = rank_data(n * SIZE, salt=110 + step)
+        x[:] = rank_data(n, RANK, np.float64, salt=100 + step)
+        b[:] = rank_data(n * SIZE, RANK, np.float64, salt=110 + step)
         reqs = [COMM.Iallreduce(x, y), COMM.Iallgather(x, g),
                 COMM.Ireduce_scatter_block(b, rs, MPI.MAX)]
         h = mpicoll.iallreduce(x, MPI.MIN, out=z)
@@ -468,8 +463,8 @@ def test_restart_is_a_per_rank_decision():
     bad = []
     for step in range(4):
         x, y = (keep_x, keep_y) if RANK % 2 == 0 else (np.empty(n), np.empty(n))
-        x[:] = rank_data(n, salt=120 + step)
-        other = rank_data(n, salt=130 + step)
+        x[:] = rank_data(n, RANK, np.float64, salt=120 + step)
+        other = rank_data(n, RANK, np.float64, salt=130 + step)
         w = np.full(n * SIZE, SENTINEL, np.float64)
         r1 = COMM.Iallreduce(x, y)
         r2 = COMM.Iallgather(other, w)
@@ -486,7 +481,7 @@ def test_no_restart_before_the_last_request_was_seen_complete(monkeypatch):
     """A repeat while the last request was not waited (erroneous in MPI, but the operation
     may be complete) starts a new operation: the old request stays its own."""
     validated = _count_validations(monkeypatch)
-    x, y = rank_data(5, salt=140), np.empty(5)
+    x, y = rank_data(5, RANK, np.float64, salt=140), np.empty(5)
     COMM.Iallreduce(x, y).Wait()
     r1 = COMM.Iallreduce(x, y)  # restarted
     r1_op = r1._op
@@ -507,7 +502,7 @@ def test_kept_operations_are_bounded_and_observed_calls_are_counted():
     from mpicoll.engine import plan as _plan
     comm = mpicoll.Comm(WORLD.Dup())
     try:
-        xs = [rank_data(3, salt=150 + k) for k in range(_plan.KEPT + 3)]
+        xs = [rank_data(3, RANK, np.float64, salt=150 + k) for k in range(_plan.KEPT + 3)]
         ys = [np.empty(3) for _ in xs]
         for x, y in zip(xs, ys):
             comm.Iallreduce(x, y).Wait()
@@ -543,10 +538,10 @@ def test_nonblocking_tags_never_take_a_persistent_operations_tag():
         ptag = p._op.run.tag
         tags, bad = set(), []
         for it in range(3):
-            x[:] = rank_data(n, salt=160 + it)
+            x[:] = rank_data(n, RANK, np.float64, salt=160 + it)
             p.Start()  # in flight during the non-blocking calls below
             for k in range(12):
-                a = rank_data(n, salt=170 + k)
+                a = rank_data(n, RANK, np.float64, salt=170 + k)
                 b = np.full(n, SENTINEL, np.float64)
                 r = comm.Iallreduce(a, b)
                 tags.add(r._op.run.tag)
@@ -563,7 +558,7 @@ def test_nonblocking_tags_never_take_a_persistent_operations_tag():
 
 
 def test_persistent_free_without_start():
-    x, y = rank_data(4), np.full(4, SENTINEL, np.float64)
+    x, y = rank_data(4, RANK, np.float64), np.full(4, SENTINEL, np.float64)
     reqs = [COMM.Allreduce_init(x, y), COMM.Allgather_init(x, np.empty(4 * SIZE)),
             COMM.Reduce_scatter_block_init(np.empty(4 * SIZE), y)]
     for r in reqs:
@@ -576,7 +571,7 @@ def test_persistent_free_without_start():
 
 
 def test_start_on_an_active_or_nonblocking_request_raises():
-    x, y = rank_data(4), np.empty(4)
+    x, y = rank_data(4, RANK, np.float64), np.empty(4)
     p = COMM.Allreduce_init(x, y)
     p.Start()
     problem = ""
@@ -669,7 +664,7 @@ def test_bad_arguments_raise_as_the_blocking_call(name, refuse_start):
     ("reduce_scatter", {"out": np.zeros((1, 1))}),
 ])
 def test_array_bad_arguments_raise_as_the_blocking_call(fn, kwargs, refuse_start):
-    x = rank_data(4)
+    x = rank_data(4, RANK, np.float64)
     expected = _error_of(lambda: getattr(mpicoll, fn)(x, **kwargs))
     _util.assert_all(WORLD, expected[0] is not None, f"{fn} accepted {kwargs}")
     buffers = [x] + [v for v in kwargs.values() if isinstance(v, np.ndarray)]
@@ -692,28 +687,28 @@ def progress():
 
 def test_progress_thread_completes_without_test_calls(progress):
     """With the thread on, an operation completes while the caller never calls Test/Wait."""
-    a = rank_data(200_000, salt=60)
+    a = rank_data(200_000, RANK, np.float64, salt=60)
     ra = np.empty_like(a)
     req = COMM.Iallreduce(a, ra)
-    h = mpicoll.iallgather(rank_data(3, salt=61))
+    h = mpicoll.iallgather(rank_data(3, RANK, np.float64, salt=61))
     deadline = time.monotonic() + 60
     while not (req.done and h.done) and time.monotonic() < deadline:
         time.sleep(0.001)
     completed = req.done and h.done
     req.Wait()
     bad = problems([("Iallreduce", ra, builtin_allreduce(a)),
-                    ("iallgather", h.wait(), builtin_allgatherv(rank_data(3, salt=61), [3] * SIZE))])
+                    ("iallgather", h.wait(), builtin_allgatherv(rank_data(3, RANK, np.float64, salt=61), [3] * SIZE))])
     _util.assert_all(WORLD, completed and not bad, bad or "not completed by the progress thread")
 
 
 def test_progress_thread_many_operations_and_persistent(progress):
-    data = [rank_data(n, salt=70 + n) for n in (0, 1, 5, 1000, 30_000)]
+    data = [rank_data(n, RANK, np.float64, salt=70 + n) for n in (0, 1, 5, 1000, 30_000)]
     handles = [mpicoll.iallreduce(d, op=MPI.MAX) for d in data]
     x, y = np.empty(64), np.empty(64)
     p = COMM.Allreduce_init(x, y)
     bad = []
     for it in range(3):
-        x[:] = rank_data(64, salt=80 + it)
+        x[:] = rank_data(64, RANK, np.float64, salt=80 + it)
         p.Start()
         while not p.Test():  # the caller and the thread both advance it
             pass
@@ -727,20 +722,20 @@ def test_progress_thread_many_operations_and_persistent(progress):
 
 
 def test_progress_thread_stops_and_restarts(progress):
-    h = mpicoll.iallreduce(rank_data(10, salt=90))
+    h = mpicoll.iallreduce(rank_data(10, RANK, np.float64, salt=90))
     h.wait()
     thread = _requests._thread
     _requests.stop_progress()
     stopped = thread is not None and not thread.thread.is_alive()
-    r = mpicoll.iallreduce(rank_data(10, salt=91)).wait()  # starts a new thread
-    bad = problems([("after restart", r, builtin_allreduce(rank_data(10, salt=91)))])
+    r = mpicoll.iallreduce(rank_data(10, RANK, np.float64, salt=91)).wait()  # starts a new thread
+    bad = problems([("after restart", r, builtin_allreduce(rank_data(10, RANK, np.float64, salt=91)))])
     _util.assert_all(WORLD, stopped and not bad, bad or "thread still alive after stop")
 
 
 def test_progress_needs_thread_multiple(monkeypatch, refuse_start):
     _requests.stop_progress()
     monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
-    x = rank_data(4)
+    x = rank_data(4, RANK, np.float64)
     y = np.full(4, SENTINEL, np.float64)
     with mpicoll.options(progress=True):
         _util.raises_everywhere(COMM, mpicoll.MpicollError, "MPI_THREAD_MULTIPLE.*"
@@ -754,7 +749,7 @@ def test_progress_environment_variable(monkeypatch):
     has sent anything or set the communicator up."""
     from mpicoll.engine import context as _context
     monkeypatch.setenv("MPICOLL_PROGRESS", "maybe")
-    x = rank_data(4)
+    x = rank_data(4, RANK, np.float64)
     before = x.copy()
     comm = WORLD.Dup()
     try:
@@ -773,7 +768,7 @@ def test_progress_environment_variable(monkeypatch):
 
 def test_nonblocking_runs_mpicolls_algorithms():
     """The inherited Iallreduce etc. ran MPI's built-ins: these must be mpicoll's."""
-    a = rank_data(1000, salt=95)
+    a = rank_data(1000, RANK, np.float64, salt=95)
     ra = np.empty_like(a)
     with mpicoll.traffic() as t:
         req = COMM.Iallreduce(a, ra)
@@ -796,11 +791,11 @@ def test_nonblocking_runs_mpicolls_algorithms():
 
 @pytest.mark.parametrize("cuda_aware", [False, True])
 def test_device_arrays(cuda_aware):
-    import fakegpu
+    from support import fakegpu
     be = fakegpu.fake_backend(compute="lazy", copies="lazy")
     rt = be.rt
     n = 2 * SIZE + 1
-    a, g, s = rank_data(n, salt=100), rank_data(RANK % 3, salt=101), rank_data(n, salt=102)
+    a, g, s = rank_data(n, RANK, np.float64, salt=100), rank_data(RANK % 3, RANK, np.float64, salt=101), rank_data(n, RANK, np.float64, salt=102)
     counts = [r % 3 for r in range(SIZE)]
     rs_counts = [len(b) for b in np.array_split(np.arange(n), SIZE)]
     with fakegpu.registered(be), mpicoll.options(cuda_aware=cuda_aware):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import schedsim as sim
+from support import schedsim as sim
 
 from mpicoll.algorithms import direct
 from mpicoll.algorithms.ring import split

@@ -1,4 +1,4 @@
-"""Every schedule builder, run by tests/schedsim.py on all ranks at once (NumPy only, no messages).
+"""Every schedule builder, run by tests/support/schedsim.py on all ranks at once (NumPy only, no messages).
 
 For each builder in the modules' ``SCHEDULES`` registries (see
 :data:`BUILDERS`), at 1..9 ranks, several count patterns (0, 1, fewer than
@@ -25,10 +25,10 @@ from __future__ import annotations
 import random
 import zlib
 
-import numpy as np
+import _util
 import pytest
-import schedsim as sim
 from mpi4py import MPI
+from support import schedsim as sim
 
 from mpicoll.algorithms import bruck, direct, halving, hierarchical, recursive, ring
 from mpicoll.algorithms.schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Send, Wait
@@ -59,118 +59,6 @@ ORDER_PRESERVING = _select.ORDER_PRESERVING
 TUNINGS = [(1, 1), (3, 2), (2, 5), (1 << 17, 2)]  # (segment elements, window)
 
 
-def _share(cases):
-    return [c for i, c in enumerate(cases) if i % WORLD.size == WORLD.rank]
-
-
-# --- data and references ----------------------------------------------------------
-
-def affine(a, b, out):
-    """Composition of affine maps x -> re*x + im packed in complex numbers: associative,
-    not commutative; exact on small integers, so operand order shows."""
-    re = a.real * b.real
-    im = a.real * b.imag + a.imag
-    out.real = re
-    out.imag = im
-
-
-def _data(rank, N, op):
-    i = np.arange(N)
-    if op == "affine":
-        return ((rank + i) % 3 - 1 + ((rank * 5 + i) % 7 - 3) * 1j).astype(np.complex128)
-    return ((rank * 131 + i * 7) % 17 - 8).astype(np.float64)
-
-
-def _reduce_all(inputs, op):
-    acc = inputs[0].copy()
-    for x in inputs[1:]:
-        (affine if op == "affine" else np.add)(acc, x, acc)  # rank order, left to right
-    return acc
-
-
-def _counts(n, rng):
-    return [[3] * n, ring.split(2 * n + 1, n)[0], [0] * n, [0] * (n - 1) + [5], [1] + [0] * (n - 1),
-            [rng.randrange(0, 6) for _ in range(n)], [rng.randrange(0, 40) for _ in range(n)],
-            ring.split(1000, n)[0]]
-
-
-def _scattered(counts, rng):
-    """Displacements with gaps between blocks, in a random order; the buffer length."""
-    order = list(range(len(counts)))
-    rng.shuffle(order)
-    displs, at = [0] * len(counts), 2
-    for r in order:
-        displs[r] = at
-        at += counts[r] + 1
-    return displs, at + 3
-
-
-# --- one case -----------------------------------------------------------------------
-
-def run_case(collective, build, n, counts, displs, length, in_place, model, tuning=(1, 2), op="sum",
-             ring_order=None, nodes=()):
-    """Build every rank's schedule, simulate, check; returns the simulator's Result."""
-    seg, win = tuning
-    commutative = op != "affine"
-    shapes = [sim.shape(collective, n, r, counts=counts, displs=displs,
-                        total=length if collective == "allreduce" else None, ring=ring_order,
-                        segment=seg, window=win, in_place=in_place, commutative=commutative,
-                        nodes=nodes)
-              for r in range(n)]
-    schedules = [build(s) for s in shapes]
-    what = (f"{collective} {build.__module__}.{build.__name__} n={n} counts={counts} "
-            f"displs={displs} in_place={in_place} {model} tuning={tuning} op={op} nodes={nodes}")
-    if collective == "allgather":
-        blocks = [_data(r, counts[r], op) + 100 * r for r in range(n)]
-        expect = np.full(length, -1.0)
-        for r in range(n):
-            expect[displs[r]: displs[r] + counts[r]] = blocks[r]
-        bufs = []
-        for r in range(n):
-            dst = np.full(length, -1.0)
-            if in_place:
-                dst[displs[r]: displs[r] + counts[r]] = blocks[r]
-                bufs.append(sim.bind(collective, shapes[r], None, dst))
-            else:
-                bufs.append(sim.bind(collective, shapes[r], blocks[r].copy(), dst))
-        inputs = blocks
-    else:
-        inputs = [_data(r, length, op) for r in range(n)]
-        full = _reduce_all(inputs, op)
-        bufs = []
-        for r in range(n):
-            x = inputs[r].copy()
-            if collective == "allreduce":
-                dst = None if in_place else np.full(length, 7, x.dtype)
-                bufs.append(sim.bind(collective, shapes[r], None if in_place else x, x if in_place else dst))
-            else:
-                bufs.append(sim.bind(collective, shapes[r], x,
-                                     None if in_place else np.full(counts[r], 7, x.dtype)))
-    res = sim.simulate(schedules, bufs, np.add if op == "sum" else affine, model)
-    for r in range(n):
-        got = res.dst(r)
-        if collective == "allreduce":
-            want = full
-        elif collective == "reduce_scatter":
-            want = full[displs[r]: displs[r] + counts[r]]
-        else:
-            want = expect
-        assert got.tobytes() == want.tobytes(), f"{what}: rank {r} got {got}, want {want}"
-        if collective == "allreduce" and op == "affine":
-            assert got.tobytes() == res.dst(0).tobytes(), f"{what}: ranks differ bitwise"
-        src = res.src(r)
-        if not in_place:
-            assert src.tobytes() == inputs[r].tobytes(), f"{what}: rank {r} input changed"
-        elif collective == "reduce_scatter":
-            assert src[counts[r]:].tobytes() == inputs[r][counts[r]:].tobytes(), \
-                f"{what}: rank {r} input beyond the result changed"
-        for o in schedules[r].ops:
-            if type(o) in (Send, Recv):
-                assert o.label is not None and o.label.count == o.region.count, f"{what}: label {o}"
-        assert res.counts[r] == sim.traffic(schedules[r], got.itemsize)
-    return res
-
-
 def _cases(collective, algorithm):
     """(n, counts, displs, length, in_place, model, tuning, op, ring order) of one builder."""
     rng = random.Random(zlib.crc32(f"{collective} {algorithm}".encode()))
@@ -181,10 +69,10 @@ def _cases(collective, algorithm):
             layouts = [((N,), (0,), N) for N in sorted({0, 1, max(n - 1, 0), n, 2 * n + 1, 37, 1000})]
         else:
             layouts = []
-            for counts in _counts(n, rng):
+            for counts in sim.count_patterns(n, rng):
                 layouts.append((counts, [sum(counts[:r]) for r in range(n)], sum(counts)))
                 if collective == "allgather":
-                    layouts.append((counts, *_scattered(counts, rng)))
+                    layouts.append((counts, *sim.scattered(counts, rng)))
         rings = [None, tuple(range(n))[::-1]] if algorithm == "ring" else [None]
         for counts, displs, length in layouts:
             for op in ops:
@@ -205,8 +93,8 @@ def _cases(collective, algorithm):
                          ids=[f"{c}-{a}" for c, a, _ in BUILDERS])
 def test_schedule_matches_reference(collective, algorithm, build):
     for n, counts, displs, length, in_place, model, tuning, op, ring_order in \
-            _share(_cases(collective, algorithm)):
-        run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op, ring_order)
+            _util.share(_cases(collective, algorithm)):
+        sim.run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op, ring_order)
 
 
 # Node layouts for the hierarchical algorithms: equal and uneven ranks per node, block
@@ -243,8 +131,8 @@ def test_hierarchical_on_node_layouts(collective):
     """The hierarchical builders on simulated node layouts; across nodes only the model's bytes."""
     build = hierarchical.SCHEDULES[(collective, "hierarchical")]
     for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
-            _share(_layout_cases(collective)):
-        run_case(collective, build, n, counts, displs, length, in_place, model, tuning, "sum",
+            _util.share(_layout_cases(collective)):
+        sim.run_case(collective, build, n, counts, displs, length, in_place, model, tuning, "sum",
                  ring_order, nodes)
     # bytes each node sends to other nodes, 2 nodes x 2 ranks, 1200 elements: half the ring's
     # 2(n-1)/n for AllReduce (2(k-1)/k * N = 1.0 N against 1.5 N), (k-1)/k * N for the others
@@ -270,8 +158,8 @@ def test_rabenseifner_on_node_layouts():
     link at 2 nodes x 2 ranks, block or round-robin, where pairing by rank puts 2.0 N under block)."""
     build = halving.SCHEDULES[("allreduce", "rabenseifner")]
     for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
-            _share(_layout_cases("allreduce")):
-        run_case("allreduce", build, n, counts, displs, length, in_place, model, tuning, "sum",
+            _util.share(_layout_cases("allreduce")):
+        sim.run_case("allreduce", build, n, counts, displs, length, in_place, model, tuning, "sum",
                  ring_order, nodes)
     from mpicoll.transport import topology
     total = 1200
@@ -370,9 +258,9 @@ def test_checks_catch_a_broken_builder(change, model, op, expect):
     if WORLD.rank != 0:
         pytest.skip("single-process check, run on rank 0")
     # (segments of 64: each exchange one message each way, the pattern _send_first turns)
-    run_case("allreduce", recursive.allreduce_schedule, 5, (9,), (0,), 9, False, model, (64, 2), op=op)
+    sim.run_case("allreduce", recursive.allreduce_schedule, 5, (9,), (0,), 9, False, model, (64, 2), op=op)
     with pytest.raises(expect):
-        run_case("allreduce", _mutated(recursive.allreduce_schedule, change), 5, (9,), (0,), 9,
+        sim.run_case("allreduce", _mutated(recursive.allreduce_schedule, change), 5, (9,), (0,), 9,
                  False, model, (64, 2), op=op)
 
 
@@ -419,7 +307,7 @@ def test_handmade_ring_is_a_ring_allreduce():
         for N in (0, 1, n, 3 * n + 1):
             for in_place in (False, True):
                 for model in sim.MODELS:
-                    run_case("allreduce", handmade_ring_allreduce, n, (N,), (0,), N, in_place, model)
+                    sim.run_case("allreduce", handmade_ring_allreduce, n, (N,), (0,), N, in_place, model)
 
 
 def test_ring_diagram_reads_the_schedule():

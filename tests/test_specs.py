@@ -15,6 +15,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 
@@ -25,10 +26,6 @@ WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 SENTINEL = -7
 T = MPI.INT
-
-
-def data(n, rank=RANK, dtype=np.int32):
-    return (100 * rank + np.arange(n) % 13 + 1).astype(dtype)
 
 
 def recv(n):
@@ -47,7 +44,7 @@ def _agv(spec_of, nrecv, count=None):
     def make():
         y = recv(nrecv)
         n = COUNTS[RANK] if count is None else count
-        return (data(n), spec_of(y)), [y]
+        return (rank_data(n, RANK, np.int32), spec_of(y)), [y]
     return make
 
 
@@ -79,7 +76,7 @@ ALLGATHERV = {
 def _agv_send(spec_of):
     def make():
         y = recv(sum(COUNTS) + 2)
-        x = np.concatenate([data(COUNTS[RANK]), data(3, RANK + 50)])  # extra elements after
+        x = np.concatenate([rank_data(COUNTS[RANK], RANK, np.int32), rank_data(3, RANK + 50, np.int32)])  # extra elements after
         return (spec_of(x), [y, COUNTS, None, T]), [y]
     return make
 
@@ -97,7 +94,7 @@ ALLGATHERV_SEND = {
 def _ag(send_of, recv_of, nsend, nrecv):
     def make():
         y = recv(nrecv)
-        x = data(nsend)
+        x = rank_data(nsend, RANK, np.int32)
         return (send_of(x), recv_of(y)), [y]
     return make
 
@@ -121,9 +118,9 @@ def _ar(send_of, recv_of, nsend, nrecv, dtype=np.int32, in_place=False):
     def make():
         y = recv(nrecv).astype(dtype)
         if in_place:
-            y[:] = data(nrecv, dtype=dtype)
+            y[:] = rank_data(nrecv, RANK, dtype)
             return (MPI.IN_PLACE, recv_of(y)), [y]
-        return (send_of(data(nsend, dtype=dtype)), recv_of(y)), [y]
+        return (send_of(rank_data(nsend, RANK, dtype)), recv_of(y)), [y]
     return make
 
 
@@ -148,9 +145,9 @@ def _rsb(send_of, recv_of, nsend, nrecv, in_place=False):
     def make():
         y = recv(nrecv)
         if in_place:
-            y[:] = data(nrecv)
+            y[:] = rank_data(nrecv, RANK, np.int32)
             return (MPI.IN_PLACE, recv_of(y)), [y]
-        return (send_of(data(nsend)), recv_of(y)), [y]
+        return (send_of(rank_data(nsend, RANK, np.int32)), recv_of(y)), [y]
     return make
 
 
@@ -175,9 +172,9 @@ def _rs(send_of, recv_of, counts_of, in_place=False):
         n = COUNTS[RANK]
         y = recv(n + 2)
         if in_place:
-            y = data(sum(COUNTS) + 1)
+            y = rank_data(sum(COUNTS) + 1, RANK, np.int32)
             return (MPI.IN_PLACE, recv_of(y, sum(COUNTS)), counts_of()), [y]
-        return (send_of(data(sum(COUNTS) + 2)), recv_of(y, n), counts_of()), [y]
+        return (send_of(rank_data(sum(COUNTS) + 2, RANK, np.int32)), recv_of(y, n), counts_of()), [y]
     return make
 
 
@@ -219,21 +216,21 @@ def test_spec_like_mpi4py(method, label, make):
 # Specs mpi4py itself refuses (before any message): mpicoll refuses them too, clearly.
 REJECTED = [
     ("Allreduce", "[buf] (1 item)", ValueError, r"2 to 4 items",
-     lambda: (data(3), [recv(3)])),
+     lambda: (rank_data(3, RANK, np.int32), [recv(3)])),
     ("Allreduce", "5 items", ValueError, r"2 to 4 items",
-     lambda: (data(3), [recv(3), 3, 0, T, T])),
+     lambda: (rank_data(3, RANK, np.int32), [recv(3), 3, 0, T, T])),
     ("Allreduce", "(count,) pair", ValueError, r"recvbuf: expected \(count, displ\), got 1 items",
-     lambda: (data(3), [recv(3), (3,), T])),
+     lambda: (rank_data(3, RANK, np.int32), [recv(3), (3,), T])),
     ("Allreduce", "[buf, count, displ] (3 items: the third is the datatype)", TypeError,
      r"recvbuf: expected an MPI.Datatype or a typecode string as the datatype, got int",
-     lambda: (data(3), [recv(5), 3, 1])),
+     lambda: (rank_data(3, RANK, np.int32), [recv(5), 3, 1])),
     ("Allgatherv", "[buf, [counts, displs]] (a list is counts)",
      (TypeError, ValueError), r"recvbuf: expected",
-     lambda: (data(COUNTS[RANK]), [recv(NGAP), [COUNTS, GAPPED]])),
+     lambda: (rank_data(COUNTS[RANK], RANK, np.int32), [recv(NGAP), [COUNTS, GAPPED]])),
     ("Allreduce", "unknown typecode", TypeError, r"recvbuf: unknown typecode 'zz'",
-     lambda: (data(3), [recv(3), "zz"])),
+     lambda: (rank_data(3, RANK, np.int32), [recv(3), "zz"])),
     ("Allreduce", "recvbuf None", TypeError, r"recvbuf: expected a buffer .*got NoneType",
-     lambda: (data(3), None)),
+     lambda: (rank_data(3, RANK, np.int32), None)),
 ]
 
 

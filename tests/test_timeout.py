@@ -17,6 +17,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.engine import context as _context
@@ -32,10 +33,6 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 SKIPPER = 1
 T = 0.25         # timeout used here (seconds): short, a missing rank is never coming
 MARGIN = 4.0     # allowed lateness on an oversubscribed, shared machine
-
-
-def data(n, dtype=np.float64):
-    return (np.arange(n) % 97 * (RANK + 1) + RANK).astype(dtype)
 
 
 def ref_allreduce(x, op=MPI.SUM):
@@ -136,7 +133,7 @@ def _skip_one(comm, run):
 
 def _fresh_comm():
     comm = WORLD.Dup()
-    mpicoll.allreduce(data(4), comm=comm)  # call #1: context created, all healthy
+    mpicoll.allreduce(rank_data(4, RANK), comm=comm)  # call #1: context created, all healthy
     return comm
 
 
@@ -166,7 +163,7 @@ def _discard(comm):
 def test_skipped_call_times_out_on_the_others(collective, algorithm):
     comm = _fresh_comm()
     fn = getattr(mpicoll, collective)
-    x = data(8 * SIZE)  # small: eager sends, nothing left pending at the skipper
+    x = rank_data(8 * SIZE, RANK)  # small: eager sends, nothing left pending at the skipper
 
     exc, elapsed = _skip_one(comm, lambda c: fn(x, comm=c, algorithm=algorithm, timeout=T))
     problem = ""
@@ -198,7 +195,7 @@ def test_skipped_call_times_out_on_the_others(collective, algorithm):
     refused = ""
     if RANK != SKIPPER:
         try:
-            mpicoll.allreduce(data(4), comm=comm)
+            mpicoll.allreduce(rank_data(4, RANK), comm=comm)
             refused = "a call on the timed-out communicator was accepted"
         except mpicoll.MpicollError as e:
             if "communicator unusable" not in str(e) or f"#2 timed out on rank {RANK}" not in str(e):
@@ -206,15 +203,15 @@ def test_skipped_call_times_out_on_the_others(collective, algorithm):
     _util.assert_all(WORLD, not refused, refused)
     _discard(comm)
     # and everything else still works
-    y = mpicoll.allreduce(data(10))
-    assert np.array_equal(y, ref_allreduce(data(10)))
+    y = mpicoll.allreduce(rank_data(10, RANK))
+    assert np.array_equal(y, ref_allreduce(rank_data(10, RANK)))
 
 
 @pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
 def test_skipped_call_times_out_in_the_check():
     comm = _fresh_comm()
     with mpicoll.options(check=True, timeout=T):
-        exc, elapsed = _skip_one(comm, lambda c: mpicoll.allreduce(data(3), comm=c))
+        exc, elapsed = _skip_one(comm, lambda c: mpicoll.allreduce(rank_data(3, RANK), comm=c))
     problem = ""
     if RANK != SKIPPER:
         if exc is None:
@@ -239,21 +236,21 @@ def test_healthy_calls_are_unchanged(how, monkeypatch):
     previous = mpicoll.configure(timeout=30.0) if how == "configure" else None
     try:
         for n in (0, 1, SIZE + 1, 3001):
-            x = data(n)
+            x = rank_data(n, RANK)
             for algo in ("ring", "recursive_doubling"):
                 y = mpicoll.allreduce(x, comm=comm, algorithm=algo, **kw)
                 assert np.array_equal(y, ref_allreduce(x)), (n, algo)
         counts = [(r * 37) % 101 for r in range(SIZE)]
-        g = mpicoll.allgather(data(counts[RANK]), comm=comm, counts=counts, **kw)
-        assert np.array_equal(g, np.concatenate(WORLD.allgather(data(counts[RANK]))))
-        x = data(sum(counts))
+        g = mpicoll.allgather(rank_data(counts[RANK], RANK), comm=comm, counts=counts, **kw)
+        assert np.array_equal(g, np.concatenate(WORLD.allgather(rank_data(counts[RANK], RANK))))
+        x = rank_data(sum(counts), RANK)
         r = mpicoll.reduce_scatter(x, comm=comm, counts=counts, **kw)
         lo = sum(counts[:RANK])
         assert np.array_equal(r, ref_allreduce(x)[lo: lo + counts[RANK]])
         c = mpicoll.Comm(comm)
         out = np.empty(500)
-        c.Allreduce(data(500), out)
-        assert np.array_equal(out, ref_allreduce(data(500)))
+        c.Allreduce(rank_data(500, RANK), out)
+        assert np.array_equal(out, ref_allreduce(rank_data(500, RANK)))
     finally:
         if previous is not None:
             mpicoll.configure(**previous)
@@ -263,7 +260,7 @@ def test_healthy_calls_are_unchanged(how, monkeypatch):
 @pytest.mark.parametrize("value, exc", [(0, ValueError), (-1.0, ValueError), ("5", TypeError),
                                         (True, TypeError)])
 def test_timeout_argument_is_checked(value, exc):
-    x = data(4)
+    x = rank_data(4, RANK)
     before = x.copy()
     with pytest.raises(exc, match="^timeout: expected"):
         mpicoll.allreduce(x, timeout=value)
@@ -278,7 +275,7 @@ def test_bad_environment_value(monkeypatch):
     try:
         with pytest.raises(ValueError,
                            match="MPICOLL_TIMEOUT: expected a number of seconds, got 'soon'"):
-            mpicoll.allreduce(data(4), comm=comm)
+            mpicoll.allreduce(rank_data(4, RANK), comm=comm)
     finally:
         comm.Free()
 
@@ -302,8 +299,8 @@ LONG_N = 16_000_000  # float64 per rank: 128 MB
 
 @functools.lru_cache(maxsize=1)
 def long_data():
-    """data(LONG_N) and its MPI AllReduce, made once for every case below (inputs only read)."""
-    x = data(LONG_N)
+    """rank_data(LONG_N, RANK) and its MPI AllReduce, made once for every case below (inputs only read)."""
+    x = rank_data(LONG_N, RANK)
     return x, ref_allreduce(x)
 
 
@@ -391,7 +388,7 @@ def test_large_message_shows_progress_per_piece(monkeypatch):
     monkeypatch.setattr(_timeout, "tester", spy)
     comm = WORLD.Dup()
     n = 8 << 20  # float64: 64 MiB
-    x = data(n)
+    x = rank_data(n, RANK)
     y = mpicoll.allreduce(x, comm=comm, algorithm="recursive_doubling", timeout=60.0)
     pieces = n * 8 // _channel.PIECE_BYTES
     ok = np.array_equal(y, ref_allreduce(x)) and len(events) >= pieces // _timeout.WINDOW
@@ -406,7 +403,7 @@ def test_plan_does_not_run_after_a_timeout():
     communicator timed out, they are refused like any other call, not run from the plan."""
     comm = _fresh_comm()
     mc = mpicoll.Comm(comm)
-    x = data(5)
+    x = rank_data(5, RANK)
     y = np.empty_like(x)
     mc.Allreduce(x, y)  # plain: kept as the plan of Comm.Allreduce
     mc.Allreduce(x, y)  # run from it

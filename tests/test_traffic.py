@@ -21,8 +21,8 @@ from __future__ import annotations
 import _util
 import numpy as np
 import pytest
-import schedsim as sim
 from mpi4py import MPI
+from support import schedsim as sim
 
 import mpicoll
 from mpicoll.engine import context as _context

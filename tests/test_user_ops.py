@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from mpi4py.util import dtlib
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.core import types as _types
@@ -51,17 +52,6 @@ def add_op():
     op = MPI.Op.Create(_mpi4py_style_add, commute=True)
     yield op
     op.Free()
-
-
-def _data(n, code, rank=RANK):
-    """Rank-asymmetric values every dtype holds exactly (1.5 steps for floats)."""
-    dtype = np.dtype(code)
-    i = np.arange(n)
-    if dtype.kind == "b":
-        return (i + rank) % 3 == 0
-    if dtype.kind in "fc":
-        return (1.5 * ((i + 3 * rank) % 7)).astype(dtype)
-    return ((i + 3 * rank) % 7).astype(dtype)
 
 
 def _run(call):
@@ -105,7 +95,7 @@ def _buffer_type(x):
 def test_user_op_every_dtype(add_op, code):
     """Allreduce, Reduce_scatter_block, Reduce_scatter and the array functions, bare buffers."""
     n, bad, calls = 5, [], []
-    x = _data(n * SIZE, code)
+    x = rank_data(n * SIZE, RANK, code)
     T = _buffer_type(x)
     for algo in ("auto", "ring", "recursive_doubling"):
         c = mpicoll.Comm(WORLD, algorithm=algo)
@@ -119,7 +109,7 @@ def test_user_op_every_dtype(add_op, code):
     want = _run(lambda: (WORLD.Reduce_scatter_block(x, y := np.zeros(n, code), op=add_op), y)[1])
     _compare("Reduce_scatter_block", got, want, T, bad, calls)
     counts = [n - 1 + (r % 3) for r in range(SIZE)]
-    xs = _data(sum(counts), code)
+    xs = rank_data(sum(counts), RANK, code)
     got = _run(lambda: (COMM.Reduce_scatter(xs, y := np.zeros(counts[RANK], code), counts,
                                             op=add_op), y)[1])
     want = _run(lambda: (WORLD.Reduce_scatter(xs, y := np.zeros(counts[RANK], code), counts,
@@ -146,7 +136,7 @@ def _spec_cases():
 def test_user_op_explicit_datatype(add_op, label, code, T):
     """[buf, T] specs: the op sees T itself (an int64 array given as MPI.INT64_T sees INT64_T)."""
     n, bad, calls = 4, [], []
-    x = _data(n * SIZE, code)
+    x = rank_data(n * SIZE, RANK, code)
     T = T if isinstance(T, MPI.Datatype) else MPI._typedict[T]
     got = _run(lambda: (COMM.Allreduce([x, T], [y := np.zeros_like(x), T], op=add_op), y)[1])
     want = _run(lambda: (WORLD.Allreduce([x, T], [y := np.zeros_like(x), T], op=add_op), y)[1])

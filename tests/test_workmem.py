@@ -14,6 +14,7 @@ import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import rank_data
 
 import mpicoll
 from mpicoll.algorithms.ring import split
@@ -25,11 +26,6 @@ from mpicoll.engine.workmem import WorkMemory
 pytestmark = pytest.mark.ranks(1, 2, 3, 4)
 
 WORLD = MPI.COMM_WORLD
-
-
-def _data(comm, n, dtype=np.float64):
-    """Rank-asymmetric values whose sums are exact in float64 (issue 9's reproduction)."""
-    return (np.arange(n) * 1000 + comm.Get_rank() * 7 + 1).astype(dtype)
 
 
 def _builtin_reduce_scatter(comm, x, counts):
@@ -53,10 +49,10 @@ def test_in_place_ring_reduce_scatter_window_11():
     comm = _tuned_dup(11, 8)
     try:
         total = 40 * comm.Get_size()
-        y = _data(comm, total)
+        y = rank_data(total, comm.Get_rank())
         want = _builtin_reduce_scatter(WORLD, y.copy(), split(total, comm.Get_size())[0])
         got = mpicoll.reduce_scatter(y, comm=comm, out=y, algorithm="ring")
-        ok = _util.same_bytes(got, want) and _util.same_bytes(y[40:], _data(comm, total)[40:])
+        ok = _util.same_bytes(got, want) and _util.same_bytes(y[40:], rank_data(total, comm.Get_rank())[40:])
         _util.assert_all(comm, ok, f"got {got.tolist()}, want {want.tolist()}")
     finally:
         comm.Free()
@@ -68,7 +64,7 @@ def test_comm_reduce_scatter_block_in_place_large_window():
     comm = _tuned_dup(16, 8)
     try:
         n, per = comm.Get_size(), 64
-        buf = _data(comm, n * per)
+        buf = rank_data(n * per, comm.Get_rank())
         want = np.empty(per)
         WORLD.Reduce_scatter_block(buf, want, op=MPI.SUM)
         mpicoll.Comm(comm, algorithm="ring").Reduce_scatter_block(MPI.IN_PLACE, buf, op=MPI.SUM)
@@ -98,7 +94,7 @@ def test_ring_every_window():
             ctx.window, ctx.segment_bytes = window, 8
             rows = (2 * window + 1) * n + (n - 1)
             counts = split(rows, n)[0]
-            x = _data(comm, rows)
+            x = rank_data(rows, comm.Get_rank())
             want_rs = _builtin_reduce_scatter(WORLD, x, counts)
             want_ar = np.empty_like(x)
             WORLD.Allreduce(x, want_ar, op=MPI.SUM)
@@ -141,7 +137,7 @@ def test_repeated_call_allocates_nothing(collective, algorithm, in_place):
     try:
         fn = getattr(mpicoll, collective)
         n = comm.Get_size()
-        x = _data(comm, 10 * n + 3)
+        x = rank_data(10 * n + 3, comm.Get_rank())
         if collective == "allgather":
             want = np.empty(n * len(x))
             WORLD.Allgather(x, want)

@@ -141,7 +141,7 @@ class DeviceArrays:
     """Arrays of a device runtime with mpicoll's runtime interface (``xp``, ``to_host``, streams).
 
     ``mpicoll.backends.devices.CUPY.rt`` for CuPy; the tests' fake runtime
-    (``tests/fakegpu.py``) for ``__cuda_array_interface__`` arrays over host memory.
+    (``tests/support/fakegpu.py``) for ``__cuda_array_interface__`` arrays over host memory.
     """
 
     device = "gpu"

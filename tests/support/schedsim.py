@@ -59,6 +59,7 @@ from mpicoll.algorithms.schedule import (
     Shape,
     Wait,
 )
+from support.data import rank_data
 
 MODELS = ("eager", "rendezvous")
 
@@ -345,3 +346,117 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
         raise ScheduleError("unmatched messages: " + "; ".join(ranks[m.rank].where(m.index) for m in left))
     return Result([rk.buffers for rk in ranks],
                   [traffic(Schedule(rk.ops, {}, 0), rk.buffers[DST].itemsize) for rk in ranks])
+
+
+# --- one checked case -------------------------------------------------------------
+
+def affine(a, b, out):
+    """Composition of affine maps x -> re*x + im packed in complex numbers: associative,
+    not commutative; exact on small integers, so operand order shows."""
+    re = a.real * b.real
+    im = a.real * b.imag + a.imag
+    out.real = re
+    out.imag = im
+
+
+def _inputs(n, length, op):
+    dtype = np.complex128 if op == "affine" else np.float64
+    return [rank_data(length, r, dtype) for r in range(n)]
+
+
+def _reduce_all(inputs, op):
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        (affine if op == "affine" else np.add)(acc, x, acc)  # rank order, left to right
+    return acc
+
+
+def count_patterns(n, rng):
+    """Block counts that differ: equal, uneven, all empty, one non-empty (last, first),
+    random small and larger, a thousand split."""
+    from mpicoll.algorithms.ring import split
+    return [[3] * n, split(2 * n + 1, n)[0], [0] * n, [0] * (n - 1) + [5], [1] + [0] * (n - 1),
+            [rng.randrange(0, 6) for _ in range(n)], [rng.randrange(0, 40) for _ in range(n)],
+            split(1000, n)[0]]
+
+
+def scattered(counts, rng):
+    """Displacements with gaps between blocks, in a random order; the buffer length."""
+    order = list(range(len(counts)))
+    rng.shuffle(order)
+    displs, at = [0] * len(counts), 2
+    for r in order:
+        displs[r] = at
+        at += counts[r] + 1
+    return displs, at + 3
+
+
+def run_case(collective, build, n, counts, displs, length, in_place, model, tuning=(1, 2), op="sum",
+             ring_order=None, nodes=()):
+    """Build every rank's schedule, simulate, check; returns the simulator's Result.
+
+    Checks: every rank's result equals a NumPy reference bitwise (``op`` "sum",
+    or "affine", which is not commutative); AllReduce under "affine": every rank
+    the same bits; inputs unchanged unless in place (in place: what lies beyond
+    ReduceScatter's result); every message labelled with its size; the
+    simulator's traffic equals :func:`traffic`.  ``tuning``: (segment elements, window).
+    """
+    seg, win = tuning
+    shapes = [shape(collective, n, r, counts=counts, displs=displs,
+                    total=length if collective == "allreduce" else None, ring=ring_order,
+                    segment=seg, window=win, in_place=in_place, commutative=op != "affine",
+                    nodes=nodes)
+              for r in range(n)]
+    schedules = [build(s) for s in shapes]
+    what = (f"{collective} {build.__module__}.{build.__name__} n={n} counts={counts} "
+            f"displs={displs} in_place={in_place} {model} tuning={tuning} op={op} "
+            f"ring={ring_order} nodes={nodes}")
+    if collective == "allgather":
+        blocks = [rank_data(counts[r], r) + 100 * r for r in range(n)]
+        expect = np.full(length, -1.0)
+        for r in range(n):
+            expect[displs[r]: displs[r] + counts[r]] = blocks[r]
+        bufs = []
+        for r in range(n):
+            dst = np.full(length, -1.0)
+            if in_place:
+                dst[displs[r]: displs[r] + counts[r]] = blocks[r]
+                bufs.append(bind(collective, shapes[r], None, dst))
+            else:
+                bufs.append(bind(collective, shapes[r], blocks[r].copy(), dst))
+        inputs = blocks
+    else:
+        inputs = _inputs(n, length, op)
+        full = _reduce_all(inputs, op)
+        bufs = []
+        for r in range(n):
+            x = inputs[r].copy()
+            if collective == "allreduce":
+                dst = None if in_place else np.full(length, 7, x.dtype)
+                bufs.append(bind(collective, shapes[r], None if in_place else x, x if in_place else dst))
+            else:
+                bufs.append(bind(collective, shapes[r], x,
+                                 None if in_place else np.full(counts[r], 7, x.dtype)))
+    res = simulate(schedules, bufs, np.add if op == "sum" else affine, model)
+    for r in range(n):
+        got = res.dst(r)
+        if collective == "allreduce":
+            want = full
+        elif collective == "reduce_scatter":
+            want = full[displs[r]: displs[r] + counts[r]]
+        else:
+            want = expect
+        assert got.tobytes() == want.tobytes(), f"{what}: rank {r} got {got}, want {want}"
+        if collective == "allreduce" and op == "affine":
+            assert got.tobytes() == res.dst(0).tobytes(), f"{what}: ranks differ bitwise"
+        src = res.src(r)
+        if not in_place:
+            assert src.tobytes() == inputs[r].tobytes(), f"{what}: rank {r} input changed"
+        elif collective == "reduce_scatter":
+            assert src[counts[r]:].tobytes() == inputs[r][counts[r]:].tobytes(), \
+                f"{what}: rank {r} input beyond the result changed"
+        for o in schedules[r].ops:
+            if type(o) in (Send, Recv):
+                assert o.label is not None and o.label.count == o.region.count, f"{what}: label {o}"
+        assert res.counts[r] == traffic(schedules[r], got.itemsize)
+    return res
