@@ -261,7 +261,8 @@ def test_probe_transfer_fake_device_sendrecv_passes():
     tests = os.path.dirname(os.path.abspath(__file__))
     code = (
         f"import sys; sys.path[:0] = [{tests!r}, {os.path.dirname(tests)!r}]\n"
-        "import numpy as np, fakegpu\n"
+        "import numpy as np\n"
+        "from support import fakegpu\n"
         "from mpi4py import MPI\n"
         "rt = fakegpu.FakeRuntime()\n"
         "a = rt.xp.asarray(np.arange(1000.0)); b = rt.xp.asarray(np.zeros(1000))\n"

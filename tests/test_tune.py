@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import warnings
 
+import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -82,7 +83,7 @@ def test_mpi_identity_of_both_libraries():
 
 @pytest.mark.local
 def test_default_path_is_in_the_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _util.env_options(monkeypatch).setenv("XDG_CACHE_HOME", str(tmp_path))
     path = _tuning.default_path(_tuning.mpi_identity(MPICH))
     assert path == str(tmp_path / "mpicoll" / "tuning-mpich-5.0.2.json")
 

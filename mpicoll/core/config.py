@@ -145,6 +145,7 @@ _settings: dict = {}  # API settings: option -> value
 EPOCH = [0]
 _process: dict = {}  # the latest read of the environment (process-wide options)
 _raw: dict = {}  # the text of each variable set at the latest read (for messages)
+_errors: dict = {}  # option -> the ValueError its variable gave at the latest read
 
 
 def bump() -> None:
@@ -159,20 +160,26 @@ def read_environment(environ=None) -> dict:
     values (:func:`get`).
     """
     environ = os.environ if environ is None else environ
-    values, texts = {}, {}
+    values, texts, errors = {}, {}, {}
     for opt in OPTIONS:
         raw = environ.get(opt.env)
-        if raw is None or raw.strip() == "":
-            values[opt.name] = opt.default
-        else:
-            values[opt.name] = opt.parse(raw, opt.env)
+        values[opt.name] = opt.default
+        if raw is not None and raw.strip() != "":
             texts[opt.name] = raw.strip()
+            try:
+                values[opt.name] = opt.parse(raw, opt.env)
+            except ValueError as exc:
+                errors[opt.name] = exc
     _raw.clear()
     _raw.update(texts)
+    _errors.clear()
+    _errors.update(errors)
     if values != _process:
         _process.clear()
         _process.update(values)
         bump()
+    if errors:
+        raise next(iter(errors.values()))
     return values
 
 
@@ -242,12 +249,16 @@ def configured(name: str) -> bool:
 
 
 def get(name: str):
-    """A process-wide option now: its API setting, else the latest environment read."""
+    """A process-wide option now: its API setting, else the latest environment read
+    (ValueError naming the variable if it was bad then)."""
     value = _settings.get(name, _settings)
     if value is not _settings:
         return value
     if not _process:
         read_environment()
+    error = _errors.get(name)
+    if error is not None:
+        raise error
     return _process[name]
 
 
