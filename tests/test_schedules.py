@@ -178,6 +178,69 @@ def test_rabenseifner_on_node_layouts():
     assert build(sh).sends()[0].peer == 2
 
 
+RECURSIVE = [("allreduce", recursive.allreduce_schedule),
+             ("reduce_scatter", recursive.reduce_scatter_schedule),
+             ("allgather", recursive.allgather_schedule),
+             ("reduce_scatter", halving.reduce_scatter_schedule)]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("collective,build", RECURSIVE,
+                         ids=[f"{c}-{b.__module__.split('.')[-1]}" for c, b in RECURSIVE])
+def test_recursive_on_node_layouts(collective, build):
+    """Across nodes recursive doubling and halving pair ranks by ring position (as Rabenseifner):
+    right on every layout, also with scattered blocks and (doubling) a non-commutative op, which
+    keeps rank order; the bytes on each node link are the same under block and round-robin
+    placement; on one node the schedule pairs by rank (the textbook one)."""
+    from mpicoll.transport import topology
+    ops = ("sum",) if build is halving.reduce_scatter_schedule or collective == "allgather" \
+        else ("sum", "affine")
+    for op in ops:
+        for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
+                _share(_layout_cases(collective)):
+            run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op,
+                     ring_order, nodes)
+    if collective != "allreduce":
+        rng = random.Random(7)
+        for nodes in ((0, 1, 0, 1), (0, 1, 2, 0, 1)):
+            n = len(nodes)
+            counts = [rng.randrange(4) for _ in range(n)]
+            displs, length = _scattered(counts, rng)
+            for in_place in (False, True):
+                run_case(collective, build, n, counts, displs, length, in_place, "eager", (3, 2),
+                         "sum", tuple(topology.ring_from_nodes(list(nodes))), nodes)
+    total = 1200
+
+    def link_elements(nodes):
+        n = len(nodes)
+        ring_order = tuple(topology.ring_from_nodes(list(nodes)))
+        counts = ring.split(total, n)[0]
+        out = {}
+        for r in range(n):
+            sh = sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
+                           total=total if collective == "allreduce" else None, ring=ring_order,
+                           segment=64, nodes=nodes)
+            for o in build(sh).sends():
+                if nodes[o.peer] != nodes[r]:
+                    out[nodes[r]] = out.get(nodes[r], 0) + o.region.count
+        return out
+
+    for block, round_robin in (((0, 0, 1, 1), (0, 1, 0, 1)),
+                               ((0, 0, 0, 1, 1, 1), (0, 1, 0, 1, 0, 1)),
+                               ((0, 0, 1, 1, 2, 2), (0, 1, 2, 0, 1, 2))):
+        assert link_elements(block) == link_elements(round_robin), (block, round_robin)
+    if build is halving.reduce_scatter_schedule or collective == "allgather":
+        # largest exchange (half the array) inside the node, only the quarter steps cross:
+        # (k-1)/k * N per node link at 2 nodes x 2 ranks, where pairing by rank puts N under block
+        assert link_elements((0, 0, 1, 1)) == {0: total // 2, 1: total // 2}
+    # on one node the schedule is the textbook one: pairs by rank
+    counts = None if collective == "allreduce" else [5] * 4
+    sh = sim.shape(collective, 4, 0, counts=counts, total=20 if counts is None else None,
+                   ring=(0, 2, 1, 3))
+    assert build(sh).sends()[0].peer == (2 if build is halving.reduce_scatter_schedule else 1)
+    assert recursive.ids(sh) == (0, recursive.ids(sh)[1]) and recursive.ids(sh)[1](2) == 2
+
+
 @pytest.mark.parametrize("collective,algorithm,build", BUILDERS,
                          ids=[f"{c}-{a}" for c, a, _ in BUILDERS])
 def test_every_message_is_a_piece(collective, algorithm, build):

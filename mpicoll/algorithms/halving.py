@@ -19,6 +19,10 @@ Rabenseifner (AllReduce)
     element is reduced on exactly one rank and then copied, so all ranks get
     bitwise-identical results.
 
+Across nodes both pair ranks by ring position and halve on bit-reversed new
+ranks (:func:`_ids`): the first, largest exchange is inside a node whatever
+the launcher's placement; ReduceScatter packs the blocks in that order.
+
 Halving combines the data of ranks ``i`` and ``i ^ mask`` before those of
 their neighbours, i.e. not in rank order: only commutative ops may use it.
 
@@ -32,7 +36,7 @@ Schedules
 
 from __future__ import annotations
 
-from .recursive import fold_in, fold_steps, new_rank, real_rank
+from .recursive import bit_reversed, fold_steps, new_rank, real_rank
 from .schedule import (
     DST,
     SRC,
@@ -115,47 +119,61 @@ def reduce_scatter_schedule(shape):
     total = sum(counts)
     if total == 0:
         return b.build(0)
-    src = SRC
-    start = offsets(counts)
-    if not packed(counts, displs):
-        src = b.buffer("packed input", total)
-        for r in range(n):
-            if counts[r]:
-                b.copy(Region(src, start[r], start[r + 1]), Region(SRC, displs[r], displs[r] + counts[r]))
     pof2, rem, rounds, base = fold_steps(n)
-    edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
+    me, rank_of, order = _ids(shape, rem, rounds)
+    # Packed order: new block h holds the blocks of the ids new rank order(h)
+    # stands for, so after the halving (run on order(new rank), as
+    # Rabenseifner's) each id holds its own block.  On one node: rank order.
+    lay, edge = [], []
+    for h in range(pof2):
+        q = order(h)
+        edge.append(len(lay))
+        lay += [2 * q, 2 * q + 1] if q < rem else [q + rem]
+    lay = [rank_of(i) for i in lay]  # ranks in packed order
+    at = offsets([counts[r] for r in lay])
+    edge = [at[j] for j in edge] + [total]
+    where = {r: at[j] for j, r in enumerate(lay)}  # rank -> start of its block
+    src = SRC
+    if not (packed(counts, displs) and lay == list(range(n))):
+        src = b.buffer("packed input", total)
+        for j, r in enumerate(lay):
+            if counts[r]:
+                b.copy(Region(src, at[j], at[j + 1]), Region(SRC, displs[r], displs[r] + counts[r]))
     fold_lab = Label(0, "fold", None, 0, 0)
     unfold = fold_lab._replace(step=base + rounds, phase="unfold")
-    if rank < 2 * rem and rank % 2 == 0:
-        send_to(b, rank + 1, Region(src, 0, total), fold_lab)
-        recv_from(b, rank + 1, Region(DST, 0, mine), unfold._replace(block=rank))
+    if me < 2 * rem and me % 2 == 0:
+        send_to(b, rank_of(me + 1), Region(src, 0, total), fold_lab)
+        recv_from(b, rank_of(me + 1), Region(DST, 0, mine), unfold._replace(block=rank))
         return b.build(rounds + 2 * base)
     # A rank outside the fold ends holding its own block: out of place, the last
     # step reduces it straight into DST.  (In place DST is the start of SRC, which
     # at two ranks is still read by that step, so the result goes through acc.)
-    direct = rank >= 2 * rem and not shape.in_place
+    direct = me >= 2 * rem and not shape.in_place
     acc = b.buffer("reduced halves", total) if not (direct and pof2 == 2) else None
     # largest incoming piece: the whole input for the fold, else the first kept half
     half = edge[pof2 // 2]
     tmp = b.buffer("incoming half", total if rem else max(half, total - half))
     cur = src
-    if rank < 2 * rem:
-        fold_in(b, rank, Region(tmp, 0, total), Region(src, 0, total), Region(acc, 0, total),
-                fold_lab)
+    if me < 2 * rem:
+        # (the lower id's data on the left, as fold_in does)
+        recv_from(b, rank_of(me - 1), Region(tmp, 0, total), fold_lab)
+        b.reduce(Region(tmp, 0, total), Region(src, 0, total), Region(acc, 0, total))
         cur = acc
-    cur = _halve_steps(b, rank, new_rank(rank, rem), pof2, rem, cur, acc, tmp, edge, base,
-                       DST if direct else None)
+
+    def peer_of(q):
+        return rank_of(real_rank(order(q), rem))
+
+    cur = _halve_steps(b, rank, order(new_rank(me, rem)), pof2, rem, cur, acc, tmp, edge, base,
+                       DST if direct else None, peer_of)
     if direct:
         return b.build(rounds + 2 * base)
-    if rank < 2 * rem:
-        send_to(b, rank - 1, Region(cur, start[rank - 1], start[rank]), unfold._replace(block=rank - 1))
+    if me < 2 * rem:
+        even = rank_of(me - 1)
+        send_to(b, even, Region(cur, where[even], where[even] + counts[even]),
+                unfold._replace(block=even))
     if mine:
-        b.copy(Region(DST, 0, mine), Region(cur, start[rank], start[rank] + mine))
+        b.copy(Region(DST, 0, mine), Region(cur, where[rank], where[rank] + mine))
     return b.build(rounds + 2 * base)
-
-
-def _bit_reversed(x: int, bits: int) -> int:
-    return int(f"{x:0{bits}b}"[::-1], 2) if bits else 0
 
 
 def _ids(shape, rem, rounds):
@@ -171,7 +189,7 @@ def _ids(shape, rem, rounds):
     """
     if len(set(shape.nodes)) < 2:
         return shape.rank, (lambda i: i), (lambda q: q)
-    return shape.ring_pos, shape.ring.__getitem__, (lambda q: _bit_reversed(q, rounds))
+    return shape.ring_pos, shape.ring.__getitem__, (lambda q: bit_reversed(q, rounds))
 
 
 def allreduce_schedule(shape):

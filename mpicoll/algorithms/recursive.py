@@ -20,6 +20,11 @@ bitwise-identical results.  The first step reads the input directly and every
 step writes into the output or one work array, so a 2-rank call is one
 exchange and one reduction, with no copies.
 
+Across nodes (commutative ops, and AllGather) ranks pair by ring position
+(:func:`ids`), so the launcher's placement does not change which exchanges
+cross nodes; AllGather also runs on bit-reversed new ranks, so its largest
+exchange stays inside a node.  On one node the schedules are the textbook ones.
+
 Schedules
     :func:`allreduce_schedule`, :func:`reduce_scatter_schedule` and
     :func:`allgather_schedule` are the algorithms as step schedules (see
@@ -88,21 +93,46 @@ def fold_steps(n: int):
     return pof2, rem, pof2.bit_length() - 1, 1 if rem else 0
 
 
+def ids(shape, commutative=True):
+    """(this rank's id, rank of an id): the numbering recursive doubling and halving run on.
+
+    On one node (``shape.nodes`` with one label, or unknown) ids are ranks and
+    the schedules are the textbook ones.  Across nodes ids are ring positions:
+    nodes are contiguous on the ring (transport.topology), so ids pair the
+    same way under any launcher placement, as ranks do under block
+    placement: the fold and the small masks pair ranks of one node.  Not for
+    non-commutative ops, whose operands must stay in rank order.
+    """
+    if not commutative or len(set(shape.nodes)) < 2:
+        return shape.rank, _same
+    return shape.ring_pos, shape.ring.__getitem__
+
+
+def _same(i: int) -> int:
+    return i
+
+
 def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_place: bool,
-                    tmp_name: str) -> None:
-    """Emit recursive doubling AllReduce of ``src`` into ``dst`` (same length N > 0)."""
+                    tmp_name: str, rank_of=_same) -> None:
+    """Emit recursive doubling AllReduce of ``src`` into ``dst`` (same length N > 0).
+
+    ``rank`` is this rank's id and ``rank_of`` maps an id to the rank to message
+    (see :func:`ids`); operands are ordered by id.
+    """
     N = dst.count
     pof2, rem, rounds, base = fold_steps(n)
     lab = Label(0, "fold", None, 0, N)
     if rank < 2 * rem and rank % 2 == 0:
         # Sit out: hand the data to rank + 1 (the left operand there), wait for the result.
-        send_to(b, rank + 1, src, lab)
-        recv_from(b, rank + 1, dst, lab._replace(step=base + rounds, phase="unfold"))
+        send_to(b, rank_of(rank + 1), src, lab)
+        recv_from(b, rank_of(rank + 1), dst, lab._replace(step=base + rounds, phase="unfold"))
         return
     tmp = Region(b.buffer(tmp_name, N), 0, N)
     cur = src  # region holding this rank's partial result; src is never written
     if rank < 2 * rem:
-        cur = fold_in(b, rank, tmp, src, dst, lab)
+        recv_from(b, rank_of(rank - 1), tmp, lab)
+        b.reduce(tmp, src, dst)  # (the lower id's data on the left, as fold_in does)
+        cur = dst
     newrank = new_rank(rank, rem)
     for k in range(rounds):
         peer = real_rank(newrank ^ (1 << k), rem)
@@ -110,7 +140,7 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
             # both partners exchange their inputs (neither folded in): each reduces
             # ``lower op higher`` of its input and the peer's into dst, a separate output
             # on both, so neither copies its input first
-            exchange(b, peer, src, tmp, Label(base + k, "exchange", None, 0, N))
+            exchange(b, rank_of(peer), src, tmp, Label(base + k, "exchange", None, 0, N))
             b.reduce(tmp, src, dst) if peer < rank else b.reduce(src, tmp, dst)
             cur = dst
             continue
@@ -119,7 +149,7 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
             rbuf = dst if peer > rank and not in_place else tmp
         else:
             rbuf = tmp if cur == dst else dst
-        exchange(b, peer, cur, rbuf, Label(base + k, "exchange", None, 0, N))
+        exchange(b, rank_of(peer), cur, rbuf, Label(base + k, "exchange", None, 0, N))
         if peer < rank:
             # peer's (lower ranks) op mine, written over mine (a copy of it if mine is the
             # input): the right operand is the output on both partners, as in the branch
@@ -134,7 +164,7 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
             b.reduce(cur, rbuf, rbuf)  # mine op peer's (higher ranks)
             cur = rbuf
     if rank < 2 * rem:
-        send_to(b, rank - 1, cur, Label(base + rounds, "unfold", None, 0, N))
+        send_to(b, rank_of(rank - 1), cur, Label(base + rounds, "unfold", None, 0, N))
     if cur != dst:
         b.copy(dst, cur)
 
@@ -147,8 +177,9 @@ def allreduce_schedule(shape):
         if N and not shape.in_place:
             b.copy(Region(DST, 0, N), Region(SRC, 0, N))
         return b.build(0)
-    _allreduce_into(b, n, shape.rank, Region(SRC, 0, N), Region(DST, 0, N), shape.in_place,
-                    "incoming partial")
+    me, rank_of = ids(shape, shape.commutative)
+    _allreduce_into(b, n, me, Region(SRC, 0, N), Region(DST, 0, N), shape.in_place,
+                    "incoming partial", rank_of)
     _, _, rounds, base = fold_steps(n)
     return b.build(rounds + 2 * base)
 
@@ -173,11 +204,17 @@ def reduce_scatter_schedule(shape):
     if n == 1:
         b.copy(full, Region(SRC, 0, total))  # own block moves down over itself in place
     else:
-        _allreduce_into(b, n, rank, Region(SRC, 0, total), full, False, "incoming partial")
+        me, rank_of = ids(shape, shape.commutative)
+        _allreduce_into(b, n, me, Region(SRC, 0, total), full, False, "incoming partial", rank_of)
     if mine:
         b.copy(Region(DST, 0, mine), Region(full.buf, own, own + mine))
     _, _, rounds, base = fold_steps(n)
     return b.build(0 if n == 1 else rounds + 2 * base)
+
+
+def bit_reversed(x: int, bits: int) -> int:
+    """``x`` with its low ``bits`` bits in reverse order."""
+    return int(f"{x:0{bits}b}"[::-1], 2) if bits else 0
 
 
 def allgather_schedule(shape):
@@ -185,12 +222,26 @@ def allgather_schedule(shape):
 
     Blocks move straight in ``DST`` when they are packed in rank order, else
     through a packed work buffer.  In place ``SRC`` is this rank's block of ``DST``.
+    Across nodes ranks pair by ring position (:func:`ids`) and the doubling runs
+    on bit-reversed new ranks (as Rabenseifner's AllGather half): its last and
+    largest exchange (half the array) is between ring neighbours, inside a node.
     """
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
     b = PieceBuilder(shape.segment, shape.window)
-    in_order = packed(counts, displs)
+    me, rank_of = ids(shape)
     pof2, rem, rounds, base = fold_steps(n)
+    order = _same if rank_of is _same else (lambda q: bit_reversed(q, rounds))
+    # Packed order: new block h holds the blocks of the ids new rank order(h)
+    # stands for (on one node: rank order).
+    lay, first = [], []
+    for h in range(pof2):
+        q = order(h)
+        first.append(len(lay))
+        lay += [2 * q, 2 * q + 1] if q < rem else [q + rem]
+    slot = {i: j for j, i in enumerate(lay)}  # id -> its place in packed order
+    lay = [rank_of(i) for i in lay]  # ranks in packed order
+    in_order = packed(counts, displs) and lay == list(range(n))
     # With n a power of two and the blocks packed, the first exchange sends this rank's
     # block straight from SRC and the copy into DST runs while it is on the wire.
     late = n > 1 and in_order and rem == 0 and not shape.in_place
@@ -200,31 +251,33 @@ def allgather_schedule(shape):
         own = own_block(b, shape)
     if n == 1:
         return b.build(0)
-    start = offsets(counts)
+    start = offsets([counts[r] for r in lay])
     total = start[n]
+
+    def block(i):  # id i's block in the packed order
+        return Region(work, start[slot[i]], start[slot[i] + 1])
+
     if in_order:
         work = DST
     else:
         work = b.buffer("packed blocks", total)
-        b.copy(Region(work, start[rank], start[rank + 1]), own)
-    # new block i: the blocks of the real ranks new rank i stands for
-    edge = [start[2 * i] if i < rem else start[i + rem] for i in range(pof2)] + [total]
+        b.copy(block(me), own)
+    edge = [start[j] for j in first] + [total]
     lab = Label(0, "fold", None, 0, 0)
     unfold = lab._replace(step=base + rounds, phase="unfold")
-    if rank < 2 * rem and rank % 2 == 0:
-        send_to(b, rank + 1, Region(work, start[rank], start[rank + 1]), lab._replace(block=rank))
-        recv_from(b, rank + 1, Region(work, 0, total), unfold)
+    if me < 2 * rem and me % 2 == 0:
+        send_to(b, rank_of(me + 1), block(me), lab._replace(block=rank))
+        recv_from(b, rank_of(me + 1), Region(work, 0, total), unfold)
     else:
-        if rank < 2 * rem:
-            recv_from(b, rank - 1, Region(work, start[rank - 1], start[rank]),
-                      lab._replace(block=rank - 1))
-        newrank = new_rank(rank, rem)
+        if me < 2 * rem:
+            recv_from(b, rank_of(me - 1), block(me - 1), lab._replace(block=rank_of(me - 1)))
+        newrank = order(new_rank(me, rem))
         for k in range(rounds):
             mask = 1 << k
             newpeer = newrank ^ mask
             mine = newrank & ~(mask - 1)
             theirs = newpeer & ~(mask - 1)
-            peer = real_rank(newpeer, rem)
+            peer = rank_of(real_rank(order(newpeer), rem))
             send = Region(work, edge[mine], edge[mine + mask])
             recv = Region(work, edge[theirs], edge[theirs + mask])
             label = Label(base + k, "exchange", None, 0, 0)
@@ -233,13 +286,13 @@ def allgather_schedule(shape):
                 exchange(b, peer, src, recv, label, during=(own, src))
             else:
                 exchange(b, peer, send, recv, label)
-        if rank < 2 * rem:
-            send_to(b, rank - 1, Region(work, 0, total), unfold)
+        if me < 2 * rem:
+            send_to(b, rank_of(me - 1), Region(work, 0, total), unfold)
     if not in_order:
-        for r in range(n):
+        for j, r in enumerate(lay):
             if counts[r]:
                 b.copy(Region(DST, displs[r], displs[r] + counts[r]),
-                       Region(work, start[r], start[r + 1]))
+                       Region(work, start[j], start[j + 1]))
     return b.build(rounds + 2 * base)
 
 
