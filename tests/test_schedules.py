@@ -197,17 +197,17 @@ def test_recursive_on_node_layouts(collective, build):
         else ("sum", "affine")
     for op in ops:
         for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
-                _share(_layout_cases(collective)):
-            run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op,
+                _util.share(_layout_cases(collective)):
+            sim.run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op,
                      ring_order, nodes)
     if collective != "allreduce":
         rng = random.Random(7)
         for nodes in ((0, 1, 0, 1), (0, 1, 2, 0, 1)):
             n = len(nodes)
             counts = [rng.randrange(4) for _ in range(n)]
-            displs, length = _scattered(counts, rng)
+            displs, length = sim.scattered(counts, rng)
             for in_place in (False, True):
-                run_case(collective, build, n, counts, displs, length, in_place, "eager", (3, 2),
+                sim.run_case(collective, build, n, counts, displs, length, in_place, "eager", (3, 2),
                          "sum", tuple(topology.ring_from_nodes(list(nodes))), nodes)
     total = 1200
 

@@ -36,7 +36,7 @@ Schedules
 
 from __future__ import annotations
 
-from .recursive import bit_reversed, fold_steps, new_rank, real_rank
+from .recursive import bit_reversed, fold_in, fold_steps, new_rank, real_rank
 from .schedule import (
     DST,
     SRC,
@@ -155,10 +155,8 @@ def reduce_scatter_schedule(shape):
     tmp = b.buffer("incoming half", total if rem else max(half, total - half))
     cur = src
     if me < 2 * rem:
-        # (the lower id's data on the left, as fold_in does)
-        recv_from(b, rank_of(me - 1), Region(tmp, 0, total), fold_lab)
-        b.reduce(Region(tmp, 0, total), Region(src, 0, total), Region(acc, 0, total))
-        cur = acc
+        cur = fold_in(b, rank_of(me - 1), Region(tmp, 0, total), Region(src, 0, total),
+                      Region(acc, 0, total), fold_lab).buf
 
     def peer_of(q):
         return rank_of(real_rank(order(q), rem))
@@ -218,10 +216,8 @@ def allreduce_schedule(shape):
     tmp = b.buffer("incoming half", N if rem else max(half, N - half))
     cur = SRC
     if me < 2 * rem:
-        # (the lower id's data on the left, as fold_in does)
-        recv_from(b, rank_of(me - 1), Region(tmp, 0, N), fold_lab)
-        b.reduce(Region(tmp, 0, N), Region(SRC, 0, N), Region(DST, 0, N))
-        cur = DST
+        cur = fold_in(b, rank_of(me - 1), Region(tmp, 0, N), Region(SRC, 0, N),
+                      Region(DST, 0, N), fold_lab).buf
     newrank = order(new_rank(me, rem))
 
     def peer_of(q):

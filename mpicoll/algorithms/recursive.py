@@ -78,11 +78,11 @@ def real_rank(newrank: int, rem: int) -> int:
 # then the unfold.
 
 
-def fold_in(b: Builder, rank: int, incoming: Region, src: Region, into: Region,
+def fold_in(b: Builder, peer: int, incoming: Region, src: Region, into: Region,
             label: Label) -> Region:
-    """The fold on an odd rank below 2*rem: receive the even rank's data into ``incoming``,
-    reduce ``incoming op src`` (the lower rank's data on the left) into ``into``; returns it."""
-    recv_from(b, rank - 1, incoming, label)
+    """The fold on an odd id below 2*rem: receive the even ``peer``'s data into ``incoming``,
+    reduce ``incoming op src`` (the lower id's data on the left) into ``into``; returns it."""
+    recv_from(b, peer, incoming, label)
     b.reduce(incoming, src, into)
     return into
 
