@@ -58,6 +58,19 @@ from .schedule import (
 # (Rabenseifner: then the doubling steps), then the unfold.
 
 
+
+def _incoming(b, me, rem, rank_of, half, total, src, into, label):
+    """(the buffer incoming halves land in, the buffer the halving starts from).
+
+    The buffer holds the largest incoming piece: the whole array for the fold
+    (an odd id below 2*rem receives its even neighbour's, and folds it into
+    ``into``), else the first kept half."""
+    tmp = b.buffer("incoming half", total if rem else max(half, total - half))
+    if me < 2 * rem:
+        return tmp, fold_in(b, rank_of(me - 1), Region(tmp, 0, total), Region(src, 0, total),
+                            Region(into, 0, total), label).buf
+    return tmp, src
+
 def _halve_steps(b, rank, newrank, pof2, rem, cur, acc, tmp, edge, first_step, last=None,
                  peer_of=None):
     """Emit recursive halving among the active ranks; the result's buffer.
@@ -150,13 +163,7 @@ def reduce_scatter_schedule(shape):
     # at two ranks is still read by that step, so the result goes through acc.)
     direct = me >= 2 * rem and not shape.in_place
     acc = b.buffer("reduced halves", total) if not (direct and pof2 == 2) else None
-    # largest incoming piece: the whole input for the fold, else the first kept half
-    half = edge[pof2 // 2]
-    tmp = b.buffer("incoming half", total if rem else max(half, total - half))
-    cur = src
-    if me < 2 * rem:
-        cur = fold_in(b, rank_of(me - 1), Region(tmp, 0, total), Region(src, 0, total),
-                      Region(acc, 0, total), fold_lab).buf
+    tmp, cur = _incoming(b, me, rem, rank_of, edge[pof2 // 2], total, src, acc, fold_lab)
 
     def peer_of(q):
         return rank_of(real_rank(order(q), rem))
@@ -211,13 +218,7 @@ def allreduce_schedule(shape):
         send_to(b, rank_of(me + 1), Region(SRC, 0, N), fold_lab)
         recv_from(b, rank_of(me + 1), Region(DST, 0, N), unfold)
         return b.build(2 * rounds + 2 * base)
-    # largest incoming piece: the whole array for the fold, else the first kept half
-    half = edge[pof2 // 2]
-    tmp = b.buffer("incoming half", N if rem else max(half, N - half))
-    cur = SRC
-    if me < 2 * rem:
-        cur = fold_in(b, rank_of(me - 1), Region(tmp, 0, N), Region(SRC, 0, N),
-                      Region(DST, 0, N), fold_lab).buf
+    tmp, cur = _incoming(b, me, rem, rank_of, edge[pof2 // 2], N, SRC, DST, fold_lab)
     newrank = order(new_rank(me, rem))
 
     def peer_of(q):
