@@ -76,8 +76,9 @@ need_tools() {
     if [ ${#missing[@]} -gt 0 ]; then
         if [ "${MPICOLL_CLUSTER_NO_INSTALL:-0}" != 1 ] && command -v apt-get >/dev/null; then
             say "installing ${missing[*]} (apt-get)"
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
-                || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+            DEBIAN_FRONTEND=noninteractive apt-get -o APT::Sandbox::User=root install -y -q \
+                "${missing[@]}" >/dev/null \
+                || { apt-get -o APT::Sandbox::User=root update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
                      apt-get install -y -q "${missing[@]}" >/dev/null; } \
                 || die "could not install ${missing[*]}"
         else

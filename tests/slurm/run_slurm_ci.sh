@@ -264,9 +264,12 @@ if ((${#missing[@]} > 0)); then
     [[ ${MPICOLL_SLURM_CI_NO_INSTALL:-0} != 1 ]] || die "missing packages: ${missing[*]}"
     say "installing ${missing[*]} (apt-get)"
     export DEBIAN_FRONTEND=noninteractive
-    run_wait timeout 300 apt-get update -qq || die "apt-get update failed"
+    # (as root, without apt's privilege drop to _apt: a /tmp that other users cannot
+    # write, as seen on CI machines, otherwise fails the signature check)
+    run_wait timeout 300 apt-get -o APT::Sandbox::User=root update -qq || die "apt-get update failed"
     # libpmix-dev: Slurm's pmix plugin dlopens the unversioned libpmix.so.
-    run_wait timeout 600 apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null ||
+    run_wait timeout 600 apt-get -o APT::Sandbox::User=root install -y -qq --no-install-recommends \
+        "${PACKAGES[@]}" >/dev/null ||
         die "apt-get install ${PACKAGES[*]} failed"
 fi
 for c in munged munge unmunge slurmctld slurmd sbatch srun squeue sinfo scontrol scancel setpriv; do
