@@ -148,9 +148,10 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     mine = counts[comm.Get_rank()]
     out = rmsg.array[:mine] if smsg is None else rmsg.array
     if wide is not None:
-        work = src.astype(wide)
-        args = (comm, None, msg_of_array(work, NUMPY), counts, displs, op, algorithm)
-        return Route("reduce_scatter", args, _rounder(out, work[:mine]))
+        be = rmsg.backend
+        work = _widened(be, src, wide)
+        args = (comm, None, msg_of_array(work, be), counts, displs, op, algorithm)
+        return Route("reduce_scatter", args, _rounder(be, out, work[:mine]))
     if ml:
         args = (comm, None if smsg is None else _words(smsg.array), _words(rmsg.array), counts,
                 displs, _word_op(name, dtype), algorithm)
@@ -158,22 +159,31 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     return Route("reduce_scatter", (comm, smsg, rmsg, counts, displs, op, algorithm))
 
 
-def _rounder(dst, wide):
+def _widened(be, src, wide):
+    """A new ``wide`` copy of ``src`` made by the array's backend (device arrays stay there:
+    the backend's copy casts, as numpy.copyto and cupy.copyto do)."""
+    work = be.empty(len(src), wide)
+    be.copy(work, src)
+    return work
+
+
+def _rounder(be, dst, wide):
     def finish():
-        np.copyto(dst, wide.astype(dst.dtype))  # the one rounding
+        be.copy(dst, wide)  # the one rounding (a casting copy)
     return finish
 
 
 def _allreduce(comm, src, dst, op, algorithm, wide, smsg, rmsg, one_operation):
     dtype = dst.dtype
     if wide is not None:
-        work = src.astype(wide)
+        be = rmsg.backend
+        work = _widened(be, src, wide)
         split = _SPLIT_ALGORITHMS.get(algorithm)
         if not one_operation and split is not None and comm.Get_size() > 1 and \
                 src.nbytes > SPLIT_BYTES:
-            return _SplitRoute(comm, work, dst, op, split)
-        return Route("allreduce", (comm, None, msg_of_array(work, NUMPY), op, algorithm),
-                     _rounder(dst, work))
+            return _SplitRoute(comm, work, dst, op, split, be)
+        return Route("allreduce", (comm, None, msg_of_array(work, be), op, algorithm),
+                     _rounder(be, dst, work))
     if _types.is_ml_type(dtype):
         return Route("allreduce", (comm, None if smsg is None else _words(src), _words(dst),
                                    _word_op(_types.op_name(op), dtype), algorithm))
@@ -183,11 +193,12 @@ def _allreduce(comm, src, dst, op, algorithm, wide, smsg, rmsg, one_operation):
 class _SplitRoute(Route):
     """ReduceScatter in float32, round this rank's block, AllGather the rounded blocks."""
 
-    __slots__ = ("work", "dst", "op", "algorithms")
+    __slots__ = ("work", "dst", "op", "algorithms", "backend")
 
-    def __init__(self, comm, work, dst, op, algorithms):
+    def __init__(self, comm, work, dst, op, algorithms, backend):
         super().__init__("allreduce", (comm,))
         self.work, self.dst, self.op, self.algorithms = work, dst, op, algorithms
+        self.backend = backend
 
     def run(self, timeout):
         from ..algorithms.ring import split
@@ -197,11 +208,12 @@ class _SplitRoute(Route):
         counts, displs = split(len(self.dst), n)
         mine, own = counts[rank], displs[rank]
         rs, ag = self.algorithms
-        _collectives.run_reduce_scatter(comm, None, msg_of_array(self.work, NUMPY), counts, displs,
+        be = self.backend
+        _collectives.run_reduce_scatter(comm, None, msg_of_array(self.work, be), counts, displs,
                                         self.op, rs, timeout=timeout)
-        np.copyto(self.dst[own:own + mine], self.work[:mine].astype(self.dst.dtype))
+        be.copy(self.dst[own:own + mine], self.work[:mine])  # the one rounding
         words = self.dst.view(_types.view_dtype(self.dst.dtype))
-        _collectives.run_allgather(comm, None, msg_of_array(words, NUMPY), counts, displs, ag,
+        _collectives.run_allgather(comm, None, msg_of_array(words, be), counts, displs, ag,
                                    timeout=timeout)
 
     def start(self, timeout, persistent=False):  # pragma: no cover - route(one_operation=True)

@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                    help="check results (default: 1)")
     p.add_argument("-a", "--algorithm", default="auto",
-                   help="auto, an algorithm name, or all (default: auto)")
+                   help="auto, an algorithm name, a comma-separated list of those (e.g. "
+                        "auto,direct: both in the same run), or all (default: auto)")
     p.add_argument("--api", choices=("comm", "array"), default="comm",
                    help="time mpicoll.Comm methods (comm, the drop-in for mpi4py) or the array "
                         "functions mpicoll.allreduce & co. (array) (default: comm)")
@@ -215,11 +216,13 @@ def check_args(parser, args):
                          f"got {args.collective!r}")
     if args.minbytes > args.maxbytes:
         parser.error(f"-b/--minbytes ({args.minbytes}) is larger than -e/--maxbytes ({args.maxbytes})")
+    args.algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()] or ["auto"]
     for c in args.collectives:
         names = _select.ALGORITHMS[c]
-        if args.algorithm not in ("auto", "all") and args.algorithm not in names:
-            parser.error(f"--algorithm: {args.algorithm!r} is not an algorithm of {c} "
-                         f"(expected auto, all or one of {', '.join(names)})")
+        for a in args.algorithms:
+            if a not in ("auto", "all") and a not in names:
+                parser.error(f"--algorithm: {a!r} is not an algorithm of {c} "
+                             f"(expected auto, all or one of {', '.join(names)})")
     args.dtype = np.dtype(DTYPES[args.datatype])
     category = _types.category_of_dtype(args.dtype)
     if any(c != "allgather" for c in args.collectives):
@@ -819,7 +822,8 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
         table.header(comm, args, meta, nodes)
     plan = []
     for collective in args.collectives:
-        algos = list(_select.ALGORITHMS[collective]) if args.algorithm == "all" else [args.algorithm]
+        algos = [x for a in args.algorithms
+                 for x in (_select.ALGORITHMS[collective] if a == "all" else [a])]
         for algo in algos:
             plan.append((collective, algo, sizes(args.minbytes, args.maxbytes, args.stepfactor)))
     total = sum(len(s) for _, _, s in plan)
