@@ -22,9 +22,10 @@ to every other rank; one schedule, so a non-blocking call is one operation.
 Cost: each rank sends and receives (n-1)/n of the array, as the ring does,
 to n-1 peers at once (one step) rather than in n-1 steps to one neighbour.
 Every block is cut into the same number of pieces (of at most the context's
-segment; schedule.PieceBuilder says why pieces) and round j moves piece j of
-every block, ``window`` rounds in flight; piece j is folded as soon as its
-round arrived, out of place straight into ``DST``.  The pieces change how the
+segment; schedule.PieceBuilder says why pieces); every send is posted at
+once, receives ``window`` rounds ahead (round j: piece j from every rank),
+and piece j is folded as soon as its round arrived, out of place straight
+into ``DST`` (AllReduce: then sent on to every rank at once).  The pieces change how the
 messages are cut, never how the operands are grouped, so the result does not
 depend on the segment or window.  Sends go to p+1, p+2, ... so that no rank
 is everyone's first destination.
@@ -56,8 +57,10 @@ def reduce_scatter_schedule(shape):
 def allreduce_schedule(shape):
     """Direct AllReduce: the rank-order ReduceScatter, then every block sent to every rank.
 
-    Blocks of ``DST`` (in place: also ``SRC``) other than this rank's are
-    received only after every send of the first phase completed.
+    Each folded piece of this rank's block goes to every rank as soon as it is
+    folded; the other blocks are received into ``DST`` once every receive of
+    the first phase was posted (one tag: a peer's messages match in order) and,
+    in place, every send of the first phase completed (they read ``SRC``).
     """
     n, p = shape.size, shape.rank
     counts, displs = split(shape.total, n)
@@ -65,12 +68,18 @@ def allreduce_schedule(shape):
     b = PieceBuilder(shape.segment, shape.window)
     mine, own = counts[p], displs[p]
     home = Region(DST, own, own + mine)
-    _fold(b, shape, counts, displs, home)
     nseg = _nseg(b, counts)
-    recvs = [(q, counts[q], _part(Region(DST, displs[q], displs[q] + counts[q])),
-              Label(2, "allgather", q, 0, counts[q])) for q in _from(n, p)]
-    sends = [(q, mine, _part(home), Label(2, "allgather", p, 0, mine)) for q in _to(n, p)]
-    _rounds(b, recvs, sends, nseg)
+
+    def gather(j, a, c):  # piece j of this rank's block is final: to every rank
+        for q in _to(n, p):
+            b.send(q, home.part(a, c), Label(2, "allgather", p, j, c - a))
+
+    _fold(b, shape, counts, displs, home, gather)
+    for q in _from(n, p):
+        block = Region(DST, displs[q], displs[q] + counts[q])
+        for j, (a, c) in enumerate(_cut(counts[q], nseg)):
+            if c > a:
+                b.recv(q, block.part(a, c), Label(2, "allgather", q, j, c - a))
     return b.build(2 if n > 1 else 0)
 
 
@@ -92,51 +101,20 @@ def _cut(count: int, nseg: int) -> list:
     return list(zip(at, at[1:]))
 
 
-def _rounds(b, recvs, sends, nseg, after=None):
-    """Post piece j of every receive and send in round j, ``window`` rounds in flight.
-
-    ``recvs``/``sends``: ``(peer, count, place, label)``, where ``place(j, a, c)`` is the
-    region of elements ``a:c`` (piece j) of the message.  Round j is waited for, then
-    ``after(j)`` runs, then round j + window is posted.  Every rank's round j matches
-    its peers' round j, so rounds complete in order (no deadlock, even when a send
-    completes only once received).  Empty pieces are not sent: both ends know the size.
-    """
-    cuts = [[_cut(count, nseg) for _, count, _, _ in side] for side in (recvs, sends)]
-    posted: dict = {}
-
-    def post(j):
-        hs = []
-        for side, cut, issue in ((recvs, cuts[0], b.recv), (sends, cuts[1], b.send)):
-            for (peer, _, place, lab), pieces in zip(side, cut):
-                a, c = pieces[j]
-                if c > a:
-                    hs.append(issue(peer, place(j, a, c), lab._replace(segment=j, count=c - a)))
-        posted[j] = hs
-
-    for j in range(min(b.window, nseg)):
-        post(j)
-    for j in range(nseg):
-        b.wait(*posted.pop(j))
-        if after is not None:
-            after(j)
-        if j + b.window < nseg:
-            post(j + b.window)
-
-
-def _part(region):
-    return lambda j, a, c: region.part(a, c)
-
-
-def _fold(b, shape, counts, displs, target):
+def _fold(b, shape, counts, displs, target, folded=None):
     """Send every block to its owner, receive this rank's from every other rank and fold them
     into ``target`` (this rank's count) in rank order, piece by piece as they arrive; ends
-    with every send completed (they read ``SRC``, which may be ``DST``).
+    with every send completed (they read ``SRC``, which may be ``DST``).  ``folded(j, a, c)``
+    runs once piece j (elements ``a:c`` of the block) is final in ``target``.
 
-    The fold of a piece is ``out = x0 op x1; out = out op x2; ...`` with ``out`` the
-    target itself when this rank is 0 (in place, x0 is already there), else the slot
-    x0 arrived in, the last step writing the target: so out of place the result is
-    written straight into ``DST``, and in place the target (this rank's input) is read
-    before it is written.
+    Every send is posted first: they read ``SRC`` only, so they need no memory, and a rank
+    waits only for receives, whose sends are all posted, so nothing waits in a cycle.
+    Receives are posted ``window`` rounds ahead, round j holding piece j from every rank.
+    The fold of a piece is ``acc = x0 op x1; acc = acc op x2; ...``, where x0 is received
+    straight into the target unless the target is this rank's input (AllReduce in place),
+    and otherwise the accumulator is the target itself when this rank is 0, else the slot
+    x0 arrived in, the last step writing the target: out of place the result is written
+    straight into ``DST``, and in place the input is read before it is written.
     """
     n, p = shape.size, shape.rank
     mine, own = counts[p], displs[p]
@@ -145,34 +123,57 @@ def _fold(b, shape, counts, displs, target):
     width = max((c - a for a, c in cut), default=0)
     window = min(b.window, nseg)
     peers = _from(n, p)
-    index = {q: i for i, q in enumerate(peers)}
-    inbox = b.buffer("received pieces", window * (n - 1) * width) if mine and n > 1 else None
+    # x0 straight into the target: the target does not hold this rank's input
+    into_target = p != 0 and not _aliases_input(shape, target)
+    slotted = [q for q in peers if not (into_target and q == 0)]
+    index = {q: i for i, q in enumerate(slotted)}
+    inbox = b.buffer("received pieces", window * len(slotted) * width) if mine and slotted else None
 
-    def slot(j, q, c):  # piece j from q (c elements): window rounds of n-1 slots, reused
-        at = ((j % window) * (n - 1) + index[q]) * width
-        return Region(inbox, at, at + c)
+    def where(j, q, a, c):  # piece j from q: the target, or window rounds of slots, reused
+        if into_target and q == 0:
+            return target.part(a, c)
+        at = ((j % window) * len(slotted) + index[q]) * width
+        return Region(inbox, at, at + c - a)
 
-    recvs = [(q, mine, lambda j, a, c, q=q: slot(j, q, c - a), Label(1, "reduce-scatter", p, 0, mine))
-             for q in peers]
-    sends = [(q, counts[q], _part(Region(SRC, displs[q], displs[q] + counts[q])),
-              Label(1, "reduce-scatter", q, 0, counts[q])) for q in _to(n, p)]
+    sends = []
+    for q in _to(n, p):
+        block = Region(SRC, displs[q], displs[q] + counts[q])
+        for j, (a, c) in enumerate(_cut(counts[q], nseg)):
+            if c > a:
+                sends.append(b.send(q, block.part(a, c), Label(1, "reduce-scatter", q, j, c - a)))
+    posted = {}
 
-    def fold(j):
+    def post(j):
         a, c = cut[j]
-        if c == a:
-            return
-        out = target.part(a, c)
-        xs = [Region(SRC, own + a, own + c) if r == p else slot(j, r, c - a) for r in range(n)]
-        if n == 1:
-            b.copy(out, xs[0])
-            return
-        acc, mid = xs[0], out if p == 0 else xs[0]
-        for r in range(1, n):
-            to = out if r == n - 1 else mid
-            b.reduce(acc, xs[r], to)  # the lower ranks on the left
-            acc = to
+        posted[j] = [b.recv(q, where(j, q, a, c), Label(1, "reduce-scatter", p, j, c - a))
+                     for q in peers] if c > a else []
 
-    _rounds(b, recvs, sends, nseg, fold)
+    for j in range(min(window, nseg)):
+        post(j)
+    for j in range(nseg):
+        a, c = cut[j]
+        b.wait(*posted.pop(j))
+        if c > a:
+            out = target.part(a, c)
+            xs = [Region(SRC, own + a, own + c) if r == p else where(j, r, a, c) for r in range(n)]
+            if n == 1:
+                b.copy(out, xs[0])
+            acc = xs[0]
+            mid = out if p == 0 or into_target else xs[0]
+            for r in range(1, n):
+                to = out if r == n - 1 else mid
+                b.reduce(acc, xs[r], to)  # the lower ranks on the left
+                acc = to
+        if j + window < nseg:
+            post(j + window)
+        if c > a and folded is not None:
+            folded(j, a, c)
+    b.wait(*sends)  # in place, DST is (the start of) SRC, which the sends read
+
+
+def _aliases_input(shape, target) -> bool:
+    """Whether ``target`` is memory of this rank's input (AllReduce in place: DST is SRC)."""
+    return shape.in_place and target.buf == DST and shape.counts == (shape.total,)
 
 
 SCHEDULES = {
