@@ -59,17 +59,28 @@ def check_flags(deterministic, accumulate) -> None:
             raise TypeError(f"{name}: expected True, False or None, got {type(value).__name__}")
 
 
-def is_deterministic(deterministic) -> bool:
-    return bool(_config.get("deterministic") if deterministic is None else deterministic)
+def is_deterministic(deterministic, comm=None) -> bool:
+    """``deterministic``, else the option in force for ``comm``: configure()'s setting, else
+    MPICOLL_DETERMINISTIC as read when the communicator's context was made (making it now
+    if this is the first call on ``comm``, as the engine would; None: the latest read)."""
+    if deterministic is not None:
+        return bool(deterministic)
+    if comm is None:
+        return bool(_config.get("deterministic"))
+    from ..engine import context as _context
+
+    return bool(_config.resolve(_context.context(comm).env)["deterministic"])
 
 
 class Route:
     """How one routed call runs: engine arguments, then a local step at the end (or None)."""
 
-    __slots__ = ("collective", "args", "finish")
+    __slots__ = ("collective", "args", "finish", "prepare")
 
-    def __init__(self, collective, args, finish=None):
-        self.collective, self.args, self.finish = collective, args, finish
+    def __init__(self, collective, args, finish=None, prepare=None):
+        """``prepare``: the local step before the engine's, run again by each restart of a
+        persistent operation (it was run once here, when the route was made)."""
+        self.collective, self.args, self.finish, self.prepare = collective, args, finish, prepare
 
     def run(self, timeout):
         _RUN[self.collective](*self.args, timeout=timeout)
@@ -135,8 +146,8 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     name = _types.op_name(op)
     wide = _types.accumulation_dtype(dtype) if name in _ACCUMULATED and accumulate is not False \
         else None
-    det = is_deterministic(deterministic) and rmsg.category in ("floating", "complex") and \
-        (name in _ACCUMULATED or name is None)
+    det = rmsg.category in ("floating", "complex") and (name in _ACCUMULATED or name is None) \
+        and is_deterministic(deterministic, comm)
     if not (ml or wide is not None or det):
         return None
     _check_op(rmsg, op)
@@ -151,7 +162,8 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
         be = rmsg.backend
         work = _widened(be, src, wide)
         args = (comm, None, msg_of_array(work, be), counts, displs, op, algorithm)
-        return Route("reduce_scatter", args, _rounder(be, out, work[:mine]))
+        return Route("reduce_scatter", args, _rounder(be, out, work[:mine]),
+                     lambda: be.copy(work, src))
     if ml:
         args = (comm, None if smsg is None else _words(smsg.array), _words(rmsg.array), counts,
                 displs, _word_op(name, dtype), algorithm)
@@ -183,7 +195,7 @@ def _allreduce(comm, src, dst, op, algorithm, wide, smsg, rmsg, one_operation):
                 src.nbytes > SPLIT_BYTES:
             return _SplitRoute(comm, work, dst, op, split, be)
         return Route("allreduce", (comm, None, msg_of_array(work, be), op, algorithm),
-                     _rounder(be, dst, work))
+                     _rounder(be, dst, work), lambda: be.copy(work, src))
     if _types.is_ml_type(dtype):
         return Route("allreduce", (comm, None if smsg is None else _words(src), _words(dst),
                                    _word_op(_types.op_name(op), dtype), algorithm))
