@@ -243,7 +243,10 @@ def test_deterministic_option_and_environment():
 
 
 def test_torch_bfloat16_through_dlpack():
-    torch = pytest.importorskip("torch")
+    # torch.utils.dlpack, not torch: without torch installed, "torch" imports as the
+    # namespace package of tests/torch (the rootdir is on sys.path)
+    pytest.importorskip("torch.utils.dlpack")
+    import torch
     rank, size = WORLD.rank, WORLD.size
     t = torch.full((3,), float(rank + 1), dtype=torch.bfloat16)
     y = mpicoll.allreduce(t)  # not garbage: 1 + 2 + ... + size
