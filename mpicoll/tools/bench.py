@@ -93,7 +93,22 @@ def _builtin_dtypes() -> dict:
     return out
 
 
-DTYPES = _builtin_dtypes()
+def _half_dtypes() -> dict:
+    """The 8/16-bit floats mpicoll reduces in float32 (float16; bfloat16 and float8 with
+    ml_dtypes).  MPI has no datatype for them, so the built-in they are timed against is
+    the one a user of plain MPI runs: the same count in float32 (reductions; the result
+    rounded to the type for the check), or the same bytes (AllGather)."""
+    out = {"float16": np.dtype(np.float16)}
+    try:
+        import ml_dtypes
+    except ImportError:
+        return out
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        out[name] = np.dtype(getattr(ml_dtypes, name))
+    return out
+
+
+DTYPES = {**_builtin_dtypes(), **_half_dtypes()}
 
 RECORD_FIELDS = (
     "collective", "algorithm", "selected", "nranks", "dtype", "op", "bytes", "count",
@@ -412,6 +427,16 @@ class Case:
         self.sbuf = device.upload(host_in)
         self.out_m = device.empty(out_len, dtype)
         self.out_b = device.empty(out_len, dtype)
+        sbuf_b = self.sbuf
+        if _types.accumulation_dtype(dtype) is not None:  # no MPI datatype (_half_dtypes)
+            if collective == "allgather":
+                words = _types.view_dtype(dtype)
+                sbuf_b = device.upload(host_in.view(words))
+                self.out_b = device.empty(out_len, words)
+            else:
+                wide = _types.accumulation_dtype(dtype)
+                sbuf_b = device.upload(host_in.astype(wide))
+                self.out_b = device.empty(out_len, wide)
         sync = device.sync
         s, om = self.sbuf, self.out_m
         algo = algorithm
@@ -442,7 +467,7 @@ class Case:
         # variant name -> (call, options in force around its batches)
         self.variants = {
             "mpicoll": (run_mpicoll, lambda: mpicoll.options(check=False)),
-            "builtin": (device.builtin_call(builtin, self.sbuf, self.out_b), contextlib.nullcontext),
+            "builtin": (device.builtin_call(builtin, sbuf_b, self.out_b), contextlib.nullcontext),
         }
         if args.check_cost:
             self.variants["check"] = (run_mpicoll, lambda: mpicoll.options(check=True))
@@ -543,6 +568,8 @@ def measure(comm, case, device, args, meta) -> dict:
     if args.check:
         got_m = device.download(case.out_m)
         got_b = device.download(case.out_b)
+        if got_b.dtype != case.dtype:  # float32 or words (_half_dtypes)
+            got_b = got_b.view(case.dtype) if got_b.dtype.kind == "u" else got_b.astype(case.dtype)
         want = expected(case.collective, n, case.count, case.dtype, args.op, comm.rank)
         scale = error_scale(case.collective, n, case.count, case.dtype, args.op, comm.rank)
         wrong = comm.allreduce(count_wrong(got_m, want, case.dtype, n, args.op, scale))
