@@ -207,6 +207,22 @@ def test_every_algorithm_and_dtypes(shared_dir):
             WORLD.Barrier()
 
 
+def test_half_types_against_float32_builtin(shared_dir):
+    """-d float16 / bfloat16 (with ml_dtypes) / float8: mpicoll in the type, the built-in on
+    the same count in float32 (or the same bytes for AllGather); both results checked."""
+    jpath = os.path.join(shared_dir, "half.json")
+    names = ["float16"] + (["bfloat16", "float8_e4m3fn"] if "bfloat16" in bench.DTYPES else [])
+    for dtype in names:
+        status, text = _run(["-C", "allreduce,allgather,reduce_scatter", "-d", dtype, "-b", "8",
+                             "-e", "4K", "-f", "64", "-n", "2", "-w", "0", "-q", "--json", jpath])
+        assert status == 0, text
+        if WORLD.rank == 0:
+            recs = json.load(open(jpath))
+            assert recs and all(r["wrong"] == 0 and r["builtin_wrong"] == 0 for r in recs), dtype
+            assert all(r["dtype"] == dtype for r in recs)
+        WORLD.Barrier()
+
+
 @pytest.mark.timeout(120)
 def test_check_cost_and_no_check():
     status, text = _run(["-C", "allreduce", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "-q",
@@ -300,7 +316,7 @@ def test_op_in_any_case(shared_dir):
     (["-f", "1"], "expected a number > 1"),
     (["-C", "allreduce", "-a", "bruck"], "not an algorithm of allreduce"),
     (["-d", "float32", "-o", "band", "-C", "allreduce"], "BAND does not apply"),
-    (["-d", "float16"], "invalid choice"),
+    (["-d", "bool"], "invalid choice"),
     (["-o", "minloc"], "argument -o/--op: invalid choice: 'minloc'"),
     (["-o", "Band", "-d", "float64", "-C", "reduce_scatter"], "MPI.BAND does not apply"),
     (["--device", "gpu", "--overlap", "1M"], "--overlap: measures host arrays only"),

@@ -131,6 +131,43 @@ def test_comm_half_and_nonblocking():
         mpicoll.allreduce(x, op=MPI.Op.Create(lambda a, b, t: None, commute=True))
 
 
+@pytest.mark.parametrize("dtype", HALF[:2], ids=IDS[:2])
+def test_comm_requests_round_a_float32_result(dtype):
+    """Comm's non-blocking and persistent forms accumulate in float32 too (the request's
+    completion step rounds); a persistent Start reads the input anew."""
+    size, rank = WORLD.size, WORLD.rank
+    comm = mpicoll.Comm(WORLD)
+    x = data(1001, rank, dtype)
+    exact = every_input(x).sum(axis=0).astype(dtype)
+    y = np.empty_like(x)
+    comm.Iallreduce(x, y).Wait()
+    assert np.array_equal(bits(y), bits(exact))
+    y[:] = 0
+    req = comm.Iallreduce(x, y)
+    while not req.Test():
+        pass
+    assert np.array_equal(bits(y), bits(exact))
+    req = comm.Allreduce_init(x, y)
+    for seed in (1, 2):
+        x[:] = data(1001, rank, dtype, seed)
+        req.Start()
+        req.Wait()
+        assert np.array_equal(bits(y), bits(every_input(x).sum(axis=0).astype(dtype))), seed
+    req.Free()
+    x = data(7 * size, rank, dtype, seed=5)
+    exact = every_input(x).sum(axis=0).astype(dtype)[7 * rank:7 * (rank + 1)]
+    out = np.empty(7, dtype)
+    comm.Ireduce_scatter_block(x, out).Wait()
+    assert np.array_equal(bits(out), bits(exact))
+    out[:] = 0
+    req = comm.Reduce_scatter_block_init(x, out)
+    req.Start()
+    while not req.Test():
+        pass
+    assert np.array_equal(bits(out), bits(exact))
+    req.Free()
+
+
 # -- deterministic mode -------------------------------------------------------------
 
 def fold(x, dtype):
@@ -170,13 +207,46 @@ def test_deterministic_bitwise_everywhere(dtype, count):
     y = np.empty_like(x)
     comm.Allreduce(x, y)
     assert np.array_equal(bits(y), want)
-    if dtype.itemsize > 2:  # Comm's requests fold 16-bit types in their own type
-        comm.Iallreduce(x, y).Wait()
-        assert np.array_equal(bits(y), want)
+    comm.Iallreduce(x, y).Wait()
+    assert np.array_equal(bits(y), want)
+
+
+def test_deterministic_option_and_environment():
+    """MPICOLL_DETERMINISTIC, read when a communicator is set up, and configure(deterministic=)
+    (which wins over it) send a floating SUM to the rank-order fold whatever ``algorithm=``."""
+    import os
+
+    from mpicoll.core import config as _config
+
+    x = np.random.default_rng(7 + WORLD.rank).normal(0.5, 1.0, 999).astype(np.float32)
+    want = bits(fold(x, x.dtype))
+    os.environ["MPICOLL_DETERMINISTIC"] = "1"
+    comm = WORLD.Dup()
+    try:
+        h = mpicoll.iallreduce(x, comm=comm, algorithm="ring")
+        assert h.algorithm == "direct" and np.array_equal(bits(h.wait()), want)
+        with mpicoll.options(deterministic=False):
+            h = mpicoll.iallreduce(x, comm=comm, algorithm="ring")
+            h.wait()
+            assert h.algorithm == "ring"
+    finally:
+        del os.environ["MPICOLL_DETERMINISTIC"]
+        comm.Free()
+        _config.read_environment()  # the process-wide values: without the variable again
+    with mpicoll.options(deterministic=True):
+        assert np.array_equal(bits(mpicoll.allreduce(x, algorithm="recursive_doubling")), want)
+    h = mpicoll.iallreduce(x, algorithm="ring")
+    h.wait()
+    assert h.algorithm == "ring"
+    with pytest.raises(TypeError, match="deterministic"):
+        mpicoll.configure(deterministic="yes")
 
 
 def test_torch_bfloat16_through_dlpack():
-    torch = pytest.importorskip("torch")
+    # torch.utils.dlpack, not torch: without torch installed, "torch" imports as the
+    # namespace package of tests/torch (the rootdir is on sys.path)
+    pytest.importorskip("torch.utils.dlpack")
+    import torch
     rank, size = WORLD.rank, WORLD.size
     t = torch.full((3,), float(rank + 1), dtype=torch.bfloat16)
     y = mpicoll.allreduce(t)  # not garbage: 1 + 2 + ... + size

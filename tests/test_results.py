@@ -107,3 +107,22 @@ def test_non_finite_values_reduce_as_ieee():
 def test_shape_mismatch_is_reported():
     res = R.compare(np.zeros(3), np.zeros(4), None, 2)
     assert not res.ok and "shape" in res.worst
+
+
+@pytest.mark.local
+def test_float32_accumulated_half_sum_bound():
+    """The rule for 8/16-bit SUMs accumulated in float32 (one rounding at the end) holds for
+    such a sum over 512 ranks, and a sum rounded to bfloat16 at every step breaks it."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rows = np.random.default_rng(18).normal(0.5, 1.0, (512, 64)).astype(bf16)
+    ref = R.reduce_rows(rows, "SUM")
+    acc = np.zeros(64, np.float32)
+    wire = np.zeros(64, bf16)
+    for row in rows:  # one order of the n - 1 additions (the ring's, at one element)
+        acc = acc + row.astype(np.float32)
+        wire = (wire.astype(np.float32) + row.astype(np.float32)).astype(bf16)
+    assert R.compare(acc.astype(bf16), ref, "SUM", 512).ok
+    assert not R.compare(wire, ref, "SUM", 512).ok
+    loose = R.tolerance("SUM", bf16, 512, ref.scale, ref.error, accumulated=False)
+    assert np.all(loose >= R.tolerance("SUM", bf16, 512, ref.scale, ref.error, ref.value))

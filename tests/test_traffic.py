@@ -25,6 +25,7 @@ from mpi4py import MPI
 from support import schedsim as sim
 
 import mpicoll
+from mpicoll.core import types as _types
 from mpicoll.engine import context as _context
 from mpicoll.engine import select as _select
 
@@ -74,15 +75,20 @@ def sizes():
     return sorted({0, 1, max(n - 1, 1), n, 7 * n + 3, 203})
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.float16])
-def test_ring_allreduce(comm, dtype):
+@pytest.mark.parametrize("dtype,accumulate", [(np.float64, None), (np.int32, None),
+                                              (np.float16, None), (np.float16, False)],
+                         ids=["float64", "int32", "float16", "float16-wire"])
+def test_ring_allreduce(comm, dtype, accumulate):
+    """A float16 SUM of these sizes (below numerics.SPLIT_BYTES) is one float32 ring AllReduce
+    (api.numerics), so float32 words travel; ``accumulate=False``: float16 words."""
     ctx = _context.context(comm)
-    itemsize = np.dtype(dtype).itemsize  # float16 travels as 16-bit words
+    wire = _types.accumulation_dtype(np.dtype(dtype)) if accumulate is None else None
+    itemsize = np.dtype(dtype if wire is None else wire).itemsize
     problems = []
     for N in sizes():
         x = data(N, dtype)
         with mpicoll.traffic() as t:
-            mpicoll.allreduce(x, comm=comm, algorithm="ring")
+            mpicoll.allreduce(x, comm=comm, algorithm="ring", accumulate=accumulate)
         want = expect(ctx, "allreduce", "ring", itemsize, total=N)
         if measured(t) != want:
             problems.append(f"N={N}: measured {measured(t)}, schedule {want}")

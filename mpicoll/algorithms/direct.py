@@ -20,92 +20,160 @@ AllReduce ("direct"): the same ReduceScatter of the array's blocks (the
 to every other rank; one schedule, so a non-blocking call is one operation.
 
 Cost: each rank sends and receives (n-1)/n of the array, as the ring does,
-but in n-1 messages to n-1 peers posted at once (one step), rather than n-1
-steps to one neighbour.  Sends go to p+1, p+2, ... so that no rank is
-everyone's first destination.
+to n-1 peers at once (one step) rather than in n-1 steps to one neighbour.
+Every block is cut into the same number of pieces (of at most the context's
+segment; schedule.PieceBuilder says why pieces); every send is posted at
+once, receives ``window`` rounds ahead (round j: piece j from every rank),
+and piece j is folded as soon as its round arrived, out of place straight
+into ``DST`` (AllReduce: then sent on to every rank at once).  The pieces change how the
+messages are cut, never how the operands are grouped, so the result does not
+depend on the segment or window.  Sends go to p+1, p+2, ... so that no rank
+is everyone's first destination.
 """
 
 from __future__ import annotations
 
 from .ring import split
-from .schedule import DST, SRC, Builder, Label, Region
+from .schedule import DST, SRC, Label, PieceBuilder, Region, offsets
 
 
 def reduce_scatter_schedule(shape):
     """Direct ReduceScatter in rank order: ``DST`` gets this rank's block (``counts[rank]``).
 
-    In place ``DST`` is the start of ``SRC``; it is written at the end, once
-    every send (which reads ``SRC``) completed.
+    In place ``DST`` is the start of ``SRC``, which the sends read: the fold
+    goes to a work buffer copied into ``DST`` once every send completed.
     """
-    b = Builder()
+    b = PieceBuilder(shape.segment, shape.window)
     mine = shape.counts[shape.rank]
-    _fold(b, shape, shape.counts, shape.displs)
-    if mine:
-        b.copy(Region(DST, 0, mine), Region("rank-order fold", 0, mine))
+    acc = None
+    if shape.in_place and mine:
+        acc = Region(b.buffer("rank-order fold", mine), 0, mine)
+    _fold(b, shape, shape.counts, shape.displs, Region(DST, 0, mine) if acc is None else acc)
+    if acc is not None:
+        b.copy(Region(DST, 0, mine), acc)
     return b.build(1 if shape.size > 1 else 0)
 
 
 def allreduce_schedule(shape):
     """Direct AllReduce: the rank-order ReduceScatter, then every block sent to every rank.
 
-    ``DST`` (in place: also ``SRC``) is written only after every send of the
-    first phase completed.
+    Each folded piece of this rank's block goes to every rank as soon as it is
+    folded; the other blocks are received into ``DST`` once every receive of
+    the first phase was posted (one tag: a peer's messages match in order) and,
+    in place, every send of the first phase completed (they read ``SRC``).
     """
     n, p = shape.size, shape.rank
     counts, displs = split(shape.total, n)
     counts, displs = tuple(counts), tuple(displs)
-    b = Builder()
+    b = PieceBuilder(shape.segment, shape.window)
     mine, own = counts[p], displs[p]
-    _fold(b, shape, counts, displs)
-    if mine:
-        b.copy(Region(DST, own, own + mine), Region("rank-order fold", 0, mine))
-    handles = []
-    for k in range(1, n):  # the gather: block q arrives from q, this rank's goes to all
-        q = (p - k) % n
-        if counts[q]:
-            handles.append(b.recv(q, Region(DST, displs[q], displs[q] + counts[q]),
-                                  Label(2, "allgather", q, 0, counts[q])))
-    for k in range(1, n):
-        q = (p + k) % n
-        if mine:
-            handles.append(b.send(q, Region(DST, own, own + mine), Label(2, "allgather", p, 0, mine)))
-    b.wait(*handles)
+    home = Region(DST, own, own + mine)
+    nseg = _nseg(b, counts)
+
+    def gather(j, a, c):  # piece j of this rank's block is final: to every rank
+        for q in _to(n, p):
+            b.send(q, home.part(a, c), Label(2, "allgather", p, j, c - a))
+
+    _fold(b, shape, counts, displs, home, gather)
+    for q in _from(n, p):
+        block = Region(DST, displs[q], displs[q] + counts[q])
+        for j, (a, c) in enumerate(_cut(counts[q], nseg)):
+            if c > a:
+                b.recv(q, block.part(a, c), Label(2, "allgather", q, j, c - a))
     return b.build(2 if n > 1 else 0)
 
 
-def _fold(b, shape, counts, displs):
-    """The exchange and the rank-order fold of this rank's block into "rank-order fold";
-    ends with every send waited for (they read ``SRC``, which may be ``DST``)."""
+def _from(n, p):
+    return [(p - k) % n for k in range(1, n)]
+
+
+def _to(n, p):  # p+1 first: no rank is everyone's first destination
+    return [(p + k) % n for k in range(1, n)]
+
+
+def _nseg(b, counts) -> int:
+    """Pieces per block: the same for every block and rank (both ends of a message cut it alike)."""
+    return max(1, -(-max(counts, default=0) // b.piece))
+
+
+def _cut(count: int, nseg: int) -> list:
+    at = offsets(split(count, nseg)[0])
+    return list(zip(at, at[1:]))
+
+
+def _fold(b, shape, counts, displs, target, folded=None):
+    """Send every block to its owner, receive this rank's from every other rank and fold them
+    into ``target`` (this rank's count) in rank order, piece by piece as they arrive; ends
+    with every send completed (they read ``SRC``, which may be ``DST``).  ``folded(j, a, c)``
+    runs once piece j (elements ``a:c`` of the block) is final in ``target``.
+
+    Every send is posted first: they read ``SRC`` only, so they need no memory, and a rank
+    waits only for receives, whose sends are all posted, so nothing waits in a cycle.
+    Receives are posted ``window`` rounds ahead, round j holding piece j from every rank.
+    The fold of a piece is ``acc = x0 op x1; acc = acc op x2; ...``, where x0 is received
+    straight into the target unless the target is this rank's input (AllReduce in place),
+    and otherwise the accumulator is the target itself when this rank is 0, else the slot
+    x0 arrived in, the last step writing the target: out of place the result is written
+    straight into ``DST``, and in place the input is read before it is written.
+    """
     n, p = shape.size, shape.rank
     mine, own = counts[p], displs[p]
-    acc = b.buffer("rank-order fold", mine) if mine else None
-    inbox = b.buffer("received blocks", (n - 1) * mine) if mine and n > 1 else None
-    slots, recvs = {}, {}
-    for k in range(1, n):  # receives first: every message has its buffer when it comes
-        q = (p - k) % n
-        if mine:
-            slots[q] = Region(inbox, (k - 1) * mine, k * mine)
-            recvs[q] = b.recv(q, slots[q], Label(1, "reduce-scatter", p, 0, mine))
+    nseg = _nseg(b, counts)
+    cut = _cut(mine, nseg)
+    width = max((c - a for a, c in cut), default=0)
+    window = min(b.window, nseg)
+    peers = _from(n, p)
+    # x0 straight into the target: the target does not hold this rank's input
+    into_target = p != 0 and not _aliases_input(shape, target)
+    slotted = [q for q in peers if not (into_target and q == 0)]
+    index = {q: i for i, q in enumerate(slotted)}
+    inbox = b.buffer("received pieces", window * len(slotted) * width) if mine and slotted else None
+
+    def where(j, q, a, c):  # piece j from q: the target, or window rounds of slots, reused
+        if into_target and q == 0:
+            return target.part(a, c)
+        at = ((j % window) * len(slotted) + index[q]) * width
+        return Region(inbox, at, at + c - a)
+
     sends = []
-    for k in range(1, n):
-        q = (p + k) % n
-        if counts[q]:
-            sends.append(b.send(q, Region(SRC, displs[q], displs[q] + counts[q]),
-                                Label(1, "reduce-scatter", q, 0, counts[q])))
-    if mine:
-        mine_src = Region(SRC, own, own + mine)
-        whole = Region(acc, 0, mine)
-        for r in range(n):
-            if r == p:
-                operand = mine_src
-            else:
-                b.wait(recvs[r])
-                operand = slots[r]
-            if r == 0:
-                b.copy(whole, operand)
-            else:
-                b.reduce(whole, operand, whole)  # acc = acc op x_r: the lower ranks on the left
+    for q in _to(n, p):
+        block = Region(SRC, displs[q], displs[q] + counts[q])
+        for j, (a, c) in enumerate(_cut(counts[q], nseg)):
+            if c > a:
+                sends.append(b.send(q, block.part(a, c), Label(1, "reduce-scatter", q, j, c - a)))
+    posted = {}
+
+    def post(j):
+        a, c = cut[j]
+        posted[j] = [b.recv(q, where(j, q, a, c), Label(1, "reduce-scatter", p, j, c - a))
+                     for q in peers] if c > a else []
+
+    for j in range(min(window, nseg)):
+        post(j)
+    for j in range(nseg):
+        a, c = cut[j]
+        b.wait(*posted.pop(j))
+        if c > a:
+            out = target.part(a, c)
+            xs = [Region(SRC, own + a, own + c) if r == p else where(j, r, a, c) for r in range(n)]
+            if n == 1:
+                b.copy(out, xs[0])
+            acc = xs[0]
+            mid = out if p == 0 or into_target else xs[0]
+            for r in range(1, n):
+                to = out if r == n - 1 else mid
+                b.reduce(acc, xs[r], to)  # the lower ranks on the left
+                acc = to
+        if j + window < nseg:
+            post(j + window)
+        if c > a and folded is not None:
+            folded(j, a, c)
     b.wait(*sends)  # in place, DST is (the start of) SRC, which the sends read
+
+
+def _aliases_input(shape, target) -> bool:
+    """Whether ``target`` is memory of this rank's input (AllReduce in place: DST is SRC)."""
+    return shape.in_place and target.buf == DST and shape.counts == (shape.total,)
 
 
 SCHEDULES = {

@@ -345,11 +345,6 @@ class Comm(MPI.Intracomm):
         route = _numerics.route(collective, args[0], args[1], args[2], op, algorithm, counts,
                                 displs, deterministic=det, accumulate=acc,
                                 one_operation=one_operation)
-        if one_operation and route is not None and route.finish is not None:
-            # a request has no step of its own at completion: partials in the input type
-            route = _numerics.route(collective, args[0], args[1], args[2], op, algorithm, counts,
-                                    displs, deterministic=det, accumulate=False,
-                                    one_operation=one_operation)
         return route
 
     def _routed(self, collective, args) -> bool:
@@ -369,7 +364,8 @@ class Comm(MPI.Intracomm):
         _requests.check_progress()
         route = self._route(self._COLLECTIVE[start], args, True)  # numerics
         if route is not None:
-            return _requests.Request(route.start(None, persistent), args[1:3], persistent)
+            return _requests.Request(route.start(None, persistent), args[1:3], persistent,
+                                     route.finish, route.prepare)
         op = start(*args, persistent=persistent)
         return _requests.Request(op, args[1:3], persistent)
 
@@ -384,7 +380,7 @@ class Comm(MPI.Intracomm):
         args = validate()
         route = self._route(self._COLLECTIVE[start], args, True)  # numerics
         if route is not None:
-            return _requests.Request(route.start(None), args[1:3])
+            return _requests.Request(route.start(None), args[1:3], finish=route.finish)
         memo = _memo(name, _plan.key(sendbuf, recvbuf, op, algorithm), sendbuf, recvbuf, op)
         return _requests.Request(start(*args, memo=memo), (sendbuf, recvbuf))
 

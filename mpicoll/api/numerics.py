@@ -59,17 +59,28 @@ def check_flags(deterministic, accumulate) -> None:
             raise TypeError(f"{name}: expected True, False or None, got {type(value).__name__}")
 
 
-def is_deterministic(deterministic) -> bool:
-    return bool(_config.get("deterministic") if deterministic is None else deterministic)
+def is_deterministic(deterministic, comm=None) -> bool:
+    """``deterministic``, else the option in force for ``comm``: configure()'s setting, else
+    MPICOLL_DETERMINISTIC as read when the communicator's context was made (making it now
+    if this is the first call on ``comm``, as the engine would; None: the latest read)."""
+    if deterministic is not None:
+        return bool(deterministic)
+    if comm is None:
+        return bool(_config.get("deterministic"))
+    from ..engine import context as _context
+
+    return bool(_config.resolve(_context.context(comm).env)["deterministic"])
 
 
 class Route:
     """How one routed call runs: engine arguments, then a local step at the end (or None)."""
 
-    __slots__ = ("collective", "args", "finish")
+    __slots__ = ("collective", "args", "finish", "prepare")
 
-    def __init__(self, collective, args, finish=None):
-        self.collective, self.args, self.finish = collective, args, finish
+    def __init__(self, collective, args, finish=None, prepare=None):
+        """``prepare``: the local step before the engine's, run again by each restart of a
+        persistent operation (it was run once here, when the route was made)."""
+        self.collective, self.args, self.finish, self.prepare = collective, args, finish, prepare
 
     def run(self, timeout):
         _RUN[self.collective](*self.args, timeout=timeout)
@@ -135,8 +146,8 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     name = _types.op_name(op)
     wide = _types.accumulation_dtype(dtype) if name in _ACCUMULATED and accumulate is not False \
         else None
-    det = is_deterministic(deterministic) and rmsg.category in ("floating", "complex") and \
-        (name in _ACCUMULATED or name is None)
+    det = rmsg.category in ("floating", "complex") and (name in _ACCUMULATED or name is None) \
+        and is_deterministic(deterministic, comm)
     if not (ml or wide is not None or det):
         return None
     _check_op(rmsg, op)
@@ -148,9 +159,11 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     mine = counts[comm.Get_rank()]
     out = rmsg.array[:mine] if smsg is None else rmsg.array
     if wide is not None:
-        work = src.astype(wide)
-        args = (comm, None, msg_of_array(work, NUMPY), counts, displs, op, algorithm)
-        return Route("reduce_scatter", args, _rounder(out, work[:mine]))
+        be = rmsg.backend
+        work = _widened(be, src, wide)
+        args = (comm, None, msg_of_array(work, be), counts, displs, op, algorithm)
+        return Route("reduce_scatter", args, _rounder(be, out, work[:mine]),
+                     lambda: be.copy(work, src))
     if ml:
         args = (comm, None if smsg is None else _words(smsg.array), _words(rmsg.array), counts,
                 displs, _word_op(name, dtype), algorithm)
@@ -158,22 +171,31 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     return Route("reduce_scatter", (comm, smsg, rmsg, counts, displs, op, algorithm))
 
 
-def _rounder(dst, wide):
+def _widened(be, src, wide):
+    """A new ``wide`` copy of ``src`` made by the array's backend (device arrays stay there:
+    the backend's copy casts, as numpy.copyto and cupy.copyto do)."""
+    work = be.empty(len(src), wide)
+    be.copy(work, src)
+    return work
+
+
+def _rounder(be, dst, wide):
     def finish():
-        np.copyto(dst, wide.astype(dst.dtype))  # the one rounding
+        be.copy(dst, wide)  # the one rounding (a casting copy)
     return finish
 
 
 def _allreduce(comm, src, dst, op, algorithm, wide, smsg, rmsg, one_operation):
     dtype = dst.dtype
     if wide is not None:
-        work = src.astype(wide)
+        be = rmsg.backend
+        work = _widened(be, src, wide)
         split = _SPLIT_ALGORITHMS.get(algorithm)
         if not one_operation and split is not None and comm.Get_size() > 1 and \
                 src.nbytes > SPLIT_BYTES:
-            return _SplitRoute(comm, work, dst, op, split)
-        return Route("allreduce", (comm, None, msg_of_array(work, NUMPY), op, algorithm),
-                     _rounder(dst, work))
+            return _SplitRoute(comm, work, dst, op, split, be)
+        return Route("allreduce", (comm, None, msg_of_array(work, be), op, algorithm),
+                     _rounder(be, dst, work), lambda: be.copy(work, src))
     if _types.is_ml_type(dtype):
         return Route("allreduce", (comm, None if smsg is None else _words(src), _words(dst),
                                    _word_op(_types.op_name(op), dtype), algorithm))
@@ -183,11 +205,12 @@ def _allreduce(comm, src, dst, op, algorithm, wide, smsg, rmsg, one_operation):
 class _SplitRoute(Route):
     """ReduceScatter in float32, round this rank's block, AllGather the rounded blocks."""
 
-    __slots__ = ("work", "dst", "op", "algorithms")
+    __slots__ = ("work", "dst", "op", "algorithms", "backend")
 
-    def __init__(self, comm, work, dst, op, algorithms):
+    def __init__(self, comm, work, dst, op, algorithms, backend):
         super().__init__("allreduce", (comm,))
         self.work, self.dst, self.op, self.algorithms = work, dst, op, algorithms
+        self.backend = backend
 
     def run(self, timeout):
         from ..algorithms.ring import split
@@ -197,11 +220,12 @@ class _SplitRoute(Route):
         counts, displs = split(len(self.dst), n)
         mine, own = counts[rank], displs[rank]
         rs, ag = self.algorithms
-        _collectives.run_reduce_scatter(comm, None, msg_of_array(self.work, NUMPY), counts, displs,
+        be = self.backend
+        _collectives.run_reduce_scatter(comm, None, msg_of_array(self.work, be), counts, displs,
                                         self.op, rs, timeout=timeout)
-        np.copyto(self.dst[own:own + mine], self.work[:mine].astype(self.dst.dtype))
+        be.copy(self.dst[own:own + mine], self.work[:mine])  # the one rounding
         words = self.dst.view(_types.view_dtype(self.dst.dtype))
-        _collectives.run_allgather(comm, None, msg_of_array(words, NUMPY), counts, displs, ag,
+        _collectives.run_allgather(comm, None, msg_of_array(words, be), counts, displs, ag,
                                    timeout=timeout)
 
     def start(self, timeout, persistent=False):  # pragma: no cover - route(one_operation=True)

@@ -96,10 +96,16 @@ class Request:
         algorithm: the algorithm the collective runs.
     """
 
-    __slots__ = ("_op", "_buffers", "persistent", "_algorithm", "_started", "__weakref__")
+    __slots__ = ("_op", "_buffers", "persistent", "_algorithm", "_started", "_finish",
+                 "_prepare", "__weakref__")
 
-    def __init__(self, op, buffers=(), persistent=False):
+    def __init__(self, op, buffers=(), persistent=False, finish=None, prepare=None):
+        """``finish``: a step run once each time the collective is seen complete (by ``Test``
+        or ``Wait``), before they return (api.numerics: the one rounding of a float32
+        result into the caller's buffer).  ``prepare``: a step run by each ``Start`` before
+        the operation starts (api.numerics: widening the current input)."""
         self._op = op
+        self._finish, self._prepare = finish, prepare
         self._algorithm = op.algorithm
         # started and its completion not yet seen by Test/Wait: MPI's "active" (a
         # persistent request may not be started again before that)
@@ -126,8 +132,8 @@ class Request:
             return True
         done = self._op.test()
         if done:
-            self._started = False
             self._seen_complete()
+            self._started = False
             _empty_status(status)
         return done
 
@@ -142,7 +148,10 @@ class Request:
 
     def _seen_complete(self) -> None:
         """A non-blocking request, complete: it lets go of its operation (MPI: the request
-        is now null), which a repeat of the call may restart (engine.plan.restart)."""
+        is now null), which a repeat of the call may restart (engine.plan.restart).
+        Runs the completion step first (a persistent request: once per ``Start``)."""
+        if self._finish is not None and (self._started or not self.persistent):
+            self._finish()
         if not self.persistent:
             op, self._op = self._op, None
             if op.owner is self:
@@ -159,6 +168,8 @@ class Request:
         if self._started:
             raise ValueError("Start: the request is active (started, not completed by Wait or "
                              "a Test returning True)")
+        if self._prepare is not None:
+            self._prepare()
         start_persistent(self._op)
         self._started = True
         _progress(self._op)

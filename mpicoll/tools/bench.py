@@ -93,7 +93,22 @@ def _builtin_dtypes() -> dict:
     return out
 
 
-DTYPES = _builtin_dtypes()
+def _half_dtypes() -> dict:
+    """The 8/16-bit floats mpicoll reduces in float32 (float16; bfloat16 and float8 with
+    ml_dtypes).  MPI has no datatype for them, so the built-in they are timed against is
+    the one a user of plain MPI runs: the same count in float32 (reductions; the result
+    rounded to the type for the check), or the same bytes (AllGather)."""
+    out = {"float16": np.dtype(np.float16)}
+    try:
+        import ml_dtypes
+    except ImportError:
+        return out
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        out[name] = np.dtype(getattr(ml_dtypes, name))
+    return out
+
+
+DTYPES = {**_builtin_dtypes(), **_half_dtypes()}
 
 RECORD_FIELDS = (
     "collective", "algorithm", "selected", "nranks", "dtype", "op", "bytes", "count",
@@ -180,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                    help="check results (default: 1)")
     p.add_argument("-a", "--algorithm", default="auto",
-                   help="auto, an algorithm name, or all (default: auto)")
+                   help="auto, an algorithm name, a comma-separated list of those (e.g. "
+                        "auto,direct: both in the same run), or all (default: auto)")
     p.add_argument("--api", choices=("comm", "array"), default="comm",
                    help="time mpicoll.Comm methods (comm, the drop-in for mpi4py) or the array "
                         "functions mpicoll.allreduce & co. (array) (default: comm)")
@@ -215,11 +231,13 @@ def check_args(parser, args):
                          f"got {args.collective!r}")
     if args.minbytes > args.maxbytes:
         parser.error(f"-b/--minbytes ({args.minbytes}) is larger than -e/--maxbytes ({args.maxbytes})")
+    args.algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()] or ["auto"]
     for c in args.collectives:
         names = _select.ALGORITHMS[c]
-        if args.algorithm not in ("auto", "all") and args.algorithm not in names:
-            parser.error(f"--algorithm: {args.algorithm!r} is not an algorithm of {c} "
-                         f"(expected auto, all or one of {', '.join(names)})")
+        for a in args.algorithms:
+            if a not in ("auto", "all") and a not in names:
+                parser.error(f"--algorithm: {a!r} is not an algorithm of {c} "
+                             f"(expected auto, all or one of {', '.join(names)})")
     args.dtype = np.dtype(DTYPES[args.datatype])
     category = _types.category_of_dtype(args.dtype)
     if any(c != "allgather" for c in args.collectives):
@@ -409,6 +427,16 @@ class Case:
         self.sbuf = device.upload(host_in)
         self.out_m = device.empty(out_len, dtype)
         self.out_b = device.empty(out_len, dtype)
+        sbuf_b = self.sbuf
+        if _types.accumulation_dtype(dtype) is not None:  # no MPI datatype (_half_dtypes)
+            if collective == "allgather":
+                words = _types.view_dtype(dtype)
+                sbuf_b = device.upload(host_in.view(words))
+                self.out_b = device.empty(out_len, words)
+            else:
+                wide = _types.accumulation_dtype(dtype)
+                sbuf_b = device.upload(host_in.astype(wide))
+                self.out_b = device.empty(out_len, wide)
         sync = device.sync
         s, om = self.sbuf, self.out_m
         algo = algorithm
@@ -439,7 +467,7 @@ class Case:
         # variant name -> (call, options in force around its batches)
         self.variants = {
             "mpicoll": (run_mpicoll, lambda: mpicoll.options(check=False)),
-            "builtin": (device.builtin_call(builtin, self.sbuf, self.out_b), contextlib.nullcontext),
+            "builtin": (device.builtin_call(builtin, sbuf_b, self.out_b), contextlib.nullcontext),
         }
         if args.check_cost:
             self.variants["check"] = (run_mpicoll, lambda: mpicoll.options(check=True))
@@ -540,6 +568,8 @@ def measure(comm, case, device, args, meta) -> dict:
     if args.check:
         got_m = device.download(case.out_m)
         got_b = device.download(case.out_b)
+        if got_b.dtype != case.dtype:  # float32 or words (_half_dtypes)
+            got_b = got_b.view(case.dtype) if got_b.dtype.kind == "u" else got_b.astype(case.dtype)
         want = expected(case.collective, n, case.count, case.dtype, args.op, comm.rank)
         scale = error_scale(case.collective, n, case.count, case.dtype, args.op, comm.rank)
         wrong = comm.allreduce(count_wrong(got_m, want, case.dtype, n, args.op, scale))
@@ -819,7 +849,8 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
         table.header(comm, args, meta, nodes)
     plan = []
     for collective in args.collectives:
-        algos = list(_select.ALGORITHMS[collective]) if args.algorithm == "all" else [args.algorithm]
+        algos = [x for a in args.algorithms
+                 for x in (_select.ALGORITHMS[collective] if a == "all" else [a])]
         for algo in algos:
             plan.append((collective, algo, sizes(args.minbytes, args.maxbytes, args.stepfactor)))
     total = sum(len(s) for _, _, s in plan)

@@ -39,6 +39,17 @@ Tolerance (the one rule)
     (``tiny``: the dtype's smallest normal number, for underflow).  With one
     rank the bound is ``reference.error + tiny``: the result is the input.
 
+    float16, bfloat16 and float8 SUM/PROD are accumulated in float32 and
+    rounded once to the input type (api.numerics): the float32 reduction is
+    within ``gamma32(n-1) * scale`` of the exact result, and the one rounding
+    adds at most ``u * |value|`` (``u``: the input type's unit roundoff), so::
+
+        |result - reference| <= u * |reference| + (1 + u) * gamma32(n-1) * scale
+                                + reference.error + n * tiny
+
+    (``accumulated=False`` in :func:`tolerance`: the first rule in the input
+    type, for wire-type partials, ``accumulate=False``).
+
 Bitwise agreement
     :func:`same_values` and :func:`identical_across_ranks` compare the bytes
     that carry values (padding left out, see :func:`value_bytes`).
@@ -112,7 +123,16 @@ def builtin_can_reduce(op: MPI.Op, datatype) -> bool:
 
 def needs_tolerance(opname, dtype) -> bool:
     """Whether a result of ``opname`` on ``dtype`` may differ from the exact one by rounding."""
-    return opname in ("SUM", "PROD") and np.dtype(dtype).kind in "fc"
+    dtype = np.dtype(dtype)
+    return opname in ("SUM", "PROD") and (dtype.kind in "fc" or _types.is_ml_type(dtype))
+
+
+def _finfo(dtype):
+    if _types.is_ml_type(dtype):
+        import ml_dtypes  # present: an array of its type exists
+
+        return ml_dtypes.finfo(dtype)
+    return np.finfo(dtype)
 
 
 def magnitude(x, opname) -> np.ndarray:
@@ -125,12 +145,15 @@ def magnitude(x, opname) -> np.ndarray:
 
 def _unit_roundoff(dtype, opname) -> float:
     dtype = np.dtype(dtype)
-    u = float(np.finfo(dtype).eps) / 2
+    u = float(_finfo(dtype).eps) / 2
     return u * math.sqrt(5) if opname == "PROD" and dtype.kind == "c" else u
 
 
 def _gamma(k: int, u: float) -> float:
-    return k * u / (1 - k * u) if k else 0.0
+    """Higham's gamma(k); infinite where ``k * u >= 1`` (no bound: bfloat16 past 255 ranks)."""
+    if not k:
+        return 0.0
+    return k * u / (1 - k * u) if k * u < 1 else math.inf
 
 
 def _wider(dtype: np.dtype) -> np.dtype:
@@ -172,7 +195,7 @@ def reduce_rows(rows, opname: str) -> Reference:
         return Reference(value, None, "exact, rank order")
     mags = np.stack([magnitude(r, opname) for r in rows])
     scale = mags.sum(axis=0) if opname == "SUM" else mags.prod(axis=0)
-    fits_float64 = np.finfo(dtype).nmant <= 52
+    fits_float64 = _finfo(dtype).nmant <= 52
     if opname == "SUM" and fits_float64:
         if dtype.kind == "c":
             value = _fsum_columns(rows.real) + 1j * _fsum_columns(rows.imag)
@@ -261,10 +284,14 @@ def reference_allgatherv(comm, x, counts, displs, initial) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def tolerance(opname: str | None, dtype, nranks: int, scale, error=None) -> np.ndarray | None:
+def tolerance(opname: str | None, dtype, nranks: int, scale, error=None, value=None,
+              accumulated: bool = True) -> np.ndarray | None:
     """Elementwise bound on ``|result - reference|``, or None where results must be exact.
 
-    ``gamma(nranks-1) * scale + error + nranks * tiny`` (the module docstring's rule).
+    ``gamma(nranks-1) * scale + error + nranks * tiny`` (the module docstring's rule);
+    for the 8/16-bit floating types accumulated in float32 (``accumulated``), the
+    float32 rule plus the one rounding, ``u * |value|`` (``value``: the reference's
+    values; None: ``scale``, which bounds them).
 
     Args:
         opname: predefined op name (None: exact).
@@ -276,8 +303,15 @@ def tolerance(opname: str | None, dtype, nranks: int, scale, error=None) -> np.n
     dtype = np.dtype(dtype)
     if scale is None or not needs_tolerance(opname, dtype):
         return None
-    tiny = float(np.finfo(dtype).smallest_normal)
-    bound = _gamma(nranks - 1, _unit_roundoff(dtype, opname)) * np.asarray(scale, np.float64)
+    tiny = float(_finfo(dtype).smallest_normal)
+    scale = np.asarray(scale, np.float64)
+    wide = _types.accumulation_dtype(dtype) if accumulated else None
+    if wide is not None:
+        u = _unit_roundoff(dtype, opname)
+        mag = scale if value is None else np.abs(np.asarray(value).astype(np.float64))
+        bound = u * mag + (1 + u) * _gamma(nranks - 1, _unit_roundoff(wide, opname)) * scale
+    else:
+        bound = _gamma(nranks - 1, _unit_roundoff(dtype, opname)) * scale
     if error is not None:
         bound = bound + np.asarray(error, np.float64)
     return bound + nranks * tiny
@@ -338,7 +372,8 @@ def compare(got, ref, opname: str | None, nranks: int, *, exact: bool | None = N
             i = int(np.argmax(bad))
             worst = f"element {i}: got {got[i]}, expected {want[i]}"
         return Comparison(nbad == 0, float(diff.max()), 0.0, nbad, worst)
-    tol = None if exact else tolerance(opname, got.dtype, nranks, ref.scale, ref.error)
+    tol = None if exact else tolerance(opname, got.dtype, nranks, ref.scale, ref.error,
+                                       ref.value)
     if exact is False and tol is None:
         raise ValueError("compare: exact=False needs a floating SUM/PROD reference with a scale")
     if tol is None and want.dtype == got.dtype and np.array_equal(got, want):

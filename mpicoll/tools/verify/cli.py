@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where the buffers live: NumPy (cpu), CuPy (gpu), or gpu if usable")
     p.add_argument("--timeout", type=_seconds, default=120.0,
                    help="seconds to wait for the other ranks after a case before aborting")
+    p.add_argument("--deterministic", action="store_true",
+                   help="run every case in deterministic mode (mpicoll.options(deterministic=True)) "
+                        "and check floating SUM/PROD bitwise against the rank-order fold")
     p.add_argument("--verbose", "-v", action="store_true", help="print every failing case")
     return p
 
@@ -279,7 +282,8 @@ def main(argv=None) -> int:
                 for j, algo in enumerate(algos):
                     for in_place in _placements(args.quick, k, j, len(counts) * len(algos)):
                         res = run_case(comm, collective, info, opname, count, in_place, algo,
-                                       arrays=arrays, timeout=args.timeout, prepared=prepared)
+                                       arrays=arrays, timeout=args.timeout, prepared=prepared,
+                                       deterministic=args.deterministic)
                         cases += 1
                         max_abs = max(max_abs, res.max_abs)
                         max_rel = max(max_rel, res.max_rel)

@@ -115,9 +115,23 @@ def prepare_case(comm, collective: str, info: TypeInfo, opname: str | None, coun
     return Prepared(x, want, counts, displs, initial)
 
 
+def _rank_order_fold(comm, x, opname):
+    """``((x0 op x1) op x2) ...`` over the ranks' inputs, in the accumulation type (float32
+    for the 8/16-bit floats, else the type itself), rounded once to the input type."""
+    from ...core import types as _types
+
+    rows = _results.gather_rows(comm, x)
+    wide = _types.accumulation_dtype(x.dtype) or x.dtype
+    acc = rows[0].astype(wide)
+    for row in rows[1:]:
+        acc = _types.NUMPY_UFUNCS[opname](acc, row.astype(wide))
+    return acc.astype(x.dtype)
+
+
 def run_case(comm, collective: str, info: TypeInfo, opname: str | None, count: int,
              in_place: bool, algorithm: str = "auto", *, arrays=NUMPY, seed: int = 0,
-             timeout: float = 120.0, prepared: Prepared | None = None) -> CaseResult:
+             timeout: float = 120.0, prepared: Prepared | None = None,
+             deterministic: bool = False) -> CaseResult:
     """Run one collective through mpicoll and MPI's built-in; check everything. Collective.
 
     Checks: result equals the reference (exact, or within :func:`tolerance`),
@@ -139,6 +153,9 @@ def run_case(comm, collective: str, info: TypeInfo, opname: str | None, count: i
         seed: varies the input.
         timeout: seconds to wait for the other ranks before aborting the job.
         prepared: :func:`prepare_case` of the same arguments, to reuse.
+        deterministic: run under ``mpicoll.options(deterministic=True)`` and also
+            check a floating SUM/PROD bitwise against the rank-order fold
+            ``((x0 op x1) op x2) ...`` in the accumulation type, rounded once.
 
     Returns:
         CaseResult, identical on every rank.
@@ -160,7 +177,12 @@ def run_case(comm, collective: str, info: TypeInfo, opname: str | None, count: i
     # ---- run mpicoll --------------------------------------------------------
     got = None
     raised = 0
+    import contextlib
+
+    import mpicoll
+    mode = mpicoll.options(deterministic=True) if deterministic else contextlib.nullcontext()
     try:
+        mode.__enter__()
         xd = arrays.put(x)
         if api == "comm":
             c = Comm(comm, algorithm=algorithm)
@@ -207,7 +229,6 @@ def run_case(comm, collective: str, info: TypeInfo, opname: str | None, count: i
                 if not in_place:
                     _unchanged("sendbuf", x, xd, arrays, problems)
         else:
-            import mpicoll
             if collective == "allreduce":
                 res = mpicoll.allreduce(xd, op, comm=comm, out=xd if in_place else None,
                                         algorithm=algorithm)
@@ -238,9 +259,24 @@ def run_case(comm, collective: str, info: TypeInfo, opname: str | None, count: i
         where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
         problems.append(f"raised {type(exc).__name__}: {exc}{where}")
 
+    finally:
+        mode.__exit__(None, None, None)
+    fold = None
+    # complex PROD left out: NumPy's complex64 multiply gives different bits for the same
+    # operands in arrays of different lengths (its SIMD loop versus the scalar one: seen
+    # at 3 ranks, count 1), so no reference fold is unique (docs/numerics.md)
+    if deterministic and reduces and (opname == "SUM" or (opname == "PROD" and
+                                                          info.category == "floating")) and \
+            info.category in ("floating", "complex"):
+        fold = _rank_order_fold(comm, x, opname)
+        lo = 0 if counts is None else sum(counts[:rank])
+        fold = fold[lo:lo + n]
+
     # ---- checks (local), then one exchange of every rank's outcome ------------
     max_abs = max_rel = 0.0
     digest = 0
+    if not raised and fold is not None and not same_values(got, fold):
+        problems.append("deterministic: not bitwise the rank-order fold")
     if not raised:
         cmp = compare(got, want, opname, size)
         max_abs, max_rel = cmp.max_abs, cmp.max_rel
