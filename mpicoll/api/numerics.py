@@ -61,15 +61,18 @@ def check_flags(deterministic, accumulate) -> None:
 
 def is_deterministic(deterministic, comm=None) -> bool:
     """``deterministic``, else the option in force for ``comm``: configure()'s setting, else
-    MPICOLL_DETERMINISTIC as read when the communicator's context was made (making it now
-    if this is the first call on ``comm``, as the engine would; None: the latest read)."""
+    MPICOLL_DETERMINISTIC as read when the communicator's context was made (before its first
+    call: the environment now, which the set-up then reads; the set-up itself is the
+    engine's, under the call's timeout; None: the latest read)."""
     if deterministic is not None:
         return bool(deterministic)
     if comm is None:
         return bool(_config.get("deterministic"))
     from ..engine import context as _context
 
-    return bool(_config.resolve(_context.context(comm).env)["deterministic"])
+    ctx = _context.existing(comm)
+    env = _config.read_environment() if ctx is None else ctx.env
+    return bool(_config.resolve(env)["deterministic"])
 
 
 class Route:
