@@ -219,13 +219,18 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._coalesced(outputs, inputs, self._gather_single,
+                               "all_gather_single_coalesced", opts)
+
+    def _coalesced(self, outputs, inputs, one, name, opts):
+        """One Work of ``one(output, input, what, pieces, finishes)`` over the pairs."""
         outputs, inputs = list(outputs), list(inputs)
         if len(outputs) != len(inputs):
             raise ValueError(f"outputs: expected {len(inputs)} tensors like inputs, got {len(outputs)}")
         pieces, finishes = [], []
         for j, (out, inp) in enumerate(zip(outputs, inputs)):
-            self._gather_single(out, inp, f"outputs[{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "all_gather_single_coalesced", opts)
+            one(out, inp, f"outputs[{j}]", pieces, finishes)
+        return Work(pieces, _all(finishes), outputs, name, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -291,13 +296,12 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        outputs, inputs = list(outputs), list(inputs)
-        if len(outputs) != len(inputs):
-            raise ValueError(f"outputs: expected {len(inputs)} tensors like inputs, got {len(outputs)}")
-        pieces, finishes = [], []
-        for j, (out, inp) in enumerate(zip(outputs, inputs)):
-            self._reduce_scatter_single(out, inp, _op(opts), f"outputs[{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "reduce_scatter_single_coalesced", opts)
+        op = _op(opts)
+        return self._coalesced(
+            outputs, inputs,
+            lambda out, inp, what, pieces, finishes: self._reduce_scatter_single(
+                out, inp, op, what, pieces, finishes),
+            "reduce_scatter_single_coalesced", opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
