@@ -467,3 +467,29 @@ def test_a_collected_array_drops_its_plan():
         assert not plan.live and "Comm.Allreduce" not in ctx.plans
     finally:
         comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_a_call_keeps_no_array_alive_after_it_returns():
+    """Arrays of a finished call that left no plan are freed by reference counting alone
+    (a run and its operation referring to each other kept them until the cyclic
+    collector ran: a DLPack deleter test saw capsules of earlier tests go at its gc)."""
+    comm = WORLD.Dup()
+    mc = mpicoll.Comm(comm)
+    gc.disable()
+    try:
+        refs = []
+        for _ in range(3):
+            x = np.arange(5.0) + WORLD.rank
+            y = mpicoll.allreduce(x, comm=comm)                     # no out=: no plan
+            h = mpicoll.iallreduce(x, comm=comm, algorithm="ring")
+            h.wait()
+            z = np.empty(5)
+            mc.Allreduce(x.view(np.ndarray)[:], z)                  # a view: no plan
+            refs += [weakref.ref(x), weakref.ref(y), weakref.ref(z)]
+            del x, y, h, z
+        alive = [r for r in refs if r() is not None]
+        assert not alive, f"{len(alive)} of {len(refs)} arrays alive without the cyclic collector"
+    finally:
+        gc.enable()
+        comm.Free()

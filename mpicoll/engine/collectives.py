@@ -189,7 +189,10 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     operation = Operation((), None, None, None, run=run, ctx=None if run.blocking else ctx,
                           persistent=persistent, algorithm=name)
     operation.progress = _config.get("progress")  # (process-wide: api.requests's thread)
-    run.operation = operation
+    # (persistent only: a run and its operation referring to each other form a cycle,
+    # which keeps the call's arrays alive until the cyclic collector runs; a persistent
+    # operation holds its buffers until Free anyway, which breaks it)
+    run.operation = operation if persistent else None
     if not persistent:
         run.begin(operation)
         operation.go(run.blocking)
@@ -236,6 +239,7 @@ def free_persistent(operation) -> None:
         operation.wait()
     run = operation.run
     run.program = None
+    run.operation = None
     _executor.unhold(run)
     run.release()
 
@@ -244,7 +248,7 @@ def drop_programs(ctx) -> None:
     """Free the programs of the inactive persistent operations of ``ctx`` (its communicator
     is freed or unusable); their later starts take the general path."""
     for run in list(ctx.programs):
-        if run.operation._active:
+        if run.operation is not None and run.operation._active:
             continue  # its current start runs on them; they go with Free or at exit
         run.program = None
         _executor.unhold(run)
