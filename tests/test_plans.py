@@ -20,6 +20,9 @@ import mpicoll
 from mpicoll.engine import context as _context
 
 WORLD = MPI.COMM_WORLD
+# The cache's rules are per rank: 1 (copies only), 2 (one exchange), 3 (the fold, uneven
+# blocks) reach every path a hit or a miss takes.
+pytestmark = pytest.mark.ranks(1, 2, 3)
 
 
 # --- plans: a repeated call with the same arrays goes straight to moving data ------
