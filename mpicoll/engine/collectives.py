@@ -32,7 +32,7 @@ class _Run:
     __slots__ = ("name", "build", "ctx", "comm", "collective", "label", "msg", "total",
                  "counts", "displs", "op", "red0", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "steps", "ch", "be", "red",
-                 "stage", "program", "keep", "observed", "operation", "__weakref__")
+                 "stage", "program", "observed", "operation", "__weakref__")
 
     def begin(self, operation) -> None:
         """Set ``operation`` up for one start (it has not sent anything yet)."""
@@ -175,7 +175,6 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.blocking = blocking or device
     run.src, run.dst, run.in_place = src, dst, in_place
     run.lease = run.steps = run.stage = run.program = None
-    run.keep = memo if not persistent else None
     run.schedule = _schedule(run, ctx, msg)
     if run.blocking:
         run.tag = _executor.TAG

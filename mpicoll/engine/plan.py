@@ -51,7 +51,6 @@ Where plans live
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
 
 import numpy as np
 from mpi4py import MPI
@@ -330,4 +329,4 @@ def drop_all(ctx) -> None:
             table.clear()
 
 
-__all__ = ["Plan", "repeat", "keep", "keep_started", "restart", "drop_all", "OrderedDict"]
+__all__ = ["Plan", "repeat", "keep", "keep_started", "restart", "drop_all"]
