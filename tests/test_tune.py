@@ -59,9 +59,9 @@ def tuning_env(monkeypatch, shared_dir):
     """use(data) -> path: write ``data`` as the tuning file (rank 0), point MPICOLL_TUNING at it."""
     def use(data):
         path = os.path.join(shared_dir, "tuning.json")
+        WORLD.Barrier()  # every rank is done reading the previous file
         if WORLD.rank == 0:
-            with open(path, "w") as f:
-                json.dump(data, f)
+            _tune.write(path, data)  # atomic: a reader sees the old file or the new one
         WORLD.Barrier()
         monkeypatch.setenv("MPICOLL_TUNING", path)
         _select.reset()
@@ -212,11 +212,12 @@ def test_tool_writes_a_file_auto_reads(shared_dir, monkeypatch):
     if WORLD.rank == 0:
         assert f"wrote {path}" in out.getvalue()
     # a second run at this layout replaces its entry and keeps the others
+    WORLD.Barrier()  # every rank has read the file before rank 0 rewrites it
     if WORLD.rank == 0:
         data = json.load(open(path))
         other = dict(data["entries"][0], ranks=[64, 64])
         data["entries"].append(other)
-        json.dump(data, open(path, "w"))
+        _tune.write(path, data)
     WORLD.Barrier()
     assert _tune.main(argv + ["-C", "allreduce"], out=io.StringIO()) == 0
     WORLD.Barrier()
