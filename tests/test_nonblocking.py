@@ -17,6 +17,7 @@ from mpi4py import MPI
 from support.data import rank_data
 
 import mpicoll
+from mpicoll.api import args as _args
 from mpicoll.api import requests as _requests
 from mpicoll.core import config
 from mpicoll.engine import select as _select
@@ -413,11 +414,8 @@ def test_freeing_the_communicator_frees_the_programs():
 
 def _count_validations(monkeypatch):
     """The list every validation of a Comm method or array function appends to."""
-    from mpicoll.api import arrays as _arrays
-    calls = _util.spy(monkeypatch, mpicoll.Comm, ["_allreduce_args", "_allgather_args",
-                                                   "_reduce_scatter_block_args"])
-    return _util.spy(monkeypatch, _arrays, ["_allreduce_args", "_allgather_args",
-                                            "_reduce_scatter_args"], calls)
+    return _util.spy(monkeypatch, _args, ["Allreduce", "Allgather", "Reduce_scatter_block",
+                                          "allreduce", "allgather", "reduce_scatter"])
 
 
 @pytest.mark.timeout(60)

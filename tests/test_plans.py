@@ -17,6 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll.api import args as _args
 from mpicoll.engine import context as _context
 
 WORLD = MPI.COMM_WORLD
@@ -30,17 +31,14 @@ pytestmark = pytest.mark.ranks(1, 2, 3)
 @pytest.mark.timeout(60)
 def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
     """The same buffers again: no validation, no schedule binding, no allocation; right results."""
-    from mpicoll.api import arrays as _arrays
     from mpicoll.engine import executor as _executor
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
         ctx = _context.context(comm)
         rank, n = WORLD.rank, WORLD.size
-        checks = _util.spy(monkeypatch, mpicoll.Comm, ["_allreduce_args", "_allgather_args",
-                                                        "_reduce_scatter_block_args"])
-        _util.spy(monkeypatch, _arrays, ["_allreduce_args", "_allgather_args",
-                                         "_reduce_scatter_args"], checks)
+        checks = _util.spy(monkeypatch, _args, ["Allreduce", "Allgather", "Reduce_scatter_block",
+                                                "allreduce", "allgather", "reduce_scatter"])
         binds = _util.spy(monkeypatch, _executor, ["bind"])
         for N in (1, 7, 1000):
             x = (np.arange(N * n) * 3 + rank).astype(np.float64)
@@ -181,7 +179,7 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
-        checks = _util.spy(monkeypatch, mpicoll.Comm, ["_allreduce_args"])
+        checks = _util.spy(monkeypatch, _args, ["Allreduce"])
         x = np.arange(5.0) * (WORLD.rank + 2)
         y, want = np.empty(5), np.empty(5)
         WORLD.Allreduce(x, want)

@@ -12,7 +12,7 @@ Rules common to the three functions:
   ``out`` overlapping ``x`` in part is a ValueError.
 * One call path.  A call with ``out=`` first tries its plan (engine.plan): the
   same ``x`` and ``out`` objects (and op, algorithm) as its last plain call
-  run again with no validation.  Otherwise ``_*_args`` validates and returns
+  run again with no validation.  Otherwise api.args validates and returns
   the arguments of engine.collectives.start_* (the non-blocking forms use
   the same functions), the array to return and what to do after the data
   moved (a copy back into a non-C-ordered ``out``, or None).
@@ -23,102 +23,15 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms.schedule import offsets
-from ..core import config as _config
 from ..core import types as _types
-from ..core.comms import check_comm
 from ..engine import collectives as _collectives
 from ..engine import plan as _plan
-from ..engine import select as _select
+from . import args as _args
 from . import numerics as _numerics
 from . import requests as _requests
-from .buffers import array_arg, as_counts, dtype_info, is_writable, msg_of_array, overlaps, same_memory
 
 _WORLD = MPI.COMM_WORLD
 _ndarray = np.ndarray
-
-
-def _comm(comm):
-    return check_comm(MPI.COMM_WORLD if comm is None else comm)
-
-
-def _forced(comm, collective, algorithm):
-    """``"auto"`` on an ``mpicoll.Comm`` made with ``algorithm=``: that algorithm, where it
-    exists for the collective (as its own methods do)."""
-    if algorithm == "auto":
-        algo = getattr(comm, "_algo", None)
-        if algo is not None:
-            return algo(collective)
-    return algorithm
-
-
-def _new_out(backend, x, shape):
-    return backend.empty(_prod(shape), x.dtype).reshape(shape)
-
-
-def _prod(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _out_arg(out, backend, x):
-    """(backend, array, in place) of an ``out=`` argument; in place when it is ``x``'s memory exactly.
-
-    ``out`` may be another object over the same memory as ``x`` (a
-    ``memoryview`` of it, the same ``bytearray`` converted again): the memory,
-    not the object, makes the call in place.
-    """
-    obackend, arr = array_arg(out, "out")
-    return obackend, arr, obackend is backend and same_memory(x, arr)
-
-
-def _check_out(converted, backend, x, shape, what):
-    """(out array, in place) for an ``out=`` argument converted by :func:`_out_arg`.
-
-    Any overlap with ``x`` other than exactly its memory is a ValueError.
-    """
-    obackend, out, in_place = converted
-    if not is_writable(out):
-        if in_place:
-            raise ValueError(f"out: expected a writable array for an in-place {what}, got a read-only one")
-        raise ValueError("out: expected a writable buffer, got a read-only one")
-    if in_place:
-        return out, True
-    if obackend is not backend:
-        raise TypeError(f"out: expected a {backend.name} array like x, got a {obackend.name} array")
-    if out.dtype != x.dtype:
-        raise TypeError(f"out: expected dtype {x.dtype} like x, got {out.dtype}")
-    if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(out.shape)}")
-    if overlaps(backend, x, out):
-        raise ValueError(
-            f"out: overlaps x; pass out=x (the same memory) for an in-place {what}, "
-            f"or an out that does not overlap x"
-        )
-    return out, False
-
-
-def _c_order(backend, a, fill=True):
-    """``a`` itself if C-contiguous, else a new C-ordered array (a copy of ``a`` if ``fill``).
-
-    The algorithms see an array's elements in memory order; a C-ordered array
-    puts them in logical order, which is the order the ranks agree on.
-    """
-    if a.flags.c_contiguous:
-        return a
-    tmp = _new_out(backend, a, tuple(a.shape))
-    if fill:
-        backend.copy(tmp, a)
-    return tmp
-
-
-def _rows(x):
-    """(leading-dimension length, elements per row) of an array (0-d: one row of one)."""
-    if x.ndim == 0:
-        return 1, 1
-    return x.shape[0], _prod(x.shape[1:])
 
 
 def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None,
@@ -155,9 +68,9 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
             _WORLD if comm is None else comm, "allreduce", x, out, op, algorithm):
         return out
     key = _plan.key(x, out, op, algorithm)
-    args, timeout, result, after = _allreduce_args(x, op, comm, out, algorithm, timeout)
+    args, timeout, result, after = _args.allreduce(x, op, comm, out, algorithm, timeout)
     # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
-    _numerics.check_flags(deterministic, accumulate)
+    _args.check_flags(deterministic, accumulate)
     route = _numerics.route("allreduce", args[0], args[1], args[2], args[3], args[4],
                             deterministic=deterministic, accumulate=accumulate)
     if route is not None:
@@ -171,45 +84,6 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
     return result
 
 
-def _allreduce_args(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeout=None):
-    """((comm, smsg, rmsg, op, algorithm), timeout, result, after) of an allreduce call."""
-    comm = _comm(comm)
-    timeout = _config.check_value("timeout", timeout)
-    _types.check_op(op)
-    _select.check_algorithm("allreduce", algorithm)
-    algorithm = _forced(comm, "allreduce", algorithm)
-    backend, x = array_arg(x, "x")
-    if out is None:
-        # same memory order as x (C unless x is Fortran-ordered)
-        out = _new_out(backend, x, x.shape[::-1]).T if _fortran(x) else _new_out(backend, x, x.shape)
-        in_place = False
-    else:
-        out, in_place = _check_out(_out_arg(out, backend, x), backend, x, x.shape, "allreduce")
-    category, _, typename = dtype_info(x.dtype)
-    _types.check_op_applies(op, category, typename)
-    # every rank reduces its elements in logical (C) order, whatever its layout
-    smsg, rmsg, after = _logical(backend, x, out, x if in_place else None)
-    return (comm, smsg, rmsg, op, algorithm), timeout, out, after
-
-
-def _logical(backend, x, out, held):
-    """(send message or None in place, receive message, copy-back or None): ``x`` and
-    ``out`` as C-ordered arrays, copies where a layout is not (``out`` copied back after).
-    ``held``: in place, the array that holds the input (None: out of place)."""
-    if held is not None:
-        work = _c_order(backend, held)
-        smsg = None
-    else:
-        work = _c_order(backend, out, fill=False)
-        smsg = msg_of_array(_c_order(backend, x), backend)
-    after = None if work is out else _copier(backend, out, work)
-    return smsg, msg_of_array(work, backend), after
-
-
-def _copier(backend, dst, src):
-    return lambda: backend.copy(dst, src)
-
-
 def _memo(name, key, x, out, result, after, op=None, counts=None):
     """(name, key) to keep a plain call as a plan (or its operation, non-blocking): the
     default counts, the result ``out`` itself (not, in place, a view of ``x``), C-ordered
@@ -219,11 +93,6 @@ def _memo(name, key, x, out, result, after, op=None, counts=None):
             and (op is None or _types.op_name(op) is not None)):
         return name, key
     return None
-
-
-def _fortran(a) -> bool:
-    """Whether an array is Fortran-ordered and not also C-ordered."""
-    return a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous
 
 
 def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
@@ -255,7 +124,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
             _plan.repeat(_WORLD if comm is None else comm, "allgather", x, out, algorithm):
         return out
     key = _plan.key(x, out, algorithm)
-    args, timeout, result, after = _allgather_args(x, comm, out, counts, algorithm, timeout)
+    args, timeout, result, after = _args.allgather(x, comm, out, counts, algorithm, timeout)
     # -- numerics: ml_dtypes types move as words (api.numerics) --
     route = _numerics.route("allgather", args[0], args[1], args[2], None, args[5], args[3],
                             args[4])
@@ -269,46 +138,6 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
     if after is not None:
         after()
     return result
-
-
-def _allgather_args(x, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
-    """((comm, smsg, rmsg, counts, displs, algorithm), timeout, result, after) of an allgather."""
-    comm = _comm(comm)
-    timeout = _config.check_value("timeout", timeout)
-    _select.check_algorithm("allgather", algorithm)
-    algorithm = _forced(comm, "allgather", algorithm)
-    size, rank = comm.Get_size(), comm.Get_rank()
-    backend, x = array_arg(x, "x")
-    converted = None if out is None else _out_arg(out, backend, x)  # converted once
-    in_place = converted is not None and converted[2]
-    xrows, rowsize = _rows(x)
-    trailing = tuple(x.shape[1:])
-    if counts is None:
-        if in_place:
-            if xrows % size:
-                raise ValueError(
-                    f"x: an in-place allgather needs a row count divisible by {size} ranks, got {xrows}"
-                )
-            counts = (xrows // size,) * size
-        else:
-            counts = (xrows,) * size
-    else:
-        counts = as_counts(counts, size, "counts")
-        if not in_place and counts[rank] != xrows:
-            raise ValueError(f"counts: counts[{rank}] is {counts[rank]} but x has {xrows} rows")
-    total = sum(counts)
-    shape = (total,) + trailing if x.ndim else (total,)
-    if out is None:
-        out = _new_out(backend, x, shape)
-    else:
-        out, in_place = _check_out(converted, backend, x, shape, "allgather")
-        if in_place and tuple(x.shape) != shape:
-            raise ValueError(f"out: expected shape {shape} for an in-place allgather, got {tuple(x.shape)}")
-    ecounts = [c * rowsize for c in counts]
-    edispls = offsets(ecounts)[:-1]
-    # rows in logical (C) order on every rank, whatever its layout
-    smsg, rmsg, after = _logical(backend, x, out, out if in_place else None)
-    return (comm, smsg, rmsg, ecounts, edispls, algorithm), timeout, out, after
 
 
 def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
@@ -344,10 +173,10 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
             _plan.repeat(_WORLD if comm is None else comm, "reduce_scatter", x, out, op, algorithm):
         return out
     key = _plan.key(x, out, op, algorithm)
-    args, timeout, result, after = _reduce_scatter_args(x, op, comm, out, counts, algorithm,
+    args, timeout, result, after = _args.reduce_scatter(x, op, comm, out, counts, algorithm,
                                                         timeout)
     # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
-    _numerics.check_flags(deterministic, accumulate)
+    _args.check_flags(deterministic, accumulate)
     route = _numerics.route("reduce_scatter", args[0], args[1], args[2], args[5], args[6],
                             args[3], args[4], deterministic=deterministic, accumulate=accumulate)
     if route is not None:
@@ -362,49 +191,6 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
     return result
 
 
-def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algorithm="auto",
-                         timeout=None):
-    """((comm, smsg, rmsg, counts, displs, op, algorithm), timeout, result, after)."""
-    comm = _comm(comm)
-    timeout = _config.check_value("timeout", timeout)
-    _types.check_op(op)
-    _select.check_algorithm("reduce_scatter", algorithm)
-    algorithm = _forced(comm, "reduce_scatter", algorithm)
-    size, rank = comm.Get_size(), comm.Get_rank()
-    backend, x = array_arg(x, "x")
-    if x.ndim == 0:
-        raise ValueError("x: expected an array with at least one dimension, got a 0-d array")
-    xrows, rowsize = _rows(x)
-    if counts is None:
-        from ..algorithms.ring import split
-        counts = tuple(split(xrows, size)[0])
-    else:
-        counts = as_counts(counts, size, "counts")
-        if sum(counts) != xrows:
-            raise ValueError(f"counts: sum(counts) is {sum(counts)} but x has {xrows} rows")
-    shape = (counts[rank],) + tuple(x.shape[1:])
-    category, _, typename = dtype_info(x.dtype)
-    _types.check_op_applies(op, category, typename)
-    if out is None:
-        result, in_place = _new_out(backend, x, shape), False
-    else:
-        result, in_place = _check_out(_out_arg(out, backend, x), backend, x, shape, "reduce_scatter")
-    ecounts = [c * rowsize for c in counts]
-    edispls = offsets(ecounts)[:-1]
-    # rows in logical (C) order on every rank, whatever its layout
-    src = _c_order(backend, x)
-    if in_place:
-        # the input is the whole of x; the result goes to its first rows
-        result = x[: counts[rank]]
-        after = None if src is x else _copier(backend, result, src[: counts[rank]])
-        return ((comm, None, msg_of_array(src, backend), ecounts, edispls, op, algorithm), timeout,
-                result, after)
-    work = _c_order(backend, result, fill=False)
-    after = None if work is result else _copier(backend, result, work)
-    return ((comm, msg_of_array(src, backend), msg_of_array(work, backend), ecounts, edispls, op,
-             algorithm), timeout, result, after)
-
-
 # -- non-blocking forms (see mpicoll.api.requests) ------------------------------------
 # The same checks as the blocking functions (the one validation path), then the
 # engine's start_* function.
@@ -416,7 +202,7 @@ def _reduce_scatter_args(x, op=MPI.SUM, comm=None, out=None, counts=None, algori
 
 def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout, numerics=None):
     """A handle of ``name``'s kept operation restarted (its result: ``out``), else of a new
-    one started on ``validate()`` (the function's ``_*_args`` call) and kept for the call's
+    one started on ``validate()`` (the function's api.args call) and kept for the call's
     repeat if plain (:func:`_memo`).  The handle keeps ``x`` and ``out`` alive until it has
     seen the operation complete.  ``numerics``: (deterministic, accumulate) (api.numerics)."""
     _requests.check_progress()
@@ -441,7 +227,7 @@ def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout,
 def _istart_route(name, args, numerics):
     """The api.numerics route of a non-blocking call's validated ``args``, or None."""
     det, acc = (None, None) if numerics is None else numerics
-    _numerics.check_flags(det, acc)
+    _args.check_flags(det, acc)
     if name == "iallgather":
         return _numerics.route("allgather", args[0], args[1], args[2], None, args[5], args[3],
                                args[4], one_operation=True)
@@ -478,14 +264,14 @@ def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=
         y = h.wait()                                     # every rank: [3., 3., 3.]
     """
     return _istart("iallreduce", _requests.start_allreduce,
-                   lambda: _allreduce_args(x, op, comm, out, algorithm, timeout),
+                   lambda: _args.allreduce(x, op, comm, out, algorithm, timeout),
                    comm, x, out, op, algorithm, None, timeout, (deterministic, accumulate))
 
 
 def iallgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """Start an :func:`allgather` (same arguments); ``wait()`` on the handle returns the result."""
     return _istart("iallgather", _requests.start_allgather,
-                   lambda: _allgather_args(x, comm, out, counts, algorithm, timeout),
+                   lambda: _args.allgather(x, comm, out, counts, algorithm, timeout),
                    comm, x, out, None, algorithm, counts, timeout, (None, None))
 
 
@@ -494,5 +280,5 @@ def ireduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorith
     """Start a :func:`reduce_scatter` (same arguments); ``wait()`` on the handle returns the result."""
     # (in-place calls are not kept: their result is a view of x; see _memo)
     return _istart("ireduce_scatter", _requests.start_reduce_scatter,
-                   lambda: _reduce_scatter_args(x, op, comm, out, counts, algorithm, timeout),
+                   lambda: _args.reduce_scatter(x, op, comm, out, counts, algorithm, timeout),
                    comm, x, out, op, algorithm, counts, timeout, (deterministic, accumulate))

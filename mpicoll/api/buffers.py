@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..algorithms.schedule import offsets
 from ..backends import dlpack as _dlpack
 from ..backends import host as _backend
 from ..core import types as _types
@@ -34,8 +35,14 @@ def _check_layout(arr, argname, writable):
             f"{argname}: expected a contiguous buffer, got a non-contiguous array "
             f"with shape {tuple(arr.shape)} and strides {tuple(arr.strides)}"
         )
-    if writable and not is_writable(arr):
-        raise ValueError(f"{argname}: expected a writable buffer, got a read-only one")
+    if writable:
+        check_writable(arr, argname)
+
+
+def check_writable(arr, argname, expected="a writable buffer") -> None:
+    """ValueError naming ``argname`` when ``arr`` is read-only."""
+    if not is_writable(arr):
+        raise ValueError(f"{argname}: expected {expected}, got a read-only one")
 
 
 def is_writable(arr) -> bool:
@@ -223,7 +230,7 @@ def _vector_layout(avail, counts, displs, blocks, argname):
     else:
         counts = as_counts(counts, blocks, argname)
     if displs is None:
-        displs = tuple(np.cumsum((0,) + counts[:-1]).tolist())
+        displs = tuple(offsets(counts)[:-1])
     elif isinstance(displs, (int, np.integer)) and not isinstance(displs, bool):
         stride = _as_count(displs, argname, "displacement")
         displs = tuple(stride * i for i in range(blocks))
@@ -325,7 +332,7 @@ def check_same_type(smsg: Msg, rmsg: Msg) -> None:
         )
 
 
-def array_arg(x, argname, *, writable=False):
+def array_arg(x, argname):
     """(backend, array) for an array-function argument, of any memory layout.
 
     The array functions work in logical (C) element order whatever the
@@ -337,8 +344,6 @@ def array_arg(x, argname, *, writable=False):
     if _dlpack.is_raw(arr):
         raise TypeError(f"{argname}: expected an array of a NumPy dtype, got a DLPack tensor "
                         f"of type {_dlpack.raw_type(arr)}")
-    if writable and not is_writable(arr):
-        raise ValueError(f"{argname}: expected a writable array, got a read-only one")
     try:
         dtype_info(arr.dtype)
     except TypeError as exc:

@@ -5,22 +5,13 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms.schedule import offsets
-from ..backends.host import NUMPY
 from ..core import types as _types
 from ..core.comms import check_comm
 from ..engine import collectives as _collectives
 from ..engine import plan as _plan
-from ..engine import select as _select
+from . import args as _args
 from . import numerics as _numerics
 from . import requests as _requests
-from .buffers import as_counts, check_same_type, is_in_place, message, msg_of_array, overlaps
-
-
-def _check_no_overlap(smsg, rmsg):
-    """ValueError if the send and receive buffers share memory (the one overlap test)."""
-    if smsg.backend is rmsg.backend and overlaps(smsg.backend, smsg.array, rmsg.array):
-        raise ValueError("sendbuf: overlaps recvbuf; pass MPI.IN_PLACE as sendbuf instead")
 
 
 class Comm(MPI.Intracomm):
@@ -61,18 +52,9 @@ class Comm(MPI.Intracomm):
         return self
 
     def __init__(self, comm=None, algorithm: str = "auto", deterministic=None, accumulate=None):
-        for collective in _select.ALGORITHMS:
-            if algorithm == "auto" or algorithm in _select.ALGORITHMS[collective]:
-                break
-        else:
-            _select.check_algorithm("allreduce", algorithm)
+        _args.check_comm_options(algorithm, deterministic, accumulate)
         self._algorithm = algorithm
-        _numerics.check_flags(deterministic, accumulate)
         self._numerics = (deterministic, accumulate)
-
-    def _algo(self, collective):
-        algo = self._algorithm
-        return algo if algo in _select.ALGORITHMS[collective] else "auto"
 
     # -- communicators made from this one keep its forced algorithm ----------------
     # mpi4py builds the result of Dup/Clone/Idup as ``type(self).__new__`` without
@@ -125,7 +107,7 @@ class Comm(MPI.Intracomm):
 
     # -- the collectives ------------------------------------------------------------
     # Each one first tries its plan (engine.plan): the same buffer objects as its
-    # last plain call run again with no validation.  Otherwise ``_*_args`` validates
+    # last plain call run again with no validation.  Otherwise api.args validates
     # (the one validation path, also used by the non-blocking and persistent forms)
     # and returns exactly the arguments of engine.collectives.start_*.
 
@@ -135,26 +117,10 @@ class Comm(MPI.Intracomm):
         if _plan.repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, op, algorithm)
-        args = self._allreduce_args(sendbuf, recvbuf, op)
+        args = _args.Allreduce(self, sendbuf, recvbuf, op)
         if not self._routed("allreduce", args):  # numerics
             _collectives.run_allreduce(*args, memo=_memo("Comm.Allreduce", key, sendbuf, recvbuf,
                                                          op))
-
-    def _allreduce_args(self, sendbuf, recvbuf, op=MPI.SUM):
-        """(comm, smsg, rmsg, op, algorithm) for start_allreduce; raises for bad arguments."""
-        _types.check_op(op)
-        rmsg = message(recvbuf, "recvbuf", writable=True)
-        smsg = None
-        if not is_in_place(sendbuf):
-            smsg = message(sendbuf, "sendbuf", writable=False)
-            check_same_type(smsg, rmsg)
-            if smsg.count != rmsg.count:
-                raise ValueError(
-                    f"mismatch in send count {smsg.count} and receive count {rmsg.count}"
-                )
-            _check_no_overlap(smsg, rmsg)
-        _types.check_op_applies(op, rmsg.category, rmsg.typename)
-        return self, smsg, rmsg, op, self._algo("allreduce")
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
@@ -162,27 +128,9 @@ class Comm(MPI.Intracomm):
         if _plan.repeat(self, "Comm.Allgather", sendbuf, recvbuf, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, algorithm)
-        args = self._allgather_args(sendbuf, recvbuf)
+        args = _args.Allgather(self, sendbuf, recvbuf)
         if not self._routed("allgather", args):  # numerics
             _collectives.run_allgather(*args, memo=_memo("Comm.Allgather", key, sendbuf, recvbuf))
-
-    def _allgather_args(self, sendbuf, recvbuf):
-        """(comm, smsg, rmsg, counts, displs, algorithm) for start_allgather."""
-        size = self.Get_size()
-        rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
-        per = rmsg.count // size
-        smsg = None
-        if not is_in_place(sendbuf):
-            smsg = message(sendbuf, "sendbuf", writable=False)
-            check_same_type(smsg, rmsg)
-            if smsg.count != per:
-                raise ValueError(
-                    f"mismatch in send count {smsg.count} and receive count {per * size}"
-                )
-            _check_no_overlap(smsg, rmsg)
-        counts = [per] * size
-        displs = [per * r for r in range(size)]
-        return self, smsg, rmsg, counts, displs, self._algo("allgather")
 
     def Allgatherv(self, sendbuf, recvbuf):
         """Gather ``counts[r]`` elements from each rank r into ``recvbuf``.
@@ -192,24 +140,7 @@ class Comm(MPI.Intracomm):
         (the same count from every rank), a bare buffer (split as evenly as
         possible), with None for what is inferred.
         """
-        _collectives.run_allgather(*self._allgatherv_args(sendbuf, recvbuf))
-
-    def _allgatherv_args(self, sendbuf, recvbuf):
-        """(comm, smsg, rmsg, counts, displs, algorithm) for start_allgather."""
-        size, rank = self.Get_size(), self.Get_rank()
-        rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size, vector=True)
-        smsg = None
-        if not is_in_place(sendbuf):
-            smsg = message(sendbuf, "sendbuf", writable=False)
-            check_same_type(smsg, rmsg)
-            if smsg.count != rmsg.counts[rank]:
-                raise ValueError(
-                    f"mismatch in send count {smsg.count} and receive count "
-                    f"counts[{rank}] {rmsg.counts[rank]}"
-                )
-            _check_no_overlap(smsg, rmsg)
-        _check_disjoint(rmsg.counts, rmsg.displs)
-        return self, smsg, rmsg, rmsg.counts, rmsg.displs, self._algo("allgather")
+        _collectives.run_allgather(*_args.Allgatherv(self, sendbuf, recvbuf))
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce ``sendbuf`` (size*count elements) and leave block ``rank`` in ``recvbuf``.
@@ -223,34 +154,10 @@ class Comm(MPI.Intracomm):
         if _plan.repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op, algorithm):
             return
         key = _plan.key(sendbuf, recvbuf, op, algorithm)
-        args = self._reduce_scatter_block_args(sendbuf, recvbuf, op)
+        args = _args.Reduce_scatter_block(self, sendbuf, recvbuf, op)
         if not self._routed("reduce_scatter", args):  # numerics
             _collectives.run_reduce_scatter(
                 *args, memo=_memo("Comm.Reduce_scatter_block", key, sendbuf, recvbuf, op))
-
-    def _reduce_scatter_block_args(self, sendbuf, recvbuf, op=MPI.SUM):
-        """(comm, smsg, rmsg, counts, displs, op, algorithm) for start_reduce_scatter."""
-        _types.check_op(op)
-        size = self.Get_size()
-        if is_in_place(sendbuf):
-            rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
-            per = rmsg.count // size
-            smsg = None
-        else:
-            rmsg = message(recvbuf, "recvbuf", writable=True)
-            per = rmsg.count
-            # as in mpi4py, a count in the send spec is per rank (block)
-            smsg = message(sendbuf, "sendbuf", writable=False, blocks=size)
-            check_same_type(smsg, rmsg)
-            if smsg.count != per * size:
-                raise ValueError(
-                    f"mismatch in send count {smsg.count} and receive count {per * size}"
-                )
-            _check_no_overlap(smsg, rmsg)
-        _types.check_op_applies(op, rmsg.category, rmsg.typename)
-        counts = [per] * size
-        displs = [per * r for r in range(size)]
-        return self, smsg, rmsg, counts, displs, op, self._algo("reduce_scatter")
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
@@ -260,71 +167,12 @@ class Comm(MPI.Intracomm):
         verdict on its own arguments travels with its count, so every rank
         raises if any rank's arguments are bad (none is left waiting).
         """
-        args = self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op)
+        args = _args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op)
         if not self._routed("reduce_scatter", args):  # numerics
             _collectives.run_reduce_scatter(*args)
 
-    def _reduce_scatter_args(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
-        """(comm, smsg, rmsg, counts, displs, op, algorithm) for start_reduce_scatter.
-
-        Without ``recvcounts`` this exchanges the receive counts (collective).
-        """
-        rank = self.Get_rank()
-        if recvcounts is not None or is_in_place(sendbuf):
-            smsg, rmsg, counts = self._reduce_scatter_local(sendbuf, recvbuf, recvcounts, op)
-        else:
-            error = None
-            try:
-                smsg, rmsg, _ = self._reduce_scatter_local(sendbuf, recvbuf, None, op)
-                mine = (rmsg.count, smsg.count, 0)
-            except (TypeError, ValueError) as exc:
-                error, mine = exc, (0, 0, 1)
-            table = _exchange(self, mine, "reduce_scatter.recvcounts")
-            if error is not None:
-                raise error
-            refused = [r for r, (_, _, bad) in enumerate(table) if bad]
-            if refused:
-                raise ValueError(
-                    f"Reduce_scatter: rank(s) {refused} refused their arguments (the error is "
-                    f"raised there); nothing was sent"
-                )
-            counts = tuple(rcount for rcount, _, _ in table)
-            _check_rs_counts(smsg.count, rmsg.count, counts, rank)
-            total = sum(counts)
-            for r, (_, scount, _) in enumerate(table):
-                if scount != total:
-                    raise ValueError(
-                        f"mismatch in send count {scount} and sum(counts) {total} on rank {r}"
-                    )
-        return self, smsg, rmsg, counts, offsets(counts)[:-1], op, self._algo("reduce_scatter")
-
-    def _reduce_scatter_local(self, sendbuf, recvbuf, recvcounts, op):
-        """(smsg or None, rmsg, counts or None) of a Reduce_scatter call, checked locally."""
-        _types.check_op(op)
-        size, rank = self.Get_size(), self.Get_rank()
-        rmsg = message(recvbuf, "recvbuf", writable=True)
-        in_place = is_in_place(sendbuf)
-        counts = None if recvcounts is None else as_counts(recvcounts, size, "recvcounts")
-        smsg = None
-        if in_place:
-            if counts is None:
-                raise ValueError("recvcounts: required when sendbuf is MPI.IN_PLACE, got None")
-            if rmsg.count != sum(counts):
-                raise ValueError(
-                    f"mismatch in receive count {rmsg.count} and sum(counts) {sum(counts)}"
-                )
-        else:
-            smsg = message(sendbuf, "sendbuf", writable=False)
-            check_same_type(smsg, rmsg)
-            _check_no_overlap(smsg, rmsg)
-            if counts is not None:
-                _check_rs_counts(smsg.count, rmsg.count, counts, rank)
-        _types.check_op_applies(op, rmsg.category, rmsg.typename)
-        return smsg, rmsg, counts
-
-
     # -- non-blocking and persistent collectives (see mpicoll.api.requests) ----------
-    # The same checks as the blocking calls (the _*_args functions above), then
+    # The same checks as the blocking calls (api.args), then
     # the engine's start_* function; the request keeps the buffers alive.
 
     # A repeated call (the same buffer objects, the last one's request seen complete)
@@ -371,7 +219,7 @@ class Comm(MPI.Intracomm):
 
     def _istart(self, name, start, validate, sendbuf, recvbuf, op=None):
         """A request of ``name``'s kept operation restarted, else of a new one started on
-        ``validate()`` (a ``_*_args`` call) and kept for the call's repeat if plain."""
+        ``validate()`` (an api.args call) and kept for the call's repeat if plain."""
         _requests.check_progress()
         algorithm = self._algorithm
         operation = _plan.restart(self, name, sendbuf, recvbuf, op, algorithm)
@@ -387,21 +235,21 @@ class Comm(MPI.Intracomm):
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""
         return self._istart("Comm.Iallreduce", _requests.start_allreduce,
-                            lambda: self._allreduce_args(sendbuf, recvbuf, op), sendbuf, recvbuf, op)
+                            lambda: _args.Allreduce(self, sendbuf, recvbuf, op), sendbuf, recvbuf, op)
 
     def Iallgather(self, sendbuf, recvbuf):
         """Start an :meth:`Allgather`; returns a request (``Test``/``Wait``)."""
         return self._istart("Comm.Iallgather", _requests.start_allgather,
-                            lambda: self._allgather_args(sendbuf, recvbuf), sendbuf, recvbuf)
+                            lambda: _args.Allgather(self, sendbuf, recvbuf), sendbuf, recvbuf)
 
     def Iallgatherv(self, sendbuf, recvbuf):
         """Start an :meth:`Allgatherv`; returns a request (``Test``/``Wait``)."""
-        return self._start(_requests.start_allgather, self._allgatherv_args(sendbuf, recvbuf))
+        return self._start(_requests.start_allgather, _args.Allgatherv(self, sendbuf, recvbuf))
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start a :meth:`Reduce_scatter_block`; returns a request (``Test``/``Wait``)."""
         return self._istart("Comm.Ireduce_scatter_block", _requests.start_reduce_scatter,
-                            lambda: self._reduce_scatter_block_args(sendbuf, recvbuf, op),
+                            lambda: _args.Reduce_scatter_block(self, sendbuf, recvbuf, op),
                             sendbuf, recvbuf, op)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
@@ -411,32 +259,33 @@ class Comm(MPI.Intracomm):
         this returns (as for the blocking call).
         """
         return self._start(_requests.start_reduce_scatter,
-                           self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op))
+                           _args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op))
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL):
         """A persistent :meth:`Allreduce` (MPI-4): inactive until ``Start()``; ``Free()`` at the end."""
-        return self._start(_requests.start_allreduce, self._allreduce_args(sendbuf, recvbuf, op),
+        return self._start(_requests.start_allreduce, _args.Allreduce(self, sendbuf, recvbuf, op),
                            True)
 
     def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL):
         """A persistent :meth:`Allgather` (MPI-4): inactive until ``Start()``."""
-        return self._start(_requests.start_allgather, self._allgather_args(sendbuf, recvbuf), True)
+        return self._start(_requests.start_allgather, _args.Allgather(self, sendbuf, recvbuf), True)
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL):
         """A persistent :meth:`Allgatherv` (MPI-4): inactive until ``Start()``."""
-        return self._start(_requests.start_allgather, self._allgatherv_args(sendbuf, recvbuf),
+        return self._start(_requests.start_allgather, _args.Allgatherv(self, sendbuf, recvbuf),
                            True)
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL):
         """A persistent :meth:`Reduce_scatter_block` (MPI-4): inactive until ``Start()``."""
         return self._start(_requests.start_reduce_scatter,
-                           self._reduce_scatter_block_args(sendbuf, recvbuf, op), True)
+                           _args.Reduce_scatter_block(self, sendbuf, recvbuf, op), True)
 
     def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
                             info=MPI.INFO_NULL):
         """A persistent :meth:`Reduce_scatter` (MPI-4): inactive until ``Start()``."""
         return self._start(_requests.start_reduce_scatter,
-                           self._reduce_scatter_args(sendbuf, recvbuf, recvcounts, op), True)
+                           _args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op), True)
+
 
 def _memo(name, key, sendbuf, recvbuf, op=None):
     """(name, key) to keep a plain call as a plan: bare NumPy buffers (or IN_PLACE) and a
@@ -445,30 +294,3 @@ def _memo(name, key, sendbuf, recvbuf, op=None):
             and (op is None or _types.op_name(op) is not None):
         return name, key
     return None
-
-
-def _exchange(comm, values, label):
-    """Every rank's tuple of ints ``values`` (metadata, one allgather on mpicoll's channel)."""
-    size, k = comm.Get_size(), len(values)
-    out = np.zeros(size * k, dtype=np.int64)
-    mine = np.array(values, dtype=np.int64)
-    _collectives.run_allgather(comm, msg_of_array(mine, NUMPY), msg_of_array(out, NUMPY),
-                               [k] * size, [k * r for r in range(size)], label=label)
-    return [tuple(int(v) for v in out[k * r:k * r + k]) for r in range(size)]
-
-
-def _check_rs_counts(scount, rcount, counts, rank):
-    if scount != sum(counts):
-        raise ValueError(f"mismatch in send count {scount} and sum(counts) {sum(counts)}")
-    if rcount != counts[rank]:
-        raise ValueError(f"mismatch in receive count {rcount} and counts[{rank}] {counts[rank]}")
-
-
-def _check_disjoint(counts, displs):
-    spans = sorted((d, d + c) for c, d in zip(counts, displs) if c)
-    for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
-        if b0 < a1:
-            raise ValueError(
-                f"recvbuf: blocks overlap (elements {a0}..{a1 - 1} and {b0}..{b1 - 1}); "
-                f"displacements must give every rank its own region"
-            )

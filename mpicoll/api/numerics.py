@@ -52,13 +52,6 @@ _SPLIT_ALGORITHMS = {  # allreduce algorithm -> (reduce_scatter, allgather) of t
 }
 
 
-def check_flags(deterministic, accumulate) -> None:
-    """TypeError unless both are None or a bool."""
-    for name, value in (("deterministic", deterministic), ("accumulate", accumulate)):
-        if value is not None and not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected True, False or None, got {type(value).__name__}")
-
-
 def is_deterministic(deterministic, comm=None) -> bool:
     """``deterministic``, else the option in force for ``comm``: configure()'s setting, else
     MPICOLL_DETERMINISTIC as read when the communicator's context was made (before its first
@@ -125,12 +118,6 @@ def _word_op(name, dtype):
     return op
 
 
-def _check_op(msg, op):
-    if _types.is_ml_type(msg.dtype) and _types.op_name(op) is None:
-        raise TypeError(f"op: a user-defined MPI.Op cannot be applied to {msg.dtype} "
-                        f"(MPI has no datatype for it); use a predefined op")
-
-
 def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, displs=None, *,
           deterministic=None, accumulate=None, one_operation=False):
     """The :class:`Route` of a validated call, or None when it runs as it is.
@@ -153,7 +140,6 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
         and is_deterministic(deterministic, comm)
     if not (ml or wide is not None or det):
         return None
-    _check_op(rmsg, op)
     if det:
         algorithm = "direct"
     src = rmsg.array if smsg is None else smsg.array
