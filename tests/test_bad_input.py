@@ -205,7 +205,7 @@ for entry, (_, _good, shape) in ARRAY_ENTRIES.items():
          lambda kw, fx, m=m: zeros(m - 1)),
         ("2-D", ValueError, rf"^out: expected shape \({m},\), got \({m}, 1\)",
          lambda kw, fx, m=m: zeros(m).reshape(m, 1)),
-        ("overlaps x", ValueError, r"^out: overlaps x; pass out=x",
+        ("overlaps x", ValueError, r"^out: expected memory apart from x \(or out=x",
          lambda kw, fx, m=m: kw["x"].base[1:1 + m]),
     ]
     for label, exc, match, bad in cases:
@@ -215,7 +215,7 @@ for entry, (_, _good, shape) in ARRAY_ENTRIES.items():
         entry, "out", ValueError, rf"^out: expected a writable array for an in-place {entry}",
         lambda kw, fx, rows=rows: kw.__setitem__("x", readonly(f64(len(kw["x"]) * rows))) or kw["x"]))
 add("allgather: in place with rows not divisible by the ranks", array_case(
-    "allgather", "out", ValueError, rf"^x: an in-place allgather needs a row count divisible by {SIZE}",
+    "allgather", "out", ValueError, rf"^x: expected a row count divisible by {SIZE} ranks for an in-place allgather",
     lambda kw, fx: kw.__setitem__("x", f64(2 * SIZE + 1)) or kw["x"], min_size=2))
 
 # -- op ---------------------------------------------------------------------------------------
@@ -331,13 +331,13 @@ for entry in ("allgather", "reduce_scatter"):
     for label, exc, match, bad in COUNTS_BAD:
         add(f"{entry}: counts {label}", array_case(entry, "counts", exc, match, bad))
 add("reduce_scatter: counts sum below the rows", array_case(
-    "reduce_scatter", "counts", ValueError, rf"^counts: sum\(counts\) is {SIZE} but x has {2 * SIZE} rows",
+    "reduce_scatter", "counts", ValueError, rf"^counts: expected a sum of {2 * SIZE} \(the rows of x\), got sum\(counts\) = {SIZE}$",
     lambda kw, fx: [1] * SIZE))
 add("reduce_scatter: counts sum above the rows", array_case(
-    "reduce_scatter", "counts", ValueError, rf"^counts: sum\(counts\) is {3 * SIZE} but x has {2 * SIZE} rows",
+    "reduce_scatter", "counts", ValueError, rf"^counts: expected a sum of {2 * SIZE} \(the rows of x\), got sum\(counts\) = {3 * SIZE}$",
     lambda kw, fx: [3] * SIZE))
 add("allgather: counts[rank] is not the rows of x", array_case(
-    "allgather", "counts", ValueError, rf"^counts: counts\[{RANK}\] is 5 but x has 4 rows",
+    "allgather", "counts", ValueError, rf"^counts: expected counts\[{RANK}\] = 4 \(the rows of x\), got 5$",
     lambda kw, fx: [5] * SIZE))
 add("reduce_scatter: 0-d x", array_case(
     "reduce_scatter", "x", ValueError, r"^x: expected an array with at least one dimension, got a 0-d array",
@@ -448,11 +448,11 @@ for entry in COMM_ENTRIES:
         lambda kw, fx: kw["sendbuf"].astype(np.float32)))
     if entry in ("Reduce_scatter_block", "Reduce_scatter"):  # recvbuf is the smaller one
         add(f"Comm.{entry}: recvbuf inside sendbuf", comm_case(
-            entry, "recvbuf", ValueError, r"^sendbuf: overlaps recvbuf; pass MPI\.IN_PLACE",
+            entry, "recvbuf", ValueError, r"^sendbuf: expected memory apart from recvbuf \(or MPI\.IN_PLACE",
             lambda kw, fx: kw["sendbuf"][:2]))
     else:
         add(f"Comm.{entry}: sendbuf inside recvbuf", comm_case(
-            entry, "sendbuf", ValueError, r"^sendbuf: overlaps recvbuf; pass MPI\.IN_PLACE",
+            entry, "sendbuf", ValueError, r"^sendbuf: expected memory apart from recvbuf \(or MPI\.IN_PLACE",
             lambda kw, fx: (kw["recvbuf"][0] if isinstance(kw["recvbuf"], list) else kw["recvbuf"])[
                 : len(kw["sendbuf"])]))
     if entry != "Allgatherv":
@@ -513,7 +513,7 @@ ALLGATHERV_BAD = [
 for label, exc, match, bad in ALLGATHERV_BAD:
     add(f"Comm.Allgatherv: recvbuf {label}", comm_case("Allgatherv", "recvbuf", exc, match, bad))
 add("Comm.Allgatherv: recvbuf blocks overlap", comm_case(
-    "Allgatherv", "recvbuf", ValueError, r"^recvbuf: blocks overlap",
+    "Allgatherv", "recvbuf", ValueError, r"^recvbuf: expected displacements that give every rank its own region, got blocks that overlap",
     lambda kw, fx: [zeros(2 * SIZE), [2] * SIZE, list(range(SIZE)), MPI.DOUBLE], min_size=2))
 # Reduce_scatter's recvcounts
 for label, exc, match, bad in COUNTS_BAD:
@@ -526,7 +526,7 @@ add("Comm.Reduce_scatter: recvcounts[rank] is not the receive count", comm_case(
     "Reduce_scatter", "recvcounts", ValueError, rf"^mismatch in receive count 2 and counts\[{RANK}\] 1",
     lambda kw, fx: kw.__setitem__("sendbuf", f64(SIZE)) or [1] * SIZE))
 add("Comm.Reduce_scatter: in place without recvcounts", comm_case(
-    "Reduce_scatter", "recvcounts", ValueError, r"^recvcounts: required when sendbuf is MPI\.IN_PLACE",
+    "Reduce_scatter", "recvcounts", ValueError, r"^recvcounts: expected one count per rank when sendbuf is MPI\.IN_PLACE, got None$",
     lambda kw, fx: kw.__setitem__("sendbuf", MPI.IN_PLACE) or None))
 
 # -- options, environment, observers --------------------------------------------------------

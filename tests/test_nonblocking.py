@@ -568,26 +568,33 @@ def test_persistent_free_without_start():
     _util.assert_all(WORLD, ok, f"y={y} z={z}")
 
 
-def test_start_on_an_active_or_nonblocking_request_raises():
-    x, y = rank_data(4, RANK, np.float64), np.empty(4)
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])  # float16: through api.numerics
+def test_start_misuse_raises_one_type(dtype):
+    """Start on an active, a freed or a non-blocking request: ValueError each time, the same
+    for a request api.numerics routes (float16 SUM), naming Start, what it expected and got."""
+    x, y = rank_data(4, RANK, np.float64).astype(dtype), np.empty(4, dtype)
+    problems = []
+
+    def misuse(what, request, got):
+        try:
+            request.Start()
+            problems.append(f"Start on {what} did not raise")
+        except ValueError as exc:
+            if not re.match(rf"Start: expected .*, got {got}", str(exc)):
+                problems.append(f"Start on {what}: {exc}")
+        except Exception as exc:  # another type: what this test is for
+            problems.append(f"Start on {what}: {type(exc).__name__}: {exc}")
+
     p = COMM.Allreduce_init(x, y)
     p.Start()
-    problem = ""
-    try:
-        p.Start()
-        problem = "Start on an active request did not raise"
-    except ValueError:
-        pass
+    misuse("an active request", p, "an active one")
     p.Wait()
     p.Free()
+    misuse("a freed request", p, "a freed one")
     r = COMM.Iallreduce(x, y)
-    try:
-        r.Start()
-        problem += "; Start on a non-blocking request did not raise"
-    except ValueError:
-        pass
+    misuse("a non-blocking request", r, "a non-blocking one")
     r.Wait()
-    _util.assert_all(WORLD, not problem, problem)
+    _util.assert_all(WORLD, not problems, "; ".join(problems))
 
 
 # ---------------------------------------------------------------------------

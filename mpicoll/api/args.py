@@ -86,11 +86,13 @@ def check_op_applies(op, dtype, category, typename) -> None:
                         f"(MPI has no datatype for it); use a predefined op")
 
 
-def check_apart(backend, a, b, argname, expected) -> None:
-    """ValueError when arrays ``a`` and ``b`` share memory (the one overlap test,
-    buffers.overlaps); ``expected``: what the message tells the caller to pass instead."""
+def check_apart(backend, a, b, argname, other, instead) -> None:
+    """ValueError when arrays ``a`` (argument ``argname``) and ``b`` (argument ``other``)
+    share memory: the one overlap test (buffers.overlaps).  ``instead``: what to pass for
+    the in-place form."""
     if overlaps(backend, a, b):
-        raise ValueError(f"{argname}: {expected}")
+        raise ValueError(f"{argname}: expected memory apart from {other} (or {instead}), "
+                         f"got an overlap")
 
 
 # -- the array functions ------------------------------------------------------------
@@ -146,8 +148,7 @@ def _check_out(converted, backend, x, shape, what):
         raise TypeError(f"out: expected dtype {x.dtype} like x, got {out.dtype}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(out.shape)}")
-    check_apart(backend, x, out, "out", f"overlaps x; pass out=x (the same memory) for an "
-                f"in-place {what}, or an out that does not overlap x")
+    check_apart(backend, out, x, "out", "x", f"out=x, the same memory, for an in-place {what}")
     return out, False
 
 
@@ -219,16 +220,16 @@ def allgather(x, comm=None, out=None, counts=None, algorithm="auto", timeout=Non
     if counts is None:
         if in_place:
             if xrows % size:
-                raise ValueError(
-                    f"x: an in-place allgather needs a row count divisible by {size} ranks, got {xrows}"
-                )
+                raise ValueError(f"x: expected a row count divisible by {size} ranks for an "
+                                 f"in-place allgather, got {xrows}")
             counts = (xrows // size,) * size
         else:
             counts = (xrows,) * size
     else:
         counts = as_counts(counts, size, "counts")
         if not in_place and counts[rank] != xrows:
-            raise ValueError(f"counts: counts[{rank}] is {counts[rank]} but x has {xrows} rows")
+            raise ValueError(f"counts: expected counts[{rank}] = {xrows} (the rows of x), "
+                             f"got {counts[rank]}")
     total = sum(counts)
     shape = (total,) + trailing if x.ndim else (total,)
     if out is None:
@@ -262,7 +263,8 @@ def reduce_scatter(x, op=MPI.SUM, comm=None, out=None, counts=None, algorithm="a
     else:
         counts = as_counts(counts, size, "counts")
         if sum(counts) != xrows:
-            raise ValueError(f"counts: sum(counts) is {sum(counts)} but x has {xrows} rows")
+            raise ValueError(f"counts: expected a sum of {xrows} (the rows of x), "
+                             f"got sum(counts) = {sum(counts)}")
     shape = (counts[rank],) + tuple(x.shape[1:])
     category, _, typename = dtype_info(x.dtype)
     check_op_applies(op, x.dtype, category, typename)
@@ -291,8 +293,8 @@ def reduce_scatter(x, op=MPI.SUM, comm=None, out=None, counts=None, algorithm="a
 
 def _check_no_overlap(smsg, rmsg):
     if smsg.backend is rmsg.backend:
-        check_apart(smsg.backend, smsg.array, rmsg.array, "sendbuf",
-                    "overlaps recvbuf; pass MPI.IN_PLACE as sendbuf instead")
+        check_apart(smsg.backend, smsg.array, rmsg.array, "sendbuf", "recvbuf",
+                    "MPI.IN_PLACE as sendbuf for the in-place form")
 
 
 def _send(sendbuf, rmsg, count=None, shown=None, what="receive count", blocks=0):
@@ -412,7 +414,8 @@ def _reduce_scatter_local(comm, sendbuf, recvbuf, recvcounts, op):
     smsg = None
     if is_in_place(sendbuf):
         if counts is None:
-            raise ValueError("recvcounts: required when sendbuf is MPI.IN_PLACE, got None")
+            raise ValueError("recvcounts: expected one count per rank when sendbuf is "
+                             "MPI.IN_PLACE, got None")
         if rmsg.count != sum(counts):
             raise ValueError(
                 f"mismatch in receive count {rmsg.count} and sum(counts) {sum(counts)}"
@@ -449,6 +452,6 @@ def _check_disjoint_blocks(counts, displs):
     for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
         if b0 < a1:
             raise ValueError(
-                f"recvbuf: blocks overlap (elements {a0}..{a1 - 1} and {b0}..{b1 - 1}); "
-                f"displacements must give every rank its own region"
+                f"recvbuf: expected displacements that give every rank its own region, got "
+                f"blocks that overlap (elements {a0}..{a1 - 1} and {b0}..{b1 - 1})"
             )

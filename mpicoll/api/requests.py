@@ -160,14 +160,16 @@ class Request:
 
     def Start(self) -> None:
         """Persistent requests: run the collective again on the buffers' current contents."""
+        # misuse of a request's state is a ValueError wherever it is met (docs/reliability.md)
         if not self.persistent:
             raise ValueError("Start: expected a persistent request (Allreduce_init...), "
                              "got a non-blocking one")
         if self._op is None:
-            raise ValueError("Start: the request has been freed (MPI.REQUEST_NULL)")
+            raise ValueError("Start: expected a request not freed, got a freed one "
+                             "(MPI.REQUEST_NULL)")
         if self._started:
-            raise ValueError("Start: the request is active (started, not completed by Wait or "
-                             "a Test returning True)")
+            raise ValueError("Start: expected an inactive request (completed by Wait or a Test "
+                             "returning True), got an active one")
         if self._prepare is not None:
             self._prepare()
         start_persistent(self._op)
