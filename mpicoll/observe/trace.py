@@ -41,6 +41,7 @@ from time import perf_counter
 import numpy as np
 from mpi4py import MPI
 
+from ..algorithms.schedule import offsets
 from ..core.config import bump, get
 
 ENV = "MPICOLL_TRACE"
@@ -287,11 +288,12 @@ def _gather_bytes(pc, payload: bytes, root, deadline):
     _poll([pc.Igather(size, sizes if rank == root else None, root)], deadline)
     data = np.frombuffer(payload, dtype=np.uint8)
     if rank == root:
-        displs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        out = np.empty(int(sizes.sum()), dtype=np.uint8)
         counts = sizes.tolist()
-        _poll([pc.Igatherv(data, [out, (counts, displs.tolist()), MPI.BYTE], root)], deadline)
-        return [out[d:d + c].tobytes() for c, d in zip(counts, displs.tolist())]
+        at = offsets(counts)
+        out = np.empty(at[-1], dtype=np.uint8)
+        displs = at[:-1]
+        _poll([pc.Igatherv(data, [out, (counts, displs), MPI.BYTE], root)], deadline)
+        return [out[d:d + c].tobytes() for c, d in zip(counts, displs)]
     _poll([pc.Igatherv(data, None, root)], deadline)
     return None
 
