@@ -394,8 +394,7 @@ _DTYPE_INFO: dict = {}
 def dtype_info(dtype):
     """(category, wire datatype, name) of a NumPy dtype MPI can carry; TypeError otherwise.
 
-    Cached per dtype: ``str(dtype)`` alone costs microseconds, which matters
-    for small messages.
+    Cached per dtype (why: docs/performance.md, "How a call runs", step 1).
     """
     info = _DTYPE_INFO.get(dtype)
     if info is None:
