@@ -383,6 +383,69 @@ def test_a_dtype_changed_in_place_is_a_miss():
 
 
 @pytest.mark.timeout(120)
+def test_the_output_passed_as_the_input_is_a_miss():
+    """After hits with ``(x, out)``, a call with ``(out, out)`` is another call: it behaves
+    as that call does the first time (the hit read the old input ``x``: an in-place
+    ``allreduce(o, out=o)`` at one rank returned ``x``'s values)."""
+    comm, fresh = WORLD.Dup(), WORLD.Dup()
+    n, rank = WORLD.size, WORLD.rank
+
+    def outcome(call, buf):
+        try:
+            call(buf, buf)
+        except (TypeError, ValueError) as exc:
+            return type(exc).__name__
+        return buf.tolist()
+
+    try:
+        first = {name: call for name, call, _, _ in _forms(fresh)}
+        for name, call, _, per in _forms(comm):
+            if per != 1:  # (a reduce-scatter's output cannot also be its input)
+                continue
+            x = (np.arange(3 * n) + 100 + rank).astype(np.float64)
+            o = np.zeros(3 * n)
+            for _ in range(2):
+                call(x, o)
+            o[...] = np.arange(3 * n) * 2 + rank
+            want = outcome(first[name], o.copy())
+            assert outcome(call, o) == want, name
+    finally:
+        comm.Free()
+        fresh.Free()
+
+
+@pytest.mark.timeout(120)
+def test_a_buffer_made_non_contiguous_in_place_is_a_miss():
+    """``mpicoll.Comm``'s plans compare contiguity, not shape and strides: ``o.strides``
+    set in place to every other element behaves as that call does the first time."""
+    comm, fresh = WORLD.Dup(), WORLD.Dup()
+    n, rank = WORLD.size, WORLD.rank
+
+    def outcome(call, x, o):
+        try:
+            call(x, o)
+        except (TypeError, ValueError) as exc:
+            return type(exc).__name__
+        return o.base.tolist()
+
+    try:
+        first = {name: call for name, call, _, _ in _forms(fresh)}
+        for name, call, _, per in _forms(comm):
+            x = (np.arange(4 * n) + rank).astype(np.float64)
+            o = np.zeros(8 * n // per)[:4 * n // per]
+            for _ in range(2):
+                call(x, o)
+            o.base[...] = -1
+            o.strides = (16,)
+            o2 = np.full(8 * n // per, -1.0)[:4 * n // per]
+            o2.strides = (16,)
+            assert outcome(call, x, o) == outcome(first[name], x, o2), name
+    finally:
+        comm.Free()
+        fresh.Free()
+
+
+@pytest.mark.timeout(120)
 def test_a_read_only_or_reshaped_out_is_refused_after_hits():
     """A hit checks what validation checked: ``out`` made read-only raises and is not
     written; ``out`` reshaped in place or its dtype changed alone raises too."""

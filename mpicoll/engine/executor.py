@@ -193,7 +193,7 @@ def work_views(schedule, lease, dtype) -> dict:
     return {purpose: lease.take(dtype, n, purpose) for purpose, n in schedule.work.items()}
 
 
-_ALL = slice(None)
+_ALL = Ellipsis  # dst[...] = src: NumPy's cheapest whole-array assignment (docs/performance.md)
 # ufuncs whose output NumPy (2.4) no longer takes as a positional argument
 _OUT_BY_KEYWORD = frozenset({np.maximum, np.minimum})
 

@@ -19,7 +19,12 @@ A hit is valid by construction
     (``x.dtype = ...``, ``x.shape = ...``, ``x.strides = ...``,
     ``out.flags.writeable = False``) changes the signature.  A call whose
     signature differs is a miss: it is validated as if new, which either
-    raises (before any message) or makes a new plan.
+    raises (before any message) or makes a new plan.  Each array is matched
+    by object in its own place (an out passed as the input too is another
+    call).  ``mpicoll.Comm``'s forms take a C-contiguous buffer as its flat
+    memory, whatever its shape: for them the signature is the dtype, C
+    contiguity and writeability, which is what their validation reads (and
+    the cheapest to compare, see docs/performance.md).
 
 It holds no user memory
     A plan's steps see the user's arrays through views made from their
@@ -84,23 +89,35 @@ class Plan:
     """A plain call's operation bound for repeats, and the signature that proves a hit."""
 
     __slots__ = ("name", "comm", "ctx", "ra", "rb", "sa", "ta", "da", "sb", "tb", "db",
-                 "c", "d", "epoch", "forced", "operation", "calls", "lease", "live",
+                 "c", "d", "epoch", "forced", "operation", "calls", "lease", "live", "flat",
                  "__weakref__")
 
     def matches(self, comm, a, b, c, d) -> bool:
         """Whether a call with these arguments is this plan's call, unchanged."""
         if not (self.comm is comm and self.rb() is b and self.live
                 and (self.c is c or self.c == c) and (self.d is d or self.d == d)
-                and b.dtype is self.db and b.strides == self.tb and b.shape == self.sb
-                and b.flags.writeable):
+                and b.dtype is self.db):
             return False
-        if a is not b:
-            ra = self.ra
-            if ra is None:
-                if a is not _IN_PLACE:
+        flat = self.flat
+        if flat:
+            f = b.flags
+            if not (f.c_contiguous and f.writeable):
+                return False
+        elif not (b.strides == self.tb and b.shape == self.sb and b.flags.writeable):
+            return False
+        ra = self.ra
+        if ra is None:
+            if a is not _IN_PLACE:
+                return False
+        elif ra() is not a:
+            return False
+        elif a is not b:  # (a is b: the plan's call was in place too, and b is checked)
+            if a.dtype is not self.da:
+                return False
+            if flat:
+                if not a.flags.c_contiguous:
                     return False
-            elif ra() is not a or a.dtype is not self.da or a.strides != self.ta \
-                    or a.shape != self.sa:
+            elif a.strides != self.ta or a.shape != self.sa:
                 return False
         return self.epoch == EPOCH[0] or self._still_plain()
 
@@ -154,6 +171,10 @@ def _new(ctx, comm, name, args, run, blocking):
         plan.sa, plan.ta, plan.da = a.shape, a.strides, a.dtype
     plan.rb = weakref.ref(b, drop)
     plan.sb, plan.tb, plan.db = b.shape, b.strides, b.dtype
+    # mpicoll.Comm's forms read a C-contiguous buffer as its flat memory (api.buffers.message):
+    # there validation read only the dtype, the contiguity and out's writeability
+    plan.flat = name.startswith("Comm.") and b.flags.c_contiguous \
+        and (a is _IN_PLACE or a.flags.c_contiguous)
     # the same schedule bound again, to raw views of the call's arrays and a lease of its own
     sched = run.schedule
     plan.lease = ctx.work.lease(run.be) if sched.work else None
