@@ -203,6 +203,9 @@ def test_deterministic_bitwise_everywhere(dtype, count):
         assert np.array_equal(bits(got), mine), algorithm
         got = mpicoll.ireduce_scatter(x, algorithm=algorithm, deterministic=True).wait()
         assert np.array_equal(bits(got), mine), algorithm
+        y = x.copy()  # in place: rank 0 folds into its own block, the others via work memory
+        got = mpicoll.reduce_scatter(y, out=y, algorithm=algorithm, deterministic=True)
+        assert np.array_equal(bits(got), mine), algorithm
     comm = mpicoll.Comm(WORLD, deterministic=True)
     y = np.empty_like(x)
     comm.Allreduce(x, y)

@@ -31,10 +31,11 @@ def inputs(n, count, seed=18):
 
 
 def reduce_scatter(xs, algorithm, op=np.add, dtype=np.float32, segment=1 << 17, window=2,
-                   in_place=False, model="eager"):
-    """Every rank's block of the ReduceScatter of ``xs`` (widened to ``dtype``) by ``algorithm``."""
+                   in_place=False, model="eager", counts=None):
+    """Every rank's block of the ReduceScatter of ``xs`` (widened to ``dtype``) by ``algorithm``
+    (``counts``: the blocks, default ``split``)."""
     n, total = len(xs), len(xs[0])
-    counts, displs = split(total, n)
+    counts = split(total, n)[0] if counts is None else counts
     build = _select.BUILDERS["reduce_scatter"][algorithm]
     schedules, bufs = [], []
     for r in range(n):
@@ -92,3 +93,36 @@ def test_direct_is_the_rank_order_fold_for_every_tuning(n):
         got = reduce_scatter(xs, "direct", segment=segment, window=window, in_place=in_place,
                              model=model)
         assert got.tobytes() == fold.tobytes(), (segment, window, in_place, model)
+
+
+@pytest.mark.parametrize("counts", [(0, 5, 3), (0, 0, 4, 1), (2, 0, 0, 1, 6)])
+def test_direct_fold_with_empty_blocks(counts):
+    """Empty blocks first (a rank other than 0 owns offset 0, which in place is its output):
+    still the rank-order fold, in place or not, eager or rendezvous."""
+    n = len(counts)
+    xs = [x.astype(np.float32) for x in inputs(n, sum(counts), seed=n + 40)]
+    fold = xs[0].copy()
+    for x in xs[1:]:
+        fold = fold + x
+    for segment, window, in_place, model in ((1, 1, True, "rendezvous"), (2, 2, False, "eager"),
+                                             (1 << 17, 2, True, "eager")):
+        got = reduce_scatter(xs, "direct", segment=segment, window=window, in_place=in_place,
+                             model=model, counts=counts)
+        assert got.tobytes() == fold.tobytes(), (segment, window, in_place, model)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_direct_reduce_scatter_work_memory(n):
+    """The first operand a rank does not hold is received straight into its output, so out
+    of place only the other n - 2 peers' pieces take work memory (none at 2 ranks, as the
+    ring's), and in place rank 0, whose block is its output, folds there with no staging
+    buffer.  (Rank 0 received into work memory and folded out of it: a third array of the
+    block per call, docs/numerics.md "Cost".)"""
+    counts = tuple(split(10 * n, n)[0])
+    window, piece = 2, 3
+    for r in range(n):
+        sh = sim.shape("reduce_scatter", n, r, counts, segment=piece, window=window)
+        work = _select.BUILDERS["reduce_scatter"]["direct"](sh).work
+        assert sum(work.values()) == window * (n - 2) * piece, (r, work)
+    sh = sim.shape("reduce_scatter", n, 0, counts, segment=piece, window=window, in_place=True)
+    assert "rank-order fold" not in _select.BUILDERS["reduce_scatter"]["direct"](sh).work

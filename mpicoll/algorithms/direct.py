@@ -34,19 +34,20 @@ is everyone's first destination.
 from __future__ import annotations
 
 from .ring import split
-from .schedule import DST, SRC, Label, PieceBuilder, Region, offsets
+from .schedule import DST, SRC, Label, PieceBuilder, Region, offsets, packed
 
 
 def reduce_scatter_schedule(shape):
     """Direct ReduceScatter in rank order: ``DST`` gets this rank's block (``counts[rank]``).
 
     In place ``DST`` is the start of ``SRC``, which the sends read: the fold
-    goes to a work buffer copied into ``DST`` once every send completed.
+    goes to a work buffer copied into ``DST`` once every send completed --
+    unless this rank's own block is that start (rank 0's; no send reads it).
     """
     b = PieceBuilder(shape.segment, shape.window)
     mine = shape.counts[shape.rank]
     acc = None
-    if shape.in_place and mine:
+    if shape.in_place and mine and not _own_block_first(shape):
         acc = Region(b.buffer("rank-order fold", mine), 0, mine)
     _fold(b, shape, shape.counts, shape.displs, Region(DST, 0, mine) if acc is None else acc)
     if acc is not None:
@@ -110,11 +111,13 @@ def _fold(b, shape, counts, displs, target, folded=None):
     Every send is posted first: they read ``SRC`` only, so they need no memory, and a rank
     waits only for receives, whose sends are all posted, so nothing waits in a cycle.
     Receives are posted ``window`` rounds ahead, round j holding piece j from every rank.
-    The fold of a piece is ``acc = x0 op x1; acc = acc op x2; ...``, where x0 is received
-    straight into the target unless the target is this rank's input (AllReduce in place),
-    and otherwise the accumulator is the target itself when this rank is 0, else the slot
-    x0 arrived in, the last step writing the target: out of place the result is written
-    straight into ``DST``, and in place the input is read before it is written.
+    The fold of a piece is ``acc = x0 op x1; acc = acc op x2; ...``.  Unless the target is
+    this rank's input (in place: AllReduce, or a ReduceScatter's block at offset 0), the
+    first operand this rank does not hold (x0, or x1 on rank 0) is received straight into
+    the target and the fold accumulates there, so no work memory holds it (at 2 ranks
+    none at all, as the ring's).  Otherwise the accumulator is the target itself when this
+    rank is 0, else the slot x0 arrived in, the last step writing the target: in place the
+    input is read before it is written.
     """
     n, p = shape.size, shape.rank
     mine, own = counts[p], displs[p]
@@ -123,14 +126,15 @@ def _fold(b, shape, counts, displs, target, folded=None):
     width = max((c - a for a, c in cut), default=0)
     window = min(b.window, nseg)
     peers = _from(n, p)
-    # x0 straight into the target: the target does not hold this rank's input
-    into_target = p != 0 and not _aliases_input(shape, target)
-    slotted = [q for q in peers if not (into_target and q == 0)]
+    # the first operand from a peer straight into the target, unless it holds this rank's input
+    first = 1 if p == 0 else 0
+    into_target = n > 1 and not _aliases_input(shape, target)
+    slotted = [q for q in peers if not (into_target and q == first)]
     index = {q: i for i, q in enumerate(slotted)}
     inbox = b.buffer("received pieces", window * len(slotted) * width) if mine and slotted else None
 
     def where(j, q, a, c):  # piece j from q: the target, or window rounds of slots, reused
-        if into_target and q == 0:
+        if into_target and q == first:
             return target.part(a, c)
         at = ((j % window) * len(slotted) + index[q]) * width
         return Region(inbox, at, at + c - a)
@@ -171,9 +175,17 @@ def _fold(b, shape, counts, displs, target, folded=None):
     b.wait(*sends)  # in place, DST is (the start of) SRC, which the sends read
 
 
+def _own_block_first(shape) -> bool:
+    """Whether a ReduceScatter's own block is the first of a packed input (then in place it
+    is ``DST``, and no send reads it)."""
+    return shape.displs[shape.rank] == 0 and packed(shape.counts, shape.displs)
+
+
 def _aliases_input(shape, target) -> bool:
-    """Whether ``target`` is memory of this rank's input (AllReduce in place: DST is SRC)."""
-    return shape.in_place and target.buf == DST and shape.counts == (shape.total,)
+    """Whether ``target`` is memory of this rank's input: in place, ``DST`` of an AllReduce
+    (it is ``SRC``) or of a ReduceScatter whose own block comes first."""
+    return shape.in_place and target.buf == DST and (
+        shape.counts == (shape.total,) or _own_block_first(shape))
 
 
 SCHEDULES = {
