@@ -76,8 +76,9 @@ class Work(dist._Work):
     waiting, with the output tensors or the error.
     """
 
-    def __init__(self, pieces, finish, result, what: str, opts=None):
+    def __init__(self, pieces, finish, result, what: str, opts=None, fail=None):
         super().__init__()
+        self._fail = fail  # fail(what, error): told of an error before wait() raises it
         self._pieces = list(pieces)
         self._finish = finish
         self._result = result
@@ -124,6 +125,8 @@ class Work(dist._Work):
             except BaseException as exc:  # kept for wait() and the future, never lost
                 self._error = exc if isinstance(exc, Exception) else MpicollError(repr(exc))
                 self._pieces.clear()
+                if self._fail is not None:  # the group aborts the job (group._collective)
+                    self._fail(self._what, self._error)
             self._done = True
             self._finish = None
             if self._error is None:
