@@ -179,8 +179,13 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         time.sleep(_FORWARD_S)
         abort()
 
-    def _work(self, pieces, finish, result, what, opts):
-        return Work(pieces, finish, result, what, opts, self._fail)
+    def _work(self, pieces, finish, result, what, opts, keep=None):
+        return Work(pieces, finish, result, what, opts, self._fail, keep)
+
+    @property
+    def timeout(self):
+        """The seconds every collective of the group may go without progress (None: no limit)."""
+        return self._timeout
 
     @property
     def comm(self):
@@ -206,19 +211,29 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return self._allreduce(tensors, opts, "allreduce_coalesced")
 
     def _allreduce(self, tensors, opts, what):
-        reds = [reduction(_op(opts), t.dtype) for t in tensors]
+        op = _op(opts)
+        reds = [reduction(op, t.dtype) for t in tensors]
         staged = [Staged(t) for t in tensors]
         handles = []
+        # a blocking call (torch's asyncOp False) runs mpicoll's blocking AllReduce, which
+        # repeats a call on the same arrays without validating it again (engine.plan);
+        # its Work is complete when made
+        blocking = opts is not None and not opts.asyncOp
         for s, red in zip(staged, reds):
             red.pre(s.array)
-            handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
-                                      timeout=self._timeout))
+            if blocking:
+                allreduce(s.array, red.mpi_op, comm=self._comm, out=s.array, timeout=self._timeout)
+            else:
+                handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
+                                          timeout=self._timeout))
 
         def finish():
             for s, red in zip(staged, reds):
                 red.post(s, self._size)
 
-        return self._work(handles, finish, tensors, what, opts)
+        # most calls have nothing to finish: the sum is already in the tensor's memory
+        plain = all(s.direct and not red.avg for s, red in zip(staged, reds))
+        return self._work(handles, None if plain else finish, tensors, what, opts)
 
     # -- AllGather ------------------------------------------------------------------------
     @_collective
@@ -231,7 +246,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         pieces, finishes = [], []
         for j, (outs, inp) in enumerate(zip(outputs, inputs)):
             self._gather_into_list(outs, inp, f"output_tensors[{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, "allgather", opts)
+        return self._work(pieces, _all(finishes), outputs, "allgather", opts, inputs)
 
     @_collective
     def allgather_coalesced(self, output_lists, input_list, opts=None):
@@ -244,7 +259,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         for j, inp in enumerate(inputs):
             outs = [outputs[r][j] for r in range(self._size)]
             self._gather_into_list(outs, inp, f"output_lists[*][{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, "allgather_coalesced", opts)
+        return self._work(pieces, _all(finishes), outputs, "allgather_coalesced", opts, inputs)
 
     def _gather_into_list(self, outs, inp, what, pieces, finishes):
         check_tensor(inp, "input")
@@ -275,7 +290,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         pieces, finishes = [], []
         self._gather_single(output, input, "output", pieces, finishes)
-        return self._work(pieces, _all(finishes), [output], "all_gather_single", opts)
+        return self._work(pieces, _all(finishes), [output], "all_gather_single", opts, input)
 
     _allgather_base = all_gather_single
 
@@ -292,7 +307,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         pieces, finishes = [], []
         for j, (out, inp) in enumerate(zip(outputs, inputs)):
             one(out, inp, f"outputs[{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, name, opts)
+        return self._work(pieces, _all(finishes), outputs, name, opts, inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -355,7 +370,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):
         pieces, finishes = [], []
         self._reduce_scatter_single(output, input, _op(opts), "output", pieces, finishes)
-        return self._work(pieces, _all(finishes), [output], "reduce_scatter_single", opts)
+        return self._work(pieces, _all(finishes), [output], "reduce_scatter_single", opts, input)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -465,7 +480,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                 _bytes(dst.array)[...] = flat[r * nbytes:(r + 1) * nbytes]
                 dst.done()
 
-        return self._work([self._mpi(req, "gather")], finish, [outs], "gather", opts)
+        return self._work([self._mpi(req, "gather")], finish, [outs], "gather", opts, inp)
 
     @_collective
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -503,8 +518,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         rcounts = self._split_bytes(output, list(output_split_sizes), "output_split_sizes")
         req = self._comm.Ialltoallv([_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
                                     [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
-        return self._work([self._mpi(req, "all_to_all_single")], dst.done, [output], "all_to_all_single",
-                    opts)
+        return self._work([self._mpi(req, "all_to_all_single")], dst.done, [output],
+                          "all_to_all_single", opts, input)
 
     alltoall_base = all_to_all_single
 
