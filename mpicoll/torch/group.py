@@ -200,7 +200,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         tensors = list(tensors)
         for i, t in enumerate(tensors):
-            check_tensor(t, f"tensors[{i}]")
+            check_tensor(t, "tensors", i)
         return self._allreduce(tensors, opts, "allreduce")
 
     @_collective
@@ -212,28 +212,33 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
     def _allreduce(self, tensors, opts, what):
         op = _op(opts)
-        reds = [reduction(op, t.dtype) for t in tensors]
+        reds = [reduction(op, t.dtype) for t in tensors]  # every check before any message
         staged = [Staged(t) for t in tensors]
         handles = []
         # a blocking call (torch's asyncOp False) runs mpicoll's blocking AllReduce, which
         # repeats a call on the same arrays without validating it again (engine.plan);
         # its Work is complete when made
         blocking = opts is not None and not opts.asyncOp
+        comm, timeout = self._comm, self._timeout
+        plain = True  # nothing to finish: every sum is already in its tensor's memory
         for s, red in zip(staged, reds):
-            red.pre(s.array)
+            array = s.array
+            if red.factor is not None:
+                red.pre(array)
             if blocking:
-                allreduce(s.array, red.mpi_op, comm=self._comm, out=s.array, timeout=self._timeout)
+                allreduce(array, red.mpi_op, comm=comm, out=array, timeout=timeout)
             else:
-                handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
-                                          timeout=self._timeout))
+                handles.append(iallreduce(array, red.mpi_op, comm=comm, out=array,
+                                          timeout=timeout))
+            plain = plain and not red.avg and s._back is None
+        if plain:
+            return self._work(handles, None, tensors, what, opts)
 
         def finish():
             for s, red in zip(staged, reds):
                 red.post(s, self._size)
 
-        # most calls have nothing to finish: the sum is already in the tensor's memory
-        plain = all(s.direct and not red.avg for s, red in zip(staged, reds))
-        return self._work(handles, None if plain else finish, tensors, what, opts)
+        return self._work(handles, finish, tensors, what, opts)
 
     # -- AllGather ------------------------------------------------------------------------
     @_collective

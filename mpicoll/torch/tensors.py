@@ -61,8 +61,15 @@ def bfloat16():
     return _ML_BF16[0]
 
 
-def check_tensor(t, what: str) -> None:
-    """TypeError unless ``t`` is a tensor of a supported dtype (before any message)."""
+def check_tensor(t, what: str, index=None) -> None:
+    """TypeError unless ``t`` is a tensor of a supported dtype (before any message).
+
+    ``what`` names it in the message, as ``what[index]`` where ``index`` is given.
+    """
+    if type(t) is torch.Tensor and t.dtype in _SUPPORTED and t.layout is torch.strided:
+        return  # (the usual case, without composing the name)
+    if index is not None:
+        what = f"{what}[{index}]"
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _SUPPORTED:

@@ -94,7 +94,9 @@ class Work(dist._Work):
         # a blocking call (torch sets opts.asyncOp False) is waited for at once on the
         # caller's thread: neither a test now nor the completion thread would help it,
         # unless nothing is left to wait for (the group ran it already): finish it now
-        if (not pieces or getattr(opts, "asyncOp", True)) and not self._advance(False):
+        if not pieces:
+            self._advance(False, lock=False)  # nobody else sees this work yet
+        elif getattr(opts, "asyncOp", True) and not self._advance(False):
             self._queue()
 
     def _queue(self) -> None:

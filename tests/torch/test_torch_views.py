@@ -15,6 +15,8 @@ import torch  # noqa: E402
 from mpicoll.api import arrays as _arrays  # noqa: E402
 from mpicoll.torch import tensors as _tensors  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # torch's renamed collectives
+
 
 @pytest.fixture
 def untimed(groups):
