@@ -15,6 +15,7 @@ trace            MPICOLL_TRACE           none       trace the whole run into thi
 tuning           MPICOLL_TUNING          cache dir  the tuning file "auto" reads (off: built-in table)
 cache_dir        XDG_CACHE_HOME          ~/.cache   where the default tuning file lives
 deterministic    MPICOLL_DETERMINISTIC   off        floating reductions: the rank-order fold, bitwise
+torch_on_error   MPICOLL_TORCH_ON_ERROR  abort      torch backend: a failed collective aborts the job
 ===============  ======================  =========  =================================================
 
 When the environment is read
@@ -77,6 +78,14 @@ def parse_seconds(text: str, name: str) -> float:
     return seconds
 
 
+def parse_on_error(text: str, name: str) -> str:
+    """"abort" or "raise" (any case); ValueError naming ``name``."""
+    value = text.strip().lower()
+    if value not in ("abort", "raise"):
+        raise ValueError(f"{name}: expected abort or raise, got {text!r}")
+    return value
+
+
 def parse_window(text: str, name: str) -> int:
     try:
         window = int(text)
@@ -135,6 +144,10 @@ OPTIONS = (
     Option("deterministic", "MPICOLL_DETERMINISTIC", parse_flag, False, True,
            "floating reductions are the rank-order fold ((x0 + x1) + x2) + ..., bitwise the "
            "same for every algorithm, size, segment and window (docs/numerics.md)"),
+    Option("torch_on_error", "MPICOLL_TORCH_ON_ERROR", parse_on_error, "abort", False,
+           "torch backend: a collective that fails on a rank (bad input, a timeout) ends the "
+           "job with MPI_Abort and a message naming the rank and error; raise: raise it there "
+           "(docs/torch.md)"),
 )
 TABLE = {opt.name: opt for opt in OPTIONS}
 _API = tuple(opt.name for opt in OPTIONS if opt.api)

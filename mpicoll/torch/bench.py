@@ -2,11 +2,14 @@
 
     mpirun -n 2 python -m mpicoll.torch.bench                  # float32 SUM, 16 B .. 64 MiB, DDP
     mpirun -n 2 python -m mpicoll.torch.bench --sizes 4K,1M --ddp-steps 0
+    mpirun -n 2 python -m mpicoll.torch.bench --timeout 0      # the group without a timeout
 
 For each size, the same float32 tensor is all-reduced (SUM, in place) three
 ways in one run: ``dist.all_reduce`` on the mpicoll backend, ``dist.all_reduce``
 on a gloo group of the same ranks, and ``mpicoll.allreduce`` on the tensor's
-memory (the backend's own cost is the first against the third).  Each
+memory with the group's timeout (the backend's own cost is the first
+against the third; ``--timeout`` sets the group's, torch's 30 minutes by
+default, 0: none).  Each
 iteration starts after an MPI barrier; its time is the slowest rank's, and
 the table shows the median over the iterations.  Then a DDP training step
 (forward, backward with the gradient AllReduce, SGD step) of a 10.5 M-parameter
@@ -19,6 +22,7 @@ import argparse
 import functools
 import statistics
 import sys
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -55,6 +59,8 @@ def build_parser():
     p.add_argument("-n", "--iters", type=int, default=50, help="timed iterations per size "
                    "(fewer above 1 MiB: at least 8; default 50)")
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("--timeout", type=float, default=None, help="the mpicoll group's timeout in "
+                   "seconds, also passed to mpicoll.allreduce (0: none; default: torch's, 30 min)")
     p.add_argument("--ddp-steps", type=int, default=10, help="timed DDP steps per backend "
                    "(0: none; default 10)")
     return p
@@ -100,9 +106,12 @@ def main(argv=None) -> int:
     rank, size = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     world = dist.group.WORLD
+    if args.timeout is not None:
+        world.set_timeout(timedelta(seconds=args.timeout))
+    timeout = world.timeout  # what the backend passes to mpicoll (None: no timeout)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"# mpicoll torch backend vs gloo: {size} ranks, float32 SUM in place, "
-        f"median of the slowest rank's time; torch {torch.__version__}, "
+        f"median of the slowest rank's time; timeout {timeout}; torch {torch.__version__}, "
         f"{MPI.Get_library_version().splitlines()[0].strip()}")
     say(f"# {'size':>8} {'gloo':>11} {'mpicoll bk':>11} {'mpicoll':>11} {'bk/gloo':>8} {'bk/mpicoll':>10}")
     for nbytes in args.sizes:
@@ -111,8 +120,8 @@ def main(argv=None) -> int:
         arr = np.from_dlpack(t)
         g = _time(functools.partial(dist.all_reduce, t, group=gloo), iters, args.warmup, comm)
         b = _time(functools.partial(dist.all_reduce, t, group=world), iters, args.warmup, comm)
-        m = _time(functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr),
-                  iters, args.warmup, comm)
+        m = _time(functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr,
+                                    timeout=timeout), iters, args.warmup, comm)
         say(f"  {_label(nbytes):>8} {_fmt(g)} {_fmt(b)} {_fmt(m)} {b / g:8.2f} {b / m:10.2f}")
     if args.ddp_steps > 0:
         from torch.nn.parallel import DistributedDataParallel as DDP

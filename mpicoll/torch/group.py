@@ -13,22 +13,37 @@ MPI communicator of exactly those global ranks, in group-rank order
 (``MPI_Comm_create_group``, which only the members call, as torch only
 creates the backend on members).  MPI's built-ins run on that communicator;
 mpicoll sends its messages on its own duplicate of it.
+
+Failures (``MPICOLL_TORCH_ON_ERROR``, core.config): a collective that fails
+on one rank -- its arguments refused there before any message, or an error
+or ``CollectiveTimeout`` while it runs -- leaves the other ranks waiting in
+it.  By default (``abort``, as NCCL's async error handling) the failing rank
+prints the error, naming itself, and ends the job with ``MPI_Abort``, which
+ends every rank at once and cannot itself wait for anything; ``raise``
+raises the error on that rank only, the others then raise
+``CollectiveTimeout`` after the group's timeout (torch's ``timeout=``).
 """
 
 from __future__ import annotations
 
+import functools
+import sys
+import time
+import traceback
 import zlib
 
 import numpy as np
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .. import allreduce, iallgather, iallreduce, ireduce_scatter
+from .. import abort, allreduce, iallgather, iallreduce, ireduce_scatter
+from ..core import config as _config
 from .ops import reduction
 from .tensors import Staged, check_same, check_tensor
 from .work import MpiPiece, Work
 
 _SUM = dist.ReduceOp.SUM
+_FORWARD_S = 0.5  # time for the launcher to forward a failing rank's message before its abort
 _world: list = [None]  # the default group's communicator (COMM_WORLD in torch-rank order)
 
 
@@ -61,7 +76,9 @@ def create(dist_opts, backend_opts=None):
     # rank that later skips a collective makes the others time out in that
     # collective's work, not in a set-up inside the call
     allreduce(np.zeros(1), comm=comm, timeout=_seconds(dist_opts.timeout))
-    return ProcessGroupMpicoll(comm, rank, size, dist_opts.timeout)
+    # that first call read mpicoll's options for the communicator (core.config)
+    return ProcessGroupMpicoll(comm, rank, size, dist_opts.timeout,
+                               on_error=_config.get("torch_on_error"))
 
 
 def _seconds(timeout):
@@ -69,6 +86,23 @@ def _seconds(timeout):
         return None
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
     return seconds if seconds > 0 else None
+
+
+def _collective(method):
+    """A collective of the group: an exception raised while starting it goes to
+    ``ProcessGroupMpicoll._failed`` (abort, or raise) -- the other ranks may be in it."""
+    what = method.__name__
+
+    @functools.wraps(method)
+    def start(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if self._fail is not None:
+                self._fail(what, exc)
+            raise
+
+    return start
 
 
 def _op(opts):
@@ -92,9 +126,14 @@ def _fresh(staged: Staged) -> None:
 class ProcessGroupMpicoll(dist.ProcessGroup):
     """torch.distributed's process group on mpicoll (backend name ``"mpicoll"``)."""
 
-    def __init__(self, comm, rank: int, size: int, timeout=None):
+    def __init__(self, comm, rank: int, size: int, timeout=None, on_error: str = "abort"):
         super().__init__(rank, size)
+        if on_error not in ("abort", "raise"):
+            raise ValueError(f"on_error: expected 'abort' or 'raise', got {on_error!r}")
         self._comm = comm
+        self.on_error = on_error
+        # what a failed collective calls (None: the error is only raised); read per call
+        self._fail = self._abort if on_error == "abort" else None
         self._rank = rank
         self._size = size
         self._timeout = _seconds(timeout)
@@ -126,6 +165,28 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def set_timeout(self, timeout) -> None:
         self._timeout = _seconds(timeout)
 
+    def _abort(self, what: str, exc: BaseException) -> None:
+        """End the job: ``exc`` made this rank's ``what`` fail, so the others would wait in it."""
+        sys.stderr.write("".join(traceback.format_exception(exc)))
+        sys.stderr.write(
+            f"mpicoll: rank {MPI.COMM_WORLD.Get_rank()}: torch backend: {what} failed on rank "
+            f"{self._rank} of the group of {self._size} ({type(exc).__name__}: {exc}); ending "
+            f"the job, as the other ranks of the group would wait for this rank "
+            f"(MPICOLL_TORCH_ON_ERROR=raise raises the error instead)\n")
+        sys.stderr.flush()
+        # the launcher forwards the ranks' output through its daemons, which MPI_Abort kills:
+        # seen with MPICH on a loaded machine, the message written just before was lost
+        time.sleep(_FORWARD_S)
+        abort()
+
+    def _work(self, pieces, finish, result, what, opts, keep=None):
+        return Work(pieces, finish, result, what, opts, self._fail, keep)
+
+    @property
+    def timeout(self):
+        """The seconds every collective of the group may go without progress (None: no limit)."""
+        return self._timeout
+
     @property
     def comm(self):
         """The MPI communicator of this group (its ranks in group-rank order)."""
@@ -135,12 +196,14 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return f"<ProcessGroupMpicoll rank {self._rank} of {self._size}>"
 
     # -- AllReduce ------------------------------------------------------------------------
+    @_collective
     def allreduce(self, tensors, opts=None):
         tensors = list(tensors)
         for i, t in enumerate(tensors):
-            check_tensor(t, f"tensors[{i}]")
+            check_tensor(t, "tensors", i)
         return self._allreduce(tensors, opts, "allreduce")
 
+    @_collective
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = list(tensors)
         if tensors:
@@ -148,21 +211,37 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return self._allreduce(tensors, opts, "allreduce_coalesced")
 
     def _allreduce(self, tensors, opts, what):
-        reds = [reduction(_op(opts), t.dtype) for t in tensors]
+        op = _op(opts)
+        reds = [reduction(op, t.dtype) for t in tensors]  # every check before any message
         staged = [Staged(t) for t in tensors]
         handles = []
+        # a blocking call (torch's asyncOp False) runs mpicoll's blocking AllReduce, which
+        # repeats a call on the same arrays without validating it again (engine.plan);
+        # its Work is complete when made
+        blocking = opts is not None and not opts.asyncOp
+        comm, timeout = self._comm, self._timeout
+        plain = True  # nothing to finish: every sum is already in its tensor's memory
         for s, red in zip(staged, reds):
-            red.pre(s.array)
-            handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
-                                      timeout=self._timeout))
+            array = s.array
+            if red.factor is not None:
+                red.pre(array)
+            if blocking:
+                allreduce(array, red.mpi_op, comm=comm, out=array, timeout=timeout)
+            else:
+                handles.append(iallreduce(array, red.mpi_op, comm=comm, out=array,
+                                          timeout=timeout))
+            plain = plain and not red.avg and s._back is None
+        if plain:
+            return self._work(handles, None, tensors, what, opts)
 
         def finish():
             for s, red in zip(staged, reds):
                 red.post(s, self._size)
 
-        return Work(handles, finish, tensors, what, opts)
+        return self._work(handles, finish, tensors, what, opts)
 
     # -- AllGather ------------------------------------------------------------------------
+    @_collective
     def allgather(self, output_tensors, input_tensors, opts=None):
         inputs = list(input_tensors)
         outputs = [list(o) for o in output_tensors]
@@ -172,8 +251,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         pieces, finishes = [], []
         for j, (outs, inp) in enumerate(zip(outputs, inputs)):
             self._gather_into_list(outs, inp, f"output_tensors[{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "allgather", opts)
+        return self._work(pieces, _all(finishes), outputs, "allgather", opts, inputs)
 
+    @_collective
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         inputs = list(input_list)
         outputs = [list(o) for o in output_lists]
@@ -184,7 +264,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         for j, inp in enumerate(inputs):
             outs = [outputs[r][j] for r in range(self._size)]
             self._gather_into_list(outs, inp, f"output_lists[*][{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "allgather_coalesced", opts)
+        return self._work(pieces, _all(finishes), outputs, "allgather_coalesced", opts, inputs)
 
     def _gather_into_list(self, outs, inp, what, pieces, finishes):
         check_tensor(inp, "input")
@@ -211,13 +291,15 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
 
         finishes.append(finish)
 
+    @_collective
     def all_gather_single(self, output, input, opts=None):
         pieces, finishes = [], []
         self._gather_single(output, input, "output", pieces, finishes)
-        return Work(pieces, _all(finishes), [output], "all_gather_single", opts)
+        return self._work(pieces, _all(finishes), [output], "all_gather_single", opts, input)
 
     _allgather_base = all_gather_single
 
+    @_collective
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         return self._coalesced(outputs, inputs, self._gather_single,
                                "all_gather_single_coalesced", opts)
@@ -230,7 +312,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         pieces, finishes = [], []
         for j, (out, inp) in enumerate(zip(outputs, inputs)):
             one(out, inp, f"outputs[{j}]", pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, name, opts)
+        return self._work(pieces, _all(finishes), outputs, name, opts, inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -266,6 +348,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         return input.data_ptr() == own and _shares_memory(input, output)
 
     # -- ReduceScatter ------------------------------------------------------------------------
+    @_collective
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         outputs = list(output_tensors)
         inputs = [list(i) for i in input_tensors]
@@ -286,15 +369,17 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             red = reduction(_op(opts), out.dtype)
             flat = np.concatenate([Staged(i).array for i in ins]) if ins else np.empty(0)
             self._scatter_reduced(out, flat, red, counts, pieces, finishes)
-        return Work(pieces, _all(finishes), outputs, "reduce_scatter", opts)
+        return self._work(pieces, _all(finishes), outputs, "reduce_scatter", opts)
 
+    @_collective
     def reduce_scatter_single(self, output, input, opts=None):
         pieces, finishes = [], []
         self._reduce_scatter_single(output, input, _op(opts), "output", pieces, finishes)
-        return Work(pieces, _all(finishes), [output], "reduce_scatter_single", opts)
+        return self._work(pieces, _all(finishes), [output], "reduce_scatter_single", opts, input)
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_collective
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         op = _op(opts)
         return self._coalesced(
@@ -332,6 +417,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
     def _mpi(self, request, what):
         return MpiPiece(request, what, self._timeout)
 
+    @_collective
     def broadcast(self, tensors, opts=None):
         tensors = list(tensors)
         root = 0 if opts is None else opts.rootRank
@@ -343,11 +429,13 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             pieces.append(self._mpi(self._comm.Ibcast([_bytes(s.array), MPI.BYTE], root=root),
                                     "broadcast"))
             finishes.append(s.done)
-        return Work(pieces, _all(finishes), tensors, "broadcast", opts)
+        return self._work(pieces, _all(finishes), tensors, "broadcast", opts)
 
+    @_collective
     def barrier(self, opts=None):
-        return Work([self._mpi(self._comm.Ibarrier(), "barrier")], None, [], "barrier", opts)
+        return self._work([self._mpi(self._comm.Ibarrier(), "barrier")], None, [], "barrier", opts)
 
+    @_collective
     def reduce(self, tensors, opts=None):
         tensors = list(tensors)
         root = 0 if opts is None else opts.rootRank
@@ -369,8 +457,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                 for s, red in zip(staged, reds):
                     red.post(s, self._size)
 
-        return Work(handles, finish, tensors, "reduce", opts)
+        return self._work(handles, finish, tensors, "reduce", opts)
 
+    @_collective
     def gather(self, output_tensors, input_tensors, opts=None):
         root = 0 if opts is None else opts.rootRank
         self._check_root(root, "rootRank")
@@ -396,8 +485,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                 _bytes(dst.array)[...] = flat[r * nbytes:(r + 1) * nbytes]
                 dst.done()
 
-        return Work([self._mpi(req, "gather")], finish, [outs], "gather", opts)
+        return self._work([self._mpi(req, "gather")], finish, [outs], "gather", opts, inp)
 
+    @_collective
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = 0 if opts is None else opts.rootRank
         self._check_root(root, "rootRank")
@@ -417,8 +507,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         else:
             flat = np.empty(0, np.uint8)
         req = self._comm.Iscatter([flat, MPI.BYTE], [_bytes(dst.array), MPI.BYTE], root=root)
-        return Work([self._mpi(req, "scatter")], dst.done, [out], "scatter", opts)
+        return self._work([self._mpi(req, "scatter")], dst.done, [out], "scatter", opts)
 
+    @_collective
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         check_tensor(input, "input")
         check_tensor(output, "output")
@@ -432,11 +523,12 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         rcounts = self._split_bytes(output, list(output_split_sizes), "output_split_sizes")
         req = self._comm.Ialltoallv([_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
                                     [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
-        return Work([self._mpi(req, "all_to_all_single")], dst.done, [output], "all_to_all_single",
-                    opts)
+        return self._work([self._mpi(req, "all_to_all_single")], dst.done, [output],
+                          "all_to_all_single", opts, input)
 
     alltoall_base = all_to_all_single
 
+    @_collective
     def alltoall(self, output_tensors, input_tensors, opts=None):
         outs, ins = list(output_tensors), list(input_tensors)
         for what, ts in (("output_tensors", outs), ("input_tensors", ins)):
@@ -460,8 +552,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
                 dst.done()
                 at += n
 
-        return Work([self._mpi(req, "alltoall")], finish, outs, "alltoall", opts)
+        return self._work([self._mpi(req, "alltoall")], finish, outs, "alltoall", opts)
 
+    @_collective
     def send(self, tensors, dst_rank, tag=0):
         pieces = []
         for i, t in enumerate(tensors):
@@ -469,8 +562,9 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             s = Staged(t, "bits")
             pieces.append(self._mpi(self._comm.Isend([_bytes(s.array), MPI.BYTE], dst_rank, tag),
                                     "send"))
-        return Work(pieces, None, list(tensors), "send", None)
+        return self._work(pieces, None, list(tensors), "send", None)
 
+    @_collective
     def recv(self, tensors, src_rank, tag=0):
         pieces, finishes = [], []
         for i, t in enumerate(tensors):
@@ -479,7 +573,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
             pieces.append(self._mpi(self._comm.Irecv([_bytes(s.array), MPI.BYTE], src_rank, tag),
                                     "recv"))
             finishes.append(s.done)
-        return Work(pieces, _all(finishes), list(tensors), "recv", None)
+        return self._work(pieces, _all(finishes), list(tensors), "recv", None)
 
     def _check_root(self, root, what) -> None:
         if not 0 <= root < self._size:

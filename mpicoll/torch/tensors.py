@@ -5,7 +5,9 @@ shares its memory); any other tensor -- a strided view, a CUDA tensor -- is
 moved through a contiguous host copy that is copied back when the collective
 is complete (:class:`Staged`).  Tensors that require grad are ``detach()``-ed
 first: NumPy refuses them, and a collective is not part of autograd anyway.
-A tensor's own memory is seen through :func:`memory_view`.
+A tensor's own memory is seen through :func:`memory_view`, one NumPy array
+per address, size and dtype, made once: mpicoll runs a call again without
+validating it when it gets the same array objects as last time (engine.plan).
 
 bfloat16 is reduced by mpicoll itself where ``ml_dtypes`` is installed (the
 ``torch`` extra installs it): the tensor's memory seen as an ``ml_dtypes``
@@ -14,6 +16,8 @@ Without ``ml_dtypes`` a float32 host copy stands in (:func:`to_reducible`).
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import torch
@@ -32,6 +36,7 @@ DTYPES = {
     torch.float64: np.float64,
 }
 SUPPORTED = tuple(DTYPES) + (torch.bfloat16,)
+_SUPPORTED = frozenset(SUPPORTED)
 
 # dtypes moved by gathers, scatters and broadcasts as the integer of the same width
 _BITS = {torch.bfloat16: torch.int16}
@@ -56,15 +61,22 @@ def bfloat16():
     return _ML_BF16[0]
 
 
-def check_tensor(t, what: str) -> None:
-    """TypeError unless ``t`` is a tensor of a supported dtype (before any message)."""
+def check_tensor(t, what: str, index=None) -> None:
+    """TypeError unless ``t`` is a tensor of a supported dtype (before any message).
+
+    ``what`` names it in the message, as ``what[index]`` where ``index`` is given.
+    """
+    if type(t) is torch.Tensor and t.dtype in _SUPPORTED and t.layout is torch.strided:
+        return  # (the usual case, without composing the name)
+    if index is not None:
+        what = f"{what}[{index}]"
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in SUPPORTED:
+    if t.dtype not in _SUPPORTED:
         names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED)
         raise TypeError(f"{what}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
                         f"by the mpicoll backend (supported: {names})")
-    if t.is_sparse or t.layout is not torch.strided:
+    if t.layout is not torch.strided:
         raise TypeError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
 
 
@@ -89,9 +101,13 @@ class Staged:
     __slots__ = ("tensor", "array", "_host", "_back")
 
     def __init__(self, tensor, mode: str = "reduce"):
-        t = tensor.detach()
+        t = tensor.detach() if tensor.requires_grad else tensor
         self.tensor = t
         self._back = None
+        if t.dtype is not torch.bfloat16 and t.is_cpu and t.is_contiguous():
+            self._host = t  # most calls: the tensor's own memory, in any mode
+            self.array = memory_view(t)
+            return
         native = None
         if mode == "reduce" and t.dtype is torch.bfloat16:
             native = bfloat16()
@@ -100,18 +116,19 @@ class Staged:
             self._back = host
         else:
             view = t.view(_BITS[t.dtype]) if t.dtype in _BITS else t
-            if view.device.type == "cpu" and view.is_contiguous():
+            if view.is_cpu and view.is_contiguous():
                 host = view
             else:
                 host = view.contiguous() if mode != "out" else torch.empty(
                     view.shape, dtype=view.dtype)
-                if view.device.type != "cpu":
+                if not view.is_cpu:
                     host = host.cpu()
                 self._back = host
         self._host = host
-        self.array = memory_view(host) if self._back is None else host.numpy().reshape(-1)
-        if native is not None:
-            self.array = self.array.view(native)  # the int16 bits, read as bfloat16
+        if self._back is not None:
+            self.array = host.numpy().reshape(-1)
+        else:  # the int16 bits of bfloat16 read as ml_dtypes' bfloat16 where native
+            self.array = memory_view(host, native)
 
     @property
     def direct(self) -> bool:
@@ -131,15 +148,36 @@ class Staged:
             self.tensor.copy_(back)
 
 
-def memory_view(t):
-    """A flat NumPy array over a contiguous CPU tensor's memory, holding the tensor alive.
+_VIEWS: dict = {}  # (address, elements, torch dtype, NumPy dtype) -> memory_view's array
+_VIEWS_MAX = 4096  # arrays kept before the table starts again (each is a few hundred bytes)
 
-    Through DLPack, not ``Tensor.numpy()``: that would mark the storage as
-    never resizable, and FSDP frees parameters by resizing their storage.
-    The array keeps the tensor (so an input nobody else holds, such as a
-    temporary passed with ``async_op=True``) alive until the collective is done.
+
+def memory_view(t, dtype=None):
+    """A flat NumPy array over a contiguous CPU tensor's memory (read as ``dtype`` if given).
+
+    Not ``Tensor.numpy()``: that would mark the storage as never resizable, and
+    FSDP frees parameters by resizing their storage.  The array is made over
+    the address alone (it holds no reference to the tensor: the caller keeps
+    the tensor alive while the array is in use) and kept, so the same memory
+    gives the same array object on every call, which lets mpicoll repeat a
+    call without validating it again.  A kept array is only handed out for a
+    tensor that now owns those bytes (same address, element count and dtype),
+    so memory freed and reused since is never reached through a stale view.
     """
-    return np.from_dlpack(t).reshape(-1)
+    n = t.numel()
+    if not n:
+        array = np.from_dlpack(t).reshape(-1)
+        return array if dtype is None else array.view(dtype)
+    key = (t.data_ptr(), n, t.dtype, dtype)
+    array = _VIEWS.get(key)
+    if array is None:
+        if len(_VIEWS) >= _VIEWS_MAX:
+            _VIEWS.clear()
+        nbytes = n * t.element_size()
+        memory = (ctypes.c_char * nbytes).from_address(key[0])
+        array = _VIEWS[key] = np.frombuffer(memory, dtype=DTYPES[t.dtype] if dtype is None
+                                            else dtype)
+    return array
 
 
 def to_reducible(t):

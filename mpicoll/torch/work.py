@@ -76,20 +76,27 @@ class Work(dist._Work):
     waiting, with the output tensors or the error.
     """
 
-    def __init__(self, pieces, finish, result, what: str, opts=None):
+    def __init__(self, pieces, finish, result, what: str, opts=None, fail=None, keep=None):
         super().__init__()
-        self._pieces = list(pieces)
+        self._fail = fail  # fail(what, error): told of an error before wait() raises it
+        self._pieces = pieces
         self._finish = finish
         self._result = result
+        # what must outlive the pieces: tensors whose memory they move (tensors.memory_view's
+        # arrays hold no reference), such as an input nobody else holds
+        self._keep = keep
         self._what = what
         self._lock = threading.RLock()  # a future callback may wait() on its own work
         self._error = None
         self._done = False
-        self._future = torch.futures.Future()
+        self._future = None  # made by get_future(): most blocking calls never ask for one
         self._queued = False
         # a blocking call (torch sets opts.asyncOp False) is waited for at once on the
-        # caller's thread: handing it to the completion thread too only adds a hand-off
-        if not self._advance(False) and getattr(opts, "asyncOp", True):
+        # caller's thread: neither a test now nor the completion thread would help it,
+        # unless nothing is left to wait for (the group ran it already): finish it now
+        if not pieces:
+            self._advance(False, lock=False)  # nobody else sees this work yet
+        elif getattr(opts, "asyncOp", True) and not self._advance(False):
             self._queue()
 
     def _queue(self) -> None:
@@ -124,12 +131,12 @@ class Work(dist._Work):
             except BaseException as exc:  # kept for wait() and the future, never lost
                 self._error = exc if isinstance(exc, Exception) else MpicollError(repr(exc))
                 self._pieces.clear()
+                if self._fail is not None:  # the group aborts the job (group._collective)
+                    self._fail(self._what, self._error)
             self._done = True
-            self._finish = None
-            if self._error is None:
-                self._future.set_result(self._result)
-            else:
-                self._future.set_exception(self._error)
+            self._finish = self._keep = None
+            if self._future is not None:
+                self._complete(self._future)
             return True
         finally:
             if lock:
@@ -148,15 +155,26 @@ class Work(dist._Work):
                         f"{self._what}: not complete within wait()'s timeout of {seconds:g} s; "
                         f"it is still in flight", collective=self._what)
                 time.sleep(_SPIN_S)
-        else:
+        elif not self._done:
             self._advance(True)
         if self._error is not None:
             raise self._error
         return True
 
+    def _complete(self, future) -> None:
+        if self._error is None:
+            future.set_result(self._result)
+        else:
+            future.set_exception(self._error)
+
     def get_future(self):
-        if not self._done:
-            self._queue()  # the future completes by itself from now on
+        with self._lock:  # the completion thread completes a future made before it finished
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._done:
+                    self._complete(self._future)
+            if not self._done:
+                self._queue()  # the future completes by itself from now on
         return self._future
 
     def is_completed(self) -> bool:

@@ -68,19 +68,14 @@ def test_futures_complete_without_waiting(groups):
     assert torch.equal(chained.wait(), torch.full((2,), 2.0 * g.size))
 
 
-def _short_group(g, seconds=1.5):
-    """A fresh group of every rank with a short timeout (a failed collective leaves it unusable)."""
-    return dist.new_group(list(range(g.size)), timeout=timedelta(seconds=seconds))
-
-
-@pytest.mark.skipif("not torch.distributed.is_available()")
-def test_an_error_on_one_rank_reaches_all(groups):
-    """Rank 0 passes a bad tensor (TypeError there, before any message); the others' call
-    times out after the group's timeout: every rank raises, none hangs."""
+def test_an_error_on_one_rank_reaches_all(groups, raising_group):
+    """On a group that raises (not aborts): rank 0 passes a bad tensor (TypeError there,
+    before any message); the others' call times out after the group's timeout: every rank
+    raises, none hangs.  (A fresh group: a failed collective leaves it unusable.)"""
     g = groups
     if g.size < 2:
         pytest.skip("needs a peer")
-    bad = _short_group(g)
+    bad = raising_group(1.5)
     if g.rank == 0:
         with pytest.raises(TypeError):
             dist.all_reduce(torch.ones(4, dtype=torch.uint32), group=bad)
@@ -90,13 +85,13 @@ def test_an_error_on_one_rank_reaches_all(groups):
     dist.barrier(group=g.gloo)
 
 
-def test_a_timeout_reaches_all(groups):
-    """Rank 0 does not join an async all_reduce: every other rank's wait() and future raise
-    CollectiveTimeout; rank 0 meanwhile goes on."""
+def test_a_timeout_reaches_all(groups, raising_group):
+    """On a group that raises: rank 0 does not join an async all_reduce: every other rank's
+    wait() and future raise CollectiveTimeout; rank 0 meanwhile goes on."""
     g = groups
     if g.size < 2:
         pytest.skip("needs a peer")
-    late = _short_group(g)
+    late = raising_group(1.5)
     if g.rank != 0:
         work = dist.all_reduce(torch.ones(1000), async_op=True, group=late)
         fut = work.get_future()

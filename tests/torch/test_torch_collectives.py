@@ -327,18 +327,23 @@ def test_bfloat16_sums_accumulate_in_float32(groups, monkeypatch, path):
     same(out, total[g.rank:g.rank + 1].to(torch.bfloat16))
 
 
-def test_bad_input_raises_before_any_message(groups):
+def test_bad_input_raises_before_any_message(groups, raising_group):
+    """The same mistake on every rank, on a group that raises: each rank raises, and the group
+    goes on (nothing was sent)."""
     g = groups
+    group = raising_group()
     with pytest.raises(TypeError, match="uint32"):
-        dist.all_reduce(torch.zeros(2, dtype=torch.uint32), group=g.mpicoll)
+        dist.all_reduce(torch.zeros(2, dtype=torch.uint32), group=group)
     with pytest.raises(ValueError, match="elements"):
-        dist.all_gather_into_tensor(torch.empty(g.size * 2 + 1), torch.ones(2), group=g.mpicoll)
+        dist.all_gather_into_tensor(torch.empty(g.size * 2 + 1), torch.ones(2), group=group)
     with pytest.raises(ValueError, match="BAND"):
-        dist.all_reduce(torch.ones(2), op=R.BAND, group=g.mpicoll)
+        dist.all_reduce(torch.ones(2), op=R.BAND, group=group)
     with pytest.raises(TypeError, match="dtype"):
         dist.all_gather_into_tensor(torch.empty(g.size * 2), torch.ones(2, dtype=torch.int32),
-                                    group=g.mpicoll)
-    dist.barrier(group=g.mpicoll)  # nothing was left in flight
+                                    group=group)
+    t = torch.ones(3)
+    dist.all_reduce(t, group=group)  # nothing was left in flight
+    assert torch.equal(t, torch.full((3,), float(g.size)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
