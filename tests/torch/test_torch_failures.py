@@ -1,7 +1,8 @@
 """A collective that fails on one rank ends the whole job at once (the default, ``abort``).
 
-Each case starts a job of its own (``mpirun`` of the MPI this Python runs on,
-2 and 3 ranks) whose ranks train nothing: they make the default group with
+Each case starts a job of its own (``mpirun`` of the MPI this Python runs on, as
+many ranks as the torch group's run, 2 or 3: CI runs the group at 3 with Open MPI
+and at 2 with MPICH, so both counts and both MPIs are covered, one nested job per case) whose ranks train nothing: they make the default group with
 ``init_process_group(backend="mpicoll", timeout=...)``, run one healthy
 all_reduce, print a READY stamp, then:
 
@@ -112,11 +113,11 @@ def _problems(res, ended, case, n, seconds) -> str:
     return ""
 
 
-@pytest.mark.timeout(2 * LIMIT + 60)
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.timeout(LIMIT + 60)
 @pytest.mark.parametrize("case", ["bad_input", "timeout", "timeout_async"])
-def test_a_failure_on_one_rank_ends_every_rank(tmp_path, case, n):
+def test_a_failure_on_one_rank_ends_every_rank(tmp_path, case):
     world = MPI.COMM_WORLD
+    n = min(max(world.Get_size(), 2), 3)
     problem = ""
     if world.Get_rank() == 0:
         res, ended, seconds = _run(tmp_path, case, n)
