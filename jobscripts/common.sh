@@ -161,27 +161,35 @@ run_step() {
 # --mpi plugin does not fail: every task initialises MPI alone and the job
 # "succeeds" as N one-rank runs. Rank 0 also lists where each rank runs. The
 # expected size is an argument: under mpirun the ranks may see another
-# SLURM_NTASKS (Open MPI's daemons are started by a one-task srun).
+# SLURM_NTASKS (Open MPI's daemons are started by a one-task srun).  A
+# world on fewer hosts than the job has nodes is only warned about: the
+# launcher's mapping put it there (Open MPI's mpirun --oversubscribe maps by
+# core, which fills the first node with every rank).
 WORLD_CHECK='import os, sys
 from mpi4py import MPI
 c = MPI.COMM_WORLD
-want = int(sys.argv[1])
+want, nodes = int(sys.argv[1]), int(sys.argv[2])
 local = c.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
 me = "host %s (slurm node %s), node-local rank %d, CUDA_VISIBLE_DEVICES=%s" % (
     MPI.Get_processor_name(), os.environ.get("SLURMD_NODENAME", "?"), local,
     os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
-everyone = c.gather(me)
+everyone = c.gather((me, MPI.Get_processor_name()))
 if c.rank == 0:
     print("mpicoll-job: MPI world size %d (SLURM_NTASKS=%d), %s"
           % (c.size, want, MPI.Get_library_version().splitlines()[0].strip()))
-    for r, where in enumerate(everyone):
+    for r, (where, _) in enumerate(everyone):
         print("mpicoll-job:   rank %d: %s" % (r, where))
+    hosts = len({host for _, host in everyone})
+    if hosts < nodes:
+        print("mpicoll-job: WARNING: the %d ranks run on %d host(s), the job has %d nodes:"
+              " check how the launcher maps ranks (MPICOLL_LAUNCHER=mpirun with Open MPI:"
+              " --map-by slot:OVERSUBSCRIBE, not --oversubscribe)" % (c.size, hosts, nodes))
     sys.stdout.flush()
 sys.exit(0 if c.size == want else 3)'
 step_world_size() {
     STEP=$((STEP + 1))
     log "step $STEP (world-size): MPI world size must be $SLURM_NTASKS"
-    if ! launch "$MPICOLL_PYTHON" -c "$WORLD_CHECK" "$SLURM_NTASKS"; then
+    if ! launch "$MPICOLL_PYTHON" -c "$WORLD_CHECK" "$SLURM_NTASKS" "${SLURM_JOB_NUM_NODES:-1}"; then
         die "step $STEP (world-size): FAILED: expected ONE MPI job of $SLURM_NTASKS ranks. If the" \
             "lines above say 'MPI world size 1', the launcher started $SLURM_NTASKS separate" \
             "one-rank jobs: srun needs --mpi=pmix for Open MPI >= 5 or --mpi=pmi2 for MPICH" \
