@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import mpicoll
 from mpicoll.engine import select as _select
 from mpicoll.tools import bench
 
@@ -434,3 +435,25 @@ def test_latency_tool_checks_every_variant(capsys, monkeypatch):
     monkeypatch.setattr(latency, "_variants", wrong)
     assert latency.main(["--sizes", "16", "--collectives", "allreduce", "--reps", "1",
                          "--inner", "1", "--warmup", "0"]) == 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.ranks(4)  # two emulated nodes of two ranks
+def test_selected_is_what_auto_runs_across_nodes(shared_dir, monkeypatch):
+    """The "selected" field is the engine's choice with the communicator's node layout: across
+    nodes the ring's sizes run hierarchical (it said "ring" there)."""
+    monkeypatch.setenv("MPICOLL_FAKE_NODES", "block:2")
+    comm = WORLD.Dup()  # a new context: it reads the layout
+    try:
+        jpath = os.path.join(shared_dir, "r.json")
+        status, _ = _run(["-C", "allreduce", "-b", "1M", "-e", "1M", "-n", "1", "-w", "0", "-q",
+                          "--json", jpath], comm=comm)
+        assert status == 0
+        comm.Barrier()
+        with mpicoll.traffic() as t:
+            mpicoll.allreduce(np.ones(1 << 17), comm=comm)
+        ran = t.calls[-1].algorithm
+        rec = json.load(open(jpath))[0]
+        assert ran == "hierarchical" and rec["selected"] == ran, (rec["selected"], ran)
+    finally:
+        comm.Free()

@@ -55,6 +55,7 @@ import mpicoll
 from ..core import config as _config
 from ..core import types as _types
 from ..core.config import parse_bytes
+from ..engine import context as _context
 from ..engine import select as _select
 from . import arrays as _arrays
 from . import results as _results
@@ -473,10 +474,14 @@ class Case:
             self.variants["check"] = (run_mpicoll, lambda: mpicoll.options(check=True))
         # Extra per-size measurements (e.g. traffic counts) belong here as more
         # variants, or as fields measure() adds to the record.
-        # what "auto" (or MPICOLL_ALGORITHM) picks for this call; predefined ops commute
+        # what "auto" (or MPICOLL_ALGORITHM) picks for this call, as the engine chooses it:
+        # with the communicator's selection and node layout (across nodes the ring's sizes
+        # go hierarchical); predefined ops commute
+        ctx = _context.context(comm)
         self.selected = _select.choose(collective, algorithm, self.nbytes, n, True,
                                        forced=_config.get("algorithm"),
-                                       selection=getattr(args, "selection", None))
+                                       selection=getattr(args, "selection", None) or ctx.selection,
+                                       nodes=ctx.nodes)
 
         def call_on(c):
             """One mpicoll call of this case on communicator ``c`` (array API)."""
