@@ -50,15 +50,10 @@ def link_fraction(collective: str, algorithm: str, nodes: tuple, total: int = 48
     return max(sent.values(), default=0) / total
 
 
-def ran(rec: dict, nodes: tuple) -> str:
-    """The algorithm a record's call ran.  The benchmark's "selected" is the table's choice
-    without the node layout; across nodes with more than one rank on some node "auto" runs
-    the hierarchical algorithm where the table says ring (engine/select.py)."""
-    if rec["algorithm"] != "auto":
-        return rec["algorithm"]
-    if rec["selected"] == "ring" and _select.spans_nodes(list(nodes)):
-        return "hierarchical"
-    return rec["selected"]
+def ran(rec: dict) -> str:
+    """The algorithm a record's call ran (the benchmark's "selected" for "auto": the engine's
+    choice with the communicator's node layout)."""
+    return rec["algorithm"] if rec["algorithm"] != "auto" else rec["selected"]
 
 
 def rate_bytes(text: str) -> float:
@@ -106,7 +101,7 @@ def main(argv=None) -> int:
                 if auto is None or "ring" not in t:
                     continue
                 print(f"| {name} | {size >> 20} MiB | {c} | {t['ring']:.0f} | {t['auto']:.0f} "
-                      f"({ran(auto, nodes)}) | {median:.0f} ({builtin[0]:.0f}-{builtin[-1]:.0f}) | "
+                      f"({ran(auto)}) | {median:.0f} ({builtin[0]:.0f}-{builtin[-1]:.0f}) | "
                       f"{t['auto'] / t['ring']:.2f} | {t['auto'] / median:.2f} |")
     for c in COLLECTIVES:
         algos = [x for x in _select.ALGORITHMS[c] if (c, x) in per_algo]
