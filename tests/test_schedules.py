@@ -212,18 +212,7 @@ def test_recursive_on_node_layouts(collective, build):
     total = 1200
 
     def link_elements(nodes):
-        n = len(nodes)
-        ring_order = tuple(topology.ring_from_nodes(list(nodes)))
-        counts = ring.split(total, n)[0]
-        out = {}
-        for r in range(n):
-            sh = sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
-                           total=total if collective == "allreduce" else None, ring=ring_order,
-                           segment=64, nodes=nodes)
-            for o in build(sh).sends():
-                if nodes[o.peer] != nodes[r]:
-                    out[nodes[r]] = out.get(nodes[r], 0) + o.region.count
-        return out
+        return sim.node_link_elements(collective, build, nodes, total)
 
     for block, round_robin in (((0, 0, 1, 1), (0, 1, 0, 1)),
                                ((0, 0, 0, 1, 1, 1), (0, 1, 0, 1, 0, 1)),

@@ -26,27 +26,14 @@ sys.path[:0] = [os.path.dirname(os.path.dirname(HERE)), os.path.dirname(HERE)]
 
 from support import schedsim as sim  # noqa: E402
 
-from mpicoll.algorithms import ring  # noqa: E402
 from mpicoll.engine import select as _select  # noqa: E402
-from mpicoll.transport import topology  # noqa: E402
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
 
 def link_fraction(collective: str, algorithm: str, nodes: tuple, total: int = 4800) -> float:
     """Elements the busiest node sends to other nodes, per element of the array."""
-    build = _select.builder(collective, algorithm)
-    n = len(nodes)
-    order = tuple(topology.ring_from_nodes(list(nodes)))
-    counts = ring.split(total, n)[0]
-    sent: dict = {}
-    for r in range(n):
-        sh = sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
-                       total=total if collective == "allreduce" else None, ring=order,
-                       segment=64, nodes=nodes)
-        for o in build(sh).sends():
-            if nodes[o.peer] != nodes[r]:
-                sent[nodes[r]] = sent.get(nodes[r], 0) + o.region.count
+    sent = sim.node_link_elements(collective, _select.builder(collective, algorithm), nodes, total)
     return max(sent.values(), default=0) / total
 
 

@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mpicoll.algorithms import ring
 from mpicoll.algorithms.schedule import (
     DST,
     SRC,
@@ -59,6 +60,7 @@ from mpicoll.algorithms.schedule import (
     Shape,
     Wait,
 )
+from mpicoll.transport import topology
 from support.data import rank_data
 
 MODELS = ("eager", "rendezvous")
@@ -460,3 +462,20 @@ def run_case(collective, build, n, counts, displs, length, in_place, model, tuni
                 assert o.label is not None and o.label.count == o.region.count, f"{what}: label {o}"
         assert res.counts[r] == traffic(schedules[r], got.itemsize)
     return res
+
+
+def node_link_elements(collective, build, nodes, total, segment=64) -> dict:
+    """{node: elements its ranks send to other nodes} of one call of ``build`` over ``total``
+    elements, every rank on the topology-aware ring of ``nodes`` (node label per rank)."""
+    n = len(nodes)
+    order = tuple(topology.ring_from_nodes(list(nodes)))
+    counts = ring.split(total, n)[0]
+    out: dict = {}
+    for r in range(n):
+        sh = shape(collective, n, r, counts=None if collective == "allreduce" else counts,
+                   total=total if collective == "allreduce" else None, ring=order,
+                   segment=segment, nodes=nodes)
+        for o in build(sh).sends():
+            if nodes[o.peer] != nodes[r]:
+                out[nodes[r]] = out.get(nodes[r], 0) + o.region.count
+    return out
