@@ -499,7 +499,6 @@ def unhold(owner) -> None:
 
 
 EXIT_WAIT_S = 2.0  # how long the exit handler advances operations never waited for
-_KEPT_FOR_GOOD: list = []  # operations still active at exit: their memory outlives MPI_Finalize
 
 
 @atexit.register
@@ -521,7 +520,6 @@ def _free_at_exit() -> None:
         import ctypes  # (only here: a reference the interpreter's teardown never drops)
         for op in list(IN_FLIGHT):
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(op))
-            _KEPT_FOR_GOOD.append(op)
     # Persistent requests must be freed before MPI_Finalize (MPICH warns of each one left).
     while _HOLDING:
         free_requests(_HOLDING.popitem()[1])
