@@ -41,12 +41,13 @@ def progress(request):
 
 
 @pytest.mark.timeout(60)
-def test_blocking_call_among_operations_completed_in_other_orders(progress):
+@pytest.mark.parametrize("timeout", [None, 30.0], ids=["untimed", "timed"])
+def test_blocking_call_among_operations_completed_in_other_orders(progress, timeout):
     """Rank 0: A started, A waited, blocking B; rank 1: A started, blocking B, A waited.
 
     MPI's own Iallreduce/Allreduce complete this; a blocking call that advanced
     nothing else (a fused Sendrecv, a lock held across the wait) hung.  Repeated,
-    so the blocking call runs from its plan too.
+    so the blocking call runs from its plan too (a timed plan under a timeout).
     """
     comm = WORLD.Dup()
     try:
@@ -56,9 +57,9 @@ def test_blocking_call_among_operations_completed_in_other_orders(progress):
             h = mpicoll.iallreduce(a, comm=comm, algorithm="ring")
             if RANK % 2 == 0:
                 got_a = h.wait()
-                mpicoll.allreduce(b, comm=comm, out=out_b)
+                mpicoll.allreduce(b, comm=comm, out=out_b, timeout=timeout)
             else:
-                mpicoll.allreduce(b, comm=comm, out=out_b)
+                mpicoll.allreduce(b, comm=comm, out=out_b, timeout=timeout)
                 got_a = h.wait()
             np.testing.assert_array_equal(got_a, rank_sum(1000, SIZE, salt=1))
             np.testing.assert_array_equal(out_b, rank_sum(10, SIZE, salt=2))

@@ -213,6 +213,56 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
         comm.Free()
 
 
+@pytest.mark.timeout(60)
+def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
+    """A timeout alone observes nothing but the waits: such a blocking call keeps a plan
+    whose waits poll under the same timeout (engine.plan); the timeout is part of the
+    signature, so another one is a miss.  A message over one piece is never timed from a
+    plan (its pieces are windowed under the observed channel)."""
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        checks = _util.spy(monkeypatch, _args, ["allreduce", "allgather", "Allreduce"])
+        x = np.arange(5.0) * (WORLD.rank + 2)
+        y, want = np.empty(5), np.empty(5)
+        WORLD.Allreduce(x, want)
+
+        def validated(call):
+            before = len(checks)
+            y[:] = -1
+            call()
+            np.testing.assert_array_equal(y, want)
+            return len(checks) - before
+
+        def timed(t):
+            return lambda: mpicoll.allreduce(x, comm=comm, out=y, timeout=t)
+
+        validated(timed(30.0))
+        assert validated(timed(30.0)) == 0
+        assert validated(timed(30)) == 1  # (another timeout object: another call)
+        assert validated(timed(31.0)) == 1
+        assert validated(timed(31.0)) == 0
+        assert validated(timed(None)) == 1
+        with mpicoll.options(timeout=30.0):
+            validated(lambda: mc.Allreduce(x, y))
+            assert validated(lambda: mc.Allreduce(x, y)) == 0
+        with mpicoll.options(timeout=30.0):  # (a new epoch, the same timeout)
+            assert validated(lambda: mc.Allreduce(x, y)) == 0
+        with mpicoll.options(timeout=20.0):
+            assert validated(lambda: mc.Allreduce(x, y)) == 1
+        assert validated(lambda: mc.Allreduce(x, y)) == 1  # (no timeout now)
+        # gathered in more than one piece (on more than one rank): validated every time
+        big = np.full(1 << 19, float(WORLD.rank))
+        out = np.empty(big.size * WORLD.size)
+        for i in range(2):
+            before = len(checks)
+            mpicoll.allgather(big, comm=comm, out=out, timeout=30.0)
+            assert len(checks) - before == (1 if WORLD.size > 1 or i == 0 else 0)
+            np.testing.assert_array_equal(out, np.repeat(np.arange(WORLD.size), big.size))
+    finally:
+        comm.Free()
+
+
 @pytest.mark.local
 def test_a_bad_option_changes_no_setting():
     """configure() checks every value before it sets any (it used to set ``check``

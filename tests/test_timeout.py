@@ -421,3 +421,55 @@ def test_plan_does_not_run_after_a_timeout():
                 refused += f"unexpected message: {e}"
     _util.assert_all(WORLD, not refused, refused)
     _discard(comm)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
+@pytest.mark.parametrize("collective, algorithm", [
+    ("allreduce", "recursive_doubling"), ("allreduce", "ring"), ("reduce_scatter", "ring"),
+    ("allgather", "ring")])
+def test_a_timed_plan_times_out_as_the_first_call_does(collective, algorithm, monkeypatch):
+    """A call repeated under a timeout runs from its timed plan (engine.plan): when a rank
+    skips it, the others raise the CollectiveTimeout the general path raises (call, step,
+    peer, abort advice) in time, and the communicator is refused afterwards."""
+    from mpicoll.api import args as _args
+    comm = _fresh_comm()
+    fn = getattr(mpicoll, collective)
+    x = rank_data(4 * SIZE, RANK)
+    out = np.empty(x.size * SIZE if collective == "allgather"
+                   else 4 if collective == "reduce_scatter" else x.size)
+    want = fn(x, comm=WORLD, algorithm=algorithm)
+    fn(x, comm=comm, out=out, algorithm=algorithm, timeout=T)  # call #2: keeps the plan
+    fn(x, comm=comm, out=out, algorithm=algorithm, timeout=T)  # #3: runs from it
+    np.testing.assert_array_equal(out, want)
+    checks = _util.spy(monkeypatch, _args, [collective])
+    exc, elapsed = _skip_one(
+        comm, lambda c: fn(x, comm=c, out=out, algorithm=algorithm, timeout=T))
+    problem = ""
+    if RANK != SKIPPER:
+        if checks:
+            problem = "the repeat was validated (not run from its plan); "
+        if exc is None:
+            problem += "no CollectiveTimeout"
+        else:
+            msg = str(exc)
+            for part in (f"{collective} #4 ({algorithm}, ", f"on rank {RANK}: no progress for ",
+                         f"(timeout {T:g} s)", f"rank {exc.peer}", "step ", "mpicoll.abort()"):
+                if part not in msg:
+                    problem += f"{part!r} missing from {msg!r}; "
+            if not T <= elapsed <= T + MARGIN:
+                problem += f"raised after {elapsed:.2f} s, expected {T} s"
+            if (exc.seq, exc.collective, exc.algorithm, exc.rank) != (4, collective, algorithm,
+                                                                      RANK):
+                problem += f"attributes {exc.seq} {exc.collective} {exc.algorithm} {exc.rank}"
+    _util.assert_all(WORLD, not problem, problem)
+    refused = ""
+    if RANK != SKIPPER:
+        try:
+            fn(x, comm=comm, out=out, algorithm=algorithm, timeout=T)
+            refused = "a call with the plan's arrays was accepted"
+        except mpicoll.MpicollError as e:
+            if "communicator unusable" not in str(e):
+                refused = f"unexpected message: {e}"
+    _util.assert_all(WORLD, not refused, refused)
+    _discard(comm)

@@ -64,10 +64,10 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         y = mpicoll.allreduce(x)             # every rank: [6, 60]
     """
     plain = deterministic is None and accumulate is None  # numerics: see api.numerics
-    if plain and out is not None and timeout is None and _plan.repeat(
-            _WORLD if comm is None else comm, "allreduce", x, out, op, algorithm):
+    if plain and out is not None and _plan.repeat(
+            _WORLD if comm is None else comm, "allreduce", x, out, op, algorithm, timeout):
         return out
-    key = _plan.key(x, out, op, algorithm)
+    key = _plan.key(x, out, op, algorithm, timeout)
     args, timeout, result, after = _args.allreduce(x, op, comm, out, algorithm, timeout)
     # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
     _args.check_flags(deterministic, accumulate)
@@ -120,10 +120,10 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         x = np.full(2, rank)                 # rank r: [r, r]
         y = mpicoll.allgather(x)             # every rank: [0, 0, 1, 1, 2, 2]
     """
-    if out is not None and counts is None and timeout is None and \
-            _plan.repeat(_WORLD if comm is None else comm, "allgather", x, out, algorithm):
+    if out is not None and counts is None and _plan.repeat(
+            _WORLD if comm is None else comm, "allgather", x, out, algorithm, None, timeout):
         return out
-    key = _plan.key(x, out, algorithm)
+    key = _plan.key(x, out, algorithm, None, timeout)
     args, timeout, result, after = _args.allgather(x, comm, out, counts, algorithm, timeout)
     # -- numerics: ml_dtypes types move as words (api.numerics) --
     route = _numerics.route("allgather", args[0], args[1], args[2], None, args[5], args[3],
@@ -169,10 +169,10 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
     plain = deterministic is None and accumulate is None  # numerics: see api.numerics
-    if plain and out is not None and counts is None and timeout is None and \
-            _plan.repeat(_WORLD if comm is None else comm, "reduce_scatter", x, out, op, algorithm):
+    if plain and out is not None and counts is None and _plan.repeat(
+            _WORLD if comm is None else comm, "reduce_scatter", x, out, op, algorithm, timeout):
         return out
-    key = _plan.key(x, out, op, algorithm)
+    key = _plan.key(x, out, op, algorithm, timeout)
     args, timeout, result, after = _args.reduce_scatter(x, op, comm, out, counts, algorithm,
                                                         timeout)
     # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --

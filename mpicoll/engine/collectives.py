@@ -32,7 +32,7 @@ class _Run:
     __slots__ = ("name", "build", "ctx", "comm", "collective", "label", "msg", "total",
                  "counts", "displs", "op", "red0", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "steps", "ch", "be", "red",
-                 "stage", "program", "observed", "operation", "__weakref__")
+                 "stage", "program", "observed", "timed", "operation", "__weakref__")
 
     def begin(self, operation) -> None:
         """Set ``operation`` up for one start (it has not sent anything yet)."""
@@ -55,6 +55,9 @@ class _Run:
         call = _observe.begin(ctx, self.label, self.collective, self.name, msg, self.total,
                               self.counts, self.displs, self.op, self.timeout, self.check)
         self.observed = call is not None or stage is not None
+        # observed for its timeout alone: a blocking call may keep a timed plan (engine.plan)
+        self.timed = (stage is None and call is not None and not self.check
+                      and not call.recorders and call.events is None)
         try:
             if call is not None:
                 if self.check:
@@ -175,6 +178,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.blocking = blocking or device
     run.src, run.dst, run.in_place = src, dst, in_place
     run.lease = run.steps = run.stage = run.program = None
+    run.timed = False
     run.schedule = _schedule(run, ctx, msg)
     if run.blocking:
         run.tag = _executor.TAG
@@ -195,7 +199,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     if not persistent:
         run.begin(operation)
         operation.go(run.blocking)
-        if memo is not None and _plain(run, operation):
+        if memo is not None and _plain(run, operation, blocking):
             if blocking:
                 _plan.keep(ctx, comm, memo[0], memo[1], run)
             else:
@@ -203,11 +207,14 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     return operation
 
 
-def _plain(run, operation) -> bool:
-    """Whether a started call may be kept as a plan: unobserved, host arrays on the plain
-    host channel (engine.plan)."""
-    return (operation.error is None and not run.observed and type(run.ch) is _executor.Channel
-            and run.msg.backend.name == "numpy")
+def _plain(run, operation, blocking=False) -> bool:
+    """Whether a started call may be kept as a plan: host arrays on the plain host channel,
+    unobserved or (``blocking``) observed for a timeout alone (engine.plan)."""
+    if operation.error is not None or run.msg.backend.name != "numpy":
+        return False
+    if not run.observed:
+        return type(run.ch) is _executor.Channel
+    return blocking and run.timed and type(run.ch.inner) is _executor.Channel
 
 
 def start_persistent(operation) -> None:

@@ -198,7 +198,7 @@ _ALL = Ellipsis  # dst[...] = src: NumPy's cheapest whole-array assignment (docs
 _OUT_BY_KEYWORD = frozenset({np.maximum, np.minimum})
 
 
-def compile_bound(steps, ch, red, be) -> tuple:
+def compile_bound(steps, ch, red, be, timed=None) -> tuple:
     """(the same steps on persistent requests, those requests); (None, ()) when some message
     cannot be one.
 
@@ -211,10 +211,17 @@ def compile_bound(steps, ch, red, be) -> tuple:
     that is not the plain host one (staging, observation), makes the steps
     uncompilable.  The requests are inactive after a run to the end; whoever
     holds them frees them (:func:`free_requests`).
+
+    ``timed``: (timeout, expired) of a call under a timeout: each wait polls
+    its requests (:func:`timed_waitall`) and ``expired(pending, idle)`` makes
+    the exception to raise, ``pending`` the (request, (kind, peer, nbytes,
+    k)) still incomplete, ``k`` its index among the call's sends (receives).
     """
     if type(ch) is not Channel:
         return None, ()
     out, requests, posted = [], [], {}
+    about, counted = {}, {SEND: 0, RECV: 0}
+    wire = ch.mpitype.Get_size()
     ufunc = getattr(red, "ufunc", None)
     one = _Views()
     for step in steps:
@@ -228,9 +235,18 @@ def compile_bound(steps, ch, red, be) -> tuple:
             req = init([arr, ch.mpitype], step[2], ch.tag)
             requests.append(req)
             posted[step[3]] = req
+            about[step[3]] = ("send" if k == SEND else "recv", step[2], len(arr) * wire,
+                              counted[k])
+            counted[k] += 1
             out.append((START, req))
         elif k == WAIT:
-            out.append((WAIT, step[1], [posted[h] for h in step[1]]))
+            preqs = [posted[h] for h in step[1]]
+            if timed is None:
+                out.append((WAIT, step[1], preqs))
+            else:
+                # (a ready call: a timed plan runs only blocking, so its waits may poll)
+                out.append((CALL, functools.partial(
+                    timed_waitall, preqs, [about[h] for h in step[1]], *timed)))
         elif k == REDUCE:
             a, b, o = one(step[1]), one(step[2]), one(step[3])
             if ufunc is None:
@@ -249,6 +265,55 @@ def compile_bound(steps, ch, red, be) -> tuple:
         else:
             out.append(step)
     return tuple(out), tuple(requests)
+
+
+def timed_waitall(requests, about, timeout, expired) -> None:
+    """Complete persistent ``requests`` by polling; raise ``expired(pending, idle)`` once
+    nothing moved for ``timeout`` seconds (a plan's wait under a timeout, engine.plan).
+
+    The rule of every polled wait (transport.timeout.wait): the deadline
+    restarts at each completion, here also at each step another operation in
+    flight takes meanwhile (the progress rule); one last poll after the
+    deadline; spin for ``SPIN_S``, then sleep with a doubling pause.
+    """
+    # First spin on Testall (MPI_Testall changes no request until all are complete, so
+    # this is the cheapest poll; docs/performance.md); Testsome from then on tells which
+    # completed, and its first answer counts as progress (a deadline late by SPIN_S at most).
+    testall = MPI.Request.Testall
+    start = perf_counter()
+    while not testall(requests):
+        if IN_FLIGHT:
+            progress_others()
+        if perf_counter() - start > _timeout.SPIN_S:
+            break
+    else:
+        return
+    testsome = MPI.Request.Testsome
+    quiet_since = perf_counter()
+    pause = 0.0
+    final = False
+    while True:
+        done = testsome(requests)
+        if done is None:  # (every request inactive: complete)
+            return
+        if done or (IN_FLIGHT and progress_others()):
+            quiet_since = perf_counter()
+            pause = 0.0
+            final = False
+            continue
+        idle = perf_counter() - quiet_since
+        if idle >= timeout:
+            if not final:  # (this process may itself have been descheduled past the deadline)
+                final = True
+                continue
+            pending = [(req, what) for req, what in zip(requests, about) if not req.Test()]
+            if not pending:
+                return
+            raise expired(pending, idle)
+        if idle > _timeout.SPIN_S:
+            pause = min(max(2 * pause, _timeout.MIN_SLEEP_S), _timeout.MAX_SLEEP_S,
+                        timeout - idle)
+            time.sleep(pause)
 
 
 def free_requests(requests) -> None:

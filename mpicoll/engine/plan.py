@@ -62,7 +62,9 @@ from mpi4py import MPI
 
 from ..algorithms.schedule import DST, SRC
 from ..core.config import EPOCH, resolve
+from ..core.message import Msg
 from ..observe import calls as _observe
+from ..transport import timeout as _timeout
 from . import context as _context
 from .executor import (
     IN_FLIGHT,
@@ -89,14 +91,15 @@ class Plan:
     """A plain call's operation bound for repeats, and the signature that proves a hit."""
 
     __slots__ = ("name", "comm", "ctx", "ra", "rb", "sa", "ta", "da", "sb", "tb", "db",
-                 "c", "d", "epoch", "forced", "operation", "calls", "lease", "live", "flat",
-                 "__weakref__")
+                 "c", "d", "t", "timeout", "epoch", "forced", "operation", "calls", "lease",
+                 "live", "flat", "__weakref__")
 
-    def matches(self, comm, a, b, c, d) -> bool:
+    def matches(self, comm, a, b, c, d, t) -> bool:
         """Whether a call with these arguments is this plan's call, unchanged."""
         if not (self.comm is comm and self.rb() is b and self.live
                 and (self.c is c or self.c == c) and (self.d is d or self.d == d)
-                and b.dtype is self.db):
+                and b.dtype is self.db
+                and (self.t is t or (type(t) is type(self.t) and self.t == t))):
             return False
         flat = self.flat
         if flat:
@@ -125,8 +128,8 @@ class Plan:
         """After a change of options: whether a call now still runs as this plan's did
         (unobserved, the same forced algorithm); then the plan holds for the new epoch."""
         opts = resolve(self.ctx.env)
-        if opts["check"] or opts["timeout"] is not None or opts["algorithm"] != self.forced \
-                or opts["deterministic"] or _observe.observing():
+        if opts["check"] or opts["algorithm"] != self.forced or opts["deterministic"] \
+                or _observe.observing() or (self.t is None and opts["timeout"] != self.timeout):
             return False
         self.epoch = EPOCH[0]
         return True
@@ -156,10 +159,12 @@ def _raw(arr):
 
 
 def _new(ctx, comm, name, args, run, blocking):
-    """A Plan of the finished plain ``run`` (engine.collectives) called as ``name(*args)``."""
-    a, b, c, d = args
+    """A Plan of the finished plain ``run`` (engine.collectives) called as ``name(*args)``;
+    None for a timed call that cannot run on persistent requests."""
+    a, b, c, d, t = args
     plan = Plan()
-    plan.name, plan.comm, plan.ctx, plan.c, plan.d = name, comm, ctx, c, d
+    plan.name, plan.comm, plan.ctx, plan.c, plan.d, plan.t = name, comm, ctx, c, d, t
+    plan.timeout = run.timeout if run.timed else None
     plan.epoch = EPOCH[0]
     plan.forced = resolve(ctx.env)["algorithm"]
     plan.live = True
@@ -175,6 +180,8 @@ def _new(ctx, comm, name, args, run, blocking):
     # there validation read only the dtype, the contiguity and out's writeability
     plan.flat = name.startswith("Comm.") and b.flags.c_contiguous \
         and (a is _IN_PLACE or a.flags.c_contiguous)
+    # a timed call ran on an observed channel: the plan runs on the plain one under it
+    base = run.ch.inner if run.timed else run.ch
     # the same schedule bound again, to raw views of the call's arrays and a lease of its own
     sched = run.schedule
     plan.lease = ctx.work.lease(run.be) if sched.work else None
@@ -186,17 +193,48 @@ def _new(ctx, comm, name, args, run, blocking):
     requests = ()
     plan.calls = None
     # a channel of its own: a non-blocking plan's restart gives it the tag of its call
-    ch = Channel(run.ch.comm, run.ch.mpitype, run.ch.tag)
+    ch = Channel(base.comm, base.mpitype, base.tag)
     if blocking:
-        program, requests = compile_bound(steps, ch, run.red, run.be)
+        timed = None if plan.timeout is None else (plan.timeout, _Expiry(run))
+        program, requests = compile_bound(steps, ch, run.red, run.be, timed)
         if program is not None:
             steps = program
             plan.calls = _calls(program)
+        elif timed is not None:  # (only persistent requests' waits are timed here)
+            if plan.lease is not None:
+                plan.lease.release()
+            return None
     op = Operation(steps, ch, run.red, run.be, ctx=ctx, algorithm=run.name)
     op.run = _Ended(plan)
     plan.operation = op
     hold(plan, requests)
     return plan
+
+
+class _Expiry:
+    """The CollectiveTimeout of a timed plan's call, as the observed channel words it
+    (observe.calls.Call.expired); made only when a wait gives up.  It keeps no user memory
+    (the message's type, not its array)."""
+
+    __slots__ = ("ctx", "label", "collective", "algorithm", "msg", "total", "counts", "displs",
+                 "op", "timeout", "schedule")
+
+    def __init__(self, run):
+        m = run.msg
+        self.msg = Msg(None, m.dtype, m.category, m.mpitype, m.typename, m.backend)
+        self.ctx, self.label, self.collective, self.algorithm = (
+            run.ctx, run.label, run.collective, run.name)
+        self.total, self.counts, self.displs, self.op = run.total, run.counts, run.displs, run.op
+        self.timeout, self.schedule = run.timeout, run.schedule
+
+    def __call__(self, pending, idle):
+        left = [_observe.Req(req, kind, peer, nbytes, k, 0.0)
+                for req, (kind, peer, nbytes, k) in pending]
+        _timeout.cancel(left)
+        call = _observe.Call(self.ctx, self.label, self.collective, self.algorithm, self.msg,
+                             self.total, self.counts, self.displs, self.op, self.timeout, (), ())
+        call.use_schedule(self.schedule)
+        return call.expired(left, idle, None)
 
 
 def _calls(program) -> tuple:
@@ -252,20 +290,21 @@ def forget(plan) -> None:
     plan.release()
 
 
-def key(a, b, c=None, d=None) -> tuple:
-    """The arguments :func:`repeat` compares, as :func:`keep` takes them."""
-    return (a, b, c, d)
+def key(a, b, c=None, d=None, t=None) -> tuple:
+    """The arguments :func:`repeat` compares, as :func:`keep` takes them (``t``: the call's
+    ``timeout=`` argument)."""
+    return (a, b, c, d, t)
 
 
-def repeat(comm, name: str, a, b, c=None, d=None) -> bool:
-    """Run the blocking plan of ``name`` again if ``a, b, c, d`` are its call's arguments,
-    unchanged; False if there is none (the caller takes the general path)."""
+def repeat(comm, name: str, a, b, c=None, d=None, t=None) -> bool:
+    """Run the blocking plan of ``name`` again if ``a, b, c, d, t`` are its call's
+    arguments, unchanged; False if there is none (the caller takes the general path)."""
     plan = _LAST.get(name)
-    if plan is None or not plan.matches(comm, a, b, c, d):
+    if plan is None or not plan.matches(comm, a, b, c, d, t):
         plan = _from_context(comm, name)
         if plan is None:
             return False
-        if not plan.matches(comm, a, b, c, d):
+        if not plan.matches(comm, a, b, c, d, t):
             # another call of this function: its work memory goes back before that call
             # takes its own (it keeps a new plan if it is plain)
             forget(plan)
@@ -302,8 +341,9 @@ def keep(ctx, comm, name: str, args: tuple, run) -> None:
     if old is not None:
         old.release()
     plan = _new(ctx, comm, name, args, run, True)
-    ctx.plans[name] = plan
-    _LAST[name] = plan
+    if plan is not None:
+        ctx.plans[name] = plan
+        _LAST[name] = plan
 
 
 def keep_started(ctx, comm, name: str, args: tuple, run) -> None:
@@ -329,7 +369,7 @@ def restart(comm, name: str, a, b, c=None, d=None):
         return None
     key = (name, id(comm), id(a), id(b))
     plan = kept.get(key)
-    if plan is None or not plan.matches(comm, a, b, c, d):
+    if plan is None or not plan.matches(comm, a, b, c, d, None):
         return None
     op = plan.operation
     if op._active or op.owner is not None:

@@ -64,7 +64,7 @@ def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, tim
                 tuple(_traffic.ACTIVE), tracers)
 
 
-class _Req:
+class Req:
     """A request as the observed channel hands it to an algorithm."""
 
     __slots__ = ("req", "kind", "peer", "nbytes", "k", "t0", "done")
@@ -182,7 +182,7 @@ class Call:
         return len({lab.step for lab in labels})
 
     # -- completion -----------------------------------------------------------
-    def completed(self, r: _Req) -> None:
+    def completed(self, r: Req) -> None:
         tally = self.sent if r.kind == "send" else self.received
         tally[0] += 1
         tally[1] += r.nbytes
@@ -309,7 +309,7 @@ class ObservedChannel:
         if self.account:
             c.nsend = k + 1
             c.scounts.append(n)
-        return _Req(req, "send", dest, n * c.wire, k, t0)
+        return Req(req, "send", dest, n * c.wire, k, t0)
 
     def irecv(self, arr, source):
         c = self.call
@@ -320,7 +320,7 @@ class ObservedChannel:
         if self.account:
             c.nrecv = k + 1
             c.rcounts.append(n)
-        return _Req(req, "recv", source, n * c.wire, k, t0)
+        return Req(req, "recv", source, n * c.wire, k, t0)
 
     def wait(self, r) -> None:
         self._complete((r,))

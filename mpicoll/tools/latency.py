@@ -10,6 +10,7 @@ For every size and collective it interleaves, in one run, rep after rep:
 ``builtin``   mpi4py's ``Allreduce`` / ``Reduce_scatter_block`` / ``Allgather``
 ``Comm``      the same call on ``mpicoll.Comm``
 ``array``     ``mpicoll.allreduce(x, out=y)`` (``reduce_scatter``, ``allgather``)
+``array+T``   the same with ``timeout=T`` (``--timeout T``: a timed plan, engine.plan)
 ``sendrecv``  the floor from Python (2 ranks only): one ``Sendrecv`` of what the
               collective exchanges plus one ``np.add`` (``np.copyto`` for AllGather)
 ``persist``   the same with persistent requests built once
@@ -46,7 +47,7 @@ from mpi4py import MPI
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
 
-def _variants(collective, comm, mc, x, n, rank):
+def _variants(collective, comm, mc, x, n, rank, timeout=None):
     """({name: (call, output array)} for one collective, the built-in first; the persistent
     requests the floor holds, for the caller to free)."""
     import mpicoll
@@ -71,6 +72,9 @@ def _variants(collective, comm, mc, x, n, rank):
         out[name] = ((lambda fn=fn, y=y: fn(x, y)), y)
     y = np.empty(shape_out, dt)
     out["array"] = ((lambda y=y: array(x, comm=comm, out=y)), y)
+    if timeout is not None:
+        y = np.empty(shape_out, dt)
+        out["array+T"] = ((lambda y=y: array(x, comm=comm, out=y, timeout=timeout)), y)
     if n != 2:
         return out, ()
     peer = 1 - rank
@@ -118,7 +122,7 @@ def _variants(collective, comm, mc, x, n, rank):
     return out, (rreq, sreq)
 
 
-def _nonblocking_variants(collective, comm, mc, x, n, rank):
+def _nonblocking_variants(collective, comm, mc, x, n, rank, timeout=None):
     """({name: (call, output array)}: the blocking built-in, then the non-blocking and
     persistent forms of the built-in and of mpicoll; the persistent requests to free)."""
     import mpicoll
@@ -172,6 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--forms", choices=("blocking", "nonblocking"), default="blocking",
                    help="blocking calls and the floors, or the non-blocking and persistent forms")
+    p.add_argument("--timeout", type=float, default=None, metavar="T",
+                   help="also time the array function with timeout=T (blocking forms)")
     args = p.parse_args(argv)
     make = _variants if args.forms == "blocking" else _nonblocking_variants
     comm = MPI.COMM_WORLD.Dup()
@@ -187,7 +193,7 @@ def main(argv=None) -> int:
         count = max(n, size // 8 // n * n)  # a multiple of the rank count (Reduce_scatter_block)
         x = ((np.arange(count) * 7 + rank * 3) % 101).astype(np.float64)
         for collective in args.collectives:
-            variants, held = make(collective, comm, mc, x, n, rank)
+            variants, held = make(collective, comm, mc, x, n, rank, args.timeout)
             for fn, _ in variants.values():
                 for _ in range(args.warmup):
                     fn()
@@ -204,8 +210,10 @@ def main(argv=None) -> int:
             med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
             rows.append((size, collective, med))
     if rank == 0:
-        names = (["builtin", "Comm", "array", "sendrecv", "persist"] if args.forms == "blocking"
+        names = (["builtin", "Comm", "array", "array+T", "sendrecv", "persist"]
+                 if args.forms == "blocking"
                  else list(dict.fromkeys(h for _, _, med in rows for h in med)))
+        names = [h for h in names if any(h in med for _, _, med in rows)]
         print(f"{'bytes':>9} {'collective':<15}" + "".join(f"{h:>16}" for h in names))
         for size, collective, med in rows:
             base = med["builtin"]
