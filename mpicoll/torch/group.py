@@ -40,7 +40,7 @@ from .. import abort, allreduce, iallgather, iallreduce, ireduce_scatter
 from ..core import config as _config
 from .ops import reduction
 from .tensors import Staged, check_same, check_tensor
-from .work import MpiPiece, Work
+from .work import Finished, MpiPiece, Work
 
 _SUM = dist.ReduceOp.SUM
 _FORWARD_S = 0.5  # time for the launcher to forward a failing rank's message before its abort
@@ -180,6 +180,8 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         abort()
 
     def _work(self, pieces, finish, result, what, opts, keep=None):
+        if not pieces and finish is None:  # (a blocking call, complete)
+            return Finished(result)
         return Work(pieces, finish, result, what, opts, self._fail, keep)
 
     @property
