@@ -414,6 +414,14 @@ def test_latency_tool_checks_every_variant(capsys, monkeypatch):
                                                 for c in latency.COLLECTIVES]
         width = 11 if MPI.COMM_WORLD.size == 2 else 9  # with sendrecv and persist, or "-"
         assert all(len(r) == width for r in rows), rows
+    # --timeout T: the array function under a timeout too (its timed plan), one more column
+    assert latency.main(argv + ["--collectives", "allreduce", "--timeout", "30"]) == 0
+    if MPI.COMM_WORLD.rank == 0:
+        out = capsys.readouterr().out
+        assert "array+T" in out, out
+        rows = [line.split() for line in out.splitlines()
+                if line and line[0] == " " and line.split()[0].isdigit()]
+        assert len(rows) == 2 and all(len(r) == width + 2 for r in rows), rows
     # the non-blocking and persistent forms: six columns (the built-in's two persistent
     # ones only with an MPI-4 library, which both PyPI MPIs are)
     assert latency.main(argv + ["--forms", "nonblocking"]) == 0

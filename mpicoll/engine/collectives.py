@@ -162,8 +162,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
             f"{label} #1 ({name}, {total} x {_check.dtype_label(msg)})", label, name), env)
     _observe.check_usable(ctx)
     if algorithm == "auto":  # with what the context knows: its selection and node layout
-        name = _select.choose(collective, algorithm, nbytes, size, commutative, staged=staged,
-                              forced=opts["algorithm"], selection=ctx.selection, nodes=ctx.nodes)
+        name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
     run = _Run()
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
     run.build = _select.builder(collective, name)

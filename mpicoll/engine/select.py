@@ -257,3 +257,14 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
             f"use 'auto' or one of {', '.join(sorted(ORDER_PRESERVING & set(table)))}"
         )
     return algorithm
+
+
+def choose_on(ctx, collective: str, algorithm: str, nbytes: int, commutative: bool = True,
+              staged: bool = False, selection: Selection | None = None) -> str:
+    """:func:`choose` for a call on the communicator of context ``ctx``, with what the
+    context knows: its options (the forced algorithm), its selection (``selection``
+    replaces it) and its node layout.  What the engine runs, and what the benchmark
+    reports as selected."""
+    return choose(collective, algorithm, nbytes, ctx.size, commutative, staged=staged,
+                  forced=_config.resolve(ctx.env)["algorithm"],
+                  selection=ctx.selection if selection is None else selection, nodes=ctx.nodes)

@@ -52,7 +52,6 @@ from mpi4py import MPI
 
 import mpicoll
 
-from ..core import config as _config
 from ..core import types as _types
 from ..core.config import parse_bytes
 from ..engine import context as _context
@@ -477,11 +476,9 @@ class Case:
         # what "auto" (or MPICOLL_ALGORITHM) picks for this call, as the engine chooses it:
         # with the communicator's selection and node layout (across nodes the ring's sizes
         # go hierarchical); predefined ops commute
-        ctx = _context.context(comm)
-        self.selected = _select.choose(collective, algorithm, self.nbytes, n, True,
-                                       forced=_config.get("algorithm"),
-                                       selection=getattr(args, "selection", None) or ctx.selection,
-                                       nodes=ctx.nodes)
+        self.selected = _select.choose_on(_context.context(comm), collective, algorithm,
+                                          self.nbytes,
+                                          selection=getattr(args, "selection", None))
 
         def call_on(c):
             """One mpicoll call of this case on communicator ``c`` (array API)."""

@@ -210,10 +210,10 @@ def main(argv=None) -> int:
             med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
             rows.append((size, collective, med))
     if rank == 0:
-        names = (["builtin", "Comm", "array", "array+T", "sendrecv", "persist"]
+        timed = ["array+T"] if args.timeout is not None else []
+        names = (["builtin", "Comm", "array", *timed, "sendrecv", "persist"]
                  if args.forms == "blocking"
                  else list(dict.fromkeys(h for _, _, med in rows for h in med)))
-        names = [h for h in names if any(h in med for _, _, med in rows)]
         print(f"{'bytes':>9} {'collective':<15}" + "".join(f"{h:>16}" for h in names))
         for size, collective, med in rows:
             base = med["builtin"]
