@@ -85,13 +85,14 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
 
 
 def _memo(name, key, x, out, result, after, op=None, counts=None):
-    """(name, key) to keep a plain call as a plan (or its operation, non-blocking): the
+    """(name, key, flat) to keep a plain call as a plan (or its operation, non-blocking;
+    ``flat`` False: validation read shapes and strides, engine.plan): the
     default counts, the result ``out`` itself (not, in place, a view of ``x``), C-ordered
     NumPy ``x`` and ``out`` moved as they are (no copy after) and a predefined op; else None."""
     if (counts is None and result is out and after is None and type(x) is _ndarray
             and type(out) is _ndarray and x.flags.c_contiguous
             and (op is None or _types.op_name(op) is not None)):
-        return name, key
+        return name, key, False
     return None
 
 

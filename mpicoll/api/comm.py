@@ -288,9 +288,11 @@ class Comm(MPI.Intracomm):
 
 
 def _memo(name, key, sendbuf, recvbuf, op=None):
-    """(name, key) to keep a plain call as a plan: bare NumPy buffers (or IN_PLACE) and a
-    predefined op only (a user op could be freed between calls)."""
+    """(name, key, flat) to keep a plain call as a plan: bare NumPy buffers (or IN_PLACE) and
+    a predefined op only (a user op could be freed between calls).  ``flat``: validation
+    read a C-contiguous buffer as its flat memory (api.buffers.message), whatever its
+    shape, so the plan's signature need not hold shapes (engine.plan)."""
     if type(recvbuf) is np.ndarray and (type(sendbuf) is np.ndarray or sendbuf is MPI.IN_PLACE) \
             and (op is None or _types.op_name(op) is not None):
-        return name, key
+        return name, key, True
     return None

@@ -139,8 +139,8 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     ``total`` is the element count selection and the fingerprint use: the
     array reduced (AllReduce), the whole input (ReduceScatter) or the whole
     output (AllGather).  ``label`` names the call where it is not ``collective``.
-    ``memo``: (function name, its arguments) of a public call that may be kept
-    as a plan (engine.plan) if it turns out plain.
+    ``memo``: (function name, its arguments, flat) of a public call that may be
+    kept as a plan (engine.plan) if it turns out plain.
     """
     label = label or collective
     ctx = _context.existing(comm)
@@ -200,9 +200,9 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
         operation.go(run.blocking)
         if memo is not None and _plain(run, operation, blocking):
             if blocking:
-                _plan.keep(ctx, comm, memo[0], memo[1], run)
+                _plan.keep(ctx, comm, memo, run)
             else:
-                _plan.keep_started(ctx, comm, memo[0], memo[1], run)
+                _plan.keep_started(ctx, comm, memo, run)
     return operation
 
 

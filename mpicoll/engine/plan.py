@@ -158,9 +158,11 @@ def _raw(arr):
     return np.frombuffer(MPI.buffer.fromaddress(addr, arr.nbytes), dtype=arr.dtype)
 
 
-def _new(ctx, comm, name, args, run, blocking):
-    """A Plan of the finished plain ``run`` (engine.collectives) called as ``name(*args)``;
-    None for a timed call that cannot run on persistent requests."""
+def _new(ctx, comm, memo, run, blocking):
+    """A Plan of the finished plain ``run`` (engine.collectives) of the call ``memo``:
+    (function name, its arguments, flat: whether validation read the buffers as flat
+    memory); None for a timed call that cannot run on persistent requests."""
+    name, args, flat = memo
     a, b, c, d, t = args
     plan = Plan()
     plan.name, plan.comm, plan.ctx, plan.c, plan.d, plan.t = name, comm, ctx, c, d, t
@@ -176,10 +178,9 @@ def _new(ctx, comm, name, args, run, blocking):
         plan.sa, plan.ta, plan.da = a.shape, a.strides, a.dtype
     plan.rb = weakref.ref(b, drop)
     plan.sb, plan.tb, plan.db = b.shape, b.strides, b.dtype
-    # mpicoll.Comm's forms read a C-contiguous buffer as its flat memory (api.buffers.message):
-    # there validation read only the dtype, the contiguity and out's writeability
-    plan.flat = name.startswith("Comm.") and b.flags.c_contiguous \
-        and (a is _IN_PLACE or a.flags.c_contiguous)
+    # a C-contiguous buffer read as its flat memory: validation read only the dtype, the
+    # contiguity and out's writeability
+    plan.flat = flat and b.flags.c_contiguous and (a is _IN_PLACE or a.flags.c_contiguous)
     # a timed call ran on an observed channel: the plan runs on the plain one under it
     base = run.ch.inner if run.timed else run.ch
     # the same schedule bound again, to raw views of the call's arrays and a lease of its own
@@ -335,24 +336,27 @@ def _from_context(comm, name):
     return plans.get(name) if plans else None
 
 
-def keep(ctx, comm, name: str, args: tuple, run) -> None:
-    """Make the finished plain blocking ``run`` the plan of ``name`` on ``ctx``."""
+def keep(ctx, comm, memo: tuple, run) -> None:
+    """Make the finished plain blocking ``run`` of the call ``memo`` (see :func:`_new`) the
+    plan of its function on ``ctx``."""
+    name = memo[0]
     old = ctx.plans.pop(name, None)
     if old is not None:
         old.release()
-    plan = _new(ctx, comm, name, args, run, True)
+    plan = _new(ctx, comm, memo, run, True)
     if plan is not None:
         ctx.plans[name] = plan
         _LAST[name] = plan
 
 
-def keep_started(ctx, comm, name: str, args: tuple, run) -> None:
-    """Keep a plain non-blocking call of ``name`` (started from ``run``) for its repeat."""
+def keep_started(ctx, comm, memo: tuple, run) -> None:
+    """Keep the plain non-blocking call ``memo`` (started from ``run``) for its repeat."""
+    name, args = memo[0], memo[1]
     key = (name, id(comm), id(args[0]), id(args[1]))  # (the plan's weak references prove it)
     old = ctx.kept.pop(key, None)
     if old is not None:
         old.release()
-    ctx.kept[key] = _new(ctx, comm, name, args, run, False)
+    ctx.kept[key] = _new(ctx, comm, memo, run, False)
     while len(ctx.kept) > KEPT:
         ctx.kept.popitem(last=False)[1].release()
 
