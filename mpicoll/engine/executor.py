@@ -575,12 +575,19 @@ def _free_at_exit() -> None:
     # a moment (every rank exiting without waiting completes them together); one still
     # active after that (a peer that never joined) is kept alive for good.
     end = perf_counter() + EXIT_WAIT_S
+    pause = 0.0
     while IN_FLIGHT and perf_counter() < end:
+        left = len(IN_FLIGHT)
         for op in list(IN_FLIGHT):
             try:
                 op.test()
             except BaseException:  # (its error belongs to a caller that is gone)
                 pass
+        if len(IN_FLIGHT) < left:
+            pause = 0.0
+        else:  # nothing ended: leave the core to the peers it waits for (oversubscribed)
+            pause = min(max(2 * pause, _timeout.MIN_SLEEP_S), _timeout.MAX_SLEEP_S)
+            time.sleep(pause)
     if IN_FLIGHT:
         import ctypes  # (only here: a reference the interpreter's teardown never drops)
         for op in list(IN_FLIGHT):
