@@ -5,13 +5,14 @@
     mpirun -n 2 python -m mpicoll.torch.bench --timeout 0      # the group without a timeout
 
 For each size, the same float32 tensor is all-reduced (SUM, in place) three
-ways in one run: ``dist.all_reduce`` on the mpicoll backend, ``dist.all_reduce``
-on a gloo group of the same ranks, and ``mpicoll.allreduce`` on the tensor's
-memory with the group's timeout (the backend's own cost is the first
-against the third; ``--timeout`` sets the group's, torch's 30 minutes by
-default, 0: none).  Each
-iteration starts after an MPI barrier; its time is the slowest rank's, and
-the table shows the median over the iterations.  Then a DDP training step
+ways in one run: ``dist.all_reduce`` on the mpicoll backend,
+``dist.all_reduce`` on a gloo group of the same ranks, and
+``mpicoll.allreduce`` on the tensor's memory with the group's timeout (the
+backend's own cost is the first against the third; ``--timeout`` sets the
+group's, torch's 30 minutes by default, 0: none).  Each iteration runs the
+three in turn (a burst of load falls on all of them), each after an MPI
+barrier; its time is the slowest rank's, and the table shows the median
+over the iterations.  Then a DDP training step
 (forward, backward with the gradient AllReduce, SGD step) of a 10.5 M-parameter
 MLP on each backend, median over ``--ddp-steps`` steps.  Rank 0 prints.
 """
@@ -66,18 +67,23 @@ def build_parser():
     return p
 
 
-def _time(fn, iters, warmup, comm):
-    for _ in range(warmup):
-        fn()
-    times = []
+def _time(fns, iters, warmup, comm):
+    """The median time of each of ``fns``, interleaved: every iteration times each one in
+    turn, each after a barrier, as the slowest rank saw it (so a burst of load on the
+    machine falls on all of them alike)."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
     for _ in range(iters):
-        comm.Barrier()
-        t0 = MPI.Wtime()
-        fn()
-        times.append(MPI.Wtime() - t0)
+        for fn, got in zip(fns, times):
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            fn()
+            got.append(MPI.Wtime() - t0)
     slowest = np.array(times)
     comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
-    return statistics.median(slowest)
+    return [statistics.median(row) for row in slowest]
 
 
 def _fmt(seconds):
@@ -118,17 +124,17 @@ def main(argv=None) -> int:
         iters = args.iters if nbytes <= (1 << 20) else max(8, args.iters // 5)
         t = torch.zeros(nbytes // 4)  # zeros: repeated in-place sums stay finite
         arr = np.from_dlpack(t)
-        g = _time(functools.partial(dist.all_reduce, t, group=gloo), iters, args.warmup, comm)
-        b = _time(functools.partial(dist.all_reduce, t, group=world), iters, args.warmup, comm)
-        m = _time(functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr,
-                                    timeout=timeout), iters, args.warmup, comm)
+        g, b, m = _time([functools.partial(dist.all_reduce, t, group=gloo),
+                         functools.partial(dist.all_reduce, t, group=world),
+                         functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr,
+                                           timeout=timeout)], iters, args.warmup, comm)
         say(f"  {_label(nbytes):>8} {_fmt(g)} {_fmt(b)} {_fmt(m)} {b / g:8.2f} {b / m:10.2f}")
     if args.ddp_steps > 0:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         nparams = sum(p.numel() for p in _ddp_model().parameters())
         x = torch.randn(8, 1024)
-        results = {}
+        steps = {}
         for name, group in (("gloo", gloo), ("mpicoll", world)):
             model = DDP(_ddp_model(), process_group=group)
             opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -138,7 +144,8 @@ def main(argv=None) -> int:
                 model(x).square().mean().backward()
                 opt.step()
 
-            results[name] = _time(step, args.ddp_steps, 2, comm)
+            steps[name] = step
+        results = dict(zip(steps, _time(list(steps.values()), args.ddp_steps, 2, comm)))
         say(f"# DDP step, {nparams / 1e6:.1f} M parameters (float32, 25 MiB buckets), batch 8: "
             f"gloo {_fmt(results['gloo']).strip()}, mpicoll {_fmt(results['mpicoll']).strip()}, "
             f"ratio {results['mpicoll'] / results['gloo']:.2f}")
