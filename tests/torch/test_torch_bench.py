@@ -1,0 +1,25 @@
+"""``python -m mpicoll.torch.bench``: its table, every variant timed (interleaved).  (The DDP
+step's model takes seconds to build: not run here.)"""
+
+from __future__ import annotations
+
+import pytest
+
+dist = pytest.importorskip("torch.distributed")
+
+pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.timeout(120)]
+
+
+def test_bench_prints_a_row_per_size(capsys):
+    from mpi4py import MPI
+
+    from mpicoll.torch import bench
+    assert not dist.is_initialized()  # (main() makes and ends its own default group)
+    assert bench.main(["--sizes", "16,4K", "-n", "2", "-w", "1", "--ddp-steps", "0"]) == 0
+    assert not dist.is_initialized()
+    if MPI.COMM_WORLD.rank == 0:
+        out = capsys.readouterr().out
+        rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+        assert [r[0] + " " + r[1] for r in rows] == ["16 B", "4 KiB"], out
+        # gloo, the backend, mpicoll: three times and two ratios per row, all positive
+        assert all(float(v) > 0 for r in rows for v in (r[2], r[4], r[6], r[8], r[9])), out
