@@ -5,7 +5,10 @@ algorithm, builds the schedule (cached per call shape on the context), binds
 it and runs it.  A *plain* call -- host (NumPy) arrays the algorithm runs on
 directly, nothing observing it (no check, timeout, trace or traffic counter)
 -- leaves a :class:`Plan` on its context: its operation bound once more, for
-repeats, and the *signature* of its arguments.
+repeats, and the *signature* of its arguments.  So does a blocking call
+observed for a timeout alone whose messages are each one piece: its plan's
+waits poll under the same timeout (a *timed plan*, see "Blocking and
+non-blocking repeats").
 
 A hit is valid by construction
     The signature is everything validation read from the arguments: the
@@ -44,6 +47,10 @@ Blocking and non-blocking repeats
     restarts only once the previous request or handle has seen completion.
     Either way the repeat is ``Operation.go``, the same loop as every call,
     so a repeat among operations in flight advances them while it waits.
+    A timed plan's waits are ready calls of ``executor.timed_waitall`` on
+    those requests, with the timeout the call had (the argument, or the
+    option: part of the signature); when one gives up it raises the
+    CollectiveTimeout the observed channel raises (:class:`_Expiry`).
 
 Where plans live
     On the context (``ctx.plans``: one per public function; ``ctx.kept``: up
