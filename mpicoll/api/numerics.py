@@ -44,6 +44,13 @@ from .buffers import msg_of_array
 # float32 AllReduce (its latency-optimal algorithms) is faster.  Measured: docs/numerics.md.
 SPLIT_BYTES = 256 << 10
 
+# A SUM/PROD of 16/8-bit floats on host arrays with algorithm "auto" above this many
+# bytes (the input) takes the direct route (_folds_at_owner): the blocks travel in the
+# input type and each rank folds its own in float32, n-1 messages a rank, the ring's bytes.
+# At or below it, the float32 route above (its latency-optimal algorithms; float32 on the
+# wire).  None: never.  Measured crossovers: docs/numerics.md.
+DIRECT_ABOVE = {"allreduce": None, "reduce_scatter": None}
+
 _ACCUMULATED = ("SUM", "PROD")
 _SPLIT_ALGORITHMS = {  # allreduce algorithm -> (reduce_scatter, allgather) of the split form
     "auto": ("auto", "auto"),
@@ -71,27 +78,38 @@ def is_deterministic(deterministic, comm=None) -> bool:
 class Route:
     """How one routed call runs: engine arguments, then a local step at the end (or None)."""
 
-    __slots__ = ("collective", "args", "finish", "prepare")
+    __slots__ = ("collective", "args", "finish", "prepare", "accumulate")
 
-    def __init__(self, collective, args, finish=None, prepare=None):
+    def __init__(self, collective, args, finish=None, prepare=None, accumulate=None):
         """``prepare``: the local step before the engine's, run again by each restart of a
-        persistent operation (it was run once here, when the route was made)."""
+        persistent operation (it was run once here, when the route was made).
+        ``accumulate``: the dtype the engine's schedule folds in (the direct route)."""
         self.collective, self.args, self.finish, self.prepare = collective, args, finish, prepare
+        self.accumulate = accumulate
 
     def run(self, timeout):
-        _RUN[self.collective](*self.args, timeout=timeout)
+        _RUN[self.collective](*self.args, timeout=timeout, accumulate=self.accumulate)
         if self.finish is not None:
             self.finish()
 
     def start(self, timeout, persistent=False):
-        return _START[self.collective](*self.args, timeout=timeout, persistent=persistent)
+        return _START[self.collective](*self.args, timeout=timeout, persistent=persistent,
+                                       accumulate=self.accumulate)
+
+
+def _allgather(*args, accumulate=None, **kw):  # (nothing to accumulate)
+    return _collectives.run_allgather(*args, **kw)
+
+
+def _start_allgather(*args, accumulate=None, **kw):
+    return _collectives.start_allgather(*args, **kw)
 
 
 _RUN = {"allreduce": _collectives.run_allreduce, "reduce_scatter": _collectives.run_reduce_scatter,
-        "allgather": _collectives.run_allgather}
+        "allgather": _allgather}
 _START = {"allreduce": _collectives.start_allreduce,
           "reduce_scatter": _collectives.start_reduce_scatter,
-          "allgather": _collectives.start_allgather}
+          "allgather": _start_allgather}
 
 
 def _words(arr):
@@ -143,6 +161,10 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     if det:
         algorithm = "direct"
     src = rmsg.array if smsg is None else smsg.array
+    if wide is not None and _folds_at_owner(collective, algorithm, src.nbytes, rmsg):
+        args = (comm, smsg, rmsg, op, "direct") if collective == "allreduce" else \
+            (comm, smsg, rmsg, counts, displs, op, "direct")
+        return Route(collective, args, accumulate=wide)
     if collective == "allreduce":
         return _allreduce(comm, src, rmsg.array, op, algorithm, wide, smsg, rmsg, one_operation)
     mine = counts[comm.Get_rank()]
@@ -158,6 +180,23 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
                 displs, _word_op(name, dtype), algorithm)
         return Route("reduce_scatter", args)
     return Route("reduce_scatter", (comm, smsg, rmsg, counts, displs, op, algorithm))
+
+
+def _folds_at_owner(collective, algorithm, nbytes, rmsg) -> bool:
+    """Whether a 16/8-bit SUM/PROD of ``nbytes`` (the input) takes the direct route: its
+    blocks travel in the input type and their owner folds them in float32.
+
+    ``algorithm="direct"`` (and deterministic mode, which runs it) always does: the
+    float32 fold in rank order is the same either way, the bytes half.  "auto" does above
+    :data:`DIRECT_ABOVE`.  Host arrays only: device arrays keep the float32 route, whose
+    conversions run on the device once for the whole array.
+    """
+    if rmsg.backend.name != "numpy":
+        return False
+    if algorithm == "direct":
+        return True
+    limit = DIRECT_ABOVE[collective]
+    return algorithm == "auto" and limit is not None and nbytes > limit
 
 
 def _widened(be, src, wide):
