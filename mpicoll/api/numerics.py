@@ -9,12 +9,22 @@ does not change (most) goes on to engine.collectives as it is.  What changes:
   tensors of those types): NumPy cannot give MPI their memory, so they move
   as 16/8-bit unsigned words (an AllGather moves only those).
 * **SUM / PROD of float16, bfloat16, float8** accumulate in float32 with one
-  rounding to the input type at the end: the input is widened to float32,
-  reduced by the chosen algorithm in float32, rounded.  An AllReduce of
-  more than :data:`SPLIT_BYTES` instead reduce-scatters in float32, rounds
-  its own block and all-gathers the rounded blocks in the input type (1.5x
-  the bytes of an all-16-bit AllReduce rather than 2x).  ``accumulate=False``
-  keeps wire-type partials (each hop rounds, as MPI and NCCL do).
+  rounding to the input type at the end, by one of two schedules:
+
+  - the direct route (``algorithm="direct"``, deterministic mode, and "auto"
+    above :data:`DIRECT_ABOVE` per peer, host arrays): the blocks travel in
+    the input type, straight to their owner, who folds them in float32 in
+    rank order and rounds once (algorithms.direct with ``Shape.accumulate``);
+    an AllReduce then sends each folded block to every rank.  The ring's
+    bytes, n - 1 messages a rank a phase; one engine operation.
+  - the float32 route (otherwise): the input is widened to float32, reduced
+    by the chosen algorithm in float32 (float32 on the wire), rounded.  An
+    AllReduce of more than :data:`SPLIT_BYTES` instead reduce-scatters in
+    float32, rounds its own block and all-gathers the rounded blocks in the
+    input type (1.5x the bytes of an all-16-bit AllReduce rather than 2x).
+
+  ``accumulate=False`` keeps wire-type partials (each hop rounds, as MPI and
+  NCCL do).
 * **MIN / MAX** are exact in any type: 16/8-bit values are compared in
   their own type (an op on their words for the ml_dtypes types).
 * **deterministic** (``deterministic=True``, ``MPICOLL_DETERMINISTIC=1``):
@@ -24,8 +34,9 @@ does not change (most) goes on to engine.collectives as it is.  What changes:
   algorithm, size, segment, window, blocking or not, in place or not.
   ``algorithm=`` then names nothing that changes the value.
 
-Each routed call is one engine operation (plus local conversions before and
-after), except the split AllReduce above, which blocking calls only use.
+Each routed call is one engine operation (plus, on the float32 route, local
+conversions before and after), except the split AllReduce above, which
+blocking calls only use.
 """
 
 from __future__ import annotations
@@ -45,11 +56,12 @@ from .buffers import msg_of_array
 SPLIT_BYTES = 256 << 10
 
 # A SUM/PROD of 16/8-bit floats on host arrays with algorithm "auto" above this many
-# bytes (the input) takes the direct route (_folds_at_owner): the blocks travel in the
-# input type and each rank folds its own in float32, n-1 messages a rank, the ring's bytes.
-# At or below it, the float32 route above (its latency-optimal algorithms; float32 on the
-# wire).  None: never.  Measured crossovers: docs/numerics.md.
-DIRECT_ABOVE = {"allreduce": None, "reduce_scatter": None}
+# bytes of input per peer (the input's bytes over n - 1) takes the direct route
+# (_folds_at_owner): the blocks travel in the input type and each rank folds its own in
+# float32, n - 1 messages a rank, the ring's bytes.  At or below it, the float32 route
+# above: its latency-optimal algorithms take log2(n) steps where the direct one sends
+# n - 1 messages.  None: never.  Measured crossovers (2-4 ranks): docs/numerics.md.
+DIRECT_ABOVE = {"allreduce": 2 << 10, "reduce_scatter": 256}
 
 _ACCUMULATED = ("SUM", "PROD")
 _SPLIT_ALGORITHMS = {  # allreduce algorithm -> (reduce_scatter, allgather) of the split form
@@ -161,7 +173,8 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     if det:
         algorithm = "direct"
     src = rmsg.array if smsg is None else smsg.array
-    if wide is not None and _folds_at_owner(collective, algorithm, src.nbytes, rmsg):
+    if wide is not None and _folds_at_owner(collective, algorithm, src.nbytes, rmsg,
+                                            comm.Get_size()):
         args = (comm, smsg, rmsg, op, "direct") if collective == "allreduce" else \
             (comm, smsg, rmsg, counts, displs, op, "direct")
         return Route(collective, args, accumulate=wide)
@@ -182,21 +195,21 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     return Route("reduce_scatter", (comm, smsg, rmsg, counts, displs, op, algorithm))
 
 
-def _folds_at_owner(collective, algorithm, nbytes, rmsg) -> bool:
-    """Whether a 16/8-bit SUM/PROD of ``nbytes`` (the input) takes the direct route: its
-    blocks travel in the input type and their owner folds them in float32.
+def _folds_at_owner(collective, algorithm, nbytes, rmsg, size) -> bool:
+    """Whether a 16/8-bit SUM/PROD of ``nbytes`` (the input) on ``size`` ranks takes the
+    direct route: its blocks travel in the input type and their owner folds them in float32.
 
     ``algorithm="direct"`` (and deterministic mode, which runs it) always does: the
     float32 fold in rank order is the same either way, the bytes half.  "auto" does above
-    :data:`DIRECT_ABOVE`.  Host arrays only: device arrays keep the float32 route, whose
-    conversions run on the device once for the whole array.
+    :data:`DIRECT_ABOVE` per peer.  Host arrays only: the device backends' staging was
+    not measured with it, so device arrays keep the float32 route.
     """
     if rmsg.backend.name != "numpy":
         return False
     if algorithm == "direct":
         return True
     limit = DIRECT_ABOVE[collective]
-    return algorithm == "auto" and limit is not None and nbytes > limit
+    return algorithm == "auto" and limit is not None and nbytes > limit * max(size - 1, 1)
 
 
 def _widened(be, src, wide):
