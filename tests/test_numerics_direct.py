@@ -223,8 +223,12 @@ def test_auto_takes_the_direct_route_where_measured_faster(collective):
                 r = _route(collective, nbytes, size, dtype)
                 assert r.accumulate == np.float32 and r.args[-1] == "direct", \
                     (size, nbytes, dtype)
+                # what the bench reports as selected
+                assert _numerics.direct_route(collective, "auto", dtype, MPI.SUM, nbytes, size)
     for size, sizes in AUTO_FLOAT32[collective].items():
         for nbytes in sizes:
             assert _route(collective, nbytes, size).accumulate is None, (size, nbytes)
+            assert not _numerics.direct_route(collective, "auto", np.float16, MPI.SUM, nbytes,
+                                              size)
     assert _route(collective, 1 << 10, 4, algorithm="direct").accumulate == np.float32
     assert _route(collective, 16 << 20, 2, algorithm="ring").accumulate is None

@@ -173,8 +173,8 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     if det:
         algorithm = "direct"
     src = rmsg.array if smsg is None else smsg.array
-    if wide is not None and _folds_at_owner(collective, algorithm, src.nbytes, rmsg,
-                                            comm.Get_size()):
+    if wide is not None and _folds_at_owner(collective, algorithm, src.nbytes,
+                                            rmsg.backend.name, comm.Get_size()):
         args = (comm, smsg, rmsg, op, "direct") if collective == "allreduce" else \
             (comm, smsg, rmsg, counts, displs, op, "direct")
         return Route(collective, args, accumulate=wide)
@@ -195,16 +195,25 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     return Route("reduce_scatter", (comm, smsg, rmsg, counts, displs, op, algorithm))
 
 
-def _folds_at_owner(collective, algorithm, nbytes, rmsg, size) -> bool:
-    """Whether a 16/8-bit SUM/PROD of ``nbytes`` (the input) on ``size`` ranks takes the
-    direct route: its blocks travel in the input type and their owner folds them in float32.
+def direct_route(collective, algorithm, dtype, op, nbytes, size, backend="numpy") -> bool:
+    """Whether a call of these (not deterministic, ``accumulate`` not False) takes the direct
+    route: what the bench reports as the algorithm "auto" selected."""
+    return collective != "allgather" and _types.op_name(op) in _ACCUMULATED and \
+        _types.accumulation_dtype(np.dtype(dtype)) is not None and \
+        _folds_at_owner(collective, algorithm, nbytes, backend, size)
+
+
+def _folds_at_owner(collective, algorithm, nbytes, backend, size) -> bool:
+    """Whether a 16/8-bit SUM/PROD of ``nbytes`` (the input) on ``size`` ranks, arrays of
+    ``backend`` (its name), takes the direct route: its blocks travel in the input type
+    and their owner folds them in float32.
 
     ``algorithm="direct"`` (and deterministic mode, which runs it) always does: the
     float32 fold in rank order is the same either way, the bytes half.  "auto" does above
     :data:`DIRECT_ABOVE` per peer.  Host arrays only: the device backends' staging was
     not measured with it, so device arrays keep the float32 route.
     """
-    if rmsg.backend.name != "numpy":
+    if backend != "numpy":
         return False
     if algorithm == "direct":
         return True

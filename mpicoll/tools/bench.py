@@ -52,6 +52,7 @@ from mpi4py import MPI
 
 import mpicoll
 
+from ..api import numerics as _numerics
 from ..core import config as _config
 from ..core import types as _types
 from ..core.config import parse_bytes
@@ -482,6 +483,10 @@ class Case:
                                        forced=_config.get("algorithm"),
                                        selection=getattr(args, "selection", None) or ctx.selection,
                                        nodes=ctx.nodes)
+        # a 16/8-bit SUM/PROD may take api.numerics's direct route instead (by its size rule)
+        if _numerics.direct_route(collective, algorithm, dtype, op, self.nbytes, n,
+                                  "numpy" if device.name == "cpu" else device.name):
+            self.selected = "direct"
 
         def call_on(c):
             """One mpicoll call of this case on communicator ``c`` (array API)."""
