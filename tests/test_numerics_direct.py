@@ -155,6 +155,33 @@ def test_prod_and_nonblocking(dtype):
     assert np.array_equal(bits(blk), bits(fold(every_row(w))[lo:lo + len(blk)]))
 
 
+@pytest.mark.parametrize("dtype", HALF[:2], ids=IDS[:2])
+def test_persistent_starts_read_the_input_anew(dtype):
+    """A persistent operation on the route is one engine operation: each Start folds the
+    buffer's current contents, and the result is in the receive buffer once it completes."""
+    size, rank = WORLD.size, WORLD.rank
+    comm = mpicoll.Comm(WORLD, algorithm="direct")
+    x = values(2001, rank, dtype, seed=4)
+    y = np.empty_like(x)
+    blk = np.empty(2001 // size, dtype)
+    req = comm.Allreduce_init(x, y)
+    rs = comm.Reduce_scatter_block_init(x[:len(blk) * size], blk)
+    try:
+        for k in range(2):
+            x[:] = values(2001, rank, dtype, seed=5 + k)
+            req.Start()
+            req.Wait()
+            assert np.array_equal(bits(y), bits(fold(every_row(x))))
+            rs.Start()
+            rs.Wait()
+            w = x[:len(blk) * size]
+            lo = rank * len(blk)
+            assert np.array_equal(bits(blk), bits(fold(every_row(w))[lo:lo + len(blk)]))
+    finally:
+        req.Free()
+        rs.Free()
+
+
 def test_moves_the_input_type():
     """The ring's bytes in the input type: every block but this rank's own once, then this
     rank's folded block to every other rank (float32 on the wire would be twice that)."""
