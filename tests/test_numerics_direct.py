@@ -197,6 +197,32 @@ def test_moves_the_input_type():
     assert t.bytes_sent == dtype.itemsize * (len(x) - mine)
 
 
+@pytest.mark.parametrize("forced", ["ring", "direct"])
+def test_a_forced_algorithm_names_the_route(forced, monkeypatch):
+    """The ``algorithm`` option (MPICOLL_ALGORITHM) replaces "auto" as in the engine: "ring"
+    keeps float32 on the wire at any size, "direct" takes the direct route at any size."""
+    monkeypatch.setenv("MPICOLL_ALGORITHM", forced)
+    comm = WORLD.Dup()  # a new context: it reads the option
+    try:
+        size, rank = comm.size, comm.rank
+        for count in (3, 20011):
+            x = values(count, rank, np.dtype(ml_dtypes.bfloat16), seed=6)
+            mine = split(count, size)[0][rank]
+            direct_bytes = 2 * ((count - mine) + (size - 1) * mine)
+            with mpicoll.traffic() as t:
+                y = mpicoll.allreduce(x, comm=comm)
+            if forced == "direct":
+                assert t.bytes_sent == direct_bytes and t.calls[0].algorithm == "direct"
+                assert np.array_equal(bits(y), bits(fold(every_row(x))))
+            elif count > 3 and size > 1:
+                # float32 partials: twice the bytes (the ring's steps send other blocks)
+                assert t.bytes_sent > 1.9 * direct_bytes
+                assert t.calls[0].algorithm == "ring" or size == 1
+            same_on_every_rank(y)
+    finally:
+        comm.Free()
+
+
 def test_deterministic_mode_takes_it():
     """Deterministic mode runs the direct schedule: for 16/8-bit types, this route (the
     same float32 fold in rank order, with the input type's bytes)."""
@@ -221,7 +247,7 @@ AUTO_FLOAT32 = {"allreduce": {2: (64, 256, 1 << 10), 3: (1 << 10, 4 << 10),
                 "reduce_scatter": {}}
 
 
-class _Comm:  # the rank count is all the route reads of a communicator
+class _Comm:  # a communicator of ``size`` ranks with no context yet (options: the environment)
     def __init__(self, size):
         self.size = size
 
@@ -230,6 +256,9 @@ class _Comm:  # the rank count is all the route reads of a communicator
 
     def Get_rank(self):
         return 0
+
+    def Get_attr(self, keyval):
+        return None
 
 
 def _route(collective, nbytes, size, dtype=np.float16, algorithm="auto"):
@@ -243,7 +272,8 @@ def _route(collective, nbytes, size, dtype=np.float16, algorithm="auto"):
 
 @pytest.mark.local
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
-def test_auto_takes_the_direct_route_where_measured_faster(collective):
+def test_auto_takes_the_direct_route_where_measured_faster(collective, monkeypatch):
+    monkeypatch.delenv("MPICOLL_ALGORITHM", raising=False)  # "auto" as it is
     for size, sizes in AUTO_DIRECT[collective].items():
         for nbytes in sizes:
             for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):

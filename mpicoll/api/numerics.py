@@ -48,6 +48,7 @@ from ..backends.host import NUMPY
 from ..core import config as _config
 from ..core import types as _types
 from ..engine import collectives as _collectives
+from ..engine import select as _select
 from .buffers import msg_of_array
 
 # A blocking SUM/PROD AllReduce of 16/8-bit floats above this many bytes (the input)
@@ -78,13 +79,18 @@ def is_deterministic(deterministic, comm=None) -> bool:
     engine's, under the call's timeout; None: the latest read)."""
     if deterministic is not None:
         return bool(deterministic)
+    return bool(_option("deterministic", comm))
+
+
+def _option(name, comm=None):
+    """The option ``name`` in force for ``comm`` (see :func:`is_deterministic`)."""
     if comm is None:
-        return bool(_config.get("deterministic"))
+        return _config.get(name)
     from ..engine import context as _context
 
     ctx = _context.existing(comm)
     env = _config.read_environment() if ctx is None else ctx.env
-    return bool(_config.resolve(env)["deterministic"])
+    return _config.resolve(env)[name]
 
 
 class Route:
@@ -173,6 +179,12 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     if det:
         algorithm = "direct"
     src = rmsg.array if smsg is None else smsg.array
+    if wide is not None and algorithm == "auto":
+        # MPICOLL_ALGORITHM replaces "auto" here as in the engine: a forced algorithm that
+        # exists for the collective takes the route it names
+        forced = _option("algorithm", comm)
+        if forced and forced != "auto" and forced in _select.ALGORITHMS[collective]:
+            algorithm = forced
     if wide is not None and _folds_at_owner(collective, algorithm, src.nbytes,
                                             rmsg.backend.name, comm.Get_size()):
         args = (comm, smsg, rmsg, op, "direct") if collective == "allreduce" else \
