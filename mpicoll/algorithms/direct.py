@@ -19,6 +19,10 @@ AllReduce ("direct"): the same ReduceScatter of the array's blocks (the
 ``numpy.array_split`` rule), then each rank sends its folded block straight
 to every other rank; one schedule, so a non-blocking call is one operation.
 
+Accumulating in a wider type (``shape.accumulate``: float32 for a 16/8-bit SUM/PROD,
+api.numerics): the blocks travel in the call's type and the owner folds them in that
+type, rounding once, so the ring's bytes move rather than float32's twice as many.
+
 Cost: each rank sends and receives (n-1)/n of the array, as the ring does,
 to n-1 peers at once (one step) rather than in n-1 steps to one neighbour.
 Every block is cut into the same number of pieces (of at most the context's
@@ -118,6 +122,11 @@ def _fold(b, shape, counts, displs, target, folded=None):
     none at all, as the ring's).  Otherwise the accumulator is the target itself when this
     rank is 0, else the slot x0 arrived in, the last step writing the target: in place the
     input is read before it is written.
+
+    ``shape.accumulate`` (a wider type): messages still carry the call's type (so the bytes
+    are the call's), and piece j is folded as ``acc = widen(x0); acc = acc op x1; ...`` in
+    an accumulator of that type, then rounded once into the target: the same rank-order
+    fold, in the wider type.
     """
     n, p = shape.size, shape.rank
     mine, own = counts[p], displs[p]
@@ -132,6 +141,11 @@ def _fold(b, shape, counts, displs, target, folded=None):
     slotted = [q for q in peers if not (into_target and q == first)]
     index = {q: i for i, q in enumerate(slotted)}
     inbox = b.buffer("received pieces", window * len(slotted) * width) if mine and slotted else None
+    # folding in a wider type: the pieces travel and arrive in the call's type, and each is
+    # folded in one accumulator piece of the wider type (the fold of a piece ends before the
+    # next one's begins)
+    wide = shape.accumulate if n > 1 and mine else None
+    accbuf = b.buffer("accumulator", width, wide) if wide is not None else None
 
     def where(j, q, a, c):  # piece j from q: the target, or window rounds of slots, reused
         if into_target and q == first:
@@ -162,12 +176,19 @@ def _fold(b, shape, counts, displs, target, folded=None):
             xs = [Region(SRC, own + a, own + c) if r == p else where(j, r, a, c) for r in range(n)]
             if n == 1:
                 b.copy(out, xs[0])
-            acc = xs[0]
-            mid = out if p == 0 or into_target else xs[0]
-            for r in range(1, n):
-                to = out if r == n - 1 else mid
-                b.reduce(acc, xs[r], to)  # the lower ranks on the left
-                acc = to
+            elif wide is not None:  # widen x0, fold the others into it, round once
+                acc = Region(accbuf, 0, c - a)
+                b.copy(acc, xs[0])
+                for r in range(1, n):
+                    b.reduce(acc, xs[r], acc)  # the lower ranks on the left
+                b.copy(out, acc)
+            else:
+                acc = xs[0]
+                mid = out if p == 0 or into_target else xs[0]
+                for r in range(1, n):
+                    to = out if r == n - 1 else mid
+                    b.reduce(acc, xs[r], to)  # the lower ranks on the left
+                    acc = to
         if j + window < nseg:
             post(j + window)
         if c > a and folded is not None:

@@ -90,7 +90,7 @@ def _embed(b: Builder, sub: Schedule, peers, bufs: dict, prefix: str, step0: int
     """
     names = dict(bufs)
     for purpose, n in sub.work.items():
-        names[purpose] = (b.buffer(f"{prefix}: {purpose}", n), 0)
+        names[purpose] = (b.buffer(f"{prefix}: {purpose}", n, sub.types.get(purpose)), 0)
 
     def reg(r: Region) -> Region:
         buf, off = names[r.buf]

@@ -20,7 +20,9 @@ Buffers are named, never numbered:
 work buffers
     declared with :meth:`Builder.buffer` by *purpose*; each gets its own
     region of the context's work arena (see mpicoll/engine/workmem.py), so two
-    buffers of a schedule never alias.
+    buffers of a schedule never alias.  A buffer holds elements of the call's
+    type unless declared of another (``Schedule.types``): a schedule that
+    folds in a wider type (``shape.accumulate``) keeps its accumulator so.
 
 Operations, in issue order (``Schedule.ops``):
 
@@ -35,9 +37,12 @@ Operations, in issue order (``Schedule.ops``):
     ``Send`` reads must not be touched before a ``Wait`` covering it.
 ``Reduce(a, b, out)``
     ``out = a op b`` elementwise (``a`` is the left operand: the order
-    matters for non-commutative ops); ``out`` may be ``a`` or ``b``.
+    matters for non-commutative ops); ``out`` may be ``a`` or ``b``.  The
+    operands may be of two types (an accumulator and what arrived): the
+    op is computed in the type of ``out``.
 ``Copy(dst, src)``
-    ``dst = src``.
+    ``dst = src``, converted to the type of ``dst`` (widening to an
+    accumulator, or the one rounding back to the call's type).
 
 Every op a schedule issues has completed or been waited for when it ends:
 the builder adds a final ``Wait`` for anything left outstanding.
@@ -111,7 +116,9 @@ class Shape(NamedTuple):
     AllReduce: ``(total,)`` and ``(0,)``).  ``ring`` lists ranks in ring
     order and ``ring_pos`` is this rank's position in it.  ``nodes`` is the
     node label of every rank (transport.topology; ``()``: not known, taken as
-    one node): only the hierarchical algorithms read it.
+    one node): only the hierarchical algorithms read it.  ``accumulate``: see
+    :data:`Schedule.types`; only a schedule whose messages carry the call's
+    type and whose reductions happen at one place can honour it (direct).
     """
 
     size: int
@@ -126,12 +133,16 @@ class Shape(NamedTuple):
     in_place: bool
     commutative: bool = True
     nodes: tuple = ()
+    # the type partial results are folded in where it is wider than the call's (a NumPy
+    # dtype; None: the call's own), for the schedules that fold at the owner (direct)
+    accumulate: object = None
 
 
 class Schedule(NamedTuple):
     ops: tuple
-    work: dict       # purpose -> elements (of the call's dtype)
+    work: dict       # purpose -> elements (of the call's dtype unless in ``types``)
     nsteps: int
+    types: dict = {}  # purpose -> dtype of the work buffers not of the call's dtype
 
     def sends(self) -> list:
         return [op for op in self.ops if type(op) is Send]
@@ -143,18 +154,24 @@ class Schedule(NamedTuple):
 class Builder:
     """Collects a schedule's operations in issue order."""
 
-    __slots__ = ("ops", "work", "_open")
+    __slots__ = ("ops", "work", "types", "_open")
 
     def __init__(self):
         self.ops: list = []
         self.work: dict = {}
+        self.types: dict = {}
         self._open: set = set()  # Send/Recv handles not waited for yet
 
-    def buffer(self, purpose: str, n: int) -> str:
-        """A work buffer of ``n`` elements for ``purpose`` (unique per schedule); its name."""
+    def buffer(self, purpose: str, n: int, dtype=None) -> str:
+        """A work buffer of ``n`` elements for ``purpose`` (unique per schedule); its name.
+
+        ``dtype``: the buffer's element type where it is not the call's (None).
+        """
         if purpose in self.work or purpose in (SRC, DST):
             raise ValueError(f"work buffer {purpose!r} declared twice")
         self.work[purpose] = n
+        if dtype is not None:
+            self.types[purpose] = dtype
         return purpose
 
     def send(self, peer: int, region: Region, label: Label | None = None) -> int:
@@ -184,7 +201,7 @@ class Builder:
         if self._open:
             self.ops.append(Wait(tuple(sorted(self._open))))
             self._open.clear()
-        return Schedule(tuple(self.ops), dict(self.work), nsteps)
+        return Schedule(tuple(self.ops), dict(self.work), nsteps, dict(self.types))
 
 
 EMPTY = Schedule((), {}, 0)

@@ -9,12 +9,22 @@ does not change (most) goes on to engine.collectives as it is.  What changes:
   tensors of those types): NumPy cannot give MPI their memory, so they move
   as 16/8-bit unsigned words (an AllGather moves only those).
 * **SUM / PROD of float16, bfloat16, float8** accumulate in float32 with one
-  rounding to the input type at the end: the input is widened to float32,
-  reduced by the chosen algorithm in float32, rounded.  An AllReduce of
-  more than :data:`SPLIT_BYTES` instead reduce-scatters in float32, rounds
-  its own block and all-gathers the rounded blocks in the input type (1.5x
-  the bytes of an all-16-bit AllReduce rather than 2x).  ``accumulate=False``
-  keeps wire-type partials (each hop rounds, as MPI and NCCL do).
+  rounding to the input type at the end, by one of two schedules:
+
+  - the direct route (``algorithm="direct"``, deterministic mode, and "auto"
+    above :data:`DIRECT_ABOVE` per peer, host arrays): the blocks travel in
+    the input type, straight to their owner, who folds them in float32 in
+    rank order and rounds once (algorithms.direct with ``Shape.accumulate``);
+    an AllReduce then sends each folded block to every rank.  The ring's
+    bytes, n - 1 messages a rank a phase; one engine operation.
+  - the float32 route (otherwise): the input is widened to float32, reduced
+    by the chosen algorithm in float32 (float32 on the wire), rounded.  An
+    AllReduce of more than :data:`SPLIT_BYTES` instead reduce-scatters in
+    float32, rounds its own block and all-gathers the rounded blocks in the
+    input type (1.5x the bytes of an all-16-bit AllReduce rather than 2x).
+
+  ``accumulate=False`` keeps wire-type partials (each hop rounds, as MPI and
+  NCCL do).
 * **MIN / MAX** are exact in any type: 16/8-bit values are compared in
   their own type (an op on their words for the ml_dtypes types).
 * **deterministic** (``deterministic=True``, ``MPICOLL_DETERMINISTIC=1``):
@@ -24,8 +34,9 @@ does not change (most) goes on to engine.collectives as it is.  What changes:
   algorithm, size, segment, window, blocking or not, in place or not.
   ``algorithm=`` then names nothing that changes the value.
 
-Each routed call is one engine operation (plus local conversions before and
-after), except the split AllReduce above, which blocking calls only use.
+Each routed call is one engine operation (plus, on the float32 route, local
+conversions before and after), except the split AllReduce above, which
+blocking calls only use.
 """
 
 from __future__ import annotations
@@ -37,12 +48,21 @@ from ..backends.host import NUMPY
 from ..core import config as _config
 from ..core import types as _types
 from ..engine import collectives as _collectives
+from ..engine import select as _select
 from .buffers import msg_of_array
 
 # A blocking SUM/PROD AllReduce of 16/8-bit floats above this many bytes (the input)
 # reduce-scatters in float32 and all-gathers in the input type; at or below it, one
 # float32 AllReduce (its latency-optimal algorithms) is faster.  Measured: docs/numerics.md.
 SPLIT_BYTES = 256 << 10
+
+# A SUM/PROD of 16/8-bit floats on host arrays with algorithm "auto" above this many
+# bytes of input per peer (the input's bytes over n - 1) takes the direct route
+# (_folds_at_owner): the blocks travel in the input type and each rank folds its own in
+# float32, n - 1 messages a rank, the ring's bytes.  At or below it, the float32 route
+# above: its latency-optimal algorithms take log2(n) steps where the direct one sends
+# n - 1 messages.  None: never.  Measured crossovers (2-4 ranks): docs/numerics.md.
+DIRECT_ABOVE = {"allreduce": 2 << 10, "reduce_scatter": 256}
 
 _ACCUMULATED = ("SUM", "PROD")
 _SPLIT_ALGORITHMS = {  # allreduce algorithm -> (reduce_scatter, allgather) of the split form
@@ -59,39 +79,55 @@ def is_deterministic(deterministic, comm=None) -> bool:
     engine's, under the call's timeout; None: the latest read)."""
     if deterministic is not None:
         return bool(deterministic)
+    return bool(_option("deterministic", comm))
+
+
+def _option(name, comm=None):
+    """The option ``name`` in force for ``comm`` (see :func:`is_deterministic`)."""
     if comm is None:
-        return bool(_config.get("deterministic"))
+        return _config.get(name)
     from ..engine import context as _context
 
     ctx = _context.existing(comm)
     env = _config.read_environment() if ctx is None else ctx.env
-    return bool(_config.resolve(env)["deterministic"])
+    return _config.resolve(env)[name]
 
 
 class Route:
     """How one routed call runs: engine arguments, then a local step at the end (or None)."""
 
-    __slots__ = ("collective", "args", "finish", "prepare")
+    __slots__ = ("collective", "args", "finish", "prepare", "accumulate")
 
-    def __init__(self, collective, args, finish=None, prepare=None):
+    def __init__(self, collective, args, finish=None, prepare=None, accumulate=None):
         """``prepare``: the local step before the engine's, run again by each restart of a
-        persistent operation (it was run once here, when the route was made)."""
+        persistent operation (it was run once here, when the route was made).
+        ``accumulate``: the dtype the engine's schedule folds in (the direct route)."""
         self.collective, self.args, self.finish, self.prepare = collective, args, finish, prepare
+        self.accumulate = accumulate
 
     def run(self, timeout):
-        _RUN[self.collective](*self.args, timeout=timeout)
+        _RUN[self.collective](*self.args, timeout=timeout, accumulate=self.accumulate)
         if self.finish is not None:
             self.finish()
 
     def start(self, timeout, persistent=False):
-        return _START[self.collective](*self.args, timeout=timeout, persistent=persistent)
+        return _START[self.collective](*self.args, timeout=timeout, persistent=persistent,
+                                       accumulate=self.accumulate)
+
+
+def _allgather(*args, accumulate=None, **kw):  # (nothing to accumulate)
+    return _collectives.run_allgather(*args, **kw)
+
+
+def _start_allgather(*args, accumulate=None, **kw):
+    return _collectives.start_allgather(*args, **kw)
 
 
 _RUN = {"allreduce": _collectives.run_allreduce, "reduce_scatter": _collectives.run_reduce_scatter,
-        "allgather": _collectives.run_allgather}
+        "allgather": _allgather}
 _START = {"allreduce": _collectives.start_allreduce,
           "reduce_scatter": _collectives.start_reduce_scatter,
-          "allgather": _collectives.start_allgather}
+          "allgather": _start_allgather}
 
 
 def _words(arr):
@@ -143,6 +179,17 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
     if det:
         algorithm = "direct"
     src = rmsg.array if smsg is None else smsg.array
+    if wide is not None and algorithm == "auto":
+        # MPICOLL_ALGORITHM replaces "auto" here as in the engine: a forced algorithm that
+        # exists for the collective takes the route it names
+        forced = _option("algorithm", comm)
+        if forced and forced != "auto" and forced in _select.ALGORITHMS[collective]:
+            algorithm = forced
+    if wide is not None and _folds_at_owner(collective, algorithm, src.nbytes,
+                                            rmsg.backend.name, comm.Get_size()):
+        args = (comm, smsg, rmsg, op, "direct") if collective == "allreduce" else \
+            (comm, smsg, rmsg, counts, displs, op, "direct")
+        return Route(collective, args, accumulate=wide)
     if collective == "allreduce":
         return _allreduce(comm, src, rmsg.array, op, algorithm, wide, smsg, rmsg, one_operation)
     mine = counts[comm.Get_rank()]
@@ -158,6 +205,32 @@ def route(collective, comm, smsg, rmsg, op=None, algorithm="auto", counts=None, 
                 displs, _word_op(name, dtype), algorithm)
         return Route("reduce_scatter", args)
     return Route("reduce_scatter", (comm, smsg, rmsg, counts, displs, op, algorithm))
+
+
+def direct_route(collective, algorithm, dtype, op, nbytes, size, backend="numpy") -> bool:
+    """Whether a call of these (not deterministic, ``accumulate`` not False) takes the direct
+    route: what the bench reports as the algorithm "auto" selected."""
+    return collective != "allgather" and _types.op_name(op) in _ACCUMULATED and \
+        _types.accumulation_dtype(np.dtype(dtype)) is not None and \
+        _folds_at_owner(collective, algorithm, nbytes, backend, size)
+
+
+def _folds_at_owner(collective, algorithm, nbytes, backend, size) -> bool:
+    """Whether a 16/8-bit SUM/PROD of ``nbytes`` (the input) on ``size`` ranks, arrays of
+    ``backend`` (its name), takes the direct route: its blocks travel in the input type
+    and their owner folds them in float32.
+
+    ``algorithm="direct"`` (and deterministic mode, which runs it) always does: the
+    float32 fold in rank order is the same either way, the bytes half.  "auto" does above
+    :data:`DIRECT_ABOVE` per peer.  Host arrays only: the device backends' staging was
+    not measured with it, so device arrays keep the float32 route.
+    """
+    if backend != "numpy":
+        return False
+    if algorithm == "direct":
+        return True
+    limit = DIRECT_ABOVE[collective]
+    return algorithm == "auto" and limit is not None and nbytes > limit * max(size - 1, 1)
 
 
 def _widened(be, src, wide):

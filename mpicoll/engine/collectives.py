@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..algorithms.schedule import DST, SRC
 from ..core import config as _config
+from ..core import types as _types
 from ..observe import calls as _observe
 from ..observe import check as _check
 from . import context as _context
@@ -32,7 +33,8 @@ class _Run:
     __slots__ = ("name", "build", "ctx", "comm", "collective", "label", "msg", "total",
                  "counts", "displs", "op", "red0", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "steps", "ch", "be", "red",
-                 "stage", "program", "observed", "timed", "operation", "__weakref__")
+                 "stage", "program", "observed", "timed", "operation", "accumulate",
+                 "__weakref__")
 
     def begin(self, operation) -> None:
         """Set ``operation`` up for one start (it has not sent anything yet)."""
@@ -133,14 +135,16 @@ def _set_tag(ch, tag):
 
 def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=None, op=None,
            counts=None, displs=None, timeout=None, label=None, persistent=False,
-           blocking=False, memo=None) -> Operation:
+           blocking=False, memo=None, accumulate=None) -> Operation:
     """Choose the algorithm, set up the context; start the operation unless persistent.
 
     ``total`` is the element count selection and the fingerprint use: the
     array reduced (AllReduce), the whole input (ReduceScatter) or the whole
     output (AllGather).  ``label`` names the call where it is not ``collective``.
     ``memo``: (function name, its arguments, flat) of a public call that may be
-    kept as a plan (engine.plan) if it turns out plain.
+    kept as a plan (engine.plan) if it turns out plain.  ``accumulate``: the
+    wider dtype an algorithm of :data:`ACCUMULATING` folds in (``red`` is its
+    reducer; messages carry ``msg``'s type), or None.
     """
     label = label or collective
     ctx = _context.existing(comm)
@@ -156,6 +160,9 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     # (chosen before the set-up, so a bad explicit algorithm raises before any message)
     name = _select.choose(collective, algorithm, nbytes, size, commutative, staged=staged,
                           forced=opts["algorithm"])
+    if accumulate is not None and name not in ACCUMULATING:
+        raise ValueError(f"algorithm: {name!r} cannot fold in {accumulate}; "
+                         f"use one of {', '.join(sorted(ACCUMULATING))}")
     if ctx is None:
         # the first call on comm sets it up, under the call's timeout
         ctx = _context.context(comm, timeout, lambda: (
@@ -167,7 +174,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
     run.build = _select.builder(collective, name)
     run.msg, run.total, run.counts, run.displs, run.op = msg, total, counts, displs, op
-    run.red0 = red
+    run.red0, run.accumulate = red, accumulate
     # Device arrays: every operation runs to the end when it starts.  Their
     # transport (staging pool, pinned whole-call copy, the compute stream's
     # ordering of one call after the other; backends.devices) serves one call
@@ -266,38 +273,55 @@ def _schedule(run, ctx, msg):
     displs = (0,) if run.collective == "allreduce" else run.displs
     commutative = True if run.red0 is None else run.red0.commutative
     shape = _executor.shape_of(ctx, run.total, counts, displs, msg.dtype.itemsize, run.in_place,
-                               commutative)
+                               commutative, run.accumulate)
     return ctx.schedule(run.collective, run.name, run.build, shape)
 
 
-def reducer(msg, op):
+# Algorithms whose reductions all happen where the result is kept, so they can fold in a
+# wider type than the one their messages carry (algorithms.schedule.Shape.accumulate).
+ACCUMULATING = frozenset({"direct"})
+
+
+def reducer(msg, op, accumulate=None):
+    """The reducer of ``op`` on ``msg``'s elements, or (``accumulate``: a dtype) of a
+    predefined op folding into that type (its operands: an accumulator and ``msg``'s type)."""
+    if accumulate is not None:
+        return msg.backend.reducer(op, _types.natural_type(accumulate), "floating")
     # msg.optype: user-defined ops see the datatype mpi4py would pass, not the wire type
     return msg.backend.reducer(op, msg.optype, msg.category)
 
 
 def start_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None, persistent=False,
-                    memo=None, _blocking=False) -> Operation:
-    """``rmsg`` <- reduction of every rank's ``smsg`` (None: in place in ``rmsg``)."""
-    return _start(comm, "allreduce", algorithm, rmsg, rmsg.count, red=reducer(rmsg, op), op=op,
+                    memo=None, _blocking=False, accumulate=None) -> Operation:
+    """``rmsg`` <- reduction of every rank's ``smsg`` (None: in place in ``rmsg``).
+
+    ``accumulate``: a wider floating dtype that the result is folded in and rounded from
+    once, with messages in ``rmsg``'s type (an algorithm of :data:`ACCUMULATING`).
+    """
+    return _start(comm, "allreduce", algorithm, rmsg, rmsg.count,
+                  red=reducer(rmsg, op, accumulate), op=op,
                   src=rmsg.array if smsg is None else smsg.array, dst=rmsg.array,
                   in_place=smsg is None, timeout=timeout, persistent=persistent,
-                  blocking=_blocking, memo=memo)
+                  blocking=_blocking, memo=memo, accumulate=accumulate)
 
 
 def start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None,
-                         persistent=False, memo=None, _blocking=False) -> Operation:
+                         persistent=False, memo=None, _blocking=False,
+                         accumulate=None) -> Operation:
     """``rmsg`` <- this rank's block of the reduction; ``smsg`` None: input in ``rmsg``'s buffer.
 
     In place, ``rmsg.array`` is the whole input and the result goes to its start.
+    ``accumulate``: as for :func:`start_allreduce`.
     """
     counts, displs = tuple(counts), tuple(displs)
     if smsg is None:
         src, dst = rmsg.array, rmsg.array[: counts[comm.Get_rank()]]
     else:
         src, dst = smsg.array, rmsg.array
-    return _start(comm, "reduce_scatter", algorithm, rmsg, sum(counts), red=reducer(rmsg, op),
-                  op=op, counts=counts, displs=displs, src=src, dst=dst, in_place=smsg is None,
-                  timeout=timeout, persistent=persistent, blocking=_blocking, memo=memo)
+    return _start(comm, "reduce_scatter", algorithm, rmsg, sum(counts),
+                  red=reducer(rmsg, op, accumulate), op=op, counts=counts, displs=displs,
+                  src=src, dst=dst, in_place=smsg is None, timeout=timeout,
+                  persistent=persistent, blocking=_blocking, memo=memo, accumulate=accumulate)
 
 
 def start_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeout=None,
@@ -310,21 +334,22 @@ def start_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeo
                   blocking=_blocking, memo=memo)
 
 
-def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None, memo=None):
+def run_allreduce(comm, smsg, rmsg, op, algorithm="auto", *, timeout=None, memo=None,
+                  accumulate=None):
     """Blocking :func:`start_allreduce`; returns the algorithm's name.
 
     ``memo``: (name, argument objects) of a public function whose arrays are
     ``smsg``/``rmsg`` themselves: the call is kept as that function's plan.
     """
     return start_allreduce(comm, smsg, rmsg, op, algorithm, timeout=timeout, memo=memo,
-                           _blocking=True).algorithm
+                           _blocking=True, accumulate=accumulate).algorithm
 
 
 def run_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto", *, timeout=None,
-                       memo=None):
+                       memo=None, accumulate=None):
     """Blocking :func:`start_reduce_scatter`; returns the algorithm's name."""
     return start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm, timeout=timeout,
-                                memo=memo, _blocking=True).algorithm
+                                memo=memo, _blocking=True, accumulate=accumulate).algorithm
 
 
 def run_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", *, timeout=None,

@@ -67,6 +67,7 @@ from mpi4py import MPI
 
 from ..algorithms.schedule import DST, SRC, Copy, Recv, Reduce, Send, Shape, Wait
 from ..backends.host import NUMPY
+from ..core import types as _types
 from ..transport import timeout as _timeout
 from ..transport.channel import TAG, Channel, mpi_requests
 
@@ -99,11 +100,13 @@ def tag_of(seq: int, tag_ub: int, persistent: bool = False) -> int:
     return FIRST_TAG + (half if persistent else 0) + seq % half
 
 
-def shape_of(ctx, total, counts, displs, itemsize, in_place, commutative=True) -> Shape:
+def shape_of(ctx, total, counts, displs, itemsize, in_place, commutative=True,
+             accumulate=None) -> Shape:
     """The :class:`Shape` of a call on ``ctx`` (segment and window from its options)."""
     seg = max(1, ctx.segment_bytes // max(itemsize, 1))
     return Shape(ctx.size, ctx.rank, tuple(ctx.ring), ctx.ring_pos, total, tuple(counts),
-                 tuple(displs), seg, ctx.window, bool(in_place), commutative, ctx.nodes)
+                 tuple(displs), seg, ctx.window, bool(in_place), commutative, ctx.nodes,
+                 accumulate)
 
 
 # --- progress ----------------------------------------------------------------------------
@@ -163,17 +166,25 @@ def wait_for(test, me=None, timeout=None) -> bool:
 
 # --- binding -----------------------------------------------------------------------------
 
+def _wire(arr):
+    """What messages of ``arr`` move: the array, or the unsigned words of an ml_dtypes
+    array (those have no buffer protocol for MPI to read; reductions and copies read the
+    array itself)."""
+    return arr.view(_types.view_dtype(arr.dtype)) if _types.is_ml_type(arr.dtype) else arr
+
+
 def bind(schedule, views: dict) -> tuple:
     """The schedule's ops as steps, every region an array view of ``views`` (name -> 1-D)."""
     out = []
+    wire = {name: _wire(arr) for name, arr in views.items()}
     for i, op in enumerate(schedule.ops):
         t = type(op)
         if t is Send:
             r = op.region
-            out.append((SEND, views[r.buf][r.start:r.stop], op.peer, i))
+            out.append((SEND, wire[r.buf][r.start:r.stop], op.peer, i))
         elif t is Recv:
             r = op.region
-            out.append((RECV, views[r.buf][r.start:r.stop], op.peer, i))
+            out.append((RECV, wire[r.buf][r.start:r.stop], op.peer, i))
         elif t is Wait:
             out.append((WAIT, op.handles, None))
         elif t is Reduce:
@@ -189,8 +200,11 @@ def bind(schedule, views: dict) -> tuple:
 
 
 def work_views(schedule, lease, dtype) -> dict:
-    """Views of the schedule's work buffers, taken from ``lease`` (one region per purpose)."""
-    return {purpose: lease.take(dtype, n, purpose) for purpose, n in schedule.work.items()}
+    """Views of the schedule's work buffers, taken from ``lease`` (one region per purpose),
+    of the call's ``dtype`` unless the schedule declares a buffer of another."""
+    types = schedule.types
+    return {purpose: lease.take(types.get(purpose, dtype), n, purpose)
+            for purpose, n in schedule.work.items()}
 
 
 _ALL = Ellipsis  # dst[...] = src: NumPy's cheapest whole-array assignment (docs/performance.md)

@@ -52,6 +52,7 @@ from mpi4py import MPI
 
 import mpicoll
 
+from ..api import numerics as _numerics
 from ..core import types as _types
 from ..core.config import parse_bytes
 from ..engine import context as _context
@@ -479,6 +480,10 @@ class Case:
         self.selected = _select.choose_on(_context.context(comm), collective, algorithm,
                                           self.nbytes,
                                           selection=getattr(args, "selection", None))
+        # a 16/8-bit SUM/PROD may take api.numerics's direct route instead (by its size rule)
+        if _numerics.direct_route(collective, algorithm, dtype, op, self.nbytes, n,
+                                  "numpy" if device.name == "cpu" else device.name):
+            self.selected = "direct"
 
         def call_on(c):
             """One mpicoll call of this case on communicator ``c`` (array API)."""

@@ -99,7 +99,8 @@ class Result(NamedTuple):
 # --- shapes and binding ---------------------------------------------------------
 
 def shape(collective, size, rank, counts=None, displs=None, total=None, ring=None,
-          segment=1 << 17, window=2, in_place=False, commutative=True, nodes=()) -> Shape:
+          segment=1 << 17, window=2, in_place=False, commutative=True, nodes=(),
+          accumulate=None) -> Shape:
     """The :class:`Shape` of one rank's call (counts/displs default to packed blocks).
 
     AllReduce: ``total`` elements (counts/displs become ``(total,)``/``(0,)``).
@@ -114,7 +115,7 @@ def shape(collective, size, rank, counts=None, displs=None, total=None, ring=Non
         displs = tuple(displs)
         total = sum(counts)
     return Shape(size, rank, ring, ring.index(rank), total, counts, displs, segment, window,
-                 in_place, commutative, tuple(nodes))
+                 in_place, commutative, tuple(nodes), accumulate)
 
 
 def bind(collective, sh: Shape, src, dst):
@@ -238,7 +239,8 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
 
     ``op(a, b, out)`` computes ``out = a op b`` elementwise (a NumPy ufunc
     such as ``np.add`` works); work buffers are allocated here, of the dtype
-    of ``DST``, filled with :func:`garbage`.  Raises :class:`ScheduleError`
+    of ``DST`` unless the schedule declares another (``Schedule.types``), filled
+    with :func:`garbage`.  Raises :class:`ScheduleError`
     (:class:`Deadlock`) on any broken rule.
     """
     if model not in MODELS:
@@ -248,8 +250,9 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
     for r in range(n):
         bufs = dict(buffers[r])
         dtype = bufs[DST].dtype
+        types = schedules[r].types
         for purpose, count in schedules[r].work.items():
-            bufs[purpose] = garbage(dtype, count)
+            bufs[purpose] = garbage(types.get(purpose, dtype), count)
         ranks.append(_Rank(r, schedules[r], bufs))
     sends = {}  # (source, dest) -> deque of unmatched send _Msg
     recvs = {}  # (source, dest) -> deque of unmatched recv _Msg
