@@ -32,7 +32,7 @@ class _Run:
     __slots__ = ("name", "build", "ctx", "comm", "collective", "label", "msg", "total",
                  "counts", "displs", "op", "red0", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "steps", "ch", "be", "red",
-                 "stage", "program", "observed", "operation", "__weakref__")
+                 "stage", "program", "observed", "operation", "auto", "__weakref__")
 
     def begin(self, operation) -> None:
         """Set ``operation`` up for one start (it has not sent anything yet)."""
@@ -163,6 +163,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
                               forced=opts["algorithm"], selection=ctx.selection, nodes=ctx.nodes)
     run = _Run()
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
+    run.auto = algorithm == "auto"
     run.build = _select.builder(collective, name)
     run.msg, run.total, run.counts, run.displs, run.op = msg, total, counts, displs, op
     run.red0 = red
@@ -259,8 +260,10 @@ def _schedule(run, ctx, msg):
     counts = (run.total,) if run.collective == "allreduce" else run.counts
     displs = (0,) if run.collective == "allreduce" else run.displs
     commutative = True if run.red0 is None else run.red0.commutative
-    shape = _executor.shape_of(ctx, run.total, counts, displs, msg.dtype.itemsize, run.in_place,
-                               commutative)
+    itemsize = msg.dtype.itemsize
+    shape = _executor.shape_of(ctx, run.total, counts, displs, itemsize, run.in_place,
+                               commutative, ctx.segment_window(run.collective, run.name,
+                                                               run.total * itemsize, run.auto))
     return ctx.schedule(run.collective, run.name, run.build, shape)
 
 
