@@ -566,19 +566,29 @@ def time_variants(comm, variants, warmup, iters, batch) -> dict:
     return out
 
 
+def check_case(comm, case, device, args, builtin: bool = True) -> tuple:
+    """(wrong elements of mpicoll's output, of the built-in's or None), summed over ranks:
+    the outputs of the calls timed last against the exact values."""
+    n = comm.size
+    want = expected(case.collective, n, case.count, case.dtype, args.op, comm.rank)
+    scale = error_scale(case.collective, n, case.count, case.dtype, args.op, comm.rank)
+    got_m = device.download(case.out_m)
+    wrong = comm.allreduce(count_wrong(got_m, want, case.dtype, n, args.op, scale))
+    builtin_wrong = None
+    if builtin:
+        got_b = device.download(case.out_b)
+        if got_b.dtype != case.dtype:  # float32 or words (_half_dtypes)
+            got_b = got_b.view(case.dtype) if got_b.dtype.kind == "u" else got_b.astype(case.dtype)
+        builtin_wrong = comm.allreduce(count_wrong(got_b, want, case.dtype, n, args.op, scale))
+    return wrong, builtin_wrong
+
+
 def measure(comm, case, device, args, meta) -> dict:
     n = comm.size
     t = time_variants(comm, case.variants, args.warmup_iters, args.iters, args.batch)
     wrong = builtin_wrong = None
     if args.check:
-        got_m = device.download(case.out_m)
-        got_b = device.download(case.out_b)
-        if got_b.dtype != case.dtype:  # float32 or words (_half_dtypes)
-            got_b = got_b.view(case.dtype) if got_b.dtype.kind == "u" else got_b.astype(case.dtype)
-        want = expected(case.collective, n, case.count, case.dtype, args.op, comm.rank)
-        scale = error_scale(case.collective, n, case.count, case.dtype, args.op, comm.rank)
-        wrong = comm.allreduce(count_wrong(got_m, want, case.dtype, n, args.op, scale))
-        builtin_wrong = comm.allreduce(count_wrong(got_b, want, case.dtype, n, args.op, scale))
+        wrong, builtin_wrong = check_case(comm, case, device, args)
     factor = BUSBW_FACTOR[case.collective](n)
 
     def bw(seconds):
