@@ -856,12 +856,15 @@ def main(argv=None, *, comm=None, out=None) -> int:
     ncoll = sum(len(algos[c]) for c in collectives) * len(csizes) if n > 1 else 0
     progress = Progress(sweep["passes"] * (npts + ncoll), args.quiet or not root)
 
+    phases = {}  # seconds per phase (the report and the file say where the time went)
     p2p = {level: p2p_curve(comm, peer, sweep, progress, level) for level, peer in peers.items()}
     rate = comm.allreduce(reduce_rate(), op=MPI.MAX)
+    phases["p2p"] = time.perf_counter() - t_start
     seg, default_key = {}, seg_key(_config.get("segment_bytes"), _config.get("window"))
     if n > 1:
         times, builtin, wrong = measure_collectives(comm, collectives, csizes, args.datatype, sweep,
                                                     args.iters, progress, algos)
+        phases["algorithms"] = time.perf_counter() - t_start - sum(phases.values())
         if not args.no_segments:
             seg, default_key, w = measure_segments(comm, collectives, times, csizes,
                                                    args.datatype, sweep, args.iters, progress)
@@ -870,6 +873,7 @@ def main(argv=None, *, comm=None, out=None) -> int:
         times, builtin, wrong = {}, {}, 0
     progress.end()
     seconds = time.perf_counter() - t_start
+    phases["segments"] = seconds - sum(phases.values())
     if not root:
         return 1 if wrong else 0
     if wrong:
@@ -902,7 +906,8 @@ def main(argv=None, *, comm=None, out=None) -> int:
             "ranks_per_node": lay["ranks_per_node"],
             "command": "python -m mpicoll.tune " + " ".join(argv if argv is not None else sys.argv[1:]),
             "sweep": "quick" if args.quick else "full", "dtype": args.datatype, "op": "sum",
-            "api": "comm", "seconds": round(seconds, 1), "mpicoll": mpicoll.__version__,
+            "api": "comm", "seconds": round(seconds, 1),
+            "phase_seconds": {k: round(v, 1) for k, v in phases.items()}, "mpicoll": mpicoll.__version__,
             "mpi4py": _bench.mpi4py_version(), "numpy": np.__version__,
             "python": platform.python_version(),
             "timing": "mpicoll.tools.bench: median over calls of the slowest rank, interleaved "
@@ -933,7 +938,8 @@ def _report(out, path, note, ident, lay, entry, times, builtin, model, ppn, item
     w = out.write
     m = entry["measured"]
     w(f"# mpicoll.tune: {ident['library']} {ident['version']}, {lay['ranks']} ranks on "
-      f"{lay['nodes']} node(s), {m['sweep']} sweep, {m['seconds']:.1f} s\n")
+      f"{lay['nodes']} node(s), {m['sweep']} sweep, {m['seconds']:.1f} s ("
+      + ", ".join(f"{k} {v:.1f} s" for k, v in m["phase_seconds"].items()) + ")\n")
     for level, c in entry["p2p"].items():
         cl = ", ".join(f"{x['below']}-{x['above']} B ({x['us_below']:.2f} -> {x['us_above']:.2f} us)"
                        for x in c["cliffs"]) or "none"
