@@ -531,8 +531,14 @@ def memory_probe(comm, case) -> tuple[int, int | None]:
     return held, (peak if isinstance(case.sbuf, np.ndarray) else None)
 
 
-def time_variants(comm, variants, warmup, iters, batch) -> dict:
-    """Median over calls of the slowest rank's time (seconds), per variant; interleaved batches."""
+def time_variants(comm, variants, warmup, iters, batch, min_iters=None, spread=None) -> dict:
+    """Median over calls of the slowest rank's time (seconds), per variant; interleaved batches.
+
+    ``spread``: stop early, after at least ``min_iters`` calls of each variant,
+    once every variant's interquartile range is within ``spread`` times its
+    median on every rank (one agreement per round of batches): more calls
+    would not move a median that steady.
+    """
     names = list(variants)
     for name in names:
         call, opts = variants[name]
@@ -558,9 +564,16 @@ def time_variants(comm, variants, warmup, iters, batch) -> dict:
                     t[k] = wtime() - t0
             done[name] = k1
         rnd += 1
+        if spread is not None and done[names[0]] < iters and done[names[0]] >= (min_iters or 1):
+            steady = True
+            for name in names:
+                q1, q2, q3 = np.percentile(times[name][:done[name]], (25, 50, 75))
+                steady = steady and q3 - q1 <= spread * q2
+            if comm.allreduce(steady, op=MPI.LAND):
+                break
     out = {}
     for name in names:
-        t = times[name]
+        t = times[name][:done[name]]
         comm.Allreduce(MPI.IN_PLACE, t, MPI.MAX)
         out[name] = float(np.median(t))
     return out

@@ -98,6 +98,9 @@ SEG_MIN = 256 << 10  # segment and window are tried from this size up (below, on
 # simpler choice; the algorithm's time is then within CLOSE of its fastest variant, and
 # winners() compares it with the fastest measured, so the 5 % rule still holds)
 PREFER_DEFAULT = CLOSE
+# a size's loop stops early once every variant's interquartile range is within this of
+# its median (after a quarter of the calls): the median's standard error is then under 2 %
+SPREAD = 0.05
 LOSING = 1.5  # from SEG_MIN up, an algorithm this much slower at two sizes stops there
 
 
@@ -321,7 +324,8 @@ def time_size(comm, device, collective, variants: dict, nbytes, args):
              for key, (algorithm, vcomm) in variants.items()}
     calls = {key: case.variants["mpicoll"] for key, case in cases.items()}
     calls["builtin"] = next(iter(cases.values())).variants["builtin"]
-    t = _bench.time_variants(comm, calls, args.warmup_iters, args.iters, args.batch)
+    t = _bench.time_variants(comm, calls, args.warmup_iters, args.iters, args.batch,
+                             min_iters=max(args.batch, args.iters // 4), spread=SPREAD)
     wrong = 0
     for i, case in enumerate(cases.values()):
         w, bw = _bench.check_case(comm, case, device, args, builtin=i == 0)
