@@ -231,6 +231,19 @@ def test_the_5_percent_rule_holds_by_construction():
     assert "over 5 %" in out.getvalue() and "3 of 5 sizes" in out.getvalue()
 
 
+@pytest.mark.local
+def test_half_steps_only_around_crossovers_and_losers_stop():
+    per = {"a": {1024: 1.0, 2048: 1.0, 4096: 2.0, 8192: 4.0},
+           "b": {1024: 2.0, 2048: 2.0, 4096: 1.0, 8192: 1.0}}
+    assert _tune.around_crossovers(per, [1024, 2048, 4096, 8192], [1536, 3072, 6144]) == [3072]
+    big = {"a": {1 << 18: 1.0, 1 << 19: 2.0}, "b": {1 << 18: 1.6, 1 << 19: 3.1},
+           "c": {1 << 18: 1.4, 1 << 19: 2.5}}
+    assert _tune.losing(big, "b", [1 << 18, 1 << 19])        # 1.6x and 1.55x: stops
+    assert not _tune.losing(big, "c", [1 << 18, 1 << 19])    # 1.4x: measured on
+    small = {a: {k >> 4: v for k, v in t.items()} for a, t in big.items()}
+    assert not _tune.losing(small, "b", sorted(small["b"]))  # below SEG_MIN: never
+
+
 # --- with peers ----------------------------------------------------------------------------
 
 

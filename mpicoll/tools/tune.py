@@ -85,7 +85,7 @@ SWEEPS = {
               "iters": 20, "warmup": 3, "bisect": 64, "passes": 2,
               "segments": (256 << 10, 1 << 20, 4 << 20), "windows": (1, 2)},
     "full": {"p2p_max": 16 << 20, "coll": (8, 16 << 20, 2.0), "extra": (),
-             "iters": 40, "warmup": 5, "bisect": 16, "passes": 2,
+             "iters": 40, "warmup": 5, "bisect": 16, "passes": 2, "half_steps": True,
              "segments": (64 << 10, 256 << 10, 1 << 20, 4 << 20), "windows": (1, 2, 4)},
 }
 FIT_MAX = 64 << 10  # the model's overheads are fitted to the sizes up to this
@@ -288,18 +288,27 @@ def _bench_args(dtype: str, iters: int, warmup: int):
     return args
 
 
-def collective_sizes(args, sweep, nranks, itemsize) -> list[int]:
+def collective_sizes(args, sweep, nranks, itemsize) -> tuple[list[int], list[int]]:
+    """(sizes measured, candidates): the sweep's sizes, and the sizes half a step between
+    them (1 KiB to 1 MiB, full sweep, default steps) measured only where the fastest
+    algorithm changes between their neighbours (:func:`measure_collectives`)."""
     lo, hi, factor = sweep["coll"]
     lo = args.minbytes or lo
     hi = args.maxbytes or hi
     factor = args.stepfactor or factor
     sizes = set(_bench.sizes(lo, hi, factor)) | {s for s in sweep["extra"] if lo <= s <= hi}
-    if args.stepfactor is None and factor >= 2 and not args.minbytes:
-        # the medium sizes, where the crossovers and cliffs sit, at half steps
-        sizes |= {int(s * 1.5) for s in _bench.sizes(1024, min(hi, 1 << 20), 2.0)
-                  if int(s * 1.5) <= hi and sweep is SWEEPS["full"]}
+    half = set()
+    if sweep.get("half_steps") and args.stepfactor is None and factor >= 2 and not args.minbytes:
+        # the medium sizes, where the crossovers and cliffs sit
+        half = {int(s * 1.5) for s in _bench.sizes(1024, min(hi, 1 << 20), 2.0)
+                if int(s * 1.5) <= hi}
     unit = itemsize * nranks  # a whole number of elements per rank for every collective
-    return sorted({max(unit, s // unit * unit) for s in sizes})
+
+    def whole(values):
+        return {max(unit, s // unit * unit) for s in values}
+
+    measured = whole(sizes)
+    return sorted(measured), sorted(whole(half) - measured)
 
 
 def algorithms_of(collective: str, labels) -> list[str]:
@@ -334,7 +343,7 @@ def time_size(comm, device, collective, variants: dict, nbytes, args):
 
 
 def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, progress,
-                        algos=None):
+                        algos=None, half=()):
     """{collective: {algorithm: {bytes: seconds}}}, {collective: {bytes: built-in seconds}}, wrong.
 
     Every algorithm of a size is timed in one loop with the built-in.  The
@@ -344,10 +353,16 @@ def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, 
     :data:`WIDE` of the fastest at that size, and skip a size where one
     algorithm is left: a loser by that margin cannot come within 5 % of the
     winner, and a clear winner is not in doubt.
+
+    In the second pass a size of ``half`` (half a step between two measured
+    sizes) is measured, every algorithm, where the fastest algorithm differs
+    between its two neighbours: the crossovers get the finer steps, the rest
+    of the range not.
     """
     times, builtin, wrong = {}, {}, 0
     device = _bench.HostDevice()
     algos = algos or {c: list(_select.ALGORITHMS[c]) for c in collectives}
+    per_size = {}  # collective -> its sizes (the half steps join after the first pass)
 
     def keep(table, key, seconds):
         table[key] = min(seconds, table.get(key, seconds))
@@ -358,11 +373,15 @@ def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, 
             times.setdefault(collective, {a: {} for a in names})
             builtin.setdefault(collective, {})
             done = []  # the sizes measured in this pass, in order
-            for nbytes in (sizes if k % 2 == 0 else sizes[::-1]):
+            order = per_size.setdefault(collective, list(sizes))
+            if k == 1:
+                order += around_crossovers(times[collective], order, half)
+                order.sort()
+            for nbytes in (order if k % 2 == 0 else order[::-1]):
                 run = names
                 if k == 0 and nbytes >= SEG_MIN and len(done) >= 2:
                     run = [a for a in names if not losing(times[collective], a, done[-2:])]
-                elif k > 0:
+                elif k > 0 and any(nbytes in t for t in times[collective].values()):
                     tc = times[collective]
                     best = min(tc[a][nbytes] for a in names if nbytes in tc[a])
                     run = [a for a in names if tc[a].get(nbytes, math.inf) <= WIDE * best]
@@ -380,6 +399,22 @@ def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, 
                 progress.step(f"{collective} {len(run)} algorithms {_bench.human(nbytes)}",
                               len(names))
     return times, builtin, wrong
+
+
+def around_crossovers(per_algo: dict, sizes: list, half) -> list[int]:
+    """The sizes of ``half`` whose two neighbours in ``sizes`` have different fastest
+    algorithms (each neighbour's fastest among the algorithms measured there)."""
+    def fastest(nb):
+        return min((t[nb], a) for a, t in per_algo.items() if nb in t)[1]
+
+    out = []
+    ordered = sorted(sizes)
+    for m in half:
+        below = [x for x in ordered if x < m]
+        above = [x for x in ordered if x > m]
+        if below and above and fastest(below[-1]) != fastest(above[0]):
+            out.append(m)
+    return out
 
 
 def losing(per_algo: dict, name: str, below: list) -> bool:
@@ -493,6 +528,11 @@ def choose_segments(times, seg, default_key):
                 chosen.setdefault(c, {}).setdefault(a, {})[nb] = key
                 eff[c][a][nb] = cands[key]
                 fastest[c][nb] = min(fastest[c][nb], cands[best])
+            # a size measured with the options only (a half step) keeps the options: the
+            # file then gives nothing there that was not measured
+            for nb in times[c][a]:
+                if nb >= SEG_MIN and nb not in pts:
+                    chosen[c][a][nb] = default_key
     return eff, chosen, fastest
 
 
@@ -853,7 +893,7 @@ def main(argv=None, *, comm=None, out=None) -> int:
     lay = layout(comm)
     n = lay["ranks"]
     itemsize = np.dtype(_bench.DTYPES[args.datatype]).itemsize
-    csizes = collective_sizes(args, sweep, n, itemsize)
+    csizes, half = collective_sizes(args, sweep, n, itemsize)
     peers = pairs(lay["labels"]) if n > 1 else {}
     algos = {c: algorithms_of(c, lay["labels"]) for c in collectives}
     npts = len(_bench.sizes(8, sweep["p2p_max"], 2.0)) * len(peers)
@@ -867,7 +907,7 @@ def main(argv=None, *, comm=None, out=None) -> int:
     seg, default_key = {}, seg_key(_config.get("segment_bytes"), _config.get("window"))
     if n > 1:
         times, builtin, wrong = measure_collectives(comm, collectives, csizes, args.datatype, sweep,
-                                                    args.iters, progress, algos)
+                                                    args.iters, progress, algos, half)
         phases["algorithms"] = time.perf_counter() - t_start - sum(phases.values())
         if not args.no_segments:
             seg, default_key, w = measure_segments(comm, collectives, times, csizes,
