@@ -17,8 +17,8 @@ What it measures, in one run on the communicator's layout (ranks, nodes):
    (a protocol cliff such as an eager limit) probes bisect the jump to a
    few tens of bytes;
 2. every algorithm of every collective at each size (the hierarchical one
-   only where the ranks span nodes), all of one size timed in one loop with
-   the built-in by the benchmark's timing (:func:`mpicoll.tools.bench.time_variants`:
+   only where the ranks span nodes), each timed in its own loop with the
+   built-in, as the benchmark does (:func:`mpicoll.tools.bench.time_variants`:
    median of the slowest rank, interleaved batches) and checked against the
    exact values (:func:`mpicoll.tools.bench.check_case`).  The second pass
    (sizes in the other order; each point keeps its fastest) measures again
@@ -94,6 +94,7 @@ CLOSE = 1.05  # a winner by less than this keeps its neighbours' algorithm
 # of it in another pass unless the first pass was off by a fifth
 WIDE = 1.25
 SEG_MIN = 256 << 10  # segment and window are tried from this size up (below, one segment)
+SEG_WIDE = 1.15  # ... for the algorithms within this of the fastest there
 # another segment/window must beat the options' by more than this (the options are the
 # simpler choice; the algorithm's time is then within CLOSE of its fastest variant, and
 # winners() compares it with the fastest measured, so the 5 % rule still holds)
@@ -327,27 +328,34 @@ def _iters(sweep, override, nbytes) -> int:
 
 def time_size(comm, device, collective, variants: dict, nbytes, args):
     """({key: seconds}, built-in seconds, wrong elements) of one size: every variant
-    (key -> (algorithm, communicator)) and the built-in timed in the same interleaved
-    loop (:func:`mpicoll.tools.bench.time_variants`), then every output checked."""
-    cases = {key: _bench.Case(vcomm, device, collective, algorithm, nbytes, args)
-             for key, (algorithm, vcomm) in variants.items()}
-    calls = {key: case.variants["mpicoll"] for key, case in cases.items()}
-    calls["builtin"] = next(iter(cases.values())).variants["builtin"]
-    t = _bench.time_variants(comm, calls, args.warmup_iters, args.iters, args.batch,
-                             min_iters=max(args.batch, args.iters // 4), spread=SPREAD)
-    wrong = 0
-    for i, case in enumerate(cases.values()):
-        w, bw = _bench.check_case(comm, case, device, args, builtin=i == 0)
+    (key -> (algorithm, communicator)) in its own loop with the built-in, as the
+    benchmark times it (:func:`mpicoll.tools.bench.time_variants`), then its output
+    checked (:func:`mpicoll.tools.bench.check_case`); the built-in keeps its fastest.
+
+    One loop of several variants would evict each other's buffers from the cache
+    between batches and penalise the cache-sensitive algorithms (recursive doubling
+    at 64 KiB on MPICH, 2 ranks: 10.1 us alone, 16.8 us in one loop with three others).
+    """
+    out, builtin, wrong = {}, math.inf, 0
+    for key, (algorithm, vcomm) in variants.items():
+        case = _bench.Case(vcomm, device, collective, algorithm, nbytes, args)
+        t = _bench.time_variants(comm, {"mpicoll": case.variants["mpicoll"],
+                                        "builtin": case.variants["builtin"]},
+                                 args.warmup_iters, args.iters, args.batch,
+                                 min_iters=max(args.batch, args.iters // 4), spread=SPREAD)
+        out[key], builtin = t["mpicoll"], min(builtin, t["builtin"])
+        w, bw = _bench.check_case(comm, case, device, args)
         wrong += w + (bw or 0)
-    return {key: t[key] for key in cases}, t["builtin"], wrong
+        del case
+    return out, builtin, wrong
 
 
 def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, progress,
                         algos=None, half=()):
     """{collective: {algorithm: {bytes: seconds}}}, {collective: {bytes: built-in seconds}}, wrong.
 
-    Every algorithm of a size is timed in one loop with the built-in.  The
-    first pass measures every algorithm at every size; the later passes
+    Every algorithm of a size is timed in its own loop with the built-in
+    (:func:`time_size`).  The first pass measures every algorithm at every size; the later passes
     (alternating the order of sizes: on a shared machine load only adds time,
     so each point keeps its fastest) measure again only the algorithms within
     :data:`WIDE` of the fastest at that size, and skip a size where one
@@ -439,14 +447,14 @@ def measure_segments(comm, collectives, times, sizes, dtype, sweep, iters_overri
     """{collective: {algorithm: {bytes: {seg_key: seconds}}}}, the default key, wrong.
 
     At the sizes from :data:`SEG_MIN` up (the doubling ones: the half steps
-    only place crossovers), every algorithm within :data:`WIDE` of the
+    only place crossovers), every algorithm within :data:`SEG_WIDE` of the
     fastest there is timed at the segment sizes of the sweep (with the
-    options' window), then at the windows of the sweep with the fastest
-    segment size: a coordinate search, half the calls of the whole grid.
-    The options' variant runs in both loops; each variant runs on a duplicate
-    communicator whose context was made with those options (as a user's
-    would be).  Each keeps its fastest, and ``times`` (the options' variant)
-    too.  Calls from 1 MiB take a millisecond or more: one warm-up call and
+    options' window), the options' values among them, then at the windows
+    of the sweep not yet measured with the fastest segment size: a
+    coordinate search, half the calls of the whole grid.  Each variant runs
+    on a duplicate communicator whose context was made with those options
+    (as a user's would be).  ``times`` (the options' variant) keeps its
+    fastest.  Calls from 1 MiB take a millisecond or more: one warm-up call and
     a few timed ones are enough there.
     """
     base = dict(_config.read_environment())
@@ -462,7 +470,7 @@ def measure_segments(comm, collectives, times, sizes, dtype, sweep, iters_overri
         for nb in tuned:
             best = min(t[nb] for t in times[c].values() if nb in t)
             todo += [(c, nb, a) for a in times[c]
-                     if nb in times[c][a] and times[c][a][nb] <= WIDE * best]
+                     if nb in times[c][a] and times[c][a][nb] <= SEG_WIDE * best]
     if not todo:
         return seg, seg_key(*default), 0
 
@@ -486,7 +494,8 @@ def measure_segments(comm, collectives, times, sizes, dtype, sweep, iters_overri
         for sw, x in t.items():
             key = seg_key(*sw)
             got[key] = min(x, got.get(key, x))
-        times[c][a][nb] = min(times[c][a][nb], t[default])
+        if default in t:
+            times[c][a][nb] = min(times[c][a][nb], t[default])
         progress.step(f"{c} {a} {_bench.human(nb)}: {len(variants)} segment/window", 0)
         return got
 
@@ -497,7 +506,10 @@ def measure_segments(comm, collectives, times, sizes, dtype, sweep, iters_overri
                           key=lambda sw: got[seg_key(*sw)])[0]
             if got[seg_key(*default)] <= got[seg_key(bestseg, default[1])]:
                 bestseg = default[0]
-            run(c, nb, a, sorted({(bestseg, w) for w in sweep["windows"]} | {default}))
+            more = sorted({(bestseg, w) for w in sweep["windows"]}
+                          - {tuple(int(x) for x in k.split(":")) for k in got})
+            if more:
+                run(c, nb, a, more)
     finally:
         for dup in comms.values():
             dup.Free()
