@@ -195,7 +195,9 @@ class Context:
         """(segment bytes, window) of a call of ``algorithm`` moving ``nbytes``: the options,
         or for an "auto" call the tuning file's values for that size where it has some."""
         seg, win = self.segment_bytes, self.window
-        tuned = self.selection.segment(collective, algorithm, nbytes) if auto else None
+        if not (auto and self.selection.segments):  # (the common case: nothing to look up)
+            return seg, win
+        tuned = self.selection.segment(collective, algorithm, nbytes)
         if tuned is not None:  # (a value set on the context itself wins too, as the options)
             if tuned[0] is not None and "segment_bytes" in self.tuned_options \
                     and seg == self.env["segment_bytes"]:
