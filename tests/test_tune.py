@@ -187,6 +187,63 @@ def test_size_ranges_from_winners():
         assert per[a][s] <= _tune.CLOSE * min(t[s] for t in per.values())
 
 
+@pytest.mark.local
+def test_the_5_percent_rule_holds_by_construction():
+    A, B, C = "recursive_doubling", "direct", "ring"
+    # synthetic: noise within 5 % between a and b, c fastest at the large sizes only with
+    # a segment/window variant, and its options' variant slower than b's
+    times = {"allreduce": {
+        A: {1024: 1.00, 2048: 1.03, 4096: 1.00, 1 << 20: 9.0, 4 << 20: 40.0},
+        B: {1024: 1.02, 2048: 1.00, 4096: 1.04, 1 << 20: 8.0, 4 << 20: 30.0},
+        C: {1024: 3.00, 2048: 3.00, 4096: 3.00, 1 << 20: 8.5, 4 << 20: 32.0}}}
+    seg = {"allreduce": {B: {1 << 20: {"262144:1": 7.9, "4194304:2": 9.0},
+                               4 << 20: {"262144:1": 29.9, "4194304:2": 31.0}},
+                         C: {1 << 20: {"262144:1": 6.0, "4194304:2": 8.4},
+                               4 << 20: {"262144:1": 25.0, "4194304:2": 31.0}}}}
+    eff, chosen, fastest = _tune.choose_segments(times, seg, "1048576:2")
+    # b's 262144:1 is within PREFER_DEFAULT of its options' variant: the options stay
+    assert chosen["allreduce"][B] == {1 << 20: "1048576:2", 4 << 20: "1048576:2"}
+    assert chosen["allreduce"][C] == {1 << 20: "262144:1", 4 << 20: "262144:1"}
+    assert fastest["allreduce"][4 << 20] == 25.0
+    wins = _tune.winners(eff["allreduce"], fastest["allreduce"])
+    assert [a for _, a in wins] == [A, A, A, C, C]
+    for s, a in wins:
+        assert eff["allreduce"][a][s] <= _tune.CLOSE * fastest["allreduce"][s]
+    rows = _tune.segment_rows(chosen["allreduce"][C], "1048576:2")
+    assert rows == [[(1 << 20) - 1, None, None], [None, 262144, 1]]
+    # what the file says is checked against the same numbers: all within 5 %
+    sel = _tune.size_ranges("allreduce", wins, None, 2, 2, 8)
+    us = {a: {str(s): t * 1e6 for s, t in per.items()} for a, per in times["allreduce"].items()}
+    raw = {"selection": {"allreduce": sel}, "segments": {"allreduce": {C: rows}},
+           "seg_default": "1048576:2", "times_us": {"allreduce": us},
+           "segment_us": {"allreduce": {a: {str(s): {k: t * 1e6 for k, t in v.items()}
+                                            for s, v in pts.items()}
+                                        for a, pts in seg["allreduce"].items()}}}
+    got = _tune.rule_rows(raw)
+    assert [r["chosen"] for r in got] == [A, A, A, C + " 262144:1", C + " 262144:1"]
+    assert all(_tune.rule_holds(r) for r in got)
+    # a file whose selection breaks the rule is reported
+    raw["selection"] = {"allreduce": [[None, A]]}
+    bad = [r for r in _tune.rule_rows(raw) if not _tune.rule_holds(r)]
+    assert [r["bytes"] for r in bad] == [1 << 20, 4 << 20]
+    out = io.StringIO()
+    assert _tune.write_rule(out, _tune.rule_rows(raw)) == 2
+    assert "over 5 %" in out.getvalue() and "3 of 5 sizes" in out.getvalue()
+
+
+@pytest.mark.local
+def test_half_steps_only_around_crossovers_and_losers_stop():
+    per = {"a": {1024: 1.0, 2048: 1.0, 4096: 2.0, 8192: 4.0},
+           "b": {1024: 2.0, 2048: 2.0, 4096: 1.0, 8192: 1.0}}
+    assert _tune.around_crossovers(per, [1024, 2048, 4096, 8192], [1536, 3072, 6144]) == [3072]
+    big = {"a": {1 << 18: 1.0, 1 << 19: 2.0}, "b": {1 << 18: 1.6, 1 << 19: 3.1},
+           "c": {1 << 18: 1.4, 1 << 19: 2.5}}
+    assert _tune.losing(big, "b", [1 << 18, 1 << 19])        # 1.6x and 1.55x: stops
+    assert not _tune.losing(big, "c", [1 << 18, 1 << 19])    # 1.4x: measured on
+    small = {a: {k >> 4: v for k, v in t.items()} for a, t in big.items()}
+    assert not _tune.losing(small, "b", sorted(small["b"]))  # below SEG_MIN: never
+
+
 # --- with peers ----------------------------------------------------------------------------
 
 
@@ -236,6 +293,30 @@ def test_tool_writes_a_file_auto_reads(shared_dir, monkeypatch):
 
 @pytest.mark.ranks(2, 3)
 @pytest.mark.timeout(60)
+def test_tool_tunes_segments_at_large_sizes(shared_dir):
+    path = os.path.join(shared_dir, "t.json")
+    argv = ["--quick", "-b", "300K", "-e", "300K", "-n", "2", "--p2p-max", "16K", "-q",
+            "-o", path, "-C", "allreduce"]  # one size, above SEG_MIN at any rank count
+    assert _tune.main(argv, out=io.StringIO()) == 0
+    WORLD.Barrier()
+    raw = _tuning.read(path, ALGOS).entry(WORLD.Get_size(), 1).raw
+    (size,) = next(iter(raw["times_us"]["allreduce"].values()))
+    tried = next(iter(raw["segment_us"]["allreduce"].values()))[size]
+    tried = {tuple(int(x) for x in k.split(":")) for k in tried}
+    quick = _tune.SWEEPS["quick"]
+    # every segment size at the options' window, then every window at the best segment size
+    assert {(s, 2) for s in quick["segments"]} <= tried
+    assert any({(s, w) for w in quick["windows"]} <= tried for s in quick["segments"])
+    # what it chose keeps the 5 % rule on what it measured
+    assert all(_tune.rule_holds(r) for r in _tune.rule_rows(raw))
+    if WORLD.rank == 0:
+        out = io.StringIO()
+        assert _tune.main(["--check", path], out=out) == 0
+        assert "1 of 1 sizes" in out.getvalue()
+
+
+@pytest.mark.ranks(2, 3)
+@pytest.mark.timeout(60)
 def test_predict_prints_crossovers(shared_dir):
     path = os.path.join(shared_dir, "t.json")
     argv = ["--quick", "-b", "1K", "-e", "4K", "-f", "4", "-n", "2", "--p2p-max", "8K", "-q",
@@ -247,6 +328,20 @@ def test_predict_prints_crossovers(shared_dir):
     if WORLD.rank == 0:
         text = out.getvalue()
         assert "64 ranks" in text and "allreduce crossovers:" in text
+    # written as predicted entries: auto takes them where no measured entry fits
+    n = WORLD.Get_size()
+    more = n + 2
+    WORLD.Barrier()
+    assert _tune.main(["--predict", f"{n},{more}", "--ranks-per-node", str(more), "--file", path,
+                       "-o", path], out=io.StringIO()) == 0
+    WORLD.Barrier()
+    tf = _tuning.read(path, ALGOS)
+    assert tf.entry(n, 1).source == "measured"  # a measured layout is not predicted over
+    entry = tf.entry(more, 1)
+    assert entry is not None and entry.source == "model" and entry.ranks == (more, more)
+    assert entry.raw["predicted"]["from"]["ranks"] == [n, n]
+    assert set(entry.selection) == set(_tuning.COLLECTIVES)
+    assert "predicted" in entry.describe() and "from the entry measured" in entry.describe()
 
 
 def _used(comm, collective, x, **kw):
@@ -275,6 +370,67 @@ def test_the_selection_is_honoured(tuning_env):
         name = _select.choose("allreduce", "auto", 8, comm.size, False,
                                  selection=_select.selection(comm.size, 1))
         assert name in _select.ORDER_PRESERVING
+    finally:
+        comm.Free()
+
+
+@pytest.mark.local
+def test_segment_rows_parse_and_select_by_size():
+    rows = {"allreduce": {"ring": [[4096, None, None], [65536, 1024, 1]]}}
+    seg = _tuning.parse_segments(rows, ALGOS, "s")
+    assert seg == {("allreduce", "ring"): ((4096, None, None), (65536, 1024, 1),
+                                           (None, None, None))}
+    data = _file({"allreduce": [[None, "ring"]]})
+    data["entries"][0]["segments"] = rows
+    tf = _tuning.TuningFile(data, "t.json", ALGOS)
+    sel = _select.Selection({}, "x", entry=tf.entries[0])
+    assert sel.segment("allreduce", "ring", 4096) is None          # null, null: the options
+    assert sel.segment("allreduce", "ring", 4097) == (1024, 1)
+    assert sel.segment("allreduce", "ring", 1 << 20) is None       # above the tuned sizes
+    assert sel.segment("allreduce", "direct", 8192) is None        # not tuned
+    assert any("ring segments" in line for line in sel.describe())
+    for bad, match in (({"allreduce": {"ring": [[8, 0, 1]]}}, "segment_bytes"),
+                       ({"allreduce": {"ring": [[8, 64, 65]]}}, "window"),
+                       ({"allreduce": {"nope": [[8, 64, 1]]}}, "not an algorithm"),
+                       ({"allreduce": {"ring": [[8, 64]]}}, "expected \\[max_bytes")):
+        with pytest.raises(ValueError, match=match):
+            _tuning.parse_segments(bad, ALGOS, "s")
+
+
+@pytest.mark.ranks(2, 3)
+@pytest.mark.timeout(60)
+def test_a_segment_entry_changes_the_schedule(tuning_env, monkeypatch):
+    monkeypatch.delenv("MPICOLL_SEGMENT_BYTES", raising=False)
+    monkeypatch.delenv("MPICOLL_WINDOW", raising=False)
+    data = _file({"allreduce": [[None, "ring"]]})
+    # 1 KiB segments, one in flight, for ring calls of 4 KiB .. 64 KiB chosen by auto
+    data["entries"][0]["segments"] = {"allreduce": {"ring": [[4096, None, None],
+                                                             [65536, 1024, 1]]}}
+    tuning_env(data)
+    comm = WORLD.Dup()
+    n, rank = WORLD.Get_size(), WORLD.Get_rank()
+    try:
+        ctx = mpicoll.engine.context.context(comm)
+
+        def run(count, **kw):
+            x = ((np.arange(count, dtype=np.float64) * 3 + rank * 7) % 13) - 6
+            ref = _results.reference_allreduce(WORLD, x, MPI.SUM)
+            with mpicoll.traffic() as t:
+                y = mpicoll.allreduce(x, comm=comm, **kw)
+            assert _results.compare(y, ref, "SUM", n).ok
+            shapes = [k[2] for k in ctx.schedules if k[0] == "allreduce" and k[2].total == count]
+            return t.calls[-1].messages_sent, {(s.segment, s.window) for s in shapes}
+
+        default = (ctx.segment_bytes // 8, ctx.window)
+        sent_auto, shapes = run(4096)           # 32 KiB: in the tuned range
+        assert shapes == {(1024 // 8, 1)}
+        ctx.schedules.clear()
+        sent_ring, shapes = run(4096, algorithm="ring")  # named: the options
+        assert shapes == {default} and sent_auto > sent_ring
+        ctx.schedules.clear()
+        assert run(256)[1] == {default}         # 2 KiB: below it
+        ctx.schedules.clear()
+        assert run(16384)[1] == {default}       # 128 KiB: above it
     finally:
         comm.Free()
 

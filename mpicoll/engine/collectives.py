@@ -33,7 +33,7 @@ class _Run:
     __slots__ = ("name", "build", "ctx", "comm", "collective", "label", "msg", "total",
                  "counts", "displs", "op", "red0", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "steps", "ch", "be", "red",
-                 "stage", "program", "observed", "timed", "operation", "accumulate",
+                 "stage", "program", "observed", "timed", "operation", "accumulate", "auto",
                  "__weakref__")
 
     def begin(self, operation) -> None:
@@ -172,6 +172,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
         name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
     run = _Run()
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
+    run.auto = algorithm == "auto"
     run.build = _select.builder(collective, name)
     run.msg, run.total, run.counts, run.displs, run.op = msg, total, counts, displs, op
     run.red0, run.accumulate = red, accumulate
@@ -272,8 +273,11 @@ def _schedule(run, ctx, msg):
     counts = (run.total,) if run.collective == "allreduce" else run.counts
     displs = (0,) if run.collective == "allreduce" else run.displs
     commutative = True if run.red0 is None else run.red0.commutative
-    shape = _executor.shape_of(ctx, run.total, counts, displs, msg.dtype.itemsize, run.in_place,
-                               commutative, run.accumulate)
+    itemsize = msg.dtype.itemsize
+    shape = _executor.shape_of(ctx, run.total, counts, displs, itemsize, run.in_place,
+                               commutative, run.accumulate,
+                               ctx.segment_window(run.collective, run.name,
+                                                  run.total * itemsize, run.auto))
     return ctx.schedule(run.collective, run.name, run.build, shape)
 
 

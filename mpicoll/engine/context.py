@@ -158,6 +158,11 @@ class Context:
         self.nodes = tuple(labels.tolist())  # node label per rank (Shape.nodes, select.choose)
         # what "auto" picks on this communicator: its rank and node counts choose the tuning
         self.selection = _select.selection(self.size, len(set(self.nodes)))
+        # the tuning file's segment and window, unless the options were set (an explicit
+        # choice wins over a measured default)
+        self.tuned_options = tuple(n for n in ("segment_bytes", "window")
+                                   if not _config.text(n)
+                                   and self.env[n] == _config.TABLE[n].default)
 
     def _wait(self, pending: list, step: str) -> None:
         """Complete the set-up requests ``pending``; CollectiveTimeout after the call's timeout."""
@@ -185,6 +190,22 @@ class Context:
         return CollectiveTimeout(msg, collective=collective, seq=1, algorithm=algorithm,
                                  rank=self.rank, peer=None, phase="setup", step=None,
                                  timeout=self._timeout)
+
+    def segment_window(self, collective: str, algorithm: str, nbytes: int, auto: bool):
+        """(segment bytes, window) of a call of ``algorithm`` moving ``nbytes``: the options,
+        or for an "auto" call the tuning file's values for that size where it has some."""
+        seg, win = self.segment_bytes, self.window
+        if not (auto and self.selection.segments):  # (the common case: nothing to look up)
+            return seg, win
+        tuned = self.selection.segment(collective, algorithm, nbytes)
+        if tuned is not None:  # (a value set on the context itself wins too, as the options)
+            if tuned[0] is not None and "segment_bytes" in self.tuned_options \
+                    and seg == self.env["segment_bytes"]:
+                seg = tuned[0]
+            if tuned[1] is not None and "window" in self.tuned_options \
+                    and win == self.env["window"]:
+                win = tuned[1]
+        return seg, win
 
     def schedule(self, collective: str, algorithm: str, build, shape):
         """``build(shape)``, cached for the :data:`SCHEDULES` shapes used last."""

@@ -82,12 +82,26 @@ class Selection:
 
     ``source``: where the rows come from (the built-in table, or the tuning
     file and entry); ``note``: why a tuning file was not applied, or None.
+    ``segments``: the entry's segment and window rows, {(collective,
+    algorithm): ((max bytes | None, segment bytes | None, window | None), ...)}.
     """
 
-    __slots__ = ("rows", "source", "note", "entry")
+    __slots__ = ("rows", "source", "note", "entry", "segments")
 
     def __init__(self, rows: dict, source: str, note: str | None = None, entry=None):
         self.rows, self.source, self.note, self.entry = rows, source, note, entry
+        self.segments = entry.segments if entry is not None else {}
+
+    def segment(self, collective: str, name: str, nbytes: int):
+        """(segment bytes | None, window | None) the entry gives an "auto" call of ``name``
+        moving ``nbytes``, or None where it gives none (the options apply)."""
+        rows = self.segments.get((collective, name))
+        if rows is None:
+            return None
+        for limit, segment, window in rows:
+            if limit is None or nbytes <= limit:
+                return None if segment is None and window is None else (segment, window)
+        return None
 
     def describe(self) -> list[str]:
         """Lines: the source, the note, then one line per collective (``<=4096 ring, ...``)."""
@@ -100,6 +114,12 @@ class Selection:
             tuned = self.entry is not None and collective in self.entry.selection
             lines.append(f"{collective}: {', '.join(parts)}"
                          f"{' (tuned)' if tuned else ' (built-in)' if self.entry else ''}")
+        for (collective, name), rows in self.segments.items():
+            parts = [f"{'<=' + str(limit) if limit is not None else 'above'} "
+                     f"{'segment ' + str(seg) if seg else 'segment option'}, "
+                     f"{'window ' + str(win) if win else 'window option'}"
+                     for limit, seg, win in rows]
+            lines.append(f"{collective} {name} segments: {'; '.join(parts)}")
         return lines
 
 

@@ -9,12 +9,23 @@ A tuning file is JSON written by :mod:`mpicoll.tools.tune`::
         "ranks": [2, 2], "nodes": [1, 1],          # the layouts it applies to (inclusive)
         "measured": {"date": ..., "host": ..., "command": ..., "ranks": 2, "nodes": 1, ...},
         "selection": {"allreduce": [[2048, "recursive_doubling"], [null, "ring"]], ...},
+        "segments": {"allreduce": {"ring": [[1048576, null, null], [null, 262144, 4]]}},
         ...}]}                                     # p2p curve, times, model: for the tool
 
 ``selection`` lists, per collective, size ranges in the order of
 :data:`mpicoll.engine.select.THRESHOLDS`: ``[max_bytes, algorithm]``, the
 first row whose ``max_bytes`` (inclusive; null: no limit) holds gives the
 algorithm.  Sizes are those "auto" selects by (engine.select).
+
+``segments`` (optional) lists, per collective and algorithm, size ranges the
+same way: ``[max_bytes, segment_bytes, window]``, the segment size and the
+window (core.config's ``segment_bytes`` and ``window``) a call of that size
+runs with when "auto" chose that algorithm; null keeps the option's value.
+A variable set in the environment (``MPICOLL_SEGMENT_BYTES``,
+``MPICOLL_WINDOW``) wins over the file.  An entry with ``"source": "model"``
+was predicted by the cost model (``python -m mpicoll.tune --predict N -o
+FILE``) for a layout not measured; ``predicted`` names the measured entry it
+was fitted to.
 
 Which file (read once per process, :func:`load`): ``MPICOLL_TUNING=path``,
 else the default file of this MPI library in the user's cache directory
@@ -126,6 +137,56 @@ def parse_selection(sel, algorithms: dict, what: str) -> dict:
     return out
 
 
+def parse_segments(seg, algorithms: dict, what: str) -> dict:
+    """{(collective, algorithm): ((max_bytes | None, segment_bytes | None, window | None), ...)}
+    checked against ``algorithms``; ValueError naming ``what`` and the bad row."""
+    if seg is None:
+        return {}
+    if not isinstance(seg, dict):
+        raise ValueError(f"{what}: expected an object of collectives, got {type(seg).__name__}")
+    out = {}
+    for collective, per in seg.items():
+        if collective not in COLLECTIVES:
+            raise ValueError(f"{what}: unknown collective {collective!r}; expected one of "
+                             f"{', '.join(COLLECTIVES)}")
+        if not isinstance(per, dict):
+            raise ValueError(f"{what}.{collective}: expected an object of algorithms, got {per!r}")
+        for name, rows in per.items():
+            where0 = f"{what}.{collective}.{name}"
+            if name not in algorithms[collective]:
+                raise ValueError(f"{where0}: {name!r} is not an algorithm of {collective}")
+            if not isinstance(rows, list) or not rows:
+                raise ValueError(f"{where0}: expected a non-empty list of "
+                                 f"[max_bytes, segment_bytes, window], got {rows!r}")
+            table, last = [], -1
+            for i, row in enumerate(rows):
+                where = f"{where0}[{i}]"
+                if not isinstance(row, list) or len(row) != 3:
+                    raise ValueError(f"{where}: expected [max_bytes, segment_bytes, window], "
+                                     f"got {row!r}")
+                limit, segment, window = row
+                if limit is not None:
+                    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= last:
+                        raise ValueError(f"{where}: max_bytes must be an integer above the "
+                                         f"previous row's ({last}), got {limit!r}")
+                    last = limit
+                elif i != len(rows) - 1:
+                    raise ValueError(f"{where}: only the last row may have no limit (null)")
+                if segment is not None and (isinstance(segment, bool) or not isinstance(segment, int)
+                                            or segment < 1):
+                    raise ValueError(f"{where}: segment_bytes must be a positive integer or null, "
+                                     f"got {segment!r}")
+                if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                           or not 1 <= window <= 64):
+                    raise ValueError(f"{where}: window must be an integer from 1 to 64 or null, "
+                                     f"got {window!r}")
+                table.append((limit, segment, window))
+            if table[-1][0] is not None:
+                table.append((None, None, None))  # above the last tuned size: the options
+            out[(collective, name)] = tuple(table)
+    return out
+
+
 class Entry:
     """One entry of a tuning file: the layouts it applies to and its selection."""
 
@@ -140,6 +201,7 @@ class Entry:
         self.ranks = _range(raw.get("ranks"), f"{what}.ranks")
         self.nodes = _range(raw.get("nodes"), f"{what}.nodes")
         self.selection = parse_selection(raw.get("selection"), algorithms, f"{what}.selection")
+        self.segments = parse_segments(raw.get("segments"), algorithms, f"{what}.segments")
         self.measured = raw.get("measured") if isinstance(raw.get("measured"), dict) else {}
 
     def applies(self, nranks: int, nodes: int) -> bool:
@@ -152,7 +214,9 @@ class Entry:
         how = (f"measured {m.get('date', '?')} on {m.get('host', '?')}, {m.get('ranks', '?')} ranks "
                f"on {m.get('nodes', '?')} node(s)")
         if self.source == "model":
-            how = "predicted by the cost model from the tuning " + how
+            p = self.raw.get("predicted") if isinstance(self.raw.get("predicted"), dict) else {}
+            how = (f"predicted {p.get('date', '?')} by the cost model, "
+                   f"{p.get('ranks_per_node', '?')} ranks per node, from the entry " + how)
         return f"{rng(self.ranks)} ranks on {rng(self.nodes)} node(s), {how}"
 
 

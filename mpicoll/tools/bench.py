@@ -533,8 +533,14 @@ def memory_probe(comm, case) -> tuple[int, int | None]:
     return held, (peak if isinstance(case.sbuf, np.ndarray) else None)
 
 
-def time_variants(comm, variants, warmup, iters, batch) -> dict:
-    """Median over calls of the slowest rank's time (seconds), per variant; interleaved batches."""
+def time_variants(comm, variants, warmup, iters, batch, min_iters=None, spread=None) -> dict:
+    """Median over calls of the slowest rank's time (seconds), per variant; interleaved batches.
+
+    ``spread``: stop early, after at least ``min_iters`` calls of each variant,
+    once every variant's interquartile range is within ``spread`` times its
+    median on every rank (one agreement per round of batches): more calls
+    would not move a median that steady.
+    """
     names = list(variants)
     for name in names:
         call, opts = variants[name]
@@ -560,12 +566,36 @@ def time_variants(comm, variants, warmup, iters, batch) -> dict:
                     t[k] = wtime() - t0
             done[name] = k1
         rnd += 1
+        if spread is not None and done[names[0]] < iters and done[names[0]] >= (min_iters or 1):
+            steady = True
+            for name in names:
+                q1, q2, q3 = np.percentile(times[name][:done[name]], (25, 50, 75))
+                steady = steady and q3 - q1 <= spread * q2
+            if comm.allreduce(steady, op=MPI.LAND):
+                break
     out = {}
     for name in names:
-        t = times[name]
+        t = times[name][:done[name]]
         comm.Allreduce(MPI.IN_PLACE, t, MPI.MAX)
         out[name] = float(np.median(t))
     return out
+
+
+def check_case(comm, case, device, args, builtin: bool = True) -> tuple:
+    """(wrong elements of mpicoll's output, of the built-in's or None), summed over ranks:
+    the outputs of the calls timed last against the exact values."""
+    n = comm.size
+    want = expected(case.collective, n, case.count, case.dtype, args.op, comm.rank)
+    scale = error_scale(case.collective, n, case.count, case.dtype, args.op, comm.rank)
+    got_m = device.download(case.out_m)
+    wrong = comm.allreduce(count_wrong(got_m, want, case.dtype, n, args.op, scale))
+    builtin_wrong = None
+    if builtin:
+        got_b = device.download(case.out_b)
+        if got_b.dtype != case.dtype:  # float32 or words (_half_dtypes)
+            got_b = got_b.view(case.dtype) if got_b.dtype.kind == "u" else got_b.astype(case.dtype)
+        builtin_wrong = comm.allreduce(count_wrong(got_b, want, case.dtype, n, args.op, scale))
+    return wrong, builtin_wrong
 
 
 def measure(comm, case, device, args, meta) -> dict:
@@ -573,14 +603,7 @@ def measure(comm, case, device, args, meta) -> dict:
     t = time_variants(comm, case.variants, args.warmup_iters, args.iters, args.batch)
     wrong = builtin_wrong = None
     if args.check:
-        got_m = device.download(case.out_m)
-        got_b = device.download(case.out_b)
-        if got_b.dtype != case.dtype:  # float32 or words (_half_dtypes)
-            got_b = got_b.view(case.dtype) if got_b.dtype.kind == "u" else got_b.astype(case.dtype)
-        want = expected(case.collective, n, case.count, case.dtype, args.op, comm.rank)
-        scale = error_scale(case.collective, n, case.count, case.dtype, args.op, comm.rank)
-        wrong = comm.allreduce(count_wrong(got_m, want, case.dtype, n, args.op, scale))
-        builtin_wrong = comm.allreduce(count_wrong(got_b, want, case.dtype, n, args.op, scale))
+        wrong, builtin_wrong = check_case(comm, case, device, args)
     factor = BUSBW_FACTOR[case.collective](n)
 
     def bw(seconds):

@@ -6,6 +6,8 @@ Usage (every rank runs it; rank 0 prints and writes)::
     mpirun -n 2 python -m mpicoll.tune              # the default sweep (a minute or two)
     srun -N 4 --ntasks-per-node 8 python -m mpicoll.tune -o tuning.json
     python -m mpicoll.tune --predict 1024           # predicted crossovers at 1024 ranks
+    python -m mpicoll.tune --predict 64,128 --ranks-per-node 8 -o tuning.json
+    python -m mpicoll.tune --check tuning.json      # the 5 % rule, size by size
 
 What it measures, in one run on the communicator's layout (ranks, nodes):
 
@@ -14,23 +16,39 @@ What it measures, in one run on the communicator's layout (ranks, nodes):
    another node (``inter``), from 8 B up, doubling; where the time jumps
    (a protocol cliff such as an eager limit) probes bisect the jump to a
    few tens of bytes;
-2. every algorithm of every collective at each size, timed and checked by
-   the benchmark's own loop (:func:`mpicoll.tools.bench.measure`: median
-   of the slowest rank, interleaved with the built-in, results checked
-   against the exact values), and the rate of a local reduction;
-3. the cost model (:mod:`mpicoll.tools.costmodel`) fitted to both.
+2. every algorithm of every collective at each size (the hierarchical one
+   only where the ranks span nodes), each timed in its own loop with the
+   built-in, as the benchmark does (:func:`mpicoll.tools.bench.time_variants`:
+   median of the slowest rank, interleaved batches) and checked against the
+   exact values (:func:`mpicoll.tools.bench.check_case`).  The second pass
+   (sizes in the other order; each point keeps its fastest) measures again
+   only the algorithms within :data:`WIDE` of the fastest of the size; from
+   :data:`SEG_MIN` up an algorithm :data:`LOSING` times slower at two sizes
+   in a row is not measured at the larger ones;
+3. from :data:`SEG_MIN` up, the segment size and window (core.config's
+   ``segment_bytes`` and ``window``) of the algorithms near the fastest: the
+   segment sizes of the sweep, then its windows at the best segment size;
+4. the rate of a local reduction, and the cost model
+   (:mod:`mpicoll.tools.costmodel`) fitted to all of it.
 
 The fastest algorithm per size becomes a list of size ranges: at every size
-an algorithm within 5 % of the fastest measured, with the fewest switches
-(noise between near-equal algorithms does not split a range); the boundary
-between two measured sizes is where the model's curves cross.  The tuning
-file (format: :mod:`mpicoll.engine.tuning`)
-is keyed by the MPI library and version, holds one entry per layout (a new
-run replaces the entry of its own layout and keeps the others), and records
-when, where and how it was measured.  By default it is the default file of
-this MPI library in the user's cache directory, which "auto" then reads;
-``-o`` writes elsewhere (``MPICOLL_TUNING=path`` to use it).  The exit
-status is 1 if any result was wrong (no file is written then).
+an algorithm within 5 % of the fastest measured (any algorithm, any segment
+and window), with the fewest switches (noise between near-equal algorithms
+does not split a range); the boundary between two measured sizes is where
+the model's curves cross.  Per algorithm, the segment size and window chosen
+by size (the options' values unless another beats them by more than 5 %).
+The report, and ``--check FILE`` later, print per size the chosen
+algorithm's time against the fastest measured.  The tuning file (format:
+:mod:`mpicoll.engine.tuning`) is keyed by the MPI library and version,
+holds one entry per layout (a new run replaces the entry of its own layout
+and keeps the others), and records when, where and how it was measured.
+By default it is the default file of this MPI library in the user's cache
+directory, which "auto" then reads; ``-o`` writes elsewhere
+(``MPICOLL_TUNING=path`` to use it).  ``--predict N -o FILE`` adds the
+model's selection for N ranks as entries marked predicted (``"source":
+"model"``, with the measured entry they come from), which "auto" uses where
+no measured entry fits.  The exit status is 1 if any result was wrong (no
+file is written then).
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import platform
 import sys
@@ -49,6 +68,8 @@ from mpi4py import MPI
 
 import mpicoll
 
+from ..core import config as _config
+from ..engine import context as _context
 from ..engine import select as _select
 from ..engine import tuning as _tuning
 from ..transport import topology as _topology
@@ -56,16 +77,32 @@ from . import bench as _bench
 from . import costmodel as _costmodel
 
 # the sweeps: sizes (bytes) of the exchange curve and of the collectives, timed calls
-# (passes: every point is measured that many times, in alternating order, and keeps its
-# fastest median: on a shared machine load only ever adds time)
+# (passes: every point is measured up to that many times, in alternating order, and keeps its
+# fastest median: on a shared machine load only ever adds time; segments, windows: the
+# grid of segment sizes and windows tried at the large sizes, the options' values with them)
 SWEEPS = {
     "quick": {"p2p_max": 4 << 20, "coll": (256, 4 << 20, 4.0), "extra": (2048, 4096, 8192),
-              "iters": 20, "warmup": 3, "bisect": 64, "passes": 2},
+              "iters": 20, "warmup": 3, "bisect": 64, "passes": 2,
+              "segments": (256 << 10, 1 << 20, 4 << 20), "windows": (1, 2)},
     "full": {"p2p_max": 16 << 20, "coll": (8, 16 << 20, 2.0), "extra": (),
-             "iters": 40, "warmup": 5, "bisect": 16, "passes": 2},
+             "iters": 40, "warmup": 5, "bisect": 16, "passes": 2, "half_steps": True,
+             "segments": (64 << 10, 256 << 10, 1 << 20, 4 << 20), "windows": (1, 2, 4)},
 }
 FIT_MAX = 64 << 10  # the model's overheads are fitted to the sizes up to this
 CLOSE = 1.05  # a winner by less than this keeps its neighbours' algorithm
+# measured again only within this of the fastest: a loser by more cannot come within CLOSE
+# of it in another pass unless the first pass was off by a fifth
+WIDE = 1.25
+SEG_MIN = 256 << 10  # segment and window are tried from this size up (below, one segment)
+SEG_WIDE = 1.15  # ... for the algorithms within this of the fastest there
+# another segment/window must beat the options' by more than this (the options are the
+# simpler choice; the algorithm's time is then within CLOSE of its fastest variant, and
+# winners() compares it with the fastest measured, so the 5 % rule still holds)
+PREFER_DEFAULT = CLOSE
+# a size's loop stops early once every variant's interquartile range is within this of
+# its median (after a quarter of the calls): the median's standard error is then under 2 %
+SPREAD = 0.05
+LOSING = 1.5  # from SEG_MIN up, an algorithm this much slower at two sizes stops there
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,11 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=_bench.factor_arg, help="size factor between steps")
     p.add_argument("-n", "--iters", type=_bench.positive_int_arg, help="timed calls per size")
     p.add_argument("--p2p-max", type=_bench.size_arg, help="largest exchange of the p2p curve")
-    p.add_argument("--predict", metavar="RANKS", type=_bench.positive_int_arg,
-                   help="print the crossovers the model predicts at RANKS ranks (same ranks per "
-                        "node as measured), from the tuning file (--file, MPICOLL_TUNING or the "
-                        "default); measures nothing")
+    p.add_argument("--predict", metavar="RANKS", type=rank_list,
+                   help="print the crossovers the model predicts at RANKS ranks (one count or "
+                        "several: 4,8,16; same ranks per node as measured), from the tuning file "
+                        "(--file, MPICOLL_TUNING or the default); measures nothing. With -o: "
+                        "also write them to that file as predicted entries (source \"model\"), "
+                        "which auto uses where no measured entry fits")
     p.add_argument("--file", metavar="PATH", help="with --predict: the tuning file to read")
+    p.add_argument("--ranks-per-node", type=_bench.positive_int_arg, metavar="K",
+                   help="with --predict: ranks per node of the layout predicted (default: as "
+                        "measured)")
+    p.add_argument("--check", metavar="FILE",
+                   help="print, per size, the time of the algorithm FILE's selection runs "
+                        "against the fastest measured; exit status 1 if one is over 5 %% "
+                        "slower; measures nothing")
+    p.add_argument("--no-segments", action="store_true",
+                   help="do not try segment sizes and windows (the options' values are kept)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
     return p
 
@@ -241,61 +289,305 @@ def _bench_args(dtype: str, iters: int, warmup: int):
     return args
 
 
-def collective_sizes(args, sweep, nranks, itemsize) -> list[int]:
+def collective_sizes(args, sweep, nranks, itemsize) -> tuple[list[int], list[int]]:
+    """(sizes measured, candidates): the sweep's sizes, and the sizes half a step between
+    them (1 KiB to 1 MiB, full sweep, default steps) measured only where the fastest
+    algorithm changes between their neighbours (:func:`measure_collectives`)."""
     lo, hi, factor = sweep["coll"]
     lo = args.minbytes or lo
     hi = args.maxbytes or hi
     factor = args.stepfactor or factor
     sizes = set(_bench.sizes(lo, hi, factor)) | {s for s in sweep["extra"] if lo <= s <= hi}
-    if args.stepfactor is None and factor >= 2 and not args.minbytes:
-        # the medium sizes, where the crossovers and cliffs sit, at half steps
-        sizes |= {int(s * 1.5) for s in _bench.sizes(1024, min(hi, 1 << 20), 2.0)
-                  if int(s * 1.5) <= hi and sweep is SWEEPS["full"]}
+    half = set()
+    if sweep.get("half_steps") and args.stepfactor is None and factor >= 2 and not args.minbytes:
+        # the medium sizes, where the crossovers and cliffs sit
+        half = {int(s * 1.5) for s in _bench.sizes(1024, min(hi, 1 << 20), 2.0)
+                if int(s * 1.5) <= hi}
     unit = itemsize * nranks  # a whole number of elements per rank for every collective
-    return sorted({max(unit, s // unit * unit) for s in sizes})
+
+    def whole(values):
+        return {max(unit, s // unit * unit) for s in values}
+
+    measured = whole(sizes)
+    return sorted(measured), sorted(whole(half) - measured)
 
 
-def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, progress):
-    """{collective: {algorithm: {bytes: seconds}}}, {collective: {bytes: built-in seconds}}, wrong."""
+def algorithms_of(collective: str, labels) -> list[str]:
+    """The algorithms worth measuring on this layout: the hierarchical one only where the
+    ranks span nodes with more than one rank on some (elsewhere "auto" never runs it)."""
+    names = list(_select.ALGORITHMS[collective])
+    if not _select.spans_nodes(labels):
+        names = [a for a in names if a != "hierarchical"]
+    return names
+
+
+def _iters(sweep, override, nbytes) -> int:
+    base = override or sweep["iters"]
+    return base if nbytes < (1 << 20) else max(3, base // (4 if nbytes < (8 << 20) else 8))
+
+
+def time_size(comm, device, collective, variants: dict, nbytes, args):
+    """({key: seconds}, built-in seconds, wrong elements) of one size: every variant
+    (key -> (algorithm, communicator)) in its own loop with the built-in, as the
+    benchmark times it (:func:`mpicoll.tools.bench.time_variants`), then its output
+    checked (:func:`mpicoll.tools.bench.check_case`); the built-in keeps its fastest.
+
+    One loop of several variants would evict each other's buffers from the cache
+    between batches and penalise the cache-sensitive algorithms (recursive doubling
+    at 64 KiB on MPICH, 2 ranks: 10.1 us alone, 16.8 us in one loop with three others).
+    """
+    out, builtin, wrong = {}, math.inf, 0
+    for key, (algorithm, vcomm) in variants.items():
+        case = _bench.Case(vcomm, device, collective, algorithm, nbytes, args)
+        t = _bench.time_variants(comm, {"mpicoll": case.variants["mpicoll"],
+                                        "builtin": case.variants["builtin"]},
+                                 args.warmup_iters, args.iters, args.batch,
+                                 min_iters=max(args.batch, args.iters // 4), spread=SPREAD)
+        out[key], builtin = t["mpicoll"], min(builtin, t["builtin"])
+        w, bw = _bench.check_case(comm, case, device, args)
+        wrong += w + (bw or 0)
+        del case
+    return out, builtin, wrong
+
+
+def measure_collectives(comm, collectives, sizes, dtype, sweep, iters_override, progress,
+                        algos=None, half=()):
+    """{collective: {algorithm: {bytes: seconds}}}, {collective: {bytes: built-in seconds}}, wrong.
+
+    Every algorithm of a size is timed in its own loop with the built-in
+    (:func:`time_size`).  The first pass measures every algorithm at every size; the later passes
+    (alternating the order of sizes: on a shared machine load only adds time,
+    so each point keeps its fastest) measure again only the algorithms within
+    :data:`WIDE` of the fastest at that size, and skip a size where one
+    algorithm is left: a loser by that margin cannot come within 5 % of the
+    winner, and a clear winner is not in doubt.
+
+    In the second pass a size of ``half`` (half a step between two measured
+    sizes) is measured, every algorithm, where the fastest algorithm differs
+    between its two neighbours: the crossovers get the finer steps, the rest
+    of the range not.
+    """
     times, builtin, wrong = {}, {}, 0
     device = _bench.HostDevice()
+    algos = algos or {c: list(_select.ALGORITHMS[c]) for c in collectives}
+    per_size = {}  # collective -> its sizes (the half steps join after the first pass)
 
     def keep(table, key, seconds):
         table[key] = min(seconds, table.get(key, seconds))
 
     for k in range(sweep["passes"]):
         for collective in collectives:
-            times.setdefault(collective, {a: {} for a in _select.ALGORITHMS[collective]})
+            names = algos[collective]
+            times.setdefault(collective, {a: {} for a in names})
             builtin.setdefault(collective, {})
-            for nbytes in (sizes if k % 2 == 0 else sizes[::-1]):
-                base = iters_override or sweep["iters"]
-                iters = base if nbytes < (1 << 20) else max(3, base // (4 if nbytes < (8 << 20) else 8))
-                args = _bench_args(dtype, iters, sweep["warmup"])
-                for algorithm in _select.ALGORITHMS[collective]:
-                    case = _bench.Case(comm, device, collective, algorithm, nbytes, args)
-                    rec = _bench.measure(comm, case, device, args, {})
-                    del case
-                    keep(times[collective][algorithm], rec["bytes"], rec["time_us"] * 1e-6)
-                    keep(builtin[collective], rec["bytes"], rec["builtin_time_us"] * 1e-6)
-                    wrong += (rec["wrong"] or 0) + (rec["builtin_wrong"] or 0)
-                    progress.step(f"{collective} {algorithm} {_bench.human(rec['bytes'])}")
+            done = []  # the sizes measured in this pass, in order
+            order = per_size.setdefault(collective, list(sizes))
+            if k == 1:
+                order += around_crossovers(times[collective], order, half)
+                order.sort()
+            for nbytes in (order if k % 2 == 0 else order[::-1]):
+                run = names
+                if k == 0 and nbytes >= SEG_MIN and len(done) >= 2:
+                    run = [a for a in names if not losing(times[collective], a, done[-2:])]
+                elif k > 0 and any(nbytes in t for t in times[collective].values()):
+                    tc = times[collective]
+                    best = min(tc[a][nbytes] for a in names if nbytes in tc[a])
+                    run = [a for a in names if tc[a].get(nbytes, math.inf) <= WIDE * best]
+                    if len(run) < 2:
+                        progress.step(f"{collective} {_bench.human(nbytes)}: clear", len(names))
+                        continue
+                done.append(nbytes)
+                args = _bench_args(dtype, _iters(sweep, iters_override, nbytes), sweep["warmup"])
+                t, tb, w = time_size(comm, device, collective, {a: (a, comm) for a in run},
+                                     nbytes, args)
+                for a, seconds in t.items():
+                    keep(times[collective][a], nbytes, seconds)
+                keep(builtin[collective], nbytes, tb)
+                wrong += w
+                progress.step(f"{collective} {len(run)} algorithms {_bench.human(nbytes)}",
+                              len(names))
     return times, builtin, wrong
+
+
+def around_crossovers(per_algo: dict, sizes: list, half) -> list[int]:
+    """The sizes of ``half`` whose two neighbours in ``sizes`` have different fastest
+    algorithms (each neighbour's fastest among the algorithms measured there)."""
+    def fastest(nb):
+        return min((t[nb], a) for a, t in per_algo.items() if nb in t)[1]
+
+    out = []
+    ordered = sorted(sizes)
+    for m in half:
+        below = [x for x in ordered if x < m]
+        above = [x for x in ordered if x > m]
+        if below and above and fastest(below[-1]) != fastest(above[0]):
+            out.append(m)
+    return out
+
+
+def losing(per_algo: dict, name: str, below: list) -> bool:
+    """Whether ``name`` was more than :data:`LOSING` times the fastest at both sizes
+    ``below`` (the two measured last, ascending, from :data:`SEG_MIN` up): in the bandwidth
+    regime the volume decides, and a loser by that much does not come back (it is not
+    measured at the larger sizes)."""
+    for nb in below:
+        t = per_algo[name].get(nb)
+        best = min(x[nb] for x in per_algo.values() if nb in x)
+        if nb < SEG_MIN or t is None or t <= LOSING * best:
+            return False
+    return True
+
+
+def seg_key(segment: int, window: int) -> str:
+    """``"262144:4"``: a segment size and window as the tuning file's key."""
+    return f"{segment}:{window}"
+
+
+def measure_segments(comm, collectives, times, sizes, dtype, sweep, iters_override, progress):
+    """{collective: {algorithm: {bytes: {seg_key: seconds}}}}, the default key, wrong.
+
+    At the sizes from :data:`SEG_MIN` up (the doubling ones: the half steps
+    only place crossovers), every algorithm within :data:`SEG_WIDE` of the
+    fastest there is timed at the segment sizes of the sweep (with the
+    options' window), the options' values among them, then at the windows
+    of the sweep not yet measured with the fastest segment size: a
+    coordinate search, half the calls of the whole grid.  Each variant runs
+    on a duplicate communicator whose context was made with those options
+    (as a user's would be).  ``times`` (the options' variant) keeps its
+    fastest.  Calls from 1 MiB take a millisecond or more: one warm-up call and
+    a few timed ones are enough there.
+    """
+    base = dict(_config.read_environment())
+    default = (base["segment_bytes"], base["window"])
+    comms, seg, wrong = {}, {c: {} for c in collectives}, 0
+    device = _bench.HostDevice()
+    tuned = []  # from SEG_MIN up, each size at least 1.9 times the last
+    for nb in sorted(sizes):
+        if nb >= SEG_MIN and (not tuned or nb >= 1.9 * tuned[-1]):
+            tuned.append(nb)
+    todo = []
+    for c in collectives:
+        for nb in tuned:
+            best = min(t[nb] for t in times[c].values() if nb in t)
+            todo += [(c, nb, a) for a in times[c]
+                     if nb in times[c][a] and times[c][a][nb] <= SEG_WIDE * best]
+    if not todo:
+        return seg, seg_key(*default), 0
+
+    def comm_of(sw):
+        if sw == default:
+            return comm
+        if sw not in comms:
+            dup = comm.Dup()
+            _context.context(dup, env=dict(base, segment_bytes=sw[0], window=sw[1]))
+            comms[sw] = dup
+        return comms[sw]
+
+    def run(c, nb, a, variants):
+        nonlocal wrong
+        iters = _iters(sweep, iters_override, nb)
+        args = _bench_args(dtype, min(iters, 5) if nb >= (1 << 20) else iters,
+                           1 if nb >= (1 << 20) else sweep["warmup"])
+        t, _, w = time_size(comm, device, c, {sw: (a, comm_of(sw)) for sw in variants}, nb, args)
+        wrong += w
+        got = seg[c].setdefault(a, {}).setdefault(nb, {})
+        for sw, x in t.items():
+            key = seg_key(*sw)
+            got[key] = min(x, got.get(key, x))
+        if default in t:
+            times[c][a][nb] = min(times[c][a][nb], t[default])
+        progress.step(f"{c} {a} {_bench.human(nb)}: {len(variants)} segment/window", 0)
+        return got
+
+    try:
+        for c, nb, a in todo:
+            got = run(c, nb, a, sorted({(sg, default[1]) for sg in sweep["segments"]} | {default}))
+            bestseg = min(((sg, default[1]) for sg in sweep["segments"]),
+                          key=lambda sw: got[seg_key(*sw)])[0]
+            if got[seg_key(*default)] <= got[seg_key(bestseg, default[1])]:
+                bestseg = default[0]
+            more = sorted({(bestseg, w) for w in sweep["windows"]}
+                          - {tuple(int(x) for x in k.split(":")) for k in got})
+            if more:
+                run(c, nb, a, more)
+    finally:
+        for dup in comms.values():
+            dup.Free()
+    return seg, seg_key(*default), wrong
+
+
+def choose_segments(times, seg, default_key):
+    """(times with each tuned point at its chosen variant's time, {collective: {algorithm:
+    {bytes: key}}}, {collective: {bytes: fastest seconds over every algorithm and variant}}).
+
+    A point keeps the options' variant (its fastest time in ``times``) unless
+    another is faster by more than :data:`PREFER_DEFAULT`; the algorithm's
+    time there is then its chosen variant's, and the fastest is the fastest
+    measured at all, so the 5 % rule of :func:`winners` holds for what "auto"
+    runs.
+    """
+    eff = {c: {a: dict(t) for a, t in per.items()} for c, per in times.items()}
+    chosen, fastest = {}, {}
+    for c, per in times.items():
+        fastest[c] = {nb: min(t[nb] for t in per.values() if nb in t)
+                      for nb in {x for t in per.values() for x in t}}
+        for a, pts in seg.get(c, {}).items():
+            for nb, variants in pts.items():
+                cands = dict(variants)
+                cands[default_key] = times[c][a][nb]
+                best = min(cands, key=cands.get)
+                key = default_key if cands[default_key] <= PREFER_DEFAULT * cands[best] else best
+                chosen.setdefault(c, {}).setdefault(a, {})[nb] = key
+                eff[c][a][nb] = cands[key]
+                fastest[c][nb] = min(fastest[c][nb], cands[best])
+            # a size measured with the options only (a half step) keeps the options: the
+            # file then gives nothing there that was not measured
+            for nb in times[c][a]:
+                if nb >= SEG_MIN and nb not in pts:
+                    chosen[c][a][nb] = default_key
+    return eff, chosen, fastest
+
+
+def segment_rows(points: dict, default_key: str) -> list:
+    """[[max_bytes, segment_bytes | None, window | None], ...] of one algorithm's chosen
+    variants ({bytes: key}): the options below the first tuned size and wherever the
+    options' variant was chosen; between two tuned sizes the boundary is their geometric
+    mean; the last tuned size's variant holds above it."""
+    pts = sorted(points.items())
+    rows = [[pts[0][0] - 1, None, None]]
+    for i, (nb, key) in enumerate(pts):
+        limit = None if i == len(pts) - 1 else int(math.sqrt(nb * pts[i + 1][0]))
+        if key == default_key:
+            row = [limit, None, None]
+        else:
+            sg, w = (int(x) for x in key.split(":"))
+            row = [limit, sg, w]
+        if rows[-1][1:] == row[1:]:
+            rows[-1][0] = limit
+        else:
+            rows.append(row)
+    if rows[-1][1:] == [None, None] and len(rows) > 1 and rows[-2][1:] == [None, None]:
+        rows.pop(-2)
+    return [] if all(r[1:] == [None, None] for r in rows) else rows
 
 
 # --- from times to size ranges -----------------------------------------------------
 
-def winners(per_algo: dict) -> list[tuple[int, str]]:
+def winners(per_algo: dict, fastest: dict | None = None) -> list[tuple[int, str]]:
     """[(size, algorithm)]: at every size an algorithm within 5 % of the fastest, with the
     fewest switches between sizes (noise between near-equal algorithms does not split a
-    range); among equal choices the faster.
+    range); among equal choices the faster.  ``fastest``: {size: seconds} of the fastest
+    measured there when that is not one of ``per_algo``'s (a variant not chosen).
     """
-    sizes = sorted(set.intersection(*(set(t) for t in per_algo.values())))
-    algos = list(per_algo)
+    sizes = sorted(set.union(*(set(t) for t in per_algo.values())))
+    algos = list(per_algo)  # (one not measured at a size is not a choice there)
     # cost[a]: (switches, summed time relative to the best) of the best path ending in a
     cost, back = {}, []
     for i, s in enumerate(sizes):
-        best = min(per_algo[a][s] for a in algos)
-        near = [a for a in algos if per_algo[a][s] <= CLOSE * best]
+        best = min(per_algo[a][s] for a in algos if s in per_algo[a])
+        if fastest is not None and s in fastest:
+            best = min(best, fastest[s])
+        near = [a for a in algos if per_algo[a].get(s, math.inf) <= CLOSE * best]
         new, prev = {}, {}
         for a in near:
             rel = per_algo[a][s] / best if best > 0 else 1.0
@@ -339,10 +631,101 @@ def size_ranges(collective, wins, model, nranks, ppn, itemsize) -> list:
     return rows
 
 
+# --- the 5 % rule ---------------------------------------------------------------------
+
+def rule_rows(raw: dict) -> list[dict]:
+    """What an entry's selection runs at each measured size against the fastest measured.
+
+    One dict per (collective, size): ``chosen`` (algorithm, or algorithm and
+    ``seg:win`` where the entry's segments give another variant than the
+    options'), ``chosen_us`` (None: that variant was not measured),
+    ``fastest``, ``fastest_us`` (over every algorithm and variant measured)
+    and ``ratio``.
+    """
+    algorithms = {c: tuple(t) for c, t in _select.ALGORITHMS.items()}
+    sel = _tuning.parse_selection(raw.get("selection"), algorithms, "selection")
+    segs = _tuning.parse_segments(raw.get("segments"), algorithms, "segments")
+    default = raw.get("seg_default") or seg_key(_config.TABLE["segment_bytes"].default,
+                                                 _config.TABLE["window"].default)
+    dseg, dwin = (int(x) for x in default.split(":"))
+    lookup = _select.Selection({}, "", entry=None)
+    lookup.segments = segs
+    out = []
+    for c, per in (raw.get("times_us") or {}).items():
+        if c not in sel or not per:
+            continue
+        seg_us = (raw.get("segment_us") or {}).get(c, {})
+        for size in sorted({int(x) for t in per.values() for x in t}):
+            key = str(size)
+            combos = {a: t[key] for a, t in per.items() if key in t}
+            for a, pts in seg_us.items():
+                for k, us in pts.get(key, {}).items():
+                    if k != default:  # the options' variant: times_us holds its fastest
+                        combos[f"{a} {k}"] = us
+            name = next(a for limit, a in sel[c] if limit is None or size <= limit)
+            tuned = lookup.segment(c, name, size)
+            if tuned is not None:
+                k = seg_key(tuned[0] or dseg, tuned[1] or dwin)
+                name = name if k == default else f"{name} {k}"
+            best = min(combos, key=combos.get)
+            got = combos.get(name)
+            out.append({"collective": c, "bytes": size, "chosen": name, "chosen_us": got,
+                        "fastest": best, "fastest_us": combos[best],
+                        "ratio": got / combos[best] if got is not None and combos[best] > 0
+                        else None})
+    return out
+
+
+def rule_holds(row) -> bool:
+    # (the file keeps times to the nanosecond: a ratio at the limit may round over by 1e-3)
+    return row["ratio"] is not None and row["ratio"] <= CLOSE + 1e-3
+
+
+def write_rule(out, rows, header: str = "") -> int:
+    """The 5 % rule's table; returns how many sizes break it."""
+    w = out.write
+    bad = 0
+    if header:
+        w(header)
+    w(f"#{'collective':>14} {'size (B)':>10} {'chosen':>28} {'us':>9} {'fastest':>28} "
+      f"{'us':>9} {'ratio':>6}\n")
+    for r in rows:
+        ok = rule_holds(r)
+        bad += not ok
+        got = f"{r['chosen_us']:9.2f}" if r["chosen_us"] is not None else f"{'-':>9}"
+        ratio = f"{r['ratio']:6.3f}" if r["ratio"] is not None else f"{'-':>6}"
+        w(f" {r['collective']:>14} {r['bytes']:>10} {r['chosen'][:28]:>28} {got} "
+          f"{r['fastest'][:28]:>28} {r['fastest_us']:9.2f} {ratio}"
+          f"{'' if ok else '  <- over 5 %' if r['ratio'] is not None else '  <- not measured'}\n")
+    w(f"# the chosen algorithm within 5 % of the fastest measured: {len(rows) - bad} of "
+      f"{len(rows)} sizes\n")
+    return bad
+
+
+def check_main(path, out) -> int:
+    """``--check FILE``: the 5 % rule for every measured entry; 1 if a size breaks it."""
+    algos = {c: tuple(t) for c, t in _select.ALGORITHMS.items()}
+    try:
+        tf = _tuning.read(path, algos)
+    except (OSError, ValueError) as exc:
+        out.write(f"cannot read the tuning file: {exc}\n")
+        return 1
+    bad = 0
+    measured = [e for e in tf.entries if e.source == "measured" and e.raw.get("times_us")]
+    if not measured:
+        out.write(f"{path}: no measured entry with times\n")
+        return 1
+    for e in measured:
+        bad += write_rule(out, rule_rows(e.raw), f"# {path}: {e.describe()}\n")
+    out.flush()
+    return 1 if bad else 0
+
+
 # --- the file ------------------------------------------------------------------------
 
 def merge(path: str, ident: dict, entry: dict) -> tuple[dict, str]:
-    """The file's content with ``entry`` replacing the measured entry of its layout; a note."""
+    """The file's content with ``entry`` replacing the entry of its layout (None: the file's
+    entries as they are); a note."""
     data = {"format": _tuning.FORMAT, "version": _tuning.VERSION,
             "mpi": {"library": ident["library"], "version": ident["version"], "line": ident["line"]},
             "entries": []}
@@ -359,11 +742,12 @@ def merge(path: str, ident: dict, entry: dict) -> tuple[dict, str]:
             if tf.foreign(ident):
                 note = f"replaced a file {tf.foreign(ident)}"
             else:
-                kept = [e for e in old["entries"]
-                        if not (e.get("ranks") == entry["ranks"] and e.get("nodes") == entry["nodes"])]
+                kept = [e for e in old["entries"] if entry is None
+                        or not (e.get("ranks") == entry["ranks"] and e.get("nodes") == entry["nodes"])]
                 data["entries"] = kept
                 note = f"kept {len(kept)} entr{'y' if len(kept) == 1 else 'ies'} of other layouts"
-    data["entries"].append(entry)
+    if entry is not None:
+        data["entries"].append(entry)
     return data, note
 
 
@@ -378,7 +762,45 @@ def write(path: str, data: dict) -> None:
 
 # --- --predict -------------------------------------------------------------------------
 
-def predict_main(args, out) -> int:
+def rank_list(text: str) -> list[int]:
+    """``"64"`` or ``"4,8,16"``: the rank counts of ``--predict``."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected rank counts such as 64 or 4,8,16, got {text!r}")
+    return sorted(set(values))
+
+
+def predicted_entry(model, source, n: int, ppn: int, itemsize: int, command: str) -> dict:
+    """The tuning-file entry the model predicts for ``n`` ranks, ``ppn`` per node: per
+    collective the fastest predicted algorithm by size (boundaries where the curves
+    cross), marked ``"source": "model"`` with the measured entry it comes from."""
+    nodes = -(-n // ppn)
+    labels = [r // ppn for r in range(n)]
+    sizes = _bench.sizes(8 * n * itemsize, 64 << 20, 2.0)
+    selection = {}
+    for c in _tuning.COLLECTIVES:
+        allowed = algorithms_of(c, labels)
+        rows = _costmodel.crossovers(model, c, n, ppn, sizes, itemsize)
+        wins = [(nb, min(allowed, key=times.get)) for nb, _, times in rows]
+        selection[c] = size_ranges(c, wins, model, n, ppn, itemsize)
+    m = source.raw["measured"]
+    return {
+        "source": "model", "ranks": [n, n], "nodes": [nodes, nodes],
+        "measured": m,
+        "predicted": {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command, "ranks": n, "nodes": nodes, "ranks_per_node": ppn,
+            "from": {"ranks": list(source.ranks), "nodes": list(source.nodes),
+                     "date": m.get("date"), "host": m.get("host")},
+        },
+        "selection": selection,
+    }
+
+
+def predict_main(args, out, argv=None) -> int:
     algos = {c: tuple(t) for c, t in _select.ALGORITHMS.items()}
     try:
         if args.file:
@@ -398,10 +820,37 @@ def predict_main(args, out) -> int:
     entry = max(measured, key=lambda e: (e.raw["measured"].get("nodes", 1), e.ranks[0]))
     model = _costmodel.Model.from_entry(entry.raw)
     m = entry.raw["measured"]
-    ppn = max(1, int(m.get("ranks_per_node", [m.get("ranks", 1)])[-1]))
-    n = args.predict
-    nodes = -(-n // ppn)
+    ppn = args.ranks_per_node or max(1, int(m.get("ranks_per_node", [m.get("ranks", 1)])[-1]))
     itemsize = np.dtype(m.get("dtype", "float64")).itemsize
+    new = []
+    for n in args.predict:
+        _predict_table(out, tf, entry, model, n, ppn, itemsize)
+        if n > 1:
+            command = "python -m mpicoll.tune " + " ".join(argv if argv is not None else sys.argv[1:])
+            new.append(predicted_entry(model, entry, n, min(ppn, n), itemsize, command))
+    if args.output:
+        data, notes = tf.data, []
+        if os.path.abspath(args.output) != os.path.abspath(tf.path):
+            data, note = merge(args.output, tf.mpi, None)
+            notes.append(note)
+        data = json.loads(json.dumps(data))
+        for e in new:
+            same = [x for x in data["entries"]
+                    if x.get("ranks") == e["ranks"] and x.get("nodes") == e["nodes"]]
+            if any(x.get("source", "measured") == "measured" for x in same):
+                notes.append(f"{e['ranks'][0]} ranks on {e['nodes'][0]} node(s) measured: "
+                             f"not predicted")
+                continue
+            data["entries"] = [x for x in data["entries"] if x not in same] + [e]
+            notes.append(f"predicted {e['ranks'][0]} ranks on {e['nodes'][0]} node(s)")
+        write(args.output, data)
+        out.write(f"# wrote {args.output}: {'; '.join(notes)}\n")
+    out.flush()
+    return 0
+
+
+def _predict_table(out, tf, entry, model, n, ppn, itemsize) -> None:
+    nodes = -(-n // ppn)
     out.write(f"# mpicoll.tune --predict {n}: {n} ranks on {nodes} node(s) ({ppn} per node), "
               f"model fitted to {tf.path}\n# entry: {entry.describe()}\n")
     if nodes > 1 and not model.measured_inter:
@@ -424,8 +873,6 @@ def predict_main(args, out) -> int:
                 ranges.append(f"{best} from {_bench.human(nbytes)}")
                 prev = best
         out.write(f"# {collective} crossovers: {'; '.join(ranges)}\n")
-    out.flush()
-    return 0
 
 
 # --- main -----------------------------------------------------------------------------
@@ -443,8 +890,10 @@ def main(argv=None, *, comm=None, out=None) -> int:
         if bad or not collectives:
             parser.error(f"-C/--collective: expected allreduce, reduce_scatter, allgather or all, "
                          f"got {args.collective!r}")
+    if args.check is not None:
+        return check_main(args.check, out) if (comm or MPI.COMM_WORLD).Get_rank() == 0 else 0
     if args.predict is not None:
-        return predict_main(args, out) if (comm or MPI.COMM_WORLD).Get_rank() == 0 else 0
+        return predict_main(args, out, argv) if (comm or MPI.COMM_WORLD).Get_rank() == 0 else 0
     comm = MPI.COMM_WORLD if comm is None else comm
     root = comm.Get_rank() == 0
     t_start = time.perf_counter()
@@ -457,21 +906,31 @@ def main(argv=None, *, comm=None, out=None) -> int:
     lay = layout(comm)
     n = lay["ranks"]
     itemsize = np.dtype(_bench.DTYPES[args.datatype]).itemsize
-    csizes = collective_sizes(args, sweep, n, itemsize)
+    csizes, half = collective_sizes(args, sweep, n, itemsize)
     peers = pairs(lay["labels"]) if n > 1 else {}
+    algos = {c: algorithms_of(c, lay["labels"]) for c in collectives}
     npts = len(_bench.sizes(8, sweep["p2p_max"], 2.0)) * len(peers)
-    ncoll = sum(len(_select.ALGORITHMS[c]) for c in collectives) * len(csizes) if n > 1 else 0
+    ncoll = sum(len(algos[c]) for c in collectives) * len(csizes) if n > 1 else 0
     progress = Progress(sweep["passes"] * (npts + ncoll), args.quiet or not root)
 
+    phases = {}  # seconds per phase (the report and the file say where the time went)
     p2p = {level: p2p_curve(comm, peer, sweep, progress, level) for level, peer in peers.items()}
     rate = comm.allreduce(reduce_rate(), op=MPI.MAX)
+    phases["p2p"] = time.perf_counter() - t_start
+    seg, default_key = {}, seg_key(_config.get("segment_bytes"), _config.get("window"))
     if n > 1:
         times, builtin, wrong = measure_collectives(comm, collectives, csizes, args.datatype, sweep,
-                                                    args.iters, progress)
+                                                    args.iters, progress, algos, half)
+        phases["algorithms"] = time.perf_counter() - t_start - sum(phases.values())
+        if not args.no_segments:
+            seg, default_key, w = measure_segments(comm, collectives, times, csizes,
+                                                   args.datatype, sweep, args.iters, progress)
+            wrong += w
     else:
         times, builtin, wrong = {}, {}, 0
     progress.end()
     seconds = time.perf_counter() - t_start
+    phases["segments"] = seconds - sum(phases.values())
     if not root:
         return 1 if wrong else 0
     if wrong:
@@ -484,10 +943,15 @@ def main(argv=None, *, comm=None, out=None) -> int:
         # the overheads show at small sizes; above, the exchange curve decides
         model.fit([(c, a, s, n, t) for c in times for a in times[c]
                    for s, t in times[c][a].items() if s <= FIT_MAX], ppn, itemsize)
-    selection = {}
+    selection, segments = {}, {}
+    eff, chosen, fastest = choose_segments(times, seg, default_key)
     for c in collectives:
         if n > 1:
-            selection[c] = size_ranges(c, winners(times[c]), model, n, ppn, itemsize)
+            selection[c] = size_ranges(c, winners(eff[c], fastest[c]), model, n, ppn, itemsize)
+            rows = {a: segment_rows(pts, default_key) for a, pts in chosen.get(c, {}).items()}
+            rows = {a: r for a, r in rows.items() if r}
+            if rows:
+                segments[c] = rows
         else:  # one rank: nothing moves, every algorithm is a copy
             selection[c] = [[None, "ring"]]
     entry = {
@@ -499,19 +963,27 @@ def main(argv=None, *, comm=None, out=None) -> int:
             "ranks_per_node": lay["ranks_per_node"],
             "command": "python -m mpicoll.tune " + " ".join(argv if argv is not None else sys.argv[1:]),
             "sweep": "quick" if args.quick else "full", "dtype": args.datatype, "op": "sum",
-            "api": "comm", "seconds": round(seconds, 1), "mpicoll": mpicoll.__version__,
+            "api": "comm", "seconds": round(seconds, 1),
+            "phase_seconds": {k: round(v, 1) for k, v in phases.items()}, "mpicoll": mpicoll.__version__,
             "mpi4py": _bench.mpi4py_version(), "numpy": np.__version__,
             "python": platform.python_version(),
             "timing": "mpicoll.tools.bench: median over calls of the slowest rank, interleaved "
                       "with the built-in, results checked",
         },
         "selection": selection,
+        "segments": segments,
         "p2p": p2p,
         "model": model.to_json() if model else None,
         "times_us": {c: {a: {str(s): round(t * 1e6, 3) for s, t in sorted(times[c][a].items())}
                          for a in times[c]} for c in times},
         "builtin_us": {c: {str(s): round(t * 1e6, 3) for s, t in sorted(builtin[c].items())}
                        for c in builtin},
+        # segment size and window variants: {collective: {algorithm: {bytes: {"seg:win": us}}}};
+        # "seg_default": the options' variant (the one times_us holds)
+        "seg_default": default_key,
+        "segment_us": {c: {a: {str(nb): {k: round(t * 1e6, 3) for k, t in v.items()}
+                               for nb, v in sorted(pts.items())} for a, pts in per.items()}
+                       for c, per in seg.items() if per},
     }
     data, note = merge(path, ident, entry)
     write(path, data)
@@ -523,7 +995,8 @@ def _report(out, path, note, ident, lay, entry, times, builtin, model, ppn, item
     w = out.write
     m = entry["measured"]
     w(f"# mpicoll.tune: {ident['library']} {ident['version']}, {lay['ranks']} ranks on "
-      f"{lay['nodes']} node(s), {m['sweep']} sweep, {m['seconds']:.1f} s\n")
+      f"{lay['nodes']} node(s), {m['sweep']} sweep, {m['seconds']:.1f} s ("
+      + ", ".join(f"{k} {v:.1f} s" for k, v in m["phase_seconds"].items()) + ")\n")
     for level, c in entry["p2p"].items():
         cl = ", ".join(f"{x['below']}-{x['above']} B ({x['us_below']:.2f} -> {x['us_above']:.2f} us)"
                        for x in c["cliffs"]) or "none"
@@ -533,21 +1006,32 @@ def _report(out, path, note, ident, lay, entry, times, builtin, model, ppn, item
     if model is not None:
         w(f"# model: reduce {1 / model.reduce_s_per_byte / 1e9:.2f} GB/s, per call "
           f"{model.call_s * 1e6:.2f} us, per schedule op {model.op_s * 1e6:.3f} us\n")
+    rule = {(r["collective"], r["bytes"]): r for r in rule_rows(entry)}
     for c, rows in entry["selection"].items():
         parts = [f"<= {_bench.human(lim)}: {a}" if lim is not None else f"above: {a}"
                  for lim, a in rows]
         w(f"# {c}: {'; '.join(parts)}\n")
+        for a, srows in entry["segments"].get(c, {}).items():
+            parts = [f"{'<= ' + _bench.human(lim) if lim is not None else 'above'}: "
+                     f"{_bench.human(sg) + ' x ' + str(win) if sg else 'the options'}"
+                     for lim, sg, win in srows]
+            w(f"# {c} {a} segment x window: {'; '.join(parts)}\n")
         if c not in times:
             continue
         algos = list(times[c])
         w(f"#{'size (B)':>11} " + " ".join(f"{a[:18]:>18}" for a in algos)
-          + f" {'built-in':>9}  {'chosen':>18} {'model':>8}\n")
+          + f" {'built-in':>9}  {'chosen':>28} {'/fastest':>8} {'model':>8}\n")
         for s in sorted(builtin[c]):
-            chosen = _select.Selection({c: tuple(tuple(r) for r in rows)}, "").rows[c]
-            name = next(a for lim, a in chosen if lim is None or s <= lim)
+            r = rule[(c, s)]
+            name = r["chosen"].split()[0]
             pred = model.predict(c, name, s, lay["ranks"], ppn, itemsize) * 1e6 if model else float("nan")
-            w(f" {s:>11} " + " ".join(f"{times[c][a][s] * 1e6:>18.2f}" for a in algos)
-              + f" {builtin[c][s] * 1e6:>9.2f}  {name:>18} {pred:>8.2f}\n")
+            ratio = f"{r['ratio']:8.3f}" if r["ratio"] is not None else f"{'-':>8}"
+            w(f" {s:>11} " + " ".join(f"{times[c][a][s] * 1e6:>18.2f}" if s in times[c][a]
+                                      else f"{'-':>18}" for a in algos)
+              + f" {builtin[c][s] * 1e6:>9.2f}  {r['chosen'][:28]:>28} {ratio} {pred:>8.2f}\n")
+    kept = sum(rule_holds(r) for r in rule.values())
+    w(f"# the 5 % rule: the chosen algorithm within 5 % of the fastest measured at {kept} of "
+      f"{len(rule)} sizes (python -m mpicoll.tune --check FILE prints them)\n")
     w(f"# wrote {path} ({note}); algorithm='auto' reads it "
       f"{'(the default file)' if path == _tuning.default_path(ident) else 'with MPICOLL_TUNING=' + path}\n")
     out.flush()
