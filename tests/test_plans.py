@@ -19,6 +19,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll.api import args as _args
 from mpicoll.engine import context as _context
+from mpicoll.engine import plan as _plan
 
 WORLD = MPI.COMM_WORLD
 # The cache's rules are per rank: 1 (copies only), 2 (one exchange), 3 (the fold, uneven
@@ -279,8 +280,9 @@ def test_a_bad_option_changes_no_setting():
 
 @pytest.mark.timeout(60)
 def test_plan_requests_are_freed_with_the_plan():
-    """A plan's persistent requests are freed when it is dropped: another call of its
-    function (on any rank), the communicator freed; the work goes on right."""
+    """A plan's persistent requests are freed when it is dropped: one of its arrays
+    collected, the communicator freed; another call of its function keeps a plan of its
+    own beside it; the work goes on right."""
     from mpicoll.engine import executor as _executor
     comm = WORLD.Dup()
     mc = mpicoll.Comm(comm)
@@ -291,7 +293,8 @@ def test_plan_requests_are_freed_with_the_plan():
     WORLD.Allreduce(x, want)
 
     def plan_requests():
-        return list(_executor._HOLDING.get(_context.context(comm).plans["Comm.Allreduce"], ()))
+        plan = _plan.latest(_context.context(comm), "Comm.Allreduce")
+        return list(_executor._HOLDING.get(plan, ()))
 
     try:
         mc.Allreduce(x, y)
@@ -302,11 +305,15 @@ def test_plan_requests_are_freed_with_the_plan():
             assert first and all(r != MPI.REQUEST_NULL for r in first)
         mc.Allreduce(x, y)  # a hit: the same requests again
         assert plan_requests() == first and all(r != MPI.REQUEST_NULL for r in first)
-        mc.Allreduce(x, y2)  # other buffers: the old plan goes, with its requests
-        assert all(r == MPI.REQUEST_NULL for r in first)
+        mc.Allreduce(x, y2)  # other buffers: a plan of their own, beside the first
         second = plan_requests()
+        assert all(r != MPI.REQUEST_NULL for r in first + second)
         np.testing.assert_array_equal(y, want)
         np.testing.assert_array_equal(y2, want)
+        del y
+        gc.collect()  # (the first plan's array: the plan goes, with its requests)
+        assert all(r == MPI.REQUEST_NULL for r in first)
+        assert all(r != MPI.REQUEST_NULL for r in second)
     finally:
         comm.Free()
     assert all(r == MPI.REQUEST_NULL for r in second)
@@ -349,7 +356,7 @@ def test_interrupted_plan_is_dropped():
         want = np.empty(6)
         WORLD.Allreduce(x, want)
         mc.Allreduce(x, y)
-        plan = ctx.plans["Comm.Allreduce"]
+        plan = _plan.latest(ctx, "Comm.Allreduce")
         op = plan.operation
         steps = list(op.steps)
         starts = [i for i, s in enumerate(steps) if s[0] == _executor.START]
@@ -367,13 +374,13 @@ def test_interrupted_plan_is_dropped():
             plan.calls = tuple(calls[:at] + [interrupt] + calls[at:])
         with pytest.raises(KeyboardInterrupt):
             mc.Allreduce(x, y)
-        assert "Comm.Allreduce" not in ctx.plans and not plan.live
+        assert _plan.latest(ctx, "Comm.Allreduce") is None and not plan.live
         assert all(r == MPI.REQUEST_NULL for r in requests) and plan not in _executor._HOLDING
         for _ in range(3):  # the general path, then a new plan
             y[...] = -1
             mc.Allreduce(x, y)
             np.testing.assert_array_equal(y, want)
-        assert ctx.plans["Comm.Allreduce"] is not plan
+        assert _plan.latest(ctx, "Comm.Allreduce") is not plan
     finally:
         comm.Free()
 
@@ -567,6 +574,53 @@ def test_plans_keep_no_user_array_alive():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.timeout(60)
+def test_calls_alternating_between_arrays_each_repeat_their_plan(monkeypatch):
+    """Gradient buckets: blocking calls that alternate between arrays each repeat their
+    own plan (it used to be one plan per function, so every call of an alternation was
+    validated again); past PLANS, or past PLAN_WORK_BYTES of work memory held, the least
+    recently run plans go."""
+    comm = WORLD.Dup()
+    try:
+        checks = _util.spy(monkeypatch, _args, ["allreduce"])
+        buckets = [np.arange(5.0 + i) * (WORLD.rank + 1) for i in range(4)]
+        outs = [np.empty_like(g) for g in buckets]
+        wants = [np.empty_like(g) for g in buckets]
+        for g, w in zip(buckets, wants):
+            WORLD.Allreduce(g, w)
+        for step in range(3):
+            before = len(checks)
+            for g, o, w in zip(buckets, outs, wants):
+                o[:] = -1
+                mpicoll.allreduce(g, comm=comm, out=o)
+                np.testing.assert_array_equal(o, w)
+            assert len(checks) - before == (4 if step == 0 else 0), step
+        ctx = _context.context(comm)
+        assert len(ctx.plans) == 4
+        # a bounded table: the oldest go first
+        monkeypatch.setattr(_plan, "PLANS", 2)
+        extra, extra_out = np.ones(3), np.empty(3)
+        mpicoll.allreduce(extra, comm=comm, out=extra_out)
+        assert len(ctx.plans) == 2
+        before = len(checks)
+        mpicoll.allreduce(buckets[3], comm=comm, out=outs[3])  # (the second newest: kept)
+        assert len(checks) == before
+        mpicoll.allreduce(buckets[0], comm=comm, out=outs[0])  # (dropped: validated again)
+        assert len(checks) == before + 1
+        np.testing.assert_array_equal(outs[0], wants[0])
+        # work memory: plans holding more than the budget together keep only the newest
+        if WORLD.size > 1:
+            monkeypatch.setattr(_plan, "PLANS", 16)
+            monkeypatch.setattr(_plan, "PLAN_WORK_BYTES", 1)
+            for g, o in zip(buckets, outs):
+                mpicoll.allreduce(g, comm=comm, out=o, algorithm="recursive_doubling")
+            held = [p for p in ctx.plans.values() if p.work]
+            # (at a rank count that is not a power of two, a rank folded out holds none)
+            assert len(held) <= 1 and all(p.rb() is outs[-1] for p in held), held
+    finally:
+        comm.Free()
+
+
 def test_a_collected_array_drops_its_plan():
     """A plan goes with its arrays: a new array at the same address is validated anew."""
     comm = WORLD.Dup()
@@ -575,10 +629,10 @@ def test_a_collected_array_drops_its_plan():
         ctx = _context.context(comm)
         x, y = np.arange(6.0) + WORLD.rank, np.empty(6)
         mc.Allreduce(x, y)
-        plan = ctx.plans["Comm.Allreduce"]
+        plan = _plan.latest(ctx, "Comm.Allreduce")
         del y
         gc.collect()
-        assert not plan.live and "Comm.Allreduce" not in ctx.plans
+        assert not plan.live and _plan.latest(ctx, "Comm.Allreduce") is None
     finally:
         comm.Free()
 

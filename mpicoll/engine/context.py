@@ -113,7 +113,7 @@ class Context:
         self.seq = 0  # collectives started on this communicator
         self.persistent_made = 0  # persistent operations made on it (their tags: executor.tag_of)
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
-        self.plans = {}  # public function name -> engine.plan.Plan of its last plain call
+        self.plans = OrderedDict()  # (name, comm, argument ids) -> engine.plan.Plan
         # (name, ids of the communicator and argument objects) -> engine.plan.Plan: the
         # non-blocking repeats (engine.plan)
         self.kept = OrderedDict()

@@ -53,8 +53,10 @@ Blocking and non-blocking repeats
     CollectiveTimeout the observed channel raises (:class:`_Expiry`).
 
 Where plans live
-    On the context (``ctx.plans``: one per public function; ``ctx.kept``: up
-    to :data:`KEPT` non-blocking ones), dropped with it.  The last plan of each
+    On the context (``ctx.plans``: up to :data:`PLANS` blocking ones, keyed
+    by function and argument objects, holding at most :data:`PLAN_WORK_BYTES`
+    of work memory together; ``ctx.kept``: up to :data:`KEPT` non-blocking
+    ones), dropped with it.  The last plan of each
     function is also found through a module table keyed by the function's
     name, so a hit needs no MPI attribute lookup; a plan found there must
     match the communicator object like every other field.
@@ -92,6 +94,11 @@ _ndarray = np.ndarray
 # function name -> the Plan of its last plain call (any communicator); see "Where plans live"
 _LAST: dict = {}
 KEPT = 16  # non-blocking plans per context (least recently started dropped first)
+PLANS = 16  # blocking plans per context (least recently run dropped first)
+# work memory the blocking plans of a context may hold together (beyond it the least
+# recently run plans that hold some go, however few plans there are): enough for the
+# latency-bound calls whose repeat a plan is for, little beside a large call's own arrays
+PLAN_WORK_BYTES = 1 << 20
 
 
 class Plan:
@@ -99,7 +106,7 @@ class Plan:
 
     __slots__ = ("name", "comm", "ctx", "ra", "rb", "sa", "ta", "da", "sb", "tb", "db",
                  "c", "d", "t", "timeout", "epoch", "forced", "operation", "calls", "lease",
-                 "live", "flat", "__weakref__")
+                 "work", "live", "flat", "__weakref__")
 
     def matches(self, comm, a, b, c, d, t) -> bool:
         """Whether a call with these arguments is this plan's call, unchanged."""
@@ -194,6 +201,7 @@ def _new(ctx, comm, memo, run, blocking):
     sched = run.schedule
     plan.lease = ctx.work.lease(run.be) if sched.work else None
     views = work_views(sched, plan.lease, run.dst.dtype) if sched.work else {}
+    plan.work = sum(int(v.nbytes) for v in views.values())
     dst = _raw(run.dst)
     views[DST] = dst
     views[SRC] = dst if run.src is None or run.src is run.dst else _raw(run.src)
@@ -290,12 +298,19 @@ class _Ended:
 def forget(plan) -> None:
     """Drop ``plan`` from its context and release it."""
     ctx = plan.ctx
-    if ctx.plans.get(plan.name) is plan:
-        del ctx.plans[plan.name]
-    for key, kept in list(ctx.kept.items()):
-        if kept is plan:
-            del ctx.kept[key]
+    for table in (ctx.plans, ctx.kept):
+        for key, kept in list(table.items()):
+            if kept is plan:
+                del table[key]
     plan.release()
+
+
+def latest(ctx, name: str):
+    """The blocking plan of ``name`` on ``ctx`` run (or made) last, or None."""
+    for plan in reversed(ctx.plans.values()):
+        if plan.name == name:
+            return plan
+    return None
 
 
 def key(a, b, c=None, d=None, t=None) -> tuple:
@@ -309,14 +324,19 @@ def repeat(comm, name: str, a, b, c=None, d=None, t=None) -> bool:
     arguments, unchanged; False if there is none (the caller takes the general path)."""
     plan = _LAST.get(name)
     if plan is None or not plan.matches(comm, a, b, c, d, t):
-        plan = _from_context(comm, name)
+        plans = _plans_of(comm)
+        if not plans:
+            return False
+        key = (name, id(comm), id(a), id(b))
+        plan = plans.get(key)
         if plan is None:
             return False
         if not plan.matches(comm, a, b, c, d, t):
-            # another call of this function: its work memory goes back before that call
-            # takes its own (it keeps a new plan if it is plain)
+            # these arrays changed in place (or the options did): validated as a new call,
+            # which keeps a new plan if it is plain
             forget(plan)
             return False
+        plans.move_to_end(key)
         _LAST[name] = plan
     plan.ctx.seq += 1
     calls = plan.calls
@@ -334,26 +354,41 @@ def repeat(comm, name: str, a, b, c=None, d=None, t=None) -> bool:
     return True
 
 
-def _from_context(comm, name):
+def _plans_of(comm):
+    """The blocking plans of ``comm``'s context (None without one)."""
     try:
         ctx = comm.Get_attr(_context.keyval())
     except (AttributeError, TypeError, MPI.Exception):
         return None
-    plans = getattr(ctx, "plans", None)
-    return plans.get(name) if plans else None
+    return getattr(ctx, "plans", None)
 
 
 def keep(ctx, comm, memo: tuple, run) -> None:
-    """Make the finished plain blocking ``run`` of the call ``memo`` (see :func:`_new`) the
-    plan of its function on ``ctx``."""
-    name = memo[0]
-    old = ctx.plans.pop(name, None)
+    """Keep the finished plain blocking ``run`` of the call ``memo`` (see :func:`_new`) as a
+    plan on ``ctx``, keyed by its function and argument objects (the plan's weak references
+    prove a hit): calls alternating between arrays (gradient buckets) each repeat theirs."""
+    name, args = memo[0], memo[1]
+    key = (name, id(comm), id(args[0]), id(args[1]))
+    plans = ctx.plans
+    old = plans.pop(key, None)
     if old is not None:
         old.release()
     plan = _new(ctx, comm, memo, run, True)
-    if plan is not None:
-        ctx.plans[name] = plan
-        _LAST[name] = plan
+    if plan is None:
+        return
+    plans[key] = plan
+    _LAST[name] = plan
+    while len(plans) > PLANS:
+        plans.popitem(last=False)[1].release()
+    held = sum(p.work for p in plans.values())
+    if held > PLAN_WORK_BYTES:
+        for k, p in list(plans.items())[:-1]:  # (oldest first; the new plan stays)
+            if p.work:
+                del plans[k]
+                p.release()
+                held -= p.work
+                if held <= PLAN_WORK_BYTES:
+                    break
 
 
 def keep_started(ctx, comm, memo: tuple, run) -> None:
