@@ -9,8 +9,9 @@ ways in one run: ``dist.all_reduce`` on the mpicoll backend,
 ``dist.all_reduce`` on a gloo group of the same ranks, and
 ``mpicoll.allreduce`` on the tensor's memory with the group's timeout (the
 backend's own cost is the first against the third; ``--timeout`` sets the
-group's, torch's 30 minutes by default, 0: none).  Each iteration runs the
-three in turn (a burst of load falls on all of them), each after an MPI
+group's, torch's 30 minutes by default, 0: none).  The backend and
+``mpicoll.allreduce`` are timed in turn, iteration by iteration (a burst of
+load falls on both), gloo in a loop of its own; each call after an MPI
 barrier; its time is the slowest rank's, and the table shows the median
 over the iterations.  Then a DDP training step
 (forward, backward with the gradient AllReduce, SGD step) of a 10.5 M-parameter
@@ -124,10 +125,12 @@ def main(argv=None) -> int:
         iters = args.iters if nbytes <= (1 << 20) else max(8, args.iters // 5)
         t = torch.zeros(nbytes // 4)  # zeros: repeated in-place sums stay finite
         arr = np.from_dlpack(t)
-        g, b, m = _time([functools.partial(dist.all_reduce, t, group=gloo),
-                         functools.partial(dist.all_reduce, t, group=world),
-                         functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr,
-                                           timeout=timeout)], iters, args.warmup, comm)
+        # (gloo apart: right after one of its calls, the next call of any backend took
+        # 2-5x its time here, gloo's threads still on the cores)
+        g, = _time([functools.partial(dist.all_reduce, t, group=gloo)], iters, args.warmup, comm)
+        b, m = _time([functools.partial(dist.all_reduce, t, group=world),
+                      functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr,
+                                        timeout=timeout)], iters, args.warmup, comm)
         say(f"  {_label(nbytes):>8} {_fmt(g)} {_fmt(b)} {_fmt(m)} {b / g:8.2f} {b / m:10.2f}")
     if args.ddp_steps > 0:
         from torch.nn.parallel import DistributedDataParallel as DDP
