@@ -512,3 +512,19 @@ def test_results_right_under_every_selection(tuning_env, collective):
             comm.Free()
     bad = [b for r in WORLD.allgather(bad) for b in r]
     assert not bad, "\n".join(bad[:10])
+
+
+@pytest.mark.local
+def test_a_model_of_one_rank_per_node_predicts():
+    """A tuning of one rank per node (2 nodes x 1) measures no intra-node exchange: the
+    model predicts from the inter-node curve (it refused, and the tool failed at its end,
+    after the whole sweep).  No curve at all is a ValueError."""
+    from mpicoll.tools import costmodel
+    inter = {"bytes": [8, 1 << 20], "us": [20.0, 8400.0]}
+    model = costmodel.Model({"inter": inter}, 1e-10)
+    assert model.measured_inter
+    two = model.predict("allreduce", "ring", 1 << 20, 2, 1)
+    four = model.predict("allreduce", "ring", 1 << 20, 4, 1)
+    assert 0 < two < four, (two, four)
+    with pytest.raises(ValueError, match="exchange curve"):
+        costmodel.Model({}, 1e-10)
