@@ -528,3 +528,18 @@ def test_a_model_of_one_rank_per_node_predicts():
     assert 0 < two < four, (two, four)
     with pytest.raises(ValueError, match="exchange curve"):
         costmodel.Model({}, 1e-10)
+
+
+@pytest.mark.local
+def test_messages_to_other_nodes_in_one_step_share_the_link():
+    """The direct schedule sends to every other rank in one step: at 4 nodes x 1 its
+    messages share this rank's link, so on a pure-bandwidth link it takes the ring's time
+    (the same bytes, 2(n-1)/n of the array), not a third of it as when the model took them
+    as fully parallel."""
+    from mpicoll.tools import costmodel
+    sizes = [1 << k for k in range(3, 25)]
+    inter = {"bytes": sizes, "us": [b / 125e6 * 1e6 for b in sizes]}  # 1 Gbit/s, no latency
+    model = costmodel.Model({"inter": inter}, 0.0)
+    ring = model.predict("allreduce", "ring", 1 << 20, 4, 1)
+    direct = model.predict("allreduce", "direct", 1 << 20, 4, 1)
+    assert 0.9 < direct / ring < 1.1, (direct, ring)
