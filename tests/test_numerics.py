@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support.data import half_types
 
 import mpicoll
 from mpicoll.engine import select as _select
@@ -20,8 +21,7 @@ from mpicoll.engine import select as _select
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 WORLD = MPI.COMM_WORLD
-HALF = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
-        np.dtype(ml_dtypes.float8_e5m2)]
+HALF = half_types(ml_dtypes)
 IDS = [str(d) for d in HALF]
 
 

@@ -101,16 +101,35 @@ def _range(value, what):
     return int(value[0]), int(value[1])
 
 
-def parse_selection(sel, algorithms: dict, what: str) -> dict:
-    """{collective: ((max_bytes | None, name), ...)} checked against ``algorithms``
-    ({collective: names}); ValueError naming ``what`` and the bad row."""
-    if not isinstance(sel, dict):
-        raise ValueError(f"{what}: expected an object of collectives, got {type(sel).__name__}")
-    out = {}
-    for collective, rows in sel.items():
+def _by_collective(obj, what: str):
+    """``obj``'s (collective, value) items; ValueError unless it is an object of collectives."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what}: expected an object of collectives, got {type(obj).__name__}")
+    for collective, value in obj.items():
         if collective not in COLLECTIVES:
             raise ValueError(f"{what}: unknown collective {collective!r}; expected one of "
                              f"{', '.join(COLLECTIVES)}")
+        yield collective, value
+
+
+def _limit(limit, last: int, final: bool, where: str) -> int:
+    """A row's max_bytes checked (an integer above the previous row's ``last``, or null in
+    the ``final`` row only); the new ``last``."""
+    if limit is None:
+        if not final:
+            raise ValueError(f"{where}: only the last row may have no limit (null)")
+        return last
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= last:
+        raise ValueError(f"{where}: max_bytes must be an integer above the previous "
+                         f"row's ({last}), got {limit!r}")
+    return limit
+
+
+def parse_selection(sel, algorithms: dict, what: str) -> dict:
+    """{collective: ((max_bytes | None, name), ...)} checked against ``algorithms``
+    ({collective: names}); ValueError naming ``what`` and the bad row."""
+    out = {}
+    for collective, rows in _by_collective(sel, what):
         if not isinstance(rows, list) or not rows:
             raise ValueError(f"{what}.{collective}: expected a non-empty list of "
                              f"[max_bytes, algorithm], got {rows!r}")
@@ -123,13 +142,7 @@ def parse_selection(sel, algorithms: dict, what: str) -> dict:
             if name not in algorithms[collective]:
                 raise ValueError(f"{where}: {name!r} is not an algorithm of {collective} "
                                  f"(expected one of {', '.join(algorithms[collective])})")
-            if limit is not None:
-                if isinstance(limit, bool) or not isinstance(limit, int) or limit <= last:
-                    raise ValueError(f"{where}: max_bytes must be an integer above the previous "
-                                     f"row's ({last}), got {limit!r}")
-                last = limit
-            elif i != len(rows) - 1:
-                raise ValueError(f"{where}: only the last row may have no limit (null)")
+            last = _limit(limit, last, i == len(rows) - 1, where)
             table.append((limit, name))
         if table[-1][0] is not None:
             table.append((None, table[-1][1]))  # sizes above the last measured one
@@ -142,13 +155,8 @@ def parse_segments(seg, algorithms: dict, what: str) -> dict:
     checked against ``algorithms``; ValueError naming ``what`` and the bad row."""
     if seg is None:
         return {}
-    if not isinstance(seg, dict):
-        raise ValueError(f"{what}: expected an object of collectives, got {type(seg).__name__}")
     out = {}
-    for collective, per in seg.items():
-        if collective not in COLLECTIVES:
-            raise ValueError(f"{what}: unknown collective {collective!r}; expected one of "
-                             f"{', '.join(COLLECTIVES)}")
+    for collective, per in _by_collective(seg, what):
         if not isinstance(per, dict):
             raise ValueError(f"{what}.{collective}: expected an object of algorithms, got {per!r}")
         for name, rows in per.items():
@@ -165,13 +173,7 @@ def parse_segments(seg, algorithms: dict, what: str) -> dict:
                     raise ValueError(f"{where}: expected [max_bytes, segment_bytes, window], "
                                      f"got {row!r}")
                 limit, segment, window = row
-                if limit is not None:
-                    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= last:
-                        raise ValueError(f"{where}: max_bytes must be an integer above the "
-                                         f"previous row's ({last}), got {limit!r}")
-                    last = limit
-                elif i != len(rows) - 1:
-                    raise ValueError(f"{where}: only the last row may have no limit (null)")
+                last = _limit(limit, last, i == len(rows) - 1, where)
                 if segment is not None and (isinstance(segment, bool) or not isinstance(segment, int)
                                             or segment < 1):
                     raise ValueError(f"{where}: segment_bytes must be a positive integer or null, "

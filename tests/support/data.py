@@ -44,3 +44,10 @@ def rank_sum(n, size, dtype=np.float64, salt=0):
     wide = np.complex128 if dtype.kind == "c" else np.float64 if dtype.kind == "f" else np.int64
     total = sum((rank_data(n, r, wide, salt) for r in range(size)), np.zeros(n, wide))
     return total.astype(dtype)
+
+
+def half_types(ml_dtypes):
+    """The 16/8-bit float types mpicoll reduces in float32: float16, and ml_dtypes'
+    bfloat16 and two float8 types (the caller imports ml_dtypes, or skips)."""
+    return [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
+            np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)]
