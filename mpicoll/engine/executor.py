@@ -284,17 +284,17 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
 
 
 def timed_waitall(requests, about, timeout, expired) -> None:
-    """Complete persistent ``requests`` by polling; raise ``expired(pending, idle)`` once
+    """Complete persistent ``requests`` by polling; raise ``expired(left, idle)`` once
     nothing moved for ``timeout`` seconds (a plan's wait under a timeout, engine.plan).
 
-    The rule of every polled wait (transport.timeout.wait): the deadline
-    restarts at each completion, here also at each step another operation in
-    flight takes meanwhile (the progress rule); one last poll after the
-    deadline; spin for ``SPIN_S``, then sleep with a doubling pause.
+    ``about[i]``: (kind, peer, nbytes, k) of ``requests[i]``, which the entries
+    of ``left`` carry as ``what``.  First a spin on ``Testall`` (MPI_Testall
+    changes no request until all are complete, so this is the cheapest poll;
+    docs/performance.md); past ``SPIN_S`` the wait every timed channel uses
+    (transport.timeout.wait: the deadline restarts at each completion, one last
+    poll after it, a doubling sleep), where a step another operation in flight
+    takes counts as progress too (the progress rule).
     """
-    # First spin on Testall (MPI_Testall changes no request until all are complete, so
-    # this is the cheapest poll; docs/performance.md); Testsome from then on tells which
-    # completed, and its first answer counts as progress (a deadline late by SPIN_S at most).
     testall = MPI.Request.Testall
     start = perf_counter()
     while not testall(requests):
@@ -304,32 +304,23 @@ def timed_waitall(requests, about, timeout, expired) -> None:
             break
     else:
         return
-    testsome = MPI.Request.Testsome
-    quiet_since = perf_counter()
-    pause = 0.0
-    final = False
-    while True:
-        done = testsome(requests)
-        if done is None:  # (every request inactive: complete)
-            return
-        if done or (IN_FLIGHT and progress_others()):
-            quiet_since = perf_counter()
-            pause = 0.0
-            final = False
-            continue
-        idle = perf_counter() - quiet_since
-        if idle >= timeout:
-            if not final:  # (this process may itself have been descheduled past the deadline)
-                final = True
-                continue
-            pending = [(req, what) for req, what in zip(requests, about) if not req.Test()]
-            if not pending:
-                return
-            raise expired(pending, idle)
-        if idle > _timeout.SPIN_S:
-            pause = min(max(2 * pause, _timeout.MIN_SLEEP_S), _timeout.MAX_SLEEP_S,
-                        timeout - idle)
-            time.sleep(pause)
+    pending = [_Pending(req, what) for req, what in zip(requests, about)]
+    base = _timeout.tester(pending)  # (MPI requests: Testsome)
+
+    def test(left):
+        done, progress = base(left)
+        return done, bool(IN_FLIGHT and progress_others()) or progress
+
+    _timeout.wait(pending, timeout, expired, test)
+
+
+class _Pending:
+    """A request of :func:`timed_waitall` as transport.timeout.wait polls it."""
+
+    __slots__ = ("req", "kind", "what", "done")
+
+    def __init__(self, req, what):
+        self.req, self.kind, self.what, self.done = req, what[0], what, None
 
 
 def free_requests(requests) -> None:

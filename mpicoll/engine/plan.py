@@ -73,7 +73,6 @@ from ..algorithms.schedule import DST, SRC
 from ..core.config import EPOCH, resolve
 from ..core.message import Msg
 from ..observe import calls as _observe
-from ..transport import timeout as _timeout
 from . import context as _context
 from .executor import (
     IN_FLIGHT,
@@ -243,10 +242,11 @@ class _Expiry:
         self.total, self.counts, self.displs, self.op = run.total, run.counts, run.displs, run.op
         self.timeout, self.schedule = run.timeout, run.schedule
 
-    def __call__(self, pending, idle):
-        left = [_observe.Req(req, kind, peer, nbytes, k, 0.0)
-                for req, (kind, peer, nbytes, k) in pending]
-        _timeout.cancel(left)
+    def __call__(self, left, idle):
+        # (left: executor.timed_waitall's pending requests, their receives already
+        # cancelled by transport.timeout.wait)
+        left = [_observe.Req(r.req, kind, peer, nbytes, k, 0.0)
+                for r in left for kind, peer, nbytes, k in (r.what,)]
         call = _observe.Call(self.ctx, self.label, self.collective, self.algorithm, self.msg,
                              self.total, self.counts, self.displs, self.op, self.timeout, (), ())
         call.use_schedule(self.schedule)
