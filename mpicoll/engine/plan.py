@@ -313,6 +313,13 @@ def latest(ctx, name: str):
     return None
 
 
+def _slot(name, comm, a, b) -> tuple:
+    """Where the plan of ``name`` called on ``comm`` with ``a``, ``b`` is kept in its
+    context's tables: by object identity, which the plan's weak references prove on a hit
+    (an object's id is not reused while the plan that refers to it lives)."""
+    return (name, id(comm), id(a), id(b))
+
+
 def key(a, b, c=None, d=None, t=None) -> tuple:
     """The arguments :func:`repeat` compares, as :func:`keep` takes them (``t``: the call's
     ``timeout=`` argument)."""
@@ -327,7 +334,7 @@ def repeat(comm, name: str, a, b, c=None, d=None, t=None) -> bool:
         plans = _plans_of(comm)
         if not plans:
             return False
-        key = (name, id(comm), id(a), id(b))
+        key = _slot(name, comm, a, b)
         plan = plans.get(key)
         if plan is None:
             return False
@@ -368,7 +375,7 @@ def keep(ctx, comm, memo: tuple, run) -> None:
     plan on ``ctx``, keyed by its function and argument objects (the plan's weak references
     prove a hit): calls alternating between arrays (gradient buckets) each repeat theirs."""
     name, args = memo[0], memo[1]
-    key = (name, id(comm), id(args[0]), id(args[1]))
+    key = _slot(name, comm, args[0], args[1])
     plans = ctx.plans
     old = plans.pop(key, None)
     if old is not None:
@@ -394,7 +401,7 @@ def keep(ctx, comm, memo: tuple, run) -> None:
 def keep_started(ctx, comm, memo: tuple, run) -> None:
     """Keep the plain non-blocking call ``memo`` (started from ``run``) for its repeat."""
     name, args = memo[0], memo[1]
-    key = (name, id(comm), id(args[0]), id(args[1]))  # (the plan's weak references prove it)
+    key = _slot(name, comm, args[0], args[1])
     old = ctx.kept.pop(key, None)
     if old is not None:
         old.release()
@@ -413,7 +420,7 @@ def restart(comm, name: str, a, b, c=None, d=None):
     kept = getattr(ctx, "kept", None)
     if not kept:
         return None
-    key = (name, id(comm), id(a), id(b))
+    key = _slot(name, comm, a, b)
     plan = kept.get(key)
     if plan is None or not plan.matches(comm, a, b, c, d, None):
         return None
