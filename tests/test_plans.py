@@ -27,6 +27,17 @@ WORLD = MPI.COMM_WORLD
 pytestmark = pytest.mark.ranks(1, 2, 3)
 
 
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def hit_path(request):
+    """Every rule twice: with the hit compiled (engine/_hit.c, the default where it
+    builds; tests/test_native.py proves it is used) and with the hit in Python."""
+    if request.param == "python":
+        with mpicoll.options(native=False):
+            yield request.param
+    else:
+        yield request.param
+
+
 # --- plans: a repeated call with the same arrays goes straight to moving data ------
 
 @pytest.mark.timeout(60)
@@ -368,10 +379,12 @@ def test_interrupted_plan_is_dropped():
 
         op.steps = tuple(steps[:at] + [(_executor.CALL, interrupt)] + steps[at:])
         if plan.calls is not None:  # (what a hit runs with nothing else in flight)
-            calls = list(plan.calls)
-            at = 1 + max([i for i, f in enumerate(calls) if getattr(f, "__name__", "") == "Start"],
-                         default=len(calls) - 1)
-            plan.calls = tuple(calls[:at] + [interrupt] + calls[at:])
+            hit = _plan._hit_steps(steps)
+            at = 1 + max([i for i, s in enumerate(hit) if s[0] == _executor.START],
+                         default=len(hit) - 1)
+            compiled = plan.hit is not None
+            _plan._bind_hit(plan, hit[:at] + [(_executor.CALL, interrupt)] + hit[at:])
+            assert (plan.hit is not None) == compiled  # (the compiled hit is interrupted too)
         with pytest.raises(KeyboardInterrupt):
             mc.Allreduce(x, y)
         assert _plan.latest(ctx, "Comm.Allreduce") is None and not plan.live

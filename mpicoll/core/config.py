@@ -16,6 +16,8 @@ tuning           MPICOLL_TUNING          cache dir  the tuning file "auto" reads
 cache_dir        XDG_CACHE_HOME          ~/.cache   where the default tuning file lives
 deterministic    MPICOLL_DETERMINISTIC   off        floating reductions: the rank-order fold, bitwise
 torch_on_error   MPICOLL_TORCH_ON_ERROR  abort      torch backend: a failed collective aborts the job
+native           MPICOLL_NATIVE          on         repeated blocking calls' hits run compiled (engine.native)
+mpicc            MPICOLL_MPICC           found      the compiler wrapper that builds it
 ===============  ======================  =========  =================================================
 
 When the environment is read
@@ -148,6 +150,12 @@ OPTIONS = (
            "torch backend: a collective that fails on a rank (bad input, a timeout) ends the "
            "job with MPI_Abort and a message naming the rank and error; raise: raise it there "
            "(docs/torch.md)"),
+    Option("native", "MPICOLL_NATIVE", parse_flag, True, True,
+           "the hit of a repeated blocking call (its check and MPI calls) runs compiled, "
+           "built on first use with mpicc (engine.native); off: the same steps in Python"),
+    Option("mpicc", "MPICOLL_MPICC", parse_text, None, False,
+           "the MPI compiler wrapper that builds the compiled hit (default: the mpicc beside "
+           "this Python, else on PATH)"),
 )
 TABLE = {opt.name: opt for opt in OPTIONS}
 _API = tuple(opt.name for opt in OPTIONS if opt.api)
@@ -209,7 +217,7 @@ def check_value(name, value):
     """``value`` checked for option ``name`` (TypeError/ValueError naming it); None stays None."""
     if value is None:
         return None
-    if name in ("check", "cuda_aware", "progress", "deterministic"):
+    if name in ("check", "cuda_aware", "progress", "deterministic", "native"):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool or None, got {type(value).__name__}")
         return value
@@ -229,6 +237,7 @@ def configure(**kwargs) -> dict:
         cuda_aware: force (True) or forbid (False) CUDA-aware MPI.
         progress: advance non-blocking collectives in a background thread (bool).
         deterministic: floating reductions are the rank-order fold (bool).
+        native: a repeated blocking call's hit runs compiled (bool; engine.native).
         Each accepts None to fall back to its environment variable.
     """
     for name in kwargs:

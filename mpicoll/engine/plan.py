@@ -74,7 +74,9 @@ from ..core.config import EPOCH, resolve
 from ..core.message import Msg
 from ..observe import calls as _observe
 from . import context as _context
+from . import native as _native
 from .executor import (
+    CALL,
     IN_FLIGHT,
     START,
     WAIT,
@@ -84,6 +86,7 @@ from .executor import (
     compile_bound,
     hold,
     tag_of,
+    timed_waitall,
     unhold,
     work_views,
 )
@@ -98,6 +101,7 @@ PLANS = 16  # blocking plans per context (least recently run dropped first)
 # recently run plans that hold some go, however few plans there are): enough for the
 # latency-bound calls whose repeat a plan is for, little beside a large call's own arrays
 PLAN_WORK_BYTES = 1 << 20
+TIMED = "timed"  # a hit step: a timed plan's wait (executor.timed_waitall), see _hit_steps
 
 
 class Plan:
@@ -105,7 +109,7 @@ class Plan:
 
     __slots__ = ("name", "comm", "ctx", "ra", "rb", "sa", "ta", "da", "sb", "tb", "db",
                  "c", "d", "t", "timeout", "epoch", "forced", "operation", "calls", "lease",
-                 "work", "live", "flat", "__weakref__")
+                 "work", "live", "flat", "hit", "__weakref__")
 
     def matches(self, comm, a, b, c, d, t) -> bool:
         """Whether a call with these arguments is this plan's call, unchanged."""
@@ -142,9 +146,13 @@ class Plan:
         (unobserved, the same forced algorithm); then the plan holds for the new epoch."""
         opts = resolve(self.ctx.env)
         if opts["check"] or opts["algorithm"] != self.forced or opts["deterministic"] \
-                or _observe.observing() or (self.t is None and opts["timeout"] != self.timeout):
+                or _observe.observing() or (self.t is None and opts["timeout"] != self.timeout) \
+                or (self.hit is not None) != (self.calls is not None and _compiled(opts)
+                                              is not None):
             return False
         self.epoch = EPOCH[0]
+        if self.hit is not None:
+            self.hit.epoch = self.epoch
         return True
 
     def release(self) -> None:
@@ -152,6 +160,8 @@ class Plan:
         if not self.live:
             return
         self.live = False
+        if self.hit is not None:
+            self.hit.live = 0
         if _LAST.get(self.name) is self:
             del _LAST[self.name]
         op = self.operation
@@ -206,7 +216,7 @@ def _new(ctx, comm, memo, run, blocking):
     views[SRC] = dst if run.src is None or run.src is run.dst else _raw(run.src)
     steps = bind(sched, views)
     requests = ()
-    plan.calls = None
+    plan.calls = plan.hit = None
     # a channel of its own: a non-blocking plan's restart gives it the tag of its call
     ch = Channel(base.comm, base.mpitype, base.tag)
     if blocking:
@@ -214,7 +224,7 @@ def _new(ctx, comm, memo, run, blocking):
         program, requests = compile_bound(steps, ch, run.red, run.be, timed)
         if program is not None:
             steps = program
-            plan.calls = _calls(program)
+            _bind_hit(plan, _hit_steps(program))
         elif timed is not None:  # (only persistent requests' waits are timed here)
             if plan.lease is not None:
                 plan.lease.release()
@@ -253,20 +263,42 @@ class _Expiry:
         return call.expired(left, idle, None)
 
 
-def _calls(program) -> tuple:
-    """The program's steps as one tuple of ready calls: ``Start``, each request's ``Wait``,
-    the reductions and copies.  What a blocking hit runs when no other operation is in
-    flight: its waits then block in MPI without holding back anything else (the progress
-    rule has nothing to advance), and the loop costs one call per step."""
-    calls = []
+def _hit_steps(program) -> list:
+    """The program's steps as a hit runs them when no other operation is in flight, in
+    order: (START, request), (WAIT, request) for each request waited for, (CALL, a ready
+    reduction or copy), and a timed plan's waits as (TIMED, the ready wait).  Its waits
+    then block in MPI without holding back anything else (the progress rule has nothing
+    to advance)."""
+    out = []
     for step in program:
-        if step[0] == START:
-            calls.append(step[1].Start)
-        elif step[0] == WAIT:
-            calls += [req.Wait for req in step[2]]
+        if step[0] == WAIT:
+            out += [(WAIT, req) for req in step[2]]
+        elif step[0] == CALL and getattr(step[1], "func", None) is timed_waitall:
+            out.append((TIMED, step[1]))
         else:
-            calls.append(step[1])
-    return tuple(calls)
+            out.append(step[:2])
+    return out
+
+
+def _bind_hit(plan, steps) -> None:
+    """Bind ``steps`` (:func:`_hit_steps`) as the plan's hit: ``plan.calls``, one ready
+    call per step for the Python repeat, and ``plan.hit``, the same steps compiled
+    (engine.native) where the context's ``native`` option is on and the module loads."""
+    plan.calls = tuple(obj.Start if k == START else obj.Wait if k == WAIT else obj
+                       for k, obj in steps)  # (a TIMED step's object is its ready wait)
+    plan.hit = None
+    mod = _compiled(resolve(plan.ctx.env))
+    if mod is None:
+        return
+    kinds = {START: mod.START, WAIT: mod.WAIT, CALL: mod.CALL, TIMED: mod.TIMED}
+    layout = (None, None) if plan.flat else (plan.sb, plan.tb)
+    layout_a = (None, None) if plan.flat or plan.ra is None or plan.ra() is plan.rb() \
+        else (plan.sa, plan.ta)
+    da = None if plan.ra is None else plan.da
+    plan.hit = mod.Hit(plan.comm, plan.rb, plan.ra, plan.c, plan.d, plan.t, plan.db, da,
+                       *layout, *layout_a, plan.flat, plan.epoch, plan.ctx,
+                       [(kinds[k], (obj.args[0], obj) if k == TIMED else obj)
+                        for k, obj in steps])
 
 
 def _dropper(ref):
@@ -326,9 +358,11 @@ def key(a, b, c=None, d=None, t=None) -> tuple:
     return (a, b, c, d, t)
 
 
-def repeat(comm, name: str, a, b, c=None, d=None, t=None) -> bool:
+def _repeat(comm, name: str, a, b, c=None, d=None, t=None) -> bool:
     """Run the blocking plan of ``name`` again if ``a, b, c, d, t`` are its call's
-    arguments, unchanged; False if there is none (the caller takes the general path)."""
+    arguments, unchanged; False if there is none (the caller takes the general path).
+    :data:`repeat` once the compiled hit is loaded: that one takes the hits it can prove
+    (engine/_hit.c) and hands everything else to this one."""
     plan = _LAST.get(name)
     if plan is None or not plan.matches(comm, a, b, c, d, t):
         plans = _plans_of(comm)
@@ -351,14 +385,34 @@ def repeat(comm, name: str, a, b, c=None, d=None, t=None) -> bool:
         plan.operation.go(True)  # (the loop: it advances the operations in flight meanwhile)
         return True
     try:
-        for call in calls:
-            call()
+        if plan.hit is not None:
+            plan.hit.go()  # (the same calls, compiled)
+        else:
+            for call in calls:
+                call()
     except BaseException:
         # interrupted (an MPI error, Ctrl-C): its requests may still be active, so the
         # plan never runs again; they are freed (MPI completes them)
         forget(plan)
         raise
     return True
+
+
+repeat = _repeat  # (the compiled hit's repeat once it is loaded: _compiled)
+
+
+def _compiled(opts):
+    """The compiled hit module (engine.native) under options ``opts``, or None (the
+    ``native`` option off, or no module: engine.native.status says why).  Once it loads,
+    calls take its repeat."""
+    global repeat
+    if not opts["native"]:
+        return None
+    mod = _native.load(opts["mpicc"], opts["cache_dir"])
+    if mod is not None and repeat is _repeat:
+        mod.setup(_LAST, _repeat, forget, IN_FLIGHT, EPOCH, _IN_PLACE, _ndarray, MPI.Exception)
+        repeat = mod.repeat
+    return mod
 
 
 def _plans_of(comm):
