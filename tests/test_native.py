@@ -225,3 +225,17 @@ def test_a_failed_build_is_remembered_and_says_where(tmp_path):
 def test_no_wrapper_is_reported():
     with pytest.raises(_native._NotUsed, match="no mpicc found"):
         _native._build_and_load("/nonexistent/mpicc", None)
+
+
+@pytest.mark.local
+def test_an_unwritable_cache_directory_leaves_the_hit_in_python(tmp_path, monkeypatch):
+    """A cache directory that cannot be written (a read-only home on a cluster) is a
+    reason, not an error: the load answers None and says why."""
+    if not _native.find_mpicc():
+        pytest.skip("no mpicc")
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # (a file where the directory would be)
+    monkeypatch.setattr(_native, "_STATE", {})
+    assert _native.load(None, str(blocked)) is None
+    used, why = _native.status()
+    assert not used and "cannot build" in why

@@ -56,6 +56,8 @@ def load(mpicc=None, cache_dir=None):
             _STATE.update(module=mod, why="", path=path)
         except _NotUsed as exc:
             _STATE.update(module=None, why=str(exc), path=exc.path)
+        except OSError as exc:  # (an unwritable cache directory, a full disk)
+            _STATE.update(module=None, why=f"cannot build: {exc}", path=None)
     return _STATE["module"]
 
 
@@ -135,6 +137,8 @@ def _build_and_load(mpicc, cache_dir):
     ident = "\0".join((sys.version, sysconfig.get_config_var("SOABI") or "", np.__version__,
                        version, libmpi, cc))
     key = hashlib.sha256(source + ident.encode()).hexdigest()[:20]
+    if cache_dir == "off":
+        raise _NotUsed("no cache directory to build in (XDG_CACHE_HOME=off)")
     folder = os.path.join(cache_dir or os.path.expanduser("~/.cache"), "mpicoll", "native")
     path = os.path.join(folder, f"_hit-{key}{importlib.machinery.EXTENSION_SUFFIXES[0]}")
     failed = path + ".failed"

@@ -34,6 +34,7 @@ import mpicoll
 
 from ..backends import cuda as _cuda
 from ..core import config as _config
+from ..engine import native as _native
 from ..engine import select as _select
 from ..transport import topology as _topology
 
@@ -72,6 +73,15 @@ def report() -> list[tuple[str, str]]:
         decision = f"unknown ({exc})"
     major, minor = MPI.Get_version()
     cupy_version, gpus = _cupy_and_gpus()
+    try:
+        if _config.get("native"):
+            _native.load(_config.get("mpicc"), _config.get("cache_dir"))  # (builds it once)
+            used, what = _native.status()
+            compiled = f"{'on' if used else 'off'} ({what})"
+        else:
+            compiled = "off (MPICOLL_NATIVE=0 or configure(native=False))"
+    except ValueError as exc:  # a malformed MPICOLL_NATIVE
+        compiled = f"unknown ({exc})"
     return [
         ("mpicoll", mpicoll.__version__),
         ("MPI", " ".join(MPI.Get_library_version().splitlines()[0].split())),
@@ -81,6 +91,7 @@ def report() -> list[tuple[str, str]]:
         ("CuPy", cupy_version),
         ("GPUs", gpus),
         ("cuda-aware", decision),
+        ("compiled hit", compiled),
     ]
 
 
