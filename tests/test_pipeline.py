@@ -1,0 +1,116 @@
+"""A large blocking hierarchical AllReduce across nodes runs as a pipeline of chunks.
+
+engine.collectives._pipelined cuts the array into chunks, each its own
+non-blocking hierarchical AllReduce, a few in flight.  Here, on fake nodes and
+with the thresholds made small: the chunks run (one call number each), the
+result is exact for rank-asymmetric data of every awkward length, in place and
+out, with and without a timeout, bitwise equal on every rank; below the
+threshold, on one node, or for another algorithm the call is one operation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicoll
+from mpicoll.engine import collectives as _collectives
+from mpicoll.engine import context as _context
+
+WORLD = MPI.COMM_WORLD
+pytestmark = pytest.mark.ranks(2, 3, 4, 5)  # (one rank is one node: never a pipeline)
+
+
+@pytest.fixture
+def small(monkeypatch):
+    """Pipelines from 64 KiB in chunks of at least 8 KiB (instead of 2 MiB and 512 KiB)."""
+    monkeypatch.setattr(_collectives, "PIPELINE_BYTES", 64 << 10)
+    monkeypatch.setattr(_collectives, "PIPELINE_CHUNK_BYTES", 8 << 10)
+
+
+def _comm(monkeypatch, nodes):
+    if nodes:
+        monkeypatch.setenv("MPICOLL_FAKE_NODES", nodes)
+    comm = WORLD.Dup()
+    _context.context(comm)  # (set up now, with the layout)
+    monkeypatch.delenv("MPICOLL_FAKE_NODES", raising=False)
+    return comm
+
+
+def _exact(count, rank):
+    return (np.arange(count) % 1009 + 1000 * rank).astype(np.float64)
+
+
+def _want(count):
+    return sum(_exact(count, r) for r in range(WORLD.size))
+
+
+def _same_everywhere(y):
+    digest = hashlib.sha256(y.tobytes()).hexdigest()
+    assert len(set(WORLD.allgather(digest))) == 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nodes", ["block:2", "cyclic:2"])
+@pytest.mark.parametrize("count", [65536 // 8, 65536 // 8 + 7, 100003])
+def test_chunks_run_and_the_result_is_exact(small, monkeypatch, nodes, count):
+    comm = _comm(monkeypatch, nodes)
+    try:
+        ctx = _context.context(comm)
+        for in_place, timeout in ((False, None), (True, None), (False, 30.0)):
+            x = _exact(count, WORLD.rank)
+            before = ctx.seq
+            if in_place:
+                mpicoll.allreduce(x, comm=comm, out=x, algorithm="hierarchical")
+                y = x
+            else:
+                y = mpicoll.allreduce(x, comm=comm, algorithm="hierarchical", timeout=timeout)
+                np.testing.assert_array_equal(x, _exact(count, WORLD.rank))  # input untouched
+            chunks = max(2, min(_collectives.PIPELINE_CHUNKS, count * 8 // (8 << 10)))
+            assert ctx.seq - before == chunks  # (one call number per chunk)
+            np.testing.assert_array_equal(y, _want(count))
+            _same_everywhere(y)
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
+def test_one_operation_below_the_threshold_on_one_node_or_for_another_algorithm(
+        small, monkeypatch):
+    """Each of these is one call (one call number), with the exact result."""
+    across, one_node = _comm(monkeypatch, "block:2"), _comm(monkeypatch, None)
+    try:
+        cases = [(across, 1000, "hierarchical"), (one_node, 100000, "hierarchical"),
+                 (across, 100000, "ring")]
+        for comm, count, algorithm in cases:
+            ctx = _context.context(comm)
+            before = ctx.seq
+            y = mpicoll.allreduce(_exact(count, WORLD.rank), comm=comm, algorithm=algorithm)
+            assert ctx.seq - before == 1, (count, algorithm)
+            np.testing.assert_array_equal(y, _want(count))
+    finally:
+        across.Free()
+        one_node.Free()
+
+
+@pytest.mark.timeout(60)
+def test_a_pipelined_call_is_seen_as_its_chunks_by_the_traffic_counter(small, monkeypatch):
+    """Observers see each chunk as a call of the hierarchical algorithm; the bytes sent
+    add up to what one hierarchical call of the whole array sends, within the chunks'
+    rounding (every chunk's lanes are split by the same rule)."""
+    comm = _comm(monkeypatch, "block:2")
+    try:
+        count = 40000
+        with mpicoll.traffic() as t:
+            mpicoll.allreduce(_exact(count, WORLD.rank), comm=comm, algorithm="hierarchical")
+        assert len(t.calls) > 1 and {c.algorithm for c in t.calls} == {"hierarchical"}
+        with mpicoll.traffic() as whole:
+            monkeypatch.setattr(_collectives, "PIPELINE_BYTES", 1 << 40)
+            mpicoll.allreduce(_exact(count, WORLD.rank), comm=comm, algorithm="hierarchical")
+        assert len(whole.calls) == 1
+        assert abs(t.bytes_sent - whole.bytes_sent) <= 8 * WORLD.size * len(t.calls)
+    finally:
+        comm.Free()
