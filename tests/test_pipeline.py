@@ -1,11 +1,13 @@
-"""A large blocking hierarchical AllReduce across nodes runs as a pipeline of chunks.
+"""A large blocking hierarchical AllReduce or AllGather across nodes runs as a pipeline.
 
-engine.collectives._pipelined cuts the array into chunks, each its own
-non-blocking hierarchical AllReduce, a few in flight.  Here, on fake nodes and
-with the thresholds made small: the chunks run (one call number each), the
-result is exact for rank-asymmetric data of every awkward length, in place and
-out, with and without a timeout, bitwise equal on every rank; below the
-threshold, on one node, or for another algorithm the call is one operation.
+engine.collectives._pipelined cuts the call into chunks (AllReduce: the array;
+AllGather: every rank's block alike), each its own non-blocking hierarchical
+call, a few in flight; ReduceScatter stays one operation.  Here, on fake nodes and with
+the thresholds made small: the chunks run (one call number each), the result
+is exact for rank-asymmetric data of every awkward length and uneven blocks,
+in place and out, with and without a timeout, bitwise equal on every rank;
+below the threshold, on one node, or for another algorithm the call is one
+operation.
 """
 
 from __future__ import annotations
@@ -73,6 +75,55 @@ def test_chunks_run_and_the_result_is_exact(small, monkeypatch, nodes, count):
             assert ctx.seq - before == chunks  # (one call number per chunk)
             np.testing.assert_array_equal(y, _want(count))
             _same_everywhere(y)
+    finally:
+        comm.Free()
+
+
+def _blocks(per):
+    """Uneven blocks: rank r has ``per + 3*r`` rows."""
+    return [per + 3 * r for r in range(WORLD.size)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nodes", ["block:2", "cyclic:2"])
+@pytest.mark.parametrize("per", [5000, 30001])
+def test_allgather_chunks_are_exact_and_reduce_scatter_is_one_call(small, monkeypatch, nodes,
+                                                                   per):
+    """AllGather of uneven blocks, in place and out: every rank's block cut alike, each
+    chunk an AllGatherv at its place in the output; results exact and bitwise equal on
+    every rank.  ReduceScatter (in place and out) stays one operation, and exact."""
+    comm = _comm(monkeypatch, nodes)
+    try:
+        ctx = _context.context(comm)
+        counts, rank = _blocks(per), WORLD.rank
+        total = sum(counts)
+        start = sum(counts[:rank])
+        chunks = max(2, min(_collectives.PIPELINE_CHUNKS, total * 8 // (8 << 10), min(counts)))
+        mine = (np.arange(counts[rank]) * 7 + 100000 * rank).astype(np.float64)
+        want = np.concatenate([(np.arange(c) * 7 + 100000 * r).astype(np.float64)
+                               for r, c in enumerate(counts)])
+        before = ctx.seq
+        g = mpicoll.allgather(mine, comm=comm, counts=counts, algorithm="hierarchical")
+        assert ctx.seq - before == chunks
+        np.testing.assert_array_equal(g, want)
+        _same_everywhere(g)
+        buf = np.full(total, -1.0)
+        buf[start:start + counts[rank]] = mine
+        m = mpicoll.Comm(comm, algorithm="hierarchical")
+        before = ctx.seq
+        m.Allgatherv(MPI.IN_PLACE, [buf, counts])
+        assert ctx.seq - before == chunks
+        np.testing.assert_array_equal(buf, want)
+        # ReduceScatter, out of place and in place: one operation each
+        x = _exact(total, rank)
+        before = ctx.seq
+        y = mpicoll.reduce_scatter(x, comm=comm, counts=counts, algorithm="hierarchical")
+        assert ctx.seq - before == 1
+        np.testing.assert_array_equal(y, _want(total)[start:start + counts[rank]])
+        before = ctx.seq
+        m.Reduce_scatter(MPI.IN_PLACE, x, counts)
+        assert ctx.seq - before == 1
+        np.testing.assert_array_equal(x[:counts[rank]], _want(total)[start:start + counts[rank]])
     finally:
         comm.Free()
 

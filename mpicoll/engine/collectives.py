@@ -171,10 +171,11 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     _observe.check_usable(ctx)
     if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
-    if blocking and collective == "allreduce" and name == "hierarchical" \
+    if blocking and name == "hierarchical" and collective != "reduce_scatter" \
             and nbytes >= PIPELINE_BYTES and msg.backend.name == "numpy" \
-            and len(set(ctx.nodes)) > 1:
-        return _pipelined(comm, msg, src, dst, in_place, red, op, timeout, accumulate, nbytes)
+            and len(set(ctx.nodes)) > 1 and (counts is None or min(counts) >= 2):
+        return _pipelined(comm, collective, label, msg, src, dst, in_place, red, op, counts,
+                          displs, timeout, accumulate, nbytes)
     run = _Run()
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
     run.auto = algorithm == "auto"
@@ -219,40 +220,66 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     return operation
 
 
-# A blocking hierarchical AllReduce across nodes from this size runs as a pipeline of
+# A blocking hierarchical AllReduce or AllGather across nodes from this size runs as a pipeline of
 # chunks (_pipelined): PIPELINE_CHUNKS of at least PIPELINE_CHUNK_BYTES, PIPELINE_DEPTH in
 # flight.  Measured on the emulated cluster (2 nodes x 2 ranks, 1 Gbit/s, Open MPI, both
-# placements): 64 MiB 1.00-1.01x the built-in against 1.15-1.31x as one operation, 16 MiB
-# 1.02-1.03x against 1.29-1.35x (docs/performance.md, "Across nodes").
+# placements): a 64 MiB AllReduce 1.00x the built-in against 1.15-1.31x as one operation,
+# 16 MiB 1.00-1.07x against 1.29-1.35x (docs/performance.md, "Across nodes").
 PIPELINE_BYTES = 2 << 20
 PIPELINE_CHUNKS = 32
 PIPELINE_CHUNK_BYTES = 512 << 10
 PIPELINE_DEPTH = 4
 
 
-def _pipelined(comm, msg, src, dst, in_place, red, op, timeout, accumulate, nbytes):
-    """A blocking hierarchical AllReduce as a pipeline: the array cut into chunks, each its
-    own non-blocking hierarchical AllReduce (its own tag), ``PIPELINE_DEPTH`` in flight.
+def _pipelined(comm, collective, label, msg, src, dst, in_place, red, op, counts, displs,
+               timeout, accumulate, nbytes):
+    """A blocking hierarchical AllReduce or AllGather as a pipeline: cut into chunks, each
+    its own non-blocking hierarchical call (its own tag), ``PIPELINE_DEPTH`` in flight.
 
     One operation runs its three phases one after the other, and the link across nodes
-    idles while the ranks of a node reduce and share inside it (and the node's memory
-    idles during the ring).  With several chunks in flight, waiting for the oldest
-    advances the others (the progress rule, engine.executor): one chunk's ring runs while
-    the next is reduced inside the node.  Each chunk is a hierarchical AllReduce of its
-    own, so every rank ends with the bits its lane's owner computed (bitwise equal across
-    ranks).  Returns the last chunk's operation (its ``algorithm`` names the call's)."""
+    idles while the ranks of a node reduce (or collect) and share inside it.  With
+    several chunks in flight, waiting for the oldest advances the others (the progress
+    rule, engine.executor): one chunk's ring runs while the next is handled inside the
+    node.  AllReduce cuts the array; AllGather cuts every rank's block alike (chunk c:
+    part c of each block, at its place in the output), so each chunk is an ordinary
+    AllGatherv on the same buffers.  (Not ReduceScatter: its hierarchical schedule reads
+    the blocks packed in rank order, which part c of each block is not; it is 0.35-0.5x
+    the built-in across nodes as one operation.)  Each chunk is a hierarchical
+    call of its own: every rank ends with the bits its lane's owner computed (bitwise
+    equal across ranks).  Returns the last chunk's operation (its ``algorithm`` names
+    the call's)."""
     chunks = max(2, min(PIPELINE_CHUNKS, nbytes // PIPELINE_CHUNK_BYTES))
-    n = len(dst)
-    cuts = [n * i // chunks for i in range(chunks + 1)]
+    if counts is not None:
+        chunks = min(chunks, min(counts))
+    rank = comm.Get_rank()
+
+    def part(arr, a, b):
+        return Msg(arr[a:b], msg.dtype, msg.category, msg.mpitype, msg.typename, msg.backend,
+                   optype=msg.optype)
+
+    def start(c):
+        if collective == "allreduce":
+            n = len(dst)
+            a, b = n * c // chunks, n * (c + 1) // chunks
+            out = part(dst, a, b)
+            return _start(comm, collective, "hierarchical", out, b - a, red=red, op=op,
+                          src=out.array if in_place else src[a:b], dst=out.array,
+                          in_place=in_place, timeout=timeout, label=label,
+                          accumulate=accumulate)
+        # chunk c of block r: elements counts[r]*c//chunks .. counts[r]*(c+1)//chunks of it
+        lo = [k * c // chunks for k in counts]
+        cc = tuple(k * (c + 1) // chunks - x for k, x in zip(counts, lo))
+        cd = tuple(d + x for d, x in zip(displs, lo))
+        mine = slice(lo[rank], lo[rank] + cc[rank])
+        return _start(comm, collective, "hierarchical", msg, sum(cc), counts=cc, displs=cd,
+                      src=None if in_place else src[mine], dst=dst, in_place=in_place,
+                      timeout=timeout, label=label)
+
     started = []
-    for a, b in zip(cuts, cuts[1:]):
+    for c in range(chunks):
         if len(started) >= PIPELINE_DEPTH:
             started.pop(0).wait()
-        part = Msg(dst[a:b], msg.dtype, msg.category, msg.mpitype, msg.typename, msg.backend,
-                   optype=msg.optype)
-        started.append(_start(comm, "allreduce", "hierarchical", part, b - a, red=red, op=op,
-                              src=part.array if in_place else src[a:b], dst=part.array,
-                              in_place=in_place, timeout=timeout, accumulate=accumulate))
+        started.append(start(c))
     for operation in started:
         operation.wait()
     return started[-1]
