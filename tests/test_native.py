@@ -103,7 +103,17 @@ def test_what_it_cannot_prove_goes_to_python():
             assert slow == ["Comm.Allreduce"] * in_flight
             assert mod.hits() == before + (not in_flight)
             slow.clear()
+            z = np.empty(6)
+            mpicoll.allreduce(x, comm=comm, out=z, algorithm="auto")  # (its plan: made)
+            slow.clear()
             before = mod.hits()
+            same = "".join(["au", "to"])  # equal to the plan's "auto", another object
+            assert same == "auto" and same is not "auto"  # noqa: F632 (the point of the test)
+            z[...] = 0
+            mpicoll.allreduce(x, comm=comm, out=z, algorithm=same)
+            np.testing.assert_array_equal(z, _want(x))
+            assert slow == ["allreduce"] and mod.hits() == before
+            slow.clear()
             with mpicoll.options(timeout=None):  # (an epoch bump: no option changes)
                 mc.Allreduce(x, y)
                 assert slow == ["Comm.Allreduce"] and mod.hits() == before
