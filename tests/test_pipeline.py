@@ -1,8 +1,9 @@
-"""A large blocking hierarchical AllReduce or AllGather across nodes runs as a pipeline.
+"""A large blocking AllReduce or AllGather across nodes runs as a pipeline of chunks.
 
 engine.collectives._pipelined cuts the call into chunks (AllReduce: the array;
-AllGather: every rank's block alike), each its own non-blocking hierarchical
-call, a few in flight; ReduceScatter stays one operation.  Here, on fake nodes and with
+AllGather: every rank's block alike), each its own non-blocking call of the
+same algorithm, a few in flight; the ring (which pipelines its own segments)
+and ReduceScatter stay one operation.  Here, on fake nodes and with
 the thresholds made small: the chunks run (one call number each), the result
 is exact for rank-asymmetric data of every awkward length and uneven blocks,
 in place and out, with and without a timeout, bitwise equal on every rank;
@@ -55,10 +56,15 @@ def _same_everywhere(y):
     assert len(set(WORLD.allgather(digest))) == 1
 
 
+ALLREDUCE = ["hierarchical", "recursive_doubling", "rabenseifner", "direct"]
+ALLGATHER = ["hierarchical", "recursive_doubling", "bruck"]
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("algorithm", ALLREDUCE)
 @pytest.mark.parametrize("nodes", ["block:2", "cyclic:2"])
 @pytest.mark.parametrize("count", [65536 // 8, 65536 // 8 + 7, 100003])
-def test_chunks_run_and_the_result_is_exact(small, monkeypatch, nodes, count):
+def test_chunks_run_and_the_result_is_exact(small, monkeypatch, nodes, count, algorithm):
     comm = _comm(monkeypatch, nodes)
     try:
         ctx = _context.context(comm)
@@ -66,10 +72,10 @@ def test_chunks_run_and_the_result_is_exact(small, monkeypatch, nodes, count):
             x = _exact(count, WORLD.rank)
             before = ctx.seq
             if in_place:
-                mpicoll.allreduce(x, comm=comm, out=x, algorithm="hierarchical")
+                mpicoll.allreduce(x, comm=comm, out=x, algorithm=algorithm)
                 y = x
             else:
-                y = mpicoll.allreduce(x, comm=comm, algorithm="hierarchical", timeout=timeout)
+                y = mpicoll.allreduce(x, comm=comm, algorithm=algorithm, timeout=timeout)
                 np.testing.assert_array_equal(x, _exact(count, WORLD.rank))  # input untouched
             chunks = max(2, min(_collectives.PIPELINE_CHUNKS, count * 8 // (8 << 10)))
             assert ctx.seq - before == chunks  # (one call number per chunk)
@@ -85,10 +91,11 @@ def _blocks(per):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("algorithm", ALLGATHER)
 @pytest.mark.parametrize("nodes", ["block:2", "cyclic:2"])
 @pytest.mark.parametrize("per", [5000, 30001])
 def test_allgather_chunks_are_exact_and_reduce_scatter_is_one_call(small, monkeypatch, nodes,
-                                                                   per):
+                                                                   per, algorithm):
     """AllGather of uneven blocks, in place and out: every rank's block cut alike, each
     chunk an AllGatherv at its place in the output; results exact and bitwise equal on
     every rank.  ReduceScatter (in place and out) stays one operation, and exact."""
@@ -103,13 +110,13 @@ def test_allgather_chunks_are_exact_and_reduce_scatter_is_one_call(small, monkey
         want = np.concatenate([(np.arange(c) * 7 + 100000 * r).astype(np.float64)
                                for r, c in enumerate(counts)])
         before = ctx.seq
-        g = mpicoll.allgather(mine, comm=comm, counts=counts, algorithm="hierarchical")
+        g = mpicoll.allgather(mine, comm=comm, counts=counts, algorithm=algorithm)
         assert ctx.seq - before == chunks
         np.testing.assert_array_equal(g, want)
         _same_everywhere(g)
         buf = np.full(total, -1.0)
         buf[start:start + counts[rank]] = mine
-        m = mpicoll.Comm(comm, algorithm="hierarchical")
+        m = mpicoll.Comm(comm, algorithm=algorithm)
         before = ctx.seq
         m.Allgatherv(MPI.IN_PLACE, [buf, counts])
         assert ctx.seq - before == chunks
@@ -121,7 +128,7 @@ def test_allgather_chunks_are_exact_and_reduce_scatter_is_one_call(small, monkey
         assert ctx.seq - before == 1
         np.testing.assert_array_equal(y, _want(total)[start:start + counts[rank]])
         before = ctx.seq
-        m.Reduce_scatter(MPI.IN_PLACE, x, counts)
+        mpicoll.Comm(comm, algorithm="hierarchical").Reduce_scatter(MPI.IN_PLACE, x, counts)
         assert ctx.seq - before == 1
         np.testing.assert_array_equal(x[:counts[rank]], _want(total)[start:start + counts[rank]])
     finally:
@@ -135,7 +142,7 @@ def test_one_operation_below_the_threshold_on_one_node_or_for_another_algorithm(
     across, one_node = _comm(monkeypatch, "block:2"), _comm(monkeypatch, None)
     try:
         cases = [(across, 1000, "hierarchical"), (one_node, 100000, "hierarchical"),
-                 (across, 100000, "ring")]
+                 (across, 100000, "ring"), (one_node, 100000, "rabenseifner")]
         for comm, count, algorithm in cases:
             ctx = _context.context(comm)
             before = ctx.seq

@@ -171,11 +171,11 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     _observe.check_usable(ctx)
     if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
-    if blocking and name == "hierarchical" and collective != "reduce_scatter" \
+    if blocking and collective in PIPELINED and name != "ring" \
             and nbytes >= PIPELINE_BYTES and msg.backend.name == "numpy" \
             and len(set(ctx.nodes)) > 1 and (counts is None or min(counts) >= 2):
-        return _pipelined(comm, collective, label, msg, src, dst, in_place, red, op, counts,
-                          displs, timeout, accumulate, nbytes)
+        return _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op,
+                          counts, displs, timeout, accumulate, nbytes)
     run = _Run()
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
     run.auto = algorithm == "auto"
@@ -220,34 +220,35 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     return operation
 
 
-# A blocking hierarchical AllReduce or AllGather across nodes from this size runs as a pipeline of
+# A blocking AllReduce or AllGather across nodes from this size runs as a pipeline of
 # chunks (_pipelined): PIPELINE_CHUNKS of at least PIPELINE_CHUNK_BYTES, PIPELINE_DEPTH in
-# flight.  Measured on the emulated cluster (2 nodes x 2 ranks, 1 Gbit/s, Open MPI, both
-# placements): a 64 MiB AllReduce 1.00x the built-in against 1.15-1.31x as one operation,
-# 16 MiB 1.00-1.07x against 1.29-1.35x (docs/performance.md, "Across nodes").
+# flight; every algorithm but the ring, which pipelines its own segments.  Measured on the
+# emulated cluster (2 nodes x 2 ranks, 1 Gbit/s, Open MPI, 64 MiB, as one operation ->
+# as a pipeline): hierarchical AllReduce 1.15-1.31x -> 1.00x the built-in, Rabenseifner
+# 1.21x -> 1.10x, direct 2.32x -> 2.00x (docs/performance.md, "Across nodes").
+PIPELINED = ("allreduce", "allgather")
 PIPELINE_BYTES = 2 << 20
 PIPELINE_CHUNKS = 32
 PIPELINE_CHUNK_BYTES = 512 << 10
 PIPELINE_DEPTH = 4
 
 
-def _pipelined(comm, collective, label, msg, src, dst, in_place, red, op, counts, displs,
-               timeout, accumulate, nbytes):
-    """A blocking hierarchical AllReduce or AllGather as a pipeline: cut into chunks, each
-    its own non-blocking hierarchical call (its own tag), ``PIPELINE_DEPTH`` in flight.
+def _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op, counts,
+               displs, timeout, accumulate, nbytes):
+    """A blocking AllReduce or AllGather as a pipeline: cut into chunks, each its own
+    non-blocking call of algorithm ``name`` (its own tag), ``PIPELINE_DEPTH`` in flight.
 
-    One operation runs its three phases one after the other, and the link across nodes
-    idles while the ranks of a node reduce (or collect) and share inside it.  With
-    several chunks in flight, waiting for the oldest advances the others (the progress
-    rule, engine.executor): one chunk's ring runs while the next is handled inside the
-    node.  AllReduce cuts the array; AllGather cuts every rank's block alike (chunk c:
-    part c of each block, at its place in the output), so each chunk is an ordinary
-    AllGatherv on the same buffers.  (Not ReduceScatter: its hierarchical schedule reads
-    the blocks packed in rank order, which part c of each block is not; it is 0.35-0.5x
-    the built-in across nodes as one operation.)  Each chunk is a hierarchical
-    call of its own: every rank ends with the bits its lane's owner computed (bitwise
-    equal across ranks).  Returns the last chunk's operation (its ``algorithm`` names
-    the call's)."""
+    One operation runs its steps in turn, and the link across nodes idles while it
+    reduces, copies, or (hierarchical) works inside the node.  With several chunks in
+    flight, waiting for the oldest advances the others (the progress rule,
+    engine.executor): one chunk's messages cross the link while the next is reduced.
+    AllReduce cuts the array; AllGather cuts every rank's block alike (chunk c: part c
+    of each block, at its place in the output), so each chunk is an ordinary AllGatherv
+    on the same buffers.  (Not ReduceScatter: its schedules read the blocks
+    packed in rank order, which part c of each block is not.)  Each chunk is a call of
+    its own of the same algorithm, so results are bitwise equal across ranks as that
+    algorithm's are.  Returns the last chunk's operation (its ``algorithm`` names the
+    call's)."""
     chunks = max(2, min(PIPELINE_CHUNKS, nbytes // PIPELINE_CHUNK_BYTES))
     if counts is not None:
         chunks = min(chunks, min(counts))
@@ -262,7 +263,7 @@ def _pipelined(comm, collective, label, msg, src, dst, in_place, red, op, counts
             n = len(dst)
             a, b = n * c // chunks, n * (c + 1) // chunks
             out = part(dst, a, b)
-            return _start(comm, collective, "hierarchical", out, b - a, red=red, op=op,
+            return _start(comm, collective, name, out, b - a, red=red, op=op,
                           src=out.array if in_place else src[a:b], dst=out.array,
                           in_place=in_place, timeout=timeout, label=label,
                           accumulate=accumulate)
@@ -271,7 +272,7 @@ def _pipelined(comm, collective, label, msg, src, dst, in_place, red, op, counts
         cc = tuple(k * (c + 1) // chunks - x for k, x in zip(counts, lo))
         cd = tuple(d + x for d, x in zip(displs, lo))
         mine = slice(lo[rank], lo[rank] + cc[rank])
-        return _start(comm, collective, "hierarchical", msg, sum(cc), counts=cc, displs=cd,
+        return _start(comm, collective, name, msg, sum(cc), counts=cc, displs=cd,
                       src=None if in_place else src[mine], dst=dst, in_place=in_place,
                       timeout=timeout, label=label)
 
