@@ -1,9 +1,9 @@
-"""A large blocking AllReduce or AllGather across nodes runs as a pipeline of chunks.
+"""A large blocking collective across nodes runs as a pipeline of chunks.
 
 engine.collectives._pipelined cuts the call into chunks (AllReduce: the array;
-AllGather: every rank's block alike), each its own non-blocking call of the
-same algorithm, a few in flight; the ring (which pipelines its own segments)
-and ReduceScatter stay one operation.  Here, on fake nodes and with
+ReduceScatter and AllGather: every rank's block alike), each its own
+non-blocking call of the same algorithm, a few in flight; the ring (which
+pipelines its own segments) and a ReduceScatter in place stay one operation.  Here, on fake nodes and with
 the thresholds made small: the chunks run (one call number each), the result
 is exact for rank-asymmetric data of every awkward length and uneven blocks,
 in place and out, with and without a timeout, bitwise equal on every rank;
@@ -58,6 +58,7 @@ def _same_everywhere(y):
 
 ALLREDUCE = ["hierarchical", "recursive_doubling", "rabenseifner", "direct"]
 ALLGATHER = ["hierarchical", "recursive_doubling", "bruck"]
+REDUCE_SCATTER = ["hierarchical", "recursive_doubling", "recursive_halving", "direct"]
 
 
 @pytest.mark.timeout(120)
@@ -94,11 +95,10 @@ def _blocks(per):
 @pytest.mark.parametrize("algorithm", ALLGATHER)
 @pytest.mark.parametrize("nodes", ["block:2", "cyclic:2"])
 @pytest.mark.parametrize("per", [5000, 30001])
-def test_allgather_chunks_are_exact_and_reduce_scatter_is_one_call(small, monkeypatch, nodes,
-                                                                   per, algorithm):
+def test_allgather_chunks_are_exact(small, monkeypatch, nodes, per, algorithm):
     """AllGather of uneven blocks, in place and out: every rank's block cut alike, each
     chunk an AllGatherv at its place in the output; results exact and bitwise equal on
-    every rank.  ReduceScatter (in place and out) stays one operation, and exact."""
+    every rank."""
     comm = _comm(monkeypatch, nodes)
     try:
         ctx = _context.context(comm)
@@ -121,14 +121,34 @@ def test_allgather_chunks_are_exact_and_reduce_scatter_is_one_call(small, monkey
         m.Allgatherv(MPI.IN_PLACE, [buf, counts])
         assert ctx.seq - before == chunks
         np.testing.assert_array_equal(buf, want)
-        # ReduceScatter, out of place and in place: one operation each
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algorithm", REDUCE_SCATTER)
+@pytest.mark.parametrize("nodes", ["block:2", "cyclic:2"])
+@pytest.mark.parametrize("per", [5000, 30001])
+def test_reduce_scatter_chunks_are_exact_and_in_place_is_one_call(small, monkeypatch, nodes,
+                                                                  per, algorithm):
+    """ReduceScatter of uneven blocks out of place: part c of every block is chunk c (a
+    vector call reading the blocks where they lie in the input); exact.  In place (the
+    result overwrites the start of the input, which other chunks read) it is one call."""
+    comm = _comm(monkeypatch, nodes)
+    try:
+        ctx = _context.context(comm)
+        counts, rank = _blocks(per), WORLD.rank
+        total = sum(counts)
+        start = sum(counts[:rank])
+        chunks = max(2, min(_collectives.PIPELINE_CHUNKS, total * 8 // (8 << 10), min(counts)))
         x = _exact(total, rank)
         before = ctx.seq
-        y = mpicoll.reduce_scatter(x, comm=comm, counts=counts, algorithm="hierarchical")
-        assert ctx.seq - before == 1
+        y = mpicoll.reduce_scatter(x, comm=comm, counts=counts, algorithm=algorithm)
+        assert ctx.seq - before == chunks
         np.testing.assert_array_equal(y, _want(total)[start:start + counts[rank]])
+        np.testing.assert_array_equal(x, _exact(total, rank))  # input untouched
         before = ctx.seq
-        mpicoll.Comm(comm, algorithm="hierarchical").Reduce_scatter(MPI.IN_PLACE, x, counts)
+        mpicoll.Comm(comm, algorithm=algorithm).Reduce_scatter(MPI.IN_PLACE, x, counts)
         assert ctx.seq - before == 1
         np.testing.assert_array_equal(x[:counts[rank]], _want(total)[start:start + counts[rank]])
     finally:

@@ -298,14 +298,16 @@ def reduce_scatter_schedule(s: Shape) -> Schedule:
         return _trivial(s, "reduce_scatter")
     lay = _Layout(s)
     b = Builder()
-    blocks = list(zip(s.displs, s.counts))   # physical = logical: SRC holds the blocks
+    # lanes cut the blocks in rank order (logical positions); SRC holds block r at displs[r]
+    blocks = _logical_blocks(s)
     nring = lay.k - 1
     parts = [_lane_parts(lay, _lane(s, lay, i), blocks) for i in range(lay.lanes)]
     size = _lane(s, lay, lay.index)[1] if lay.index < lay.lanes else 0
     lane_buf = b.buffer("hierarchical: lane (by node)", size) if size else None
 
     def src_of(i):
-        return [(Region(SRC, x, y), off) for _, x, y, off in parts[i]]
+        return [(Region(SRC, s.displs[r] + x - blocks[r][0], s.displs[r] + y - blocks[r][0]),
+                 off) for r, x, y, off in parts[i]]
 
     def into(i, off, n):
         return Region(lane_buf, off, off + n)
@@ -340,7 +342,7 @@ def reduce_scatter_schedule(s: Shape) -> Schedule:
         return [Region(out_buf, a, a + n) for a, n in out_at.get(q, [])]
 
     def want(i, q):
-        lo = s.displs[q]
+        lo = blocks[q][0]
         return [Region(DST, x - lo, y - lo) for r, x, y, _ in parts[i] if r == q]
 
     _share(b, s, lay, nring + 1, have, want)

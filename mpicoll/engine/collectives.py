@@ -171,7 +171,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     _observe.check_usable(ctx)
     if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
-    if blocking and collective in PIPELINED and name != "ring" \
+    if blocking and name != "ring" and not (in_place and collective == "reduce_scatter") \
             and nbytes >= PIPELINE_BYTES and msg.backend.name == "numpy" \
             and len(set(ctx.nodes)) > 1 and (counts is None or min(counts) >= 2):
         return _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op,
@@ -220,13 +220,13 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     return operation
 
 
-# A blocking AllReduce or AllGather across nodes from this size runs as a pipeline of
-# chunks (_pipelined): PIPELINE_CHUNKS of at least PIPELINE_CHUNK_BYTES, PIPELINE_DEPTH in
-# flight; every algorithm but the ring, which pipelines its own segments.  Measured on the
-# emulated cluster (2 nodes x 2 ranks, 1 Gbit/s, Open MPI, 64 MiB, as one operation ->
-# as a pipeline): hierarchical AllReduce 1.15-1.31x -> 1.00x the built-in, Rabenseifner
-# 1.21x -> 1.10x, direct 2.32x -> 2.00x (docs/performance.md, "Across nodes").
-PIPELINED = ("allreduce", "allgather")
+# A blocking collective across nodes from this size runs as a pipeline of chunks
+# (_pipelined): PIPELINE_CHUNKS of at least PIPELINE_CHUNK_BYTES, PIPELINE_DEPTH in
+# flight; every algorithm but the ring, which pipelines its own segments, and not a
+# ReduceScatter in place (its result overwrites the start of the input: part c of
+# block 0, which another chunk still reads).  The sizes are
+# the emulated cluster's best (docs/performance.md, "Pipelines across nodes"): deeper
+# or finer gained nothing there, 2 in flight lost at 16 MiB.
 PIPELINE_BYTES = 2 << 20
 PIPELINE_CHUNKS = 32
 PIPELINE_CHUNK_BYTES = 512 << 10
@@ -235,17 +235,16 @@ PIPELINE_DEPTH = 4
 
 def _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op, counts,
                displs, timeout, accumulate, nbytes):
-    """A blocking AllReduce or AllGather as a pipeline: cut into chunks, each its own
-    non-blocking call of algorithm ``name`` (its own tag), ``PIPELINE_DEPTH`` in flight.
+    """A blocking collective as a pipeline: cut into chunks, each its own non-blocking
+    call of algorithm ``name`` (its own tag), ``PIPELINE_DEPTH`` in flight.
 
     One operation runs its steps in turn, and the link across nodes idles while it
     reduces, copies, or (hierarchical) works inside the node.  With several chunks in
     flight, waiting for the oldest advances the others (the progress rule,
     engine.executor): one chunk's messages cross the link while the next is reduced.
-    AllReduce cuts the array; AllGather cuts every rank's block alike (chunk c: part c
-    of each block, at its place in the output), so each chunk is an ordinary AllGatherv
-    on the same buffers.  (Not ReduceScatter: its schedules read the blocks
-    packed in rank order, which part c of each block is not.)  Each chunk is a call of
+    AllReduce cuts the array; ReduceScatter and AllGather cut every rank's block alike
+    (chunk c: part c of each block, at its place in the input or output), so each chunk
+    is an ordinary vector call on the same buffers.  Each chunk is a call of
     its own of the same algorithm, so results are bitwise equal across ranks as that
     algorithm's are.  Returns the last chunk's operation (its ``algorithm`` names the
     call's)."""
@@ -272,6 +271,10 @@ def _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op, 
         cc = tuple(k * (c + 1) // chunks - x for k, x in zip(counts, lo))
         cd = tuple(d + x for d, x in zip(displs, lo))
         mine = slice(lo[rank], lo[rank] + cc[rank])
+        if collective == "reduce_scatter":  # (out of place: see _start)
+            return _start(comm, collective, name, part(dst, mine.start, mine.stop), sum(cc),
+                          red=red, op=op, counts=cc, displs=cd, src=src, dst=dst[mine],
+                          in_place=False, timeout=timeout, label=label, accumulate=accumulate)
         return _start(comm, collective, name, msg, sum(cc), counts=cc, displs=cd,
                       src=None if in_place else src[mine], dst=dst, in_place=in_place,
                       timeout=timeout, label=label)

@@ -52,6 +52,15 @@ Blocking and non-blocking repeats
     option: part of the signature); when one gives up it raises the
     CollectiveTimeout the observed channel raises (:class:`_Expiry`).
 
+The compiled hit
+    Where engine.native builds it (the ``native`` option, on by default), a
+    blocking plan's hit also exists in C (``engine/_hit.c``): :data:`repeat`
+    is then the C function, which proves the hit of the function's last plan
+    by object identity (a stricter copy of :meth:`Plan.matches`) and runs the
+    same steps on the same persistent requests (``plan.hit``); anything it
+    cannot prove goes to the Python repeat (:func:`_repeat`), which decides
+    as without it and runs a hit it proves through ``plan.hit.go()``.
+
 Where plans live
     On the context (``ctx.plans``: up to :data:`PLANS` blocking ones, keyed
     by function and argument objects, holding at most :data:`PLAN_WORK_BYTES`
