@@ -171,7 +171,8 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     _observe.check_usable(ctx)
     if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
-    if blocking and name != "ring" and not (in_place and collective == "reduce_scatter") \
+    if blocking and name != "ring" and (collective, name) not in UNCHUNKED \
+            and not (in_place and collective == "reduce_scatter") \
             and nbytes >= PIPELINE_BYTES and msg.backend.name == "numpy" \
             and len(set(ctx.nodes)) > 1 and (counts is None or min(counts) >= 2):
         return _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op,
@@ -228,6 +229,10 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
 # the emulated cluster's best (docs/performance.md, "Pipelines across nodes"): deeper
 # or finer gained nothing there, 2 in flight lost at 16 MiB.
 PIPELINE_BYTES = 2 << 20
+# A schedule that works on the span of SRC from 0 to the last block's end, not on the
+# blocks: a chunk (part c of every block, spread over the whole input) would move the
+# whole input (recursive doubling's ReduceScatter is an AllReduce of that span).
+UNCHUNKED = frozenset({("reduce_scatter", "recursive_doubling")})
 PIPELINE_CHUNKS = 32
 PIPELINE_CHUNK_BYTES = 512 << 10
 PIPELINE_DEPTH = 4
