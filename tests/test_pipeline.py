@@ -78,8 +78,7 @@ def test_chunks_run_and_the_result_is_exact(small, monkeypatch, nodes, count, al
             else:
                 y = mpicoll.allreduce(x, comm=comm, algorithm=algorithm, timeout=timeout)
                 np.testing.assert_array_equal(x, _exact(count, WORLD.rank))  # input untouched
-            chunks = max(2, min(_collectives.PIPELINE_CHUNKS, count * 8 // (8 << 10)))
-            assert ctx.seq - before == chunks  # (one call number per chunk)
+            assert ctx.seq - before == _chunks(count * 8)  # (one call number per chunk)
             np.testing.assert_array_equal(y, _want(count))
             _same_everywhere(y)
     finally:
@@ -87,8 +86,17 @@ def test_chunks_run_and_the_result_is_exact(small, monkeypatch, nodes, count, al
 
 
 def _blocks(per):
-    """Uneven blocks: rank r has ``per + 3*r`` rows."""
-    return [per + 3 * r for r in range(WORLD.size)]
+    """(counts, total, this rank's first row, chunks) of uneven blocks: rank r has
+    ``per + 3*r`` rows of float64."""
+    counts = [per + 3 * r for r in range(WORLD.size)]
+    total = sum(counts)
+    return counts, total, sum(counts[:WORLD.rank]), _chunks(total * 8, counts)
+
+
+def _chunks(nbytes, counts=None):
+    """How many chunks engine.collectives._pipelined cuts a call of ``nbytes`` into."""
+    chunks = max(2, min(_collectives.PIPELINE_CHUNKS, nbytes // _collectives.PIPELINE_CHUNK_BYTES))
+    return chunks if counts is None else min(chunks, min(counts))
 
 
 @pytest.mark.timeout(120)
@@ -102,10 +110,8 @@ def test_allgather_chunks_are_exact(small, monkeypatch, nodes, per, algorithm):
     comm = _comm(monkeypatch, nodes)
     try:
         ctx = _context.context(comm)
-        counts, rank = _blocks(per), WORLD.rank
-        total = sum(counts)
-        start = sum(counts[:rank])
-        chunks = max(2, min(_collectives.PIPELINE_CHUNKS, total * 8 // (8 << 10), min(counts)))
+        rank = WORLD.rank
+        counts, total, start, chunks = _blocks(per)
         mine = (np.arange(counts[rank]) * 7 + 100000 * rank).astype(np.float64)
         want = np.concatenate([(np.arange(c) * 7 + 100000 * r).astype(np.float64)
                                for r, c in enumerate(counts)])
@@ -137,10 +143,8 @@ def test_reduce_scatter_chunks_are_exact_and_in_place_is_one_call(small, monkeyp
     comm = _comm(monkeypatch, nodes)
     try:
         ctx = _context.context(comm)
-        counts, rank = _blocks(per), WORLD.rank
-        total = sum(counts)
-        start = sum(counts[:rank])
-        chunks = max(2, min(_collectives.PIPELINE_CHUNKS, total * 8 // (8 << 10), min(counts)))
+        rank = WORLD.rank
+        counts, total, start, chunks = _blocks(per)
         x = _exact(total, rank)
         before = ctx.seq
         y = mpicoll.reduce_scatter(x, comm=comm, counts=counts, algorithm=algorithm)
@@ -186,8 +190,8 @@ def test_a_pipeline_sends_what_one_call_sends(small, monkeypatch, collective, al
     recursive doubling's ReduceScatter, 32x its bytes; it stays one call)."""
     comm = _comm(monkeypatch, "block:2")
     try:
-        counts = _blocks(5000)
-        total, rank = sum(counts), WORLD.rank
+        counts, total, _, _ = _blocks(5000)
+        rank = WORLD.rank
 
         def call():
             if collective == "allreduce":
