@@ -129,8 +129,6 @@ def _build_and_load(mpicc, cache_dir):
     libmpi = _loaded_libmpi()
     if not libmpi:
         raise _NotUsed("cannot tell which libmpi this process loaded (no /proc/self/maps)")
-    if os.path.dirname(libmpi) not in _link_dirs(cc):
-        raise _NotUsed(f"{cc} does not link the loaded {libmpi}")
     version = MPI.Get_library_version()
     with open(_SOURCE, "rb") as src:
         source = src.read()
@@ -145,6 +143,9 @@ def _build_and_load(mpicc, cache_dir):
     if os.path.exists(failed):
         raise _NotUsed(f"the build failed before (see {failed}; delete it to retry)", path)
     if not os.path.exists(path):
+        # (a built file passed this check: its name holds the wrapper and the libmpi)
+        if os.path.dirname(libmpi) not in _link_dirs(cc):
+            raise _NotUsed(f"{cc} does not link the loaded {libmpi}")
         _build(cc, path, failed)
     spec = importlib.util.spec_from_file_location(
         "mpicoll.engine._hit", path,
