@@ -26,10 +26,11 @@
 # Environment: PYTHON (default: python), MPICOLL_RUN_TIMEOUT (seconds per run,
 # default 600), MPICOLL_TEST_TIMEOUT (seconds per test without a timeout mark, default 120),
 # MPICOLL_TEST_ARGS (extra pytest arguments, e.g. "-k allreduce"), MPICOLL_TEST_JUNIT
-# (a directory: rank 0 of each run writes <run>.xml there, for a per-test record).
+# (a directory: rank 0 of each run writes <run>.xml there, for a per-test record),
+# MPICOLL_TEST_RANKS (the mpi runs' rank counts, e.g. "1 2 3 4"; default 1-5, --quick 2 3).
 set -u -o pipefail
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 
 flavour=""
 quick=0
@@ -85,6 +86,14 @@ if [ "$flavour" = openmpi ]; then
 fi
 
 if [ "$quick" = 1 ]; then ranks=(2 3); else ranks=(1 2 3 4 5); fi
+if [ -n "${MPICOLL_TEST_RANKS:-}" ]; then
+    # shellcheck disable=SC2206  # a list of numbers
+    ranks=($MPICOLL_TEST_RANKS)
+    for n in "${ranks[@]}"; do
+        [[ "$n" =~ ^[1-9][0-9]*$ ]] \
+            || { echo "run_tests.sh: MPICOLL_TEST_RANKS: expected rank counts like '1 2 3 4', got '$MPICOLL_TEST_RANKS'" >&2; exit 2; }
+    done
+fi
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-tests.XXXXXX")
 beside=""  # pid of the runs in the background, while they run
 # at exit (also on a signal): stop the background runs (their `timeout`s end pytest) and
@@ -114,8 +123,11 @@ echo "mpicoll tests: $library ($flavour), launcher $launcher, python $(command -
 if [ "$quick" = 1 ]; then
     echo "runs: plain pytest (local), pytest at ${ranks[*]} rank(s) (mpi), verify at 4 ranks"
 else
-    echo "runs: plain pytest (launch; beside it plain pytest (local), then pytest at 1 rank (mpi)),"
-    echo "      pytest at ${ranks[*]:1} rank(s) (mpi), verify at 4 ranks"
+    # the mpi run at 1 rank, where asked for, goes beside launch after local (below)
+    one=0 rest=()
+    for n in "${ranks[@]}"; do if [ "$n" = 1 ]; then one=1; else rest+=("$n"); fi; done
+    echo "runs: plain pytest (launch; beside it plain pytest (local)$([ "$one" = 1 ] && echo ", then pytest at 1 rank (mpi)")),"
+    echo "      pytest at ${rest[*]:-no other} rank(s) (mpi), verify at 4 ranks"
 fi
 
 # Add up the per-rank outcome files "$1.<rank>" of a pytest run over "$2" ranks.
@@ -210,17 +222,17 @@ else
     # once they are done; each is under its own outer timeout like any run.
     (
         start_pytest local 0 --group local tests ${extra[@]+"${extra[@]}"}
-        start_pytest np1 1 --group mpi tests ${extra[@]+"${extra[@]}"}
+        [ "$one" = 0 ] || start_pytest np1 1 --group mpi tests ${extra[@]+"${extra[@]}"}
     ) >"$logdir/beside.out" 2>&1 &
     beside=$!
     run_pytest launch 0 --group launch tests ${extra[@]+"${extra[@]}"}
     wait "$beside"
     beside=""
     echo
-    echo "=== (beside launch: local, np1) ==="
+    echo "=== (beside launch: local$([ "$one" = 1 ] && echo ", np1")) ==="
     cat "$logdir/beside.out"
     account local 0
-    account np1 1
+    [ "$one" = 0 ] || account np1 1
 fi
 
 for n in "${ranks[@]}"; do
