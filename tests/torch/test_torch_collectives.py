@@ -214,6 +214,40 @@ def test_non_contiguous_and_requires_grad(groups):
     same(out, torch.cat([torch.full((3,), float(r)) for r in range(g.size)]))
 
 
+def test_short_path_only_for_the_call_it_fits(groups, monkeypatch):
+    """dist.all_reduce of one contiguous CPU tensor, SUM, blocking, skips the general path
+    (group.allreduce's short path); each other form (bool, bfloat16, another op, a strided
+    view, requires_grad, async) takes the general one.  Every result exact."""
+    from mpicoll.torch import group as G
+    g = groups
+    general = []
+    real = G.ProcessGroupMpicoll._allreduce
+    monkeypatch.setattr(G.ProcessGroupMpicoll, "_allreduce",
+                        lambda self, *a: general.append(a[-1]) or real(self, *a))
+    f32 = torch.float32
+    cases = {  # name: (the input of rank r, op, async_op, takes the short path)
+        "float32": (lambda r: data(r, 5, f32), "SUM", False, True),
+        "int64": (lambda r: data(r, 5, torch.int64), "SUM", False, True),
+        "empty": (lambda r: data(r, 0, f32), "SUM", False, True),
+        "bool": (lambda r: data(r, 5, torch.bool), "SUM", False, False),
+        "bfloat16": (lambda r: data(r, 5, torch.bfloat16), "SUM", False, False),
+        "max": (lambda r: data(r, 5, f32), "MAX", False, False),
+        "strided": (lambda r: data(r, 10, f32)[::2], "SUM", False, False),
+        "grad": (lambda r: data(r, 5, f32).requires_grad_(), "SUM", False, False),
+        "async": (lambda r: data(r, 5, f32), "SUM", True, False),
+    }
+    for name, (make, op, async_op, short) in cases.items():
+        t = make(g.rank)
+        want = reference(op, [make(r).detach() for r in range(g.size)], g.size)
+        before = len(general)
+        with torch.no_grad():
+            work = dist.all_reduce(t, op=getattr(R, op), group=g.mpicoll, async_op=async_op)
+        if async_op:
+            work.wait()
+        assert (len(general) == before) == short, name
+        same(t.detach(), want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_coalesced_forms(groups, dtype):
     g = groups
