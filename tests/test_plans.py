@@ -20,6 +20,7 @@ import mpicoll
 from mpicoll.api import args as _args
 from mpicoll.engine import context as _context
 from mpicoll.engine import plan as _plan
+from mpicoll.transport import channel as _channel
 
 WORLD = MPI.COMM_WORLD
 # The cache's rules are per rank: 1 (copies only), 2 (one exchange), 3 (the fold, uneven
@@ -264,11 +265,13 @@ def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
             assert validated(lambda: mc.Allreduce(x, y)) == 1
         assert validated(lambda: mc.Allreduce(x, y)) == 1  # (no timeout now)
         # gathered in more than one piece (on more than one rank): validated every time
-        big = np.full(1 << 19, float(WORLD.rank))
+        # (a block longer than the channel's piece, in one message: a ring segment as long)
+        big = np.full(_channel.LOCAL_PIECE_BYTES // 8 + 8, float(WORLD.rank))
         out = np.empty(big.size * WORLD.size)
+        _context.context(comm).segment_bytes = _channel.LOCAL_PIECE_BYTES
         for i in range(2):
             before = len(checks)
-            mpicoll.allgather(big, comm=comm, out=out, timeout=30.0)
+            mpicoll.allgather(big, comm=comm, out=out, timeout=30.0, algorithm="ring")
             assert len(checks) - before == (1 if WORLD.size > 1 or i == 0 else 0)
             np.testing.assert_array_equal(out, np.repeat(np.arange(WORLD.size), big.size))
     finally:

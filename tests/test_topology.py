@@ -140,3 +140,34 @@ def test_fake_nodes_on_reversed_split():
     finally:
         comm.Free()
         sub.Free()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(WORLD.size < 2, reason="needs a peer")
+def test_messages_are_cut_by_where_the_peer_is():
+    """A message to a rank of this node moves as pieces of LOCAL_PIECE_BYTES, one to another
+    node as pieces of PIECE_BYTES; both ends agree (the node labels were exchanged), so a
+    message of every length between the two cuts arrives whole, whatever the placement."""
+    from mpicoll.transport import channel as _channel
+    comm = _comm_with_nodes("cyclic:2")
+    try:
+        ctx = _context.context(comm)
+        nodes = [_topology.parse_fake_nodes("cyclic:2", WORLD.size)[r] for r in range(comm.size)]
+        assert ctx.local == tuple(nodes[r] == nodes[comm.rank] for r in range(comm.size))
+        ch = _channel.Channel(ctx.comm, MPI.BYTE, local=ctx.local)
+        rank, n = comm.rank, comm.size
+        nbytes = 3 * _channel.PIECE_BYTES + 5  # 4 pieces across nodes, 1 inside one
+        right, left = (rank + 1) % n, (rank - 1) % n
+        send = np.full(nbytes, rank, dtype=np.uint8)
+        got = np.empty(nbytes, dtype=np.uint8)
+        reqs = [ch.irecv(got, left), ch.isend(send, right)]
+        for peer, req in ((left, reqs[0]), (right, reqs[1])):
+            parts = len(req.parts) if type(req) is _channel.Pieces else 1
+            assert parts == (1 if ctx.local[peer] else 4), (peer, parts)
+        ch.waitall(reqs)
+        assert (got == left).all()
+        # the same through the collectives: ring AllGather blocks of that length
+        out = mpicoll.allgather(send, comm=comm, algorithm="ring")
+        np.testing.assert_array_equal(out, np.repeat(np.arange(n, dtype=np.uint8), nbytes))
+    finally:
+        comm.Free()

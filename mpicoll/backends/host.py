@@ -110,7 +110,7 @@ class NumpyBackend:
         return red
 
     def channel(self, ctx, mpitype):
-        return Channel(ctx.comm, mpitype)
+        return Channel(ctx.comm, mpitype, local=ctx.local)
 
     @staticmethod
     def is_array(obj):

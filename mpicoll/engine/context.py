@@ -39,6 +39,7 @@ from mpi4py import MPI
 
 from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
+from ..transport import channel as _channel
 from ..transport import timeout as _timeout
 from .workmem import WorkMemory
 
@@ -156,6 +157,8 @@ class Context:
         self.ring = _topology.ring_from_nodes(labels.tolist())
         self.ring_pos = self.ring.index(self.rank)
         self.nodes = tuple(labels.tolist())  # node label per rank (Shape.nodes, select.choose)
+        # per rank, whether it shares this rank's node: the channels' piece size
+        self.local = _channel.local_ranks(self.nodes, self.rank)
         # what "auto" picks on this communicator: its rank and node counts choose the tuning
         self.selection = _select.selection(self.size, len(set(self.nodes)))
         # the tuning file's segment and window, unless the options were set (an explicit

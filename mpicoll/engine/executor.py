@@ -244,7 +244,7 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
         k = step[0]
         if k == SEND or k == RECV:
             arr = step[1]
-            if len(arr) > ch.piece:
+            if len(arr) > ch.piece_for(step[2]):
                 free_requests(requests)
                 return None, ()
             init = ch.comm.Send_init if k == SEND else ch.comm.Recv_init

@@ -283,20 +283,24 @@ class ObservedChannel:
         self.account = account
         self.phase = phase
         self.timed = call.events is not None
-        # with a timeout, payload messages longer than a piece move windowed (_timeout.Windowed)
-        self.piece = (_channel.piece_elems(call.msg.mpitype)
+        # with a timeout, payload messages longer than a piece move windowed
+        # (_timeout.Windowed), in the pieces the channel cuts: (to another node, to this one)
+        mpitype = call.msg.mpitype
+        self.piece = ((_channel.piece_elems(mpitype), _channel.piece_elems(mpitype, True))
                       if call.timeout is not None and account else None)
 
     def _post(self, post, arr, peer, kind):
         if self.piece is None:
             return post(arr, peer)
+        local = self.call.ctx.local
+        piece = self.piece[peer < len(local) and local[peer]]
         lanes = self.call.lanes
         lane = lanes.get((kind, peer))
-        if len(arr) <= self.piece and not lane:
+        if len(arr) <= piece and not lane:
             return post(arr, peer)
         if lane is None:
             lane = lanes[(kind, peer)] = []
-        w = _timeout.Windowed(post, arr, peer, self.piece, kind, lane)
+        w = _timeout.Windowed(post, arr, peer, piece, kind, lane)
         self.call.windowed.append(w)
         return w
 
