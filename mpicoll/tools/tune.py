@@ -203,9 +203,7 @@ def _time(comm, call, warmup, iters, batch=5) -> float:
 def exchange_time(comm, peer, nbytes, warmup, iters, local: bool = False) -> float:
     """Seconds of one exchange of ``nbytes`` each way between rank 0 and ``peer`` (others
     idle), sent as mpicoll's channel sends it to a peer of this node (``local``) or of
-    another: in pieces (transport.channel), so that the curve is what the algorithms'
-    messages cost (one 4 MiB TCP flow through the emulated cluster's 1 Gbit/s link took
-    2.5x the line's time, the same bytes in 1 MiB pieces about 1.0x)."""
+    another (in its pieces, transport.channel): the curve prices the algorithms' messages."""
     rank = comm.Get_rank()
     send = np.full(max(nbytes, 1), rank % 251, dtype=np.uint8)[:nbytes]
     recv = np.empty(max(nbytes, 1), dtype=np.uint8)[:nbytes]
