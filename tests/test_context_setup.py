@@ -59,6 +59,7 @@ BAD_OPTIONS = [
     ("MPICOLL_SEGMENT_BYTES", "0"),
     ("MPICOLL_WINDOW", "0"),
     ("MPICOLL_WINDOW", "65"),
+    ("MPICOLL_NODE_PIECE_BYTES", "0"),
     ("MPICOLL_FAKE_NODES", "ring:2"),
     ("MPICOLL_TIMEOUT", "soon"),
     ("MPICOLL_CHECK", "maybe"),

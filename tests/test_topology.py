@@ -171,3 +171,32 @@ def test_messages_are_cut_by_where_the_peer_is():
         np.testing.assert_array_equal(out, np.repeat(np.arange(n, dtype=np.uint8), nbytes))
     finally:
         comm.Free()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(WORLD.size < 2, reason="needs a peer")
+def test_node_piece_is_the_ranks_least(monkeypatch):
+    """MPICOLL_NODE_PIECE_BYTES set differently on each rank: the communicator cuts by the
+    least (every rank's, exchanged with the node labels), so messages still match."""
+    from mpicoll.transport import channel as _channel
+    mine = (WORLD.rank + 1) * 100_000 + 3  # rank 0 the least; not a multiple of the element
+    monkeypatch.setenv("MPICOLL_NODE_PIECE_BYTES", str(mine))
+    comm = _comm_with_nodes("cyclic:2")
+    try:
+        ctx = _context.context(comm)
+        assert ctx.node_piece == 100_003
+        ch = _channel.Channel(ctx.comm, MPI.BYTE, local=ctx.local, node_bytes=ctx.node_piece)
+        remote = [r for r in range(comm.size) if not ctx.local[r]]
+        assert ch.piece_for(remote[0]) == 100_003
+        n, rank = comm.size, comm.rank
+        x = (np.arange(300_001) % 97 + rank).astype(np.float64)  # 2.4 MB: pieces every way
+        ref = np.empty_like(x)
+        comm.Allreduce(x, ref)
+        for algorithm in ("ring", "recursive_doubling", "direct"):
+            np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm, algorithm=algorithm),
+                                          ref, err_msg=algorithm)
+        got = mpicoll.allgather(x[: 200_000 + rank], comm=comm, counts=[200_000 + r for r in range(n)])
+        want = np.concatenate([(np.arange(200_000 + r) % 97 + r).astype(np.float64) for r in range(n)])
+        np.testing.assert_array_equal(got, want)
+    finally:
+        comm.Free()

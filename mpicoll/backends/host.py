@@ -110,7 +110,7 @@ class NumpyBackend:
         return red
 
     def channel(self, ctx, mpitype):
-        return Channel(ctx.comm, mpitype, local=ctx.local)
+        return Channel(ctx.comm, mpitype, local=ctx.local, node_bytes=ctx.node_piece)
 
     @staticmethod
     def is_array(obj):

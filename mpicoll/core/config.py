@@ -1,24 +1,25 @@
 """Run-time options: one table of every ``MPICOLL_*`` knob, read once per communicator.
 
-===============  ======================  =========  =================================================
-option           environment variable    default    meaning
-===============  ======================  =========  =================================================
-check            MPICOLL_CHECK           off        ranks agree on a call fingerprint first
-timeout          MPICOLL_TIMEOUT         none       seconds without progress before raising
-cuda_aware       MPICOLL_CUDA_AWARE      detect     hand device pointers straight to MPI
-progress         MPICOLL_PROGRESS        off        a thread advances non-blocking collectives
-algorithm        MPICOLL_ALGORITHM       auto       the algorithm every "auto" call runs, where it applies
-segment_bytes    MPICOLL_SEGMENT_BYTES   1M         ring segment size (pipelining)
-window           MPICOLL_WINDOW          2          ring segments in flight per link
-fake_nodes       MPICOLL_FAKE_NODES      none       node layout for tests ("block:2", "cyclic:2", "0,0,1,1")
-trace            MPICOLL_TRACE           none       trace the whole run into this JSON file
-tuning           MPICOLL_TUNING          cache dir  the tuning file "auto" reads (off: built-in table)
-cache_dir        XDG_CACHE_HOME          ~/.cache   where the default tuning file lives
-deterministic    MPICOLL_DETERMINISTIC   off        floating reductions: the rank-order fold, bitwise
-torch_on_error   MPICOLL_TORCH_ON_ERROR  abort      torch backend: a failed collective aborts the job
-native           MPICOLL_NATIVE          on         repeated blocking calls' hits run compiled (engine.native)
-mpicc            MPICOLL_MPICC           found      the compiler wrapper that builds it
-===============  ======================  =========  =================================================
+================  ========================  =========  =================================================
+option            environment variable      default    meaning
+================  ========================  =========  =================================================
+check             MPICOLL_CHECK             off        ranks agree on a call fingerprint first
+timeout           MPICOLL_TIMEOUT           none       seconds without progress before raising
+cuda_aware        MPICOLL_CUDA_AWARE        detect     hand device pointers straight to MPI
+progress          MPICOLL_PROGRESS          off        a thread advances non-blocking collectives
+algorithm         MPICOLL_ALGORITHM         auto       the algorithm every "auto" call runs, where it applies
+segment_bytes     MPICOLL_SEGMENT_BYTES     1M         ring segment size (pipelining)
+window            MPICOLL_WINDOW            2          ring segments in flight per link
+node_piece_bytes  MPICOLL_NODE_PIECE_BYTES  1M         largest message to another node (the ranks' least)
+fake_nodes        MPICOLL_FAKE_NODES        none       node layout for tests ("block:2", "cyclic:2", "0,0,1")
+trace             MPICOLL_TRACE             none       trace the whole run into this JSON file
+tuning            MPICOLL_TUNING            cache dir  the tuning file "auto" reads (off: built-in table)
+cache_dir         XDG_CACHE_HOME            ~/.cache   where the default tuning file lives
+deterministic     MPICOLL_DETERMINISTIC     off        floating reductions: the rank-order fold, bitwise
+torch_on_error    MPICOLL_TORCH_ON_ERROR    abort      torch backend: a failed collective aborts the job
+native            MPICOLL_NATIVE            on         repeated blocking calls' hits run compiled
+mpicc             MPICOLL_MPICC             found      the compiler wrapper that builds it
+================  ========================  =========  =================================================
 
 When the environment is read
     Once, when mpicoll creates its context for a communicator (the first
@@ -135,6 +136,10 @@ OPTIONS = (
            "ring segment size: blocks are cut into segments forwarded as soon as reduced"),
     Option("window", "MPICOLL_WINDOW", parse_window, 2, False,
            "ring segments in flight per link"),
+    Option("node_piece_bytes", "MPICOLL_NODE_PIECE_BYTES", parse_bytes, 1 << 20, False,
+           "messages to a rank of another node move in pieces of at most this size; the "
+           "communicator takes its ranks' least (transport.channel; Open MPI over TCP: 60K, "
+           "under its eager limit, docs/performance.md)"),
     Option("fake_nodes", "MPICOLL_FAKE_NODES", parse_text, None, False,
            "node layout for tests: block:K, cyclic:K or one label per COMM_WORLD rank"),
     Option("trace", "MPICOLL_TRACE", parse_text, None, False,

@@ -133,13 +133,16 @@ class Context:
         try:
             self._wait(pending, "duplicating the communicator (MPI_Comm_idup)")
             dup.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
-            # 3. the ring order
-            labels = np.zeros(self.size, dtype=np.int64)
+            # 3. the ring order, and the piece to another node: every rank's node label
+            # and node_piece_bytes in one exchange (both ends of a message must cut it alike)
+            labels = np.zeros((self.size, 2), dtype=np.int64)
+            labels[:, 1] = self.env["node_piece_bytes"]
             if self.size > 1:
                 if fake is None:
                     pending = [dup.Ibarrier()]
                     self._wait(pending, "waiting for every rank to reach the set-up (MPI_Ibarrier)")
-                mine = np.array([_topology.node_label(dup, fake)], dtype=np.int64)
+                mine = np.array([_topology.node_label(dup, fake), self.env["node_piece_bytes"]],
+                                dtype=np.int64)
                 # MPI's own method: the duplicate of an mpicoll.Comm is an mpicoll.Comm
                 pending = [MPI.Intracomm.Iallgather(dup, mine, labels)]
                 self._wait(pending, "exchanging node labels (MPI_Iallgather)")
@@ -154,6 +157,8 @@ class Context:
         ub = dup.Get_attr(MPI.TAG_UB)
         if ub:
             self.tag_ub = int(ub)
+        self.node_piece = int(labels[:, 1].min())  # the ranks' least node_piece_bytes
+        labels = labels[:, 0]
         self.ring = _topology.ring_from_nodes(labels.tolist())
         self.ring_pos = self.ring.index(self.rank)
         self.nodes = tuple(labels.tolist())  # node label per rank (Shape.nodes, select.choose)

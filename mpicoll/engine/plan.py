@@ -227,7 +227,7 @@ def _new(ctx, comm, memo, run, blocking):
     requests = ()
     plan.calls = plan.hit = None
     # a channel of its own: a non-blocking plan's restart gives it the tag of its call
-    ch = Channel(base.comm, base.mpitype, base.tag, base.local)
+    ch = Channel(base.comm, base.mpitype, base.tag, base.local, base.node_bytes)
     if blocking:
         timed = None if plan.timeout is None else (plan.timeout, _Expiry(run))
         program, requests = compile_bound(steps, ch, run.red, run.be, timed)

@@ -286,7 +286,8 @@ class ObservedChannel:
         # with a timeout, payload messages longer than a piece move windowed
         # (_timeout.Windowed), in the pieces the channel cuts: (to another node, to this one)
         mpitype = call.msg.mpitype
-        self.piece = ((_channel.piece_elems(mpitype), _channel.piece_elems(mpitype, True))
+        self.piece = ((_channel.piece_elems(mpitype, False, call.ctx.node_piece),
+                       _channel.piece_elems(mpitype, True))
                       if call.timeout is not None and account else None)
 
     def _post(self, post, arr, peer, kind):

@@ -213,7 +213,8 @@ def exchange_time(comm, peer, nbytes, warmup, iters, local: bool = False) -> flo
             pass
     else:
         ch = _channel.Channel(comm, MPI.BYTE, 7,
-                              tuple(local and r == other for r in range(comm.Get_size())))
+                              tuple(local and r == other for r in range(comm.Get_size())),
+                              _context.context(comm).node_piece)
 
         def call():
             ch.waitall([ch.irecv(recv, other), ch.isend(send, other)])

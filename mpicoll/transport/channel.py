@@ -21,8 +21,12 @@ message size: a polling wait (_timeout) sees a completion at least every
 piece, however large the message (a request of one huge message gives no
 sign of progress until all of it has arrived).
 
-A piece is :data:`PIECE_BYTES` between nodes: two 64 MiB flows on one TCP
-link reached 50-67 % of it, 1 MiB pieces 97-98 % (docs/performance.md).
+A piece is :data:`PIECE_BYTES` between nodes by default (the option
+``node_piece_bytes``, agreed by the ranks when the context is made): two 64 MiB
+flows on one TCP link reached 50-67 % of it, 1 MiB pieces 97-98 %; with Open
+MPI's TCP transport, exchanges back to back in pieces above its eager limit
+(64 KiB) move at half the line and in 60 KiB pieces at the line
+(docs/performance.md).
 Inside a node it is :data:`LOCAL_PIECE_BYTES`: every piece is a rendezvous of
 its own in MPI's shared-memory transport: with 1 MiB pieces a 2-rank
 AllGather of 4 MiB took 1.30x the built-in, 1.10x with one message per block
@@ -77,10 +81,11 @@ def is_null(req) -> bool:
     return req == MPI.REQUEST_NULL
 
 
-def piece_elems(mpitype, local: bool = False) -> int:
-    """Elements of ``mpitype`` per piece to a rank of another node (``local``: of this
-    node): a function of the datatype and the pair of ranks only."""
-    size = LOCAL_PIECE_BYTES if local else PIECE_BYTES
+def piece_elems(mpitype, local: bool = False, node_bytes: int = PIECE_BYTES) -> int:
+    """Elements of ``mpitype`` per piece to a rank of another node, of ``node_bytes`` (the
+    communicator's ``node_piece_bytes``, the same on every rank), or of this node
+    (``local``): a function of the datatype, the pair of ranks and the communicator only."""
+    size = LOCAL_PIECE_BYTES if local else node_bytes
     return max(1, size // max(mpitype.Get_extent()[1], 1))
 
 
@@ -94,16 +99,19 @@ class Channel:
 
     ``local``: per rank, whether it shares this rank's node (engine.context's
     node labels); without it every peer counts as on another node.
+    ``node_bytes``: the piece to another node (the context's ``node_piece``).
     """
 
-    __slots__ = ("comm", "mpitype", "piece", "local_piece", "local", "tag")
+    __slots__ = ("comm", "mpitype", "piece", "local_piece", "local", "node_bytes", "tag")
 
-    def __init__(self, comm, mpitype, tag: int = TAG, local: tuple = ()):
+    def __init__(self, comm, mpitype, tag: int = TAG, local: tuple = (),
+                 node_bytes: int = PIECE_BYTES):
         self.comm = comm
         self.mpitype = mpitype
-        self.piece = piece_elems(mpitype)
+        self.piece = piece_elems(mpitype, False, node_bytes)
         self.local_piece = piece_elems(mpitype, True)
         self.local = local
+        self.node_bytes = node_bytes
         self.tag = tag  # non-blocking operations get one of their own (engine.executor)
 
     def piece_for(self, peer: int) -> int:
