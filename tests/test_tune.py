@@ -22,6 +22,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll.engine import context as _context
 from mpicoll.engine import select as _select
 from mpicoll.engine import tuning as _tuning
 from mpicoll.tools import results as _results
@@ -543,3 +544,25 @@ def test_messages_to_other_nodes_in_one_step_share_the_link():
     ring = model.predict("allreduce", "ring", 1 << 20, 4, 1)
     direct = model.predict("allreduce", "direct", 1 << 20, 4, 1)
     assert 0.9 < direct / ring < 1.1, (direct, ring)
+
+
+@pytest.mark.ranks(2, 3)
+@pytest.mark.timeout(60)
+def test_the_node_piece_comes_from_the_tuning_unless_set(tuning_env, monkeypatch):
+    """A measured entry's node_piece_bytes is the piece a new communicator cuts messages to
+    other nodes into; MPICOLL_NODE_PIECE_BYTES wins over it; results exact either way."""
+    data = _file({"allreduce": [[None, "recursive_doubling"]]})
+    data["entries"][0]["node_piece_bytes"] = 61440
+    tuning_env(data)
+    x = (np.arange(100_003) % 13 + WORLD.rank).astype(np.float64)
+    ref = np.empty_like(x)
+    WORLD.Allreduce(x, ref)
+    for env, want in ((None, 61440), ("100000", 100000)):
+        if env is not None:
+            monkeypatch.setenv("MPICOLL_NODE_PIECE_BYTES", env)
+        comm = WORLD.Dup()  # a new context reads the file and the option
+        try:
+            assert _context.context(comm).node_piece == want
+            np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm), ref)
+        finally:
+            comm.Free()

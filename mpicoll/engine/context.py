@@ -105,6 +105,7 @@ class Context:
         # 1. every option first, read once for this communicator (core.config): a bad
         # value raises before any MPI call
         self.env = _config.read_environment() if env is None else env
+        self._given_env = env is not None  # (its values win over a tuning file's)
         self.segment_bytes, self.window = self.env["segment_bytes"], self.env["window"]
         fake = _topology.fake_labels(self.env["fake_nodes"])
         self.active = 0  # its operations in flight (its duplicate is freed after the last)
@@ -133,19 +134,26 @@ class Context:
         try:
             self._wait(pending, "duplicating the communicator (MPI_Comm_idup)")
             dup.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
-            # 3. the ring order, and the piece to another node: every rank's node label
-            # and node_piece_bytes in one exchange (both ends of a message must cut it alike)
-            labels = np.zeros((self.size, 2), dtype=np.int64)
-            labels[:, 1] = self.env["node_piece_bytes"]
+            # 3. the ring order
+            labels = np.zeros(self.size, dtype=np.int64)
             if self.size > 1:
                 if fake is None:
                     pending = [dup.Ibarrier()]
                     self._wait(pending, "waiting for every rank to reach the set-up (MPI_Ibarrier)")
-                mine = np.array([_topology.node_label(dup, fake), self.env["node_piece_bytes"]],
-                                dtype=np.int64)
+                mine = np.array([_topology.node_label(dup, fake)], dtype=np.int64)
                 # MPI's own method: the duplicate of an mpicoll.Comm is an mpicoll.Comm
                 pending = [MPI.Intracomm.Iallgather(dup, mine, labels)]
                 self._wait(pending, "exchanging node labels (MPI_Iallgather)")
+            # 4. what "auto" picks on this communicator (its rank and node counts choose the
+            # tuning), and the piece to another node: the option, else the tuning's, the
+            # ranks' least (both ends of a message must cut it alike)
+            self.selection = _select.selection(self.size, len(set(labels.tolist())))
+            piece = np.array([self._node_piece_wanted()], dtype=np.int64)
+            if self.size > 1:
+                least = np.empty(1, dtype=np.int64)
+                pending = [MPI.Intracomm.Iallreduce(dup, piece, least, MPI.MIN)]
+                self._wait(pending, "agreeing on the piece size across nodes (MPI_Iallreduce)")
+                piece = least
         except BaseException:
             if MPI.Request.Testall(pending):
                 dup.Free()
@@ -157,20 +165,26 @@ class Context:
         ub = dup.Get_attr(MPI.TAG_UB)
         if ub:
             self.tag_ub = int(ub)
-        self.node_piece = int(labels[:, 1].min())  # the ranks' least node_piece_bytes
-        labels = labels[:, 0]
+        self.node_piece = int(piece[0])  # (channels to other nodes: transport.channel)
         self.ring = _topology.ring_from_nodes(labels.tolist())
         self.ring_pos = self.ring.index(self.rank)
         self.nodes = tuple(labels.tolist())  # node label per rank (Shape.nodes, select.choose)
         # per rank, whether it shares this rank's node: the channels' piece size
         self.local = _channel.local_ranks(self.nodes, self.rank)
-        # what "auto" picks on this communicator: its rank and node counts choose the tuning
-        self.selection = _select.selection(self.size, len(set(self.nodes)))
         # the tuning file's segment and window, unless the options were set (an explicit
         # choice wins over a measured default)
         self.tuned_options = tuple(n for n in ("segment_bytes", "window")
                                    if not _config.text(n)
                                    and self.env[n] == _config.TABLE[n].default)
+
+    def _node_piece_wanted(self) -> int:
+        """This rank's piece to another node: ``node_piece_bytes`` if set, else the tuning
+        entry's (python -m mpicoll.tune measures it across nodes), else the default."""
+        tuned = self.selection.entry.raw.get("node_piece_bytes") if self.selection.entry else None
+        if (self._given_env or _config.text("node_piece_bytes") or not isinstance(tuned, int)
+                or isinstance(tuned, bool) or tuned <= 0):
+            return self.env["node_piece_bytes"]
+        return tuned
 
     def _wait(self, pending: list, step: str) -> None:
         """Complete the set-up requests ``pending``; CollectiveTimeout after the call's timeout."""

@@ -208,13 +208,14 @@ def exchange_time(comm, peer, nbytes, warmup, iters, local: bool = False) -> flo
     send = np.full(max(nbytes, 1), rank % 251, dtype=np.uint8)[:nbytes]
     recv = np.empty(max(nbytes, 1), dtype=np.uint8)[:nbytes]
     other = peer if rank == 0 else 0 if rank == peer else None
+    node_bytes = _context.context(comm).node_piece  # (on every rank: the context is collective)
     if other is None:
         def call():
             pass
     else:
         ch = _channel.Channel(comm, MPI.BYTE, 7,
                               tuple(local and r == other for r in range(comm.Get_size())),
-                              _context.context(comm).node_piece)
+                              node_bytes)
 
         def call():
             ch.waitall([ch.irecv(recv, other), ch.isend(send, other)])
@@ -225,6 +226,40 @@ def exchange_time(comm, peer, nbytes, warmup, iters, local: bool = False) -> flo
     if other is not None and nbytes and int(recv[0]) != other % 251:
         raise RuntimeError(f"exchange of {nbytes} B with rank {other}: wrong data received")
     return t
+
+
+# Pieces to another node the tool tries (transport.channel, node_piece_bytes): the
+# default, and below Open MPI's TCP eager limit (64 KiB with its header), where its
+# exchanges back to back stop running at half the line (docs/performance.md).
+NODE_PIECES = (1 << 20, 256 << 10, 60 << 10)
+NODE_PIECE_BYTES = 4 << 20  # the exchange each piece size is timed on
+
+
+def node_piece(comm, peer, warmup, iters) -> tuple[int, dict]:
+    """(piece, {piece: seconds}): the largest of :data:`NODE_PIECES` whose exchanges back to
+    back (the benchmark's batches: a collective's steps follow each other so) of
+    :data:`NODE_PIECE_BYTES` between rank 0 and ``peer``, on another node, are within 5 %
+    of the fastest's.  Every rank gets the same answer (the times are the slowest rank's)."""
+    rank = comm.Get_rank()
+    nbytes = NODE_PIECE_BYTES
+    send = np.full(nbytes, rank % 251, dtype=np.uint8)
+    recv = np.empty(nbytes, dtype=np.uint8)
+    other = peer if rank == 0 else 0 if rank == peer else None
+    times = {}
+    for piece in NODE_PIECES:
+        if other is None:
+            def call():
+                pass
+        else:
+            ch = _channel.Channel(comm, MPI.BYTE, 8, (), piece)
+
+            def call(ch=ch):
+                ch.waitall([ch.irecv(recv, other), ch.isend(send, other)])
+        times[piece] = _time(comm, call, warmup, iters)
+        if other is not None and int(recv[0]) != other % 251:
+            raise RuntimeError(f"exchange of {nbytes} B with rank {other}: wrong data received")
+    best = min(times.values())
+    return max(p for p, t in times.items() if t <= 1.05 * best), times
 
 
 def _is_cliff(t_lo, t_hi, slope_below, lo, hi) -> bool:
@@ -490,7 +525,8 @@ def measure_segments(comm, collectives, times, sizes, dtype, sweep, iters_overri
             return comm
         if sw not in comms:
             dup = comm.Dup()
-            _context.context(dup, env=dict(base, segment_bytes=sw[0], window=sw[1]))
+            _context.context(dup, env=dict(base, segment_bytes=sw[0], window=sw[1],
+                                           node_piece_bytes=_context.context(comm).node_piece))
             comms[sw] = dup
         return comms[sw]
 
@@ -926,6 +962,11 @@ def main(argv=None, *, comm=None, out=None) -> int:
 
     phases = {}  # seconds per phase (the report and the file say where the time went)
     p2p = {level: p2p_curve(comm, peer, sweep, progress, level) for level, peer in peers.items()}
+    piece, piece_times = None, {}
+    if "inter" in peers:
+        # measured before the algorithms, which then run with it, as "auto" will
+        piece, piece_times = node_piece(comm, peers["inter"], sweep["warmup"], 5)
+        _context.context(comm).node_piece = piece
     rate = comm.allreduce(reduce_rate(), op=MPI.MAX)
     phases["p2p"] = time.perf_counter() - t_start
     seg, default_key = {}, seg_key(_config.get("segment_bytes"), _config.get("window"))
@@ -984,6 +1025,10 @@ def main(argv=None, *, comm=None, out=None) -> int:
         "selection": selection,
         "segments": segments,
         "p2p": p2p,
+        # across nodes: the piece "auto" cuts messages to other nodes into (engine.context)
+        **({"node_piece_bytes": piece,
+            "node_piece_us": {str(k): round(v * 1e6, 1) for k, v in piece_times.items()}}
+           if piece is not None else {}),
         "model": model.to_json() if model else None,
         "times_us": {c: {a: {str(s): round(t * 1e6, 3) for s, t in sorted(times[c][a].items())}
                          for a in times[c]} for c in times},
@@ -1014,6 +1059,11 @@ def _report(out, path, note, ident, lay, entry, times, builtin, model, ppn, item
         i8 = c["bytes"].index(8)
         w(f"# p2p {level} (rank 0 <-> {c['peer']}): 8 B exchange {c['us'][i8]:.2f} us, "
           f"{_bench.human(c['bytes'][-1])} {c['us'][-1]:.0f} us; cliffs: {cl}\n")
+    if "node_piece_bytes" in entry:
+        w(f"# pieces to another node: {_bench.human(entry['node_piece_bytes'])} ("
+          + ", ".join(f"{_bench.human(int(k))} {v:.0f} us" for k, v in entry["node_piece_us"].items())
+          + f" per {_bench.human(NODE_PIECE_BYTES)} exchange back to back; MPICOLL_NODE_PIECE_BYTES "
+          f"overrides)\n")
     if model is not None:
         w(f"# model: reduce {1 / model.reduce_s_per_byte / 1e9:.2f} GB/s, per call "
           f"{model.call_s * 1e6:.2f} us, per schedule op {model.op_s * 1e6:.3f} us\n")
