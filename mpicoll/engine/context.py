@@ -147,9 +147,10 @@ class Context:
             # 4. what "auto" picks on this communicator (its rank and node counts choose the
             # tuning), and the piece to another node: the option, else the tuning's, the
             # ranks' least (both ends of a message must cut it alike)
-            self.selection = _select.selection(self.size, len(set(labels.tolist())))
+            nodes = tuple(labels.tolist())
+            self.selection = _select.selection(self.size, len(set(nodes)))
             piece = np.array([self._node_piece_wanted()], dtype=np.int64)
-            if self.size > 1:
+            if len(set(nodes)) > 1:  # (on one node no message goes to another: nothing to agree)
                 least = np.empty(1, dtype=np.int64)
                 pending = [MPI.Intracomm.Iallreduce(dup, piece, least, MPI.MIN)]
                 self._wait(pending, "agreeing on the piece size across nodes (MPI_Iallreduce)")
@@ -166,9 +167,9 @@ class Context:
         if ub:
             self.tag_ub = int(ub)
         self.node_piece = int(piece[0])  # (channels to other nodes: transport.channel)
-        self.ring = _topology.ring_from_nodes(labels.tolist())
+        self.nodes = nodes  # node label per rank (Shape.nodes, select.choose)
+        self.ring = _topology.ring_from_nodes(list(nodes))
         self.ring_pos = self.ring.index(self.rank)
-        self.nodes = tuple(labels.tolist())  # node label per rank (Shape.nodes, select.choose)
         # per rank, whether it shares this rank's node: the channels' piece size
         self.local = _channel.local_ranks(self.nodes, self.rank)
         # the tuning file's segment and window, unless the options were set (an explicit

@@ -293,8 +293,7 @@ class ObservedChannel:
     def _post(self, post, arr, peer, kind):
         if self.piece is None:
             return post(arr, peer)
-        local = self.call.ctx.local
-        piece = self.piece[peer < len(local) and local[peer]]
+        piece = _channel.peer_piece(peer, self.call.ctx.local, *self.piece)
         lanes = self.call.lanes
         lane = lanes.get((kind, peer))
         if len(arr) <= piece and not lane:

@@ -200,15 +200,19 @@ def _time(comm, call, warmup, iters, batch=5) -> float:
                                 max(1, min(batch, iters)))["x"]
 
 
-def exchange_time(comm, peer, nbytes, warmup, iters, local: bool = False) -> float:
+def exchange_time(comm, peer, nbytes, warmup, iters, local: bool = False,
+                  node_bytes: int | None = None, batch: int = 1) -> float:
     """Seconds of one exchange of ``nbytes`` each way between rank 0 and ``peer`` (others
     idle), sent as mpicoll's channel sends it to a peer of this node (``local``) or of
-    another (in its pieces, transport.channel): the curve prices the algorithms' messages."""
+    another (in its pieces, transport.channel; ``node_bytes``: those to another node,
+    default the communicator's): the curve prices the algorithms' messages.  ``batch``
+    exchanges after each barrier (1: each alone, see below)."""
     rank = comm.Get_rank()
     send = np.full(max(nbytes, 1), rank % 251, dtype=np.uint8)[:nbytes]
     recv = np.empty(max(nbytes, 1), dtype=np.uint8)[:nbytes]
     other = peer if rank == 0 else 0 if rank == peer else None
-    node_bytes = _context.context(comm).node_piece  # (on every rank: the context is collective)
+    if node_bytes is None:
+        node_bytes = _context.context(comm).node_piece  # (on every rank: it is collective)
     if other is None:
         def call():
             pass
@@ -222,7 +226,7 @@ def exchange_time(comm, peer, nbytes, warmup, iters, local: bool = False) -> flo
     # each exchange after a barrier: back to back, on the emulated cluster's TCP links
     # an exchange of 1 MiB took 17.9 ms against 8.8 ms alone (the line's time), while the
     # algorithms' steps inside a call move at the line's speed
-    t = _time(comm, call, warmup, iters, batch=1)
+    t = _time(comm, call, warmup, iters, batch)
     if other is not None and nbytes and int(recv[0]) != other % 251:
         raise RuntimeError(f"exchange of {nbytes} B with rank {other}: wrong data received")
     return t
@@ -240,24 +244,8 @@ def node_piece(comm, peer, warmup, iters) -> tuple[int, dict]:
     back (the benchmark's batches: a collective's steps follow each other so) of
     :data:`NODE_PIECE_BYTES` between rank 0 and ``peer``, on another node, are within 5 %
     of the fastest's.  Every rank gets the same answer (the times are the slowest rank's)."""
-    rank = comm.Get_rank()
-    nbytes = NODE_PIECE_BYTES
-    send = np.full(nbytes, rank % 251, dtype=np.uint8)
-    recv = np.empty(nbytes, dtype=np.uint8)
-    other = peer if rank == 0 else 0 if rank == peer else None
-    times = {}
-    for piece in NODE_PIECES:
-        if other is None:
-            def call():
-                pass
-        else:
-            ch = _channel.Channel(comm, MPI.BYTE, 8, (), piece)
-
-            def call(ch=ch):
-                ch.waitall([ch.irecv(recv, other), ch.isend(send, other)])
-        times[piece] = _time(comm, call, warmup, iters)
-        if other is not None and int(recv[0]) != other % 251:
-            raise RuntimeError(f"exchange of {nbytes} B with rank {other}: wrong data received")
+    times = {piece: exchange_time(comm, peer, NODE_PIECE_BYTES, warmup, iters,
+                                  node_bytes=piece, batch=5) for piece in NODE_PIECES}
     best = min(times.values())
     return max(p for p, t in times.items() if t <= 1.05 * best), times
 

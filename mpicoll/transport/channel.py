@@ -94,6 +94,11 @@ def local_ranks(nodes, rank: int) -> tuple:
     return tuple(n == nodes[rank] for n in nodes)
 
 
+def peer_piece(peer: int, local: tuple, piece: int, local_piece: int) -> int:
+    """``local_piece`` for a ``peer`` of this node (``local``: per rank), else ``piece``."""
+    return local_piece if peer < len(local) and local[peer] else piece
+
+
 class Channel:
     """Host-memory transport: arrays go straight to ``Isend``/``Irecv``.
 
@@ -116,8 +121,7 @@ class Channel:
 
     def piece_for(self, peer: int) -> int:
         """Elements per piece of a message to or from ``peer``."""
-        local = self.local
-        return self.local_piece if peer < len(local) and local[peer] else self.piece
+        return peer_piece(peer, self.local, self.piece, self.local_piece)
 
     def isend(self, arr, dest):
         T, n, step, tag = self.mpitype, len(arr), self.piece_for(dest), self.tag
