@@ -14,6 +14,8 @@ message and runs the schedule on an observed channel.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..algorithms.schedule import DST, SRC
 from ..core import config as _config
 from ..core import types as _types
@@ -171,8 +173,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     _observe.check_usable(ctx)
     if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
-    if blocking and name != "ring" and (collective, name) not in UNCHUNKED \
-            and not (in_place and collective == "reduce_scatter") \
+    if blocking and name != "ring" and not (in_place and collective == "reduce_scatter") \
             and nbytes >= PIPELINE_BYTES and msg.backend.name == "numpy" \
             and len(set(ctx.nodes)) > 1 and (counts is None or min(counts) >= 2):
         return _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op,
@@ -229,10 +230,11 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
 # the emulated cluster's best (docs/performance.md, "Pipelines across nodes"): deeper
 # or finer gained nothing there, 2 in flight lost at 16 MiB.
 PIPELINE_BYTES = 2 << 20
-# A schedule that works on the span of SRC from 0 to the last block's end, not on the
-# blocks: a chunk (part c of every block, spread over the whole input) would move the
-# whole input (recursive doubling's ReduceScatter is an AllReduce of that span).
-UNCHUNKED = frozenset({("reduce_scatter", "recursive_doubling")})
+# A ReduceScatter whose schedule is an AllReduce of the input's span (from 0 to the last
+# block's end) into a work array, then a copy of this rank's block: as chunks of its
+# blocks each chunk would move the whole span (32x the bytes), so the pipeline cuts the
+# span, each chunk an AllReduce of the same algorithm into the work array.
+SPAN = frozenset({("reduce_scatter", "recursive_doubling")})
 PIPELINE_CHUNKS = 32
 PIPELINE_CHUNK_BYTES = 512 << 10
 PIPELINE_DEPTH = 4
@@ -249,20 +251,34 @@ def _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op, 
     engine.executor): one chunk's messages cross the link while the next is reduced.
     AllReduce cuts the array; ReduceScatter and AllGather cut every rank's block alike
     (chunk c: part c of each block, at its place in the input or output), so each chunk
-    is an ordinary vector call on the same buffers.  Each chunk is a call of
+    is an ordinary vector call on the same buffers; a ReduceScatter of :data:`SPAN` cuts
+    its input's span instead, each chunk an AllReduce into one work array, and copies
+    this rank's block out of it at the end.  Each chunk is a call of
     its own of the same algorithm, so results are bitwise equal across ranks as that
     algorithm's are.  Returns the last chunk's operation (its ``algorithm`` names the
     call's)."""
     chunks = max(2, min(PIPELINE_CHUNKS, nbytes // PIPELINE_CHUNK_BYTES))
-    if counts is not None:
-        chunks = min(chunks, min(counts))
     rank = comm.Get_rank()
+    span = (collective, name) in SPAN
+    if span:
+        total = max(d + k for d, k in zip(displs, counts))
+        chunks = min(chunks, total)
+        # (the schedule's own work array: the whole span reduced, as one call makes it)
+        whole = np.empty(total, dtype=dst.dtype)
+    elif counts is not None:
+        chunks = min(chunks, min(counts))
 
     def part(arr, a, b):
         return Msg(arr[a:b], msg.dtype, msg.category, msg.mpitype, msg.typename, msg.backend,
                    optype=msg.optype)
 
     def start(c):
+        if span:
+            a, b = total * c // chunks, total * (c + 1) // chunks
+            out = part(whole, a, b)
+            return _start(comm, "allreduce", name, out, b - a, red=red, op=op, src=src[a:b],
+                          dst=out.array, in_place=False, timeout=timeout, label=label,
+                          accumulate=accumulate)
         if collective == "allreduce":
             n = len(dst)
             a, b = n * c // chunks, n * (c + 1) // chunks
@@ -291,6 +307,8 @@ def _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op, 
         started.append(start(c))
     for operation in started:
         operation.wait()
+    if span:
+        np.copyto(dst, whole[displs[rank]:displs[rank] + counts[rank]])
     return started[-1]
 
 
