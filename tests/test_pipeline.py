@@ -222,8 +222,8 @@ def test_a_pipeline_sends_what_one_call_sends(small, monkeypatch, collective, al
 def test_a_span_pipeline_takes_its_array_from_the_work_memory(small, monkeypatch, nodes):
     """Recursive doubling's ReduceScatter as a pipeline reduces the input's span into one
     work array of the context's work memory, as the one call does (a new array per call
-    was 64 MiB of fresh pages at 64 MiB: 10 % of the call on the emulated cluster), and
-    gives it back; the result is exact, its input untouched."""
+    was 64 MiB of fresh pages at 64 MiB: 1.19x the link model against 1.11x on the
+    emulated cluster), and gives it back; the result is exact, its input untouched."""
     comm = _comm(monkeypatch, nodes)
     try:
         ctx = _context.context(comm)
