@@ -163,14 +163,31 @@ def test_harness_detects_deadlock_and_early_reuse():
             b.wait(b.recv(0, whole))
         return b.build(1)
 
-    def run(make):
+    def early_read(r):
+        b = Builder()
+        if r == 0:
+            b.wait(b.send(1, whole))
+        else:
+            h = b.recv(0, whole)
+            b.copy(Region(SRC, 0, 4), whole)  # bug: the receive has not completed
+            b.wait(h)
+        return b.build(1)
+
+    def run(make, alias=False):
         bufs = [{SRC: np.ones(4), DST: np.zeros(4)} for _ in range(2)]
+        if alias:  # in place: SRC is DST's memory, which only addresses show
+            for b in bufs:
+                b[SRC] = b[DST]
         sim.simulate([make(0), make(1)], bufs, np.add, "rendezvous")
 
     with pytest.raises(sim.Deadlock):
         run(head_to_head)
     with pytest.raises(sim.ScheduleError, match="before it was waited"):
         run(early_reuse)
+    with pytest.raises(sim.ScheduleError, match="touches memory of the Recv"):
+        run(early_read)
+    with pytest.raises(sim.ScheduleError, match="partially overlap|touches memory"):
+        run(early_read, alias=True)
 
 
 # --- real MPI ---------------------------------------------------------------

@@ -196,9 +196,17 @@ class _Rank:
         self.rank = rank
         self.ops = schedule.ops
         self.buffers = buffers
+        # each buffer's (first byte address, itemsize): a region's span is computed from
+        # it (a view's __array_interface__ costs a dict per call: a fifth of the
+        # simulator's time went there)
+        self.base = {}
+        for name, buf in buffers.items():
+            if buf.ndim != 1 or not buf.flags.c_contiguous:
+                raise ScheduleError(f"rank {rank}: buffer {name!r} is not a contiguous 1-D array")
+            self.base[name] = (_span(buf)[0], buf.itemsize)
         self.pc = 0
         self.msgs = {}     # op index -> _Msg of a posted Send/Recv
-        self.pending = {}  # op index -> (kind, span) of posted, not yet waited Send/Recv
+        self.pending = {}  # op index -> (kind, lo, hi) of posted, not yet waited Send/Recv
 
     def where(self, i=None):
         i = self.pc if i is None else i
@@ -206,32 +214,41 @@ class _Rank:
         return f"rank {self.rank} op {i} {op}"
 
     def view(self, region):
+        """(the view of ``region``, its span: first byte address, one past the last)."""
         if type(region) is not Region:
             raise ScheduleError(f"{self.where()}: {region!r} is not a Region")
         buf = self.buffers.get(region.buf)
         if buf is None:
             raise ScheduleError(f"{self.where()}: unknown buffer {region.buf!r} "
                                 f"(have {sorted(self.buffers)})")
-        if not 0 <= region.start <= region.stop <= len(buf):
-            raise ScheduleError(f"{self.where()}: region {region.start}:{region.stop} out of bounds "
+        start, stop = region.start, region.stop
+        if not 0 <= start <= stop <= len(buf):
+            raise ScheduleError(f"{self.where()}: region {start}:{stop} out of bounds "
                                 f"of {region.buf!r} ({len(buf)} elements)")
-        return buf[region.start: region.stop]
+        addr, size = self.base[region.buf]
+        return buf[start:stop], (addr + start * size, addr + stop * size)
 
     def check_access(self, reads=(), writes=(), skip=None):
-        """Refuse touching a pending Recv's memory, or writing a pending Send's."""
+        """Refuse touching a pending Recv's memory, or writing a pending Send's.
+
+        ``reads``, ``writes``: spans (empty ones touch nothing)."""
         if not self.pending:
             return
-        wrote = [_span(v) for v in writes if v.size]  # (each view's span once, not per pending op)
-        touched = [_span(v) for v in reads if v.size] + wrote
-        for h, (kind, span) in self.pending.items():
-            if h == skip or span[0] == span[1]:
+        for h, (kind, lo, hi) in self.pending.items():
+            if h == skip or lo == hi:
                 continue
-            if kind == "recv" and any(_overlap(s, span) for s in touched):
-                raise ScheduleError(f"{self.where()}: touches memory of the Recv posted at op {h}, "
-                                    "not waited yet (overlap)")
-            if kind == "send" and any(_overlap(s, span) for s in wrote):
-                raise ScheduleError(f"{self.where()}: overwrites the region of the Send posted at "
-                                    f"op {h} before it was waited")
+            if kind == "recv":
+                for a, b in reads:
+                    if a < hi and lo < b and a < b:
+                        raise ScheduleError(f"{self.where()}: touches memory of the Recv posted "
+                                            f"at op {h}, not waited yet (overlap)")
+            for a, b in writes:
+                if a < hi and lo < b and a < b:
+                    if kind == "recv":
+                        raise ScheduleError(f"{self.where()}: touches memory of the Recv posted "
+                                            f"at op {h}, not waited yet (overlap)")
+                    raise ScheduleError(f"{self.where()}: overwrites the region of the Send "
+                                        f"posted at op {h} before it was waited")
 
 
 def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
@@ -269,14 +286,14 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
         is_send = type(o) is Send
         if not 0 <= o.peer < n:
             raise ScheduleError(f"{rk.where()}: peer {o.peer} out of range 0..{n - 1}")
-        v = rk.view(o.region)
+        v, span = rk.view(o.region)
         if is_send:
-            rk.check_access(reads=(v,))
+            rk.check_access(reads=(span,))
         else:
-            rk.check_access(writes=(v,))
+            rk.check_access(writes=(span,))
         m = _Msg(rk.rank, i, v)
         rk.msgs[i] = m
-        rk.pending[i] = ("send" if is_send else "recv", _span(v))
+        rk.pending[i] = ("send" if is_send else "recv", *span)
         key = (rk.rank, o.peer) if is_send else (o.peer, rk.rank)
         mine, other = (sends, recvs) if is_send else (recvs, sends)
         if is_send and model == "eager":
@@ -308,22 +325,22 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
             for h in o.handles:
                 del rk.pending[h]
         elif t is Reduce:
-            a, b, out = rk.view(o.a), rk.view(o.b), rk.view(o.out)
+            (a, sa), (b, sb), (out, so) = rk.view(o.a), rk.view(o.b), rk.view(o.out)
             if not (a.size == b.size == out.size):
                 raise ScheduleError(f"{rk.where()}: operand sizes {a.size}, {b.size}, {out.size} differ")
-            for x in (a, b):
-                if x.size and _overlap(_span(x), _span(out)) and _span(x) != _span(out):
+            for x, sx in ((a, sa), (b, sb)):
+                if x.size and _overlap(sx, so) and sx != so:
                     raise ScheduleError(f"{rk.where()}: output partially overlaps an operand")
-            rk.check_access(reads=(a, b), writes=(out,))
+            rk.check_access(reads=(sa, sb), writes=(so,))
             if a.size:
                 op(a, b, out)
         elif t is Copy:
-            d, s = rk.view(o.dst), rk.view(o.src)
+            (d, sd), (s, ss) = rk.view(o.dst), rk.view(o.src)
             if d.size != s.size:
                 raise ScheduleError(f"{rk.where()}: copies {s.size} elements into {d.size}")
-            if d.size and _overlap(_span(d), _span(s)) and _span(d) != _span(s):
+            if d.size and _overlap(sd, ss) and sd != ss:
                 raise ScheduleError(f"{rk.where()}: source and destination partially overlap")
-            rk.check_access(reads=(s,), writes=(d,))
+            rk.check_access(reads=(ss,), writes=(sd,))
             d[...] = s
         else:
             raise ScheduleError(f"{rk.where()}: unknown op type {t.__name__}")
