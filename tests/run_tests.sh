@@ -12,9 +12,10 @@
 #    and 3), --group mpi: each test only at the rank counts of its
 #    pytest.mark.ranks (default: all five);
 # 4. verify: mpirun -n 4 python -m mpicoll.verify --quick.
-# The single-process runs (local, and mpi at 1 rank) run one after the other
-# in the background, beside launch (a whole run: the machine's idle core);
-# their output is printed when they are done.
+# local runs in the background, beside launch and then mpi at 1 rank (the
+# machine's other core); its output is printed when it is done.  (local is
+# the longest single-process run: with np1 behind it, it was the Open MPI
+# suite's longest path, 187 s against launch's 64 s in one CI.)
 #
 # Every run is under an outer `timeout`; each test under pytest-timeout (thread
 # method: a rank stuck inside MPI is killed and the launcher ends the job).
@@ -123,10 +124,10 @@ echo "mpicoll tests: $library ($flavour), launcher $launcher, python $(command -
 if [ "$quick" = 1 ]; then
     echo "runs: plain pytest (local), pytest at ${ranks[*]} rank(s) (mpi), verify at 4 ranks"
 else
-    # the mpi run at 1 rank, where asked for, goes beside launch after local (below)
+    # the mpi run at 1 rank, where asked for, runs after launch, beside local (below)
     one=0 rest=()
     for n in "${ranks[@]}"; do if [ "$n" = 1 ]; then one=1; else rest+=("$n"); fi; done
-    echo "runs: plain pytest (launch; beside it plain pytest (local)$([ "$one" = 1 ] && echo ", then pytest at 1 rank (mpi)")),"
+    echo "runs: plain pytest (launch$([ "$one" = 1 ] && echo ", then pytest at 1 rank (mpi)"); beside them plain pytest (local)),"
     echo "      pytest at ${rest[*]:-no other} rank(s) (mpi), verify at 4 ranks"
 fi
 
@@ -217,22 +218,21 @@ run_pytest() {  # run_pytest LABEL NRANKS PYTEST-ARGS...: start_pytest, then acc
 if [ "$quick" = 1 ]; then
     run_pytest local 0 --group local tests ${extra[@]+"${extra[@]}"}
 else
-    # The single-process runs (local, then np1) in the background, beside the launch
-    # tests: one core each on a two-core machine.  Their output goes to a file, printed
-    # once they are done; each is under its own outer timeout like any run.
+    # local (the tests that need no peer) in the background, beside the launch tests
+    # and then np1: one core each on a two-core machine.  Its output goes to a file,
+    # printed once it is done; it is under its own outer timeout like any run.
     (
         start_pytest local 0 --group local tests ${extra[@]+"${extra[@]}"}
-        [ "$one" = 0 ] || start_pytest np1 1 --group mpi tests ${extra[@]+"${extra[@]}"}
     ) >"$logdir/beside.out" 2>&1 &
     beside=$!
     run_pytest launch 0 --group launch tests ${extra[@]+"${extra[@]}"}
+    [ "$one" = 0 ] || run_pytest np1 1 --group mpi tests ${extra[@]+"${extra[@]}"}
     wait "$beside"
     beside=""
     echo
-    echo "=== (beside launch: local$([ "$one" = 1 ] && echo ", np1")) ==="
+    echo "=== (beside launch$([ "$one" = 1 ] && echo " and np1"): local) ==="
     cat "$logdir/beside.out"
     account local 0
-    [ "$one" = 0 ] || account np1 1
 fi
 
 for n in "${ranks[@]}"; do
