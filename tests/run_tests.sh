@@ -12,10 +12,11 @@
 #    and 3), --group mpi: each test only at the rank counts of its
 #    pytest.mark.ranks (default: all five);
 # 4. verify: mpirun -n 4 python -m mpicoll.verify --quick.
-# local runs in the background, beside launch and then mpi at 1 rank (the
-# machine's other core); its output is printed when it is done.  (local is
+# local runs in the background, beside launch, then mpi at 1 rank, then verify
+# (the machine's other core); its output is printed when it is done.  (local is
 # the longest single-process run: with np1 behind it, it was the Open MPI
-# suite's longest path, 187 s against launch's 64 s in one CI.)
+# suite's longest path, 187 s against launch's 64 s in one CI; with launch and
+# np1 beside it, 167 s against their 131, verify 33 s after it.)
 #
 # Every run is under an outer `timeout`; each test under pytest-timeout (thread
 # method: a rank stuck inside MPI is killed and the launcher ends the job).
@@ -124,11 +125,11 @@ echo "mpicoll tests: $library ($flavour), launcher $launcher, python $(command -
 if [ "$quick" = 1 ]; then
     echo "runs: plain pytest (local), pytest at ${ranks[*]} rank(s) (mpi), verify at 4 ranks"
 else
-    # the mpi run at 1 rank, where asked for, runs after launch, beside local (below)
+    # the mpi run at 1 rank, where asked for, and verify run after launch, beside local (below)
     one=0 rest=()
     for n in "${ranks[@]}"; do if [ "$n" = 1 ]; then one=1; else rest+=("$n"); fi; done
-    echo "runs: plain pytest (launch$([ "$one" = 1 ] && echo ", then pytest at 1 rank (mpi)"); beside them plain pytest (local)),"
-    echo "      pytest at ${rest[*]:-no other} rank(s) (mpi), verify at 4 ranks"
+    echo "runs: plain pytest (launch$([ "$one" = 1 ] && echo ", then pytest at 1 rank (mpi)"), then verify at 4 ranks;"
+    echo "      beside them plain pytest (local)), pytest at ${rest[*]:-no other} rank(s) (mpi)"
 fi
 
 # Add up the per-rank outcome files "$1.<rank>" of a pytest run over "$2" ranks.
@@ -215,6 +216,28 @@ run_pytest() {  # run_pytest LABEL NRANKS PYTEST-ARGS...: start_pytest, then acc
     account "$1" "$2"
 }
 
+# verify: mpicoll.verify --quick at 4 ranks against MPI's built-ins (counts as one test)
+run_verify() {
+    local start rc
+    echo
+    echo "=== verify: $launcher -n 4 $PY -m mpicoll.verify --quick ==="
+    start=$(date +%s)
+    timeout -k 10 "$RUN_TIMEOUT" "$launcher" -n 4 "${launch_opts[@]}" "$PY" -m mpicoll.verify --quick \
+        >"$logdir/verify.log" 2>&1
+    rc=$?
+    # the table has hundreds of rows: show the header, anything not ok, and the verdict
+    grep -v -E ' ok$' "$logdir/verify.log" | grep -v -E '^-+$' | head -n 200
+    if [ "$rc" = 0 ] && grep -q '^PASS' "$logdir/verify.log"; then
+        total_passed=$((total_passed + 1))
+        summary+=("$(printf '%-12s %5d passed, %3d failed  (%ss)' verify 1 0 "$(($(date +%s) - start))")")
+    else
+        total_failed=$((total_failed + 1))
+        status=1
+        summary+=("$(printf '%-12s %5d passed, %3d failed  (%ss)  -- exit status %s' verify 0 1 \
+            "$(($(date +%s) - start))" "$rc")")
+    fi
+}
+
 if [ "$quick" = 1 ]; then
     run_pytest local 0 --group local tests ${extra[@]+"${extra[@]}"}
 else
@@ -227,10 +250,11 @@ else
     beside=$!
     run_pytest launch 0 --group launch tests ${extra[@]+"${extra[@]}"}
     [ "$one" = 0 ] || run_pytest np1 1 --group mpi tests ${extra[@]+"${extra[@]}"}
+    run_verify
     wait "$beside"
     beside=""
     echo
-    echo "=== (beside launch$([ "$one" = 1 ] && echo " and np1"): local) ==="
+    echo "=== (beside launch$([ "$one" = 1 ] && echo ", np1") and verify: local) ==="
     cat "$logdir/beside.out"
     account local 0
 fi
@@ -240,23 +264,7 @@ for n in "${ranks[@]}"; do
     run_pytest "np$n" "$n" --group mpi tests ${extra[@]+"${extra[@]}"}
 done
 
-echo
-echo "=== verify: $launcher -n 4 $PY -m mpicoll.verify --quick ==="
-start=$(date +%s)
-timeout -k 10 "$RUN_TIMEOUT" "$launcher" -n 4 "${launch_opts[@]}" "$PY" -m mpicoll.verify --quick \
-    >"$logdir/verify.log" 2>&1
-rc=$?
-# the table has hundreds of rows: show the header, anything not ok, and the verdict
-grep -v -E ' ok$' "$logdir/verify.log" | grep -v -E '^-+$' | head -n 200
-if [ "$rc" = 0 ] && grep -q '^PASS' "$logdir/verify.log"; then
-    total_passed=$((total_passed + 1))
-    summary+=("$(printf '%-12s %5d passed, %3d failed  (%ss)' verify 1 0 "$(($(date +%s) - start))")")
-else
-    total_failed=$((total_failed + 1))
-    status=1
-    summary+=("$(printf '%-12s %5d passed, %3d failed  (%ss)  -- exit status %s' verify 0 1 \
-        "$(($(date +%s) - start))" "$rc")")
-fi
+[ "$quick" = 1 ] && run_verify  # (otherwise it ran beside local)
 
 echo
 echo "=== summary ($library) ==="
