@@ -14,9 +14,9 @@
 # 4. verify: mpirun -n 4 python -m mpicoll.verify --quick.
 # local runs in the background, beside launch, then mpi at 1 rank, then verify
 # (the machine's other core); its output is printed when it is done.  (local is
-# the longest single-process run: with np1 behind it, it was the Open MPI
-# suite's longest path, 187 s against launch's 64 s in one CI; with launch and
-# np1 beside it, 167 s against their 131, verify 33 s after it.)
+# the longest single-process run: with only launch beside it, or launch and
+# np1, it was the Open MPI suite's longest path; with verify too the two sides
+# are about even.)
 #
 # Every run is under an outer `timeout`; each test under pytest-timeout (thread
 # method: a rank stuck inside MPI is killed and the launcher ends the job).

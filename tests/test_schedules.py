@@ -65,8 +65,8 @@ def _cases(collective, algorithm):
     cases = []
     ops = ["sum", "affine"] if algorithm in ORDER_PRESERVING and collective != "allgather" else ["sum"]
     # 1..8 ranks: 8 is the largest power of two here, 5-7 the shapes beside it (4 + 1,
-    # even, one short); 9 ranks repeated 5's shape (a power of two + 1) and took a quarter
-    # of the sweep's 52 s
+    # even, one short); 9 ranks would repeat 5's shape (a power of two + 1) at the
+    # highest cost of any count
     for n in range(1, 9):
         if collective == "allreduce":
             layouts = [((N,), (0,), N) for N in sorted({0, 1, max(n - 1, 0), n, 2 * n + 1, 37, 1000})]
