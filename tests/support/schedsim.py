@@ -234,17 +234,14 @@ class _Rank:
         ``reads``, ``writes``: spans (empty ones touch nothing)."""
         if not self.pending:
             return
+        touched = reads + writes  # what a pending Recv's memory must not see
         for h, (kind, lo, hi) in self.pending.items():
             if h == skip or lo == hi:
                 continue
-            if kind == "recv":
-                for a, b in reads:
-                    if a < hi and lo < b and a < b:
-                        raise ScheduleError(f"{self.where()}: touches memory of the Recv posted "
-                                            f"at op {h}, not waited yet (overlap)")
-            for a, b in writes:
-                if a < hi and lo < b and a < b:
-                    if kind == "recv":
+            recv = kind == "recv"
+            for a, b in (touched if recv else writes):
+                if a < hi and lo < b and a < b:  # (_overlap of non-empty spans, inlined)
+                    if recv:
                         raise ScheduleError(f"{self.where()}: touches memory of the Recv posted "
                                             f"at op {h}, not waited yet (overlap)")
                     raise ScheduleError(f"{self.where()}: overwrites the region of the Send "
