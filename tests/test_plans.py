@@ -278,6 +278,75 @@ def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
         comm.Free()
 
 
+@pytest.mark.timeout(60)
+def test_a_non_blocking_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
+    """A non-blocking call observed for its timeout alone keeps a plan too (its restart
+    gets its call's tag; its waits and test() poll under the timeout, engine.executor.Timed):
+    it used to be validated and bound afresh at every call under a timeout, which every
+    torch group has.  The timeout is part of the signature; several in flight together,
+    completed in either order; a message over one piece is never timed from a plan."""
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        checks = _util.spy(monkeypatch, _args, ["allreduce", "allgather", "Allreduce"])
+        x = np.arange(5.0) * (WORLD.rank + 2)
+        y, y2, want = np.empty(5), np.empty(5), np.empty(5)
+        WORLD.Allreduce(x, want)
+
+        def validated(start, out=y, polled=True):
+            before = len(checks)
+            out[:] = -1
+            h = start()  # (a Handle, or mpicoll.Comm's Request)
+            if polled:  # (test(): as the completion thread and torch's is_completed() do)
+                test = getattr(h, "test", None) or h.Test
+                while not test():
+                    pass
+            else:
+                (getattr(h, "wait", None) or h.Wait)()
+            np.testing.assert_array_equal(out, want)
+            return len(checks) - before
+
+        def timed(t, out=y):
+            return lambda: mpicoll.iallreduce(x, comm=comm, out=out, timeout=t)
+
+        validated(timed(30.0))
+        assert validated(timed(30.0)) == 0
+        assert validated(timed(30.0), polled=False) == 0
+        assert validated(timed(30)) == 1  # (another timeout object: another call)
+        assert validated(timed(31.0)) == 1
+        assert validated(timed(31.0)) == 0
+        assert validated(timed(None)) == 1
+        with mpicoll.options(timeout=30.0):
+            validated(lambda: mc.Iallreduce(x, y))
+            assert validated(lambda: mc.Iallreduce(x, y)) == 0
+        with mpicoll.options(timeout=20.0):
+            assert validated(lambda: mc.Iallreduce(x, y)) == 1
+        # two kept calls in flight together, waited for in one order and the other (one
+        # plan per function and arrays: the call without a timeout replaced y's)
+        validated(timed(30.0))
+        validated(timed(30.0, y2), y2)
+        for order in (0, 1, 0):
+            before = len(checks)
+            y[:] = y2[:] = -1
+            hs = [timed(30.0)(), timed(30.0, y2)()]
+            for h in (hs if order == 0 else hs[::-1]):
+                h.wait()
+            assert len(checks) == before
+            np.testing.assert_array_equal(y, want)
+            np.testing.assert_array_equal(y2, want)
+        # gathered in more than one piece (on more than one rank): validated every time
+        big = np.full(_channel.LOCAL_PIECE_BYTES // 8 + 8, float(WORLD.rank))
+        out = np.empty(big.size * WORLD.size)
+        _context.context(comm).segment_bytes = _channel.LOCAL_PIECE_BYTES
+        for i in range(2):
+            before = len(checks)
+            mpicoll.iallgather(big, comm=comm, out=out, timeout=30.0, algorithm="ring").wait()
+            assert len(checks) - before == (1 if WORLD.size > 1 or i == 0 else 0)
+            np.testing.assert_array_equal(out, np.repeat(np.arange(WORLD.size), big.size))
+    finally:
+        comm.Free()
+
+
 @pytest.mark.local
 def test_a_bad_option_changes_no_setting():
     """configure() checks every value before it sets any (it used to set ``check``

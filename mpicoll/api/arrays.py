@@ -208,11 +208,12 @@ def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout,
     seen the operation complete.  ``numerics``: (deterministic, accumulate) (api.numerics)."""
     _requests.check_progress()
     plain = numerics is None or numerics == (None, None)
-    if plain and out is not None and counts is None and timeout is None:
-        operation = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm)
+    if plain and out is not None and counts is None:
+        operation = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm,
+                                  timeout)
         if operation is not None:
             return _requests.Handle(operation, _finisher(out, None), (x, out))
-    key = _plan.key(x, out, op, algorithm)
+    key = _plan.key(x, out, op, algorithm, timeout)
     args, timeout, result, after = validate()
     # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
     route = _istart_route(name, args, numerics)

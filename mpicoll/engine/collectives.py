@@ -60,7 +60,7 @@ class _Run:
         call = _observe.begin(ctx, self.label, self.collective, self.name, msg, self.total,
                               self.counts, self.displs, self.op, self.timeout, self.check)
         self.observed = call is not None or stage is not None
-        # observed for its timeout alone: a blocking call may keep a timed plan (engine.plan)
+        # observed for its timeout alone: the call may keep a timed plan (engine.plan)
         self.timed = (stage is None and call is not None and not self.check
                       and not call.recorders and call.events is None)
         try:
@@ -214,7 +214,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     if not persistent:
         run.begin(operation)
         operation.go(run.blocking)
-        if memo is not None and _plain(run, operation, blocking):
+        if memo is not None and _plain(run, operation):
             if blocking:
                 _plan.keep(ctx, comm, memo, run)
             else:
@@ -317,14 +317,14 @@ def _pipelined(comm, collective, name, label, msg, src, dst, in_place, red, op, 
     return started[-1]
 
 
-def _plain(run, operation, blocking=False) -> bool:
+def _plain(run, operation, timed=True) -> bool:
     """Whether a started call may be kept as a plan: host arrays on the plain host channel,
-    unobserved or (``blocking``) observed for a timeout alone (engine.plan)."""
+    unobserved or (``timed``) observed for a timeout alone (engine.plan)."""
     if operation.error is not None or run.msg.backend.name != "numpy":
         return False
     if not run.observed:
         return type(run.ch) is _executor.Channel
-    return blocking and run.timed and type(run.ch.inner) is _executor.Channel
+    return timed and run.timed and type(run.ch.inner) is _executor.Channel
 
 
 def start_persistent(operation) -> None:
@@ -339,7 +339,7 @@ def start_persistent(operation) -> None:
         return
     run.begin(operation)
     operation.go(False)
-    if run.program is None and _plain(run, operation):
+    if run.program is None and _plain(run, operation, timed=False):
         # its later starts run on persistent requests (bound once: the buffers are fixed)
         steps, requests = _executor.compile_bound(run.steps, run.ch, run.red, run.be)
         if steps is not None:

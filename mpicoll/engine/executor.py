@@ -236,8 +236,7 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
     if type(ch) is not Channel:
         return None, ()
     out, requests, posted = [], [], {}
-    about, counted = {}, {SEND: 0, RECV: 0}
-    wire = ch.mpitype.Get_size()
+    about = messages(steps, ch)
     ufunc = getattr(red, "ufunc", None)
     one = _Views()
     for step in steps:
@@ -251,9 +250,6 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
             req = init([arr, ch.mpitype], step[2], ch.tag)
             requests.append(req)
             posted[step[3]] = req
-            about[step[3]] = ("send" if k == SEND else "recv", step[2], len(arr) * wire,
-                              counted[k])
-            counted[k] += 1
             out.append((START, req))
         elif k == WAIT:
             preqs = [posted[h] for h in step[1]]
@@ -283,9 +279,57 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
     return tuple(out), tuple(requests)
 
 
+def messages(steps, ch) -> dict:
+    """Per message of bound ``steps`` (its index, ``step[3]``): (kind, peer, nbytes, k),
+    ``k`` its index among the sends (receives): what a timed wait says of it."""
+    about, counted = {}, {SEND: 0, RECV: 0}
+    wire = ch.mpitype.Get_size()
+    for step in steps:
+        k = step[0]
+        if k == SEND or k == RECV:
+            about[step[3]] = ("send" if k == SEND else "recv", step[2], len(step[1]) * wire,
+                              counted[k])
+            counted[k] += 1
+    return about
+
+
+def one_piece(steps, ch) -> bool:
+    """Whether every message of bound ``steps`` is at most one piece of channel ``ch``
+    (a single MPI request: what a timed wait on the plain channel can poll)."""
+    return all(len(step[1]) <= ch.piece_for(step[2]) for step in steps
+               if step[0] == SEND or step[0] == RECV)
+
+
+class Timed:
+    """The timeout of an operation on the plain host channel (a timed non-blocking plan,
+    engine.plan), in the place of an observed call's (:attr:`Operation.call`): its waits
+    poll (:func:`timed_waitall`) and :meth:`Operation.test` gives up after ``timeout``
+    seconds without progress, raising what ``expire(pending, idle)`` makes.
+
+    ``about``: :func:`messages` of its steps, each message one MPI request
+    (:func:`one_piece`)."""
+
+    __slots__ = ("timeout", "expire", "about")
+
+    last_progress = 0.0  # (an observed call's: a piece seen; here a Wait step completing)
+
+    def __init__(self, timeout, expire, about):
+        self.timeout, self.expire, self.about = timeout, expire, about
+
+    def pending(self, reqs, handles) -> list:
+        """The requests of messages ``handles`` not complete, as timed waits poll them."""
+        about = self.about
+        return [_Pending(reqs[j], about[j]) for j in handles
+                if reqs[j] is not None and reqs[j] != MPI.REQUEST_NULL]
+
+    def expired(self, left, idle, phase=None):
+        return self.expire(left, idle)
+
+
 def timed_waitall(requests, about, timeout, expired) -> None:
-    """Complete persistent ``requests`` by polling; raise ``expired(left, idle)`` once
-    nothing moved for ``timeout`` seconds (a plan's wait under a timeout, engine.plan).
+    """Complete ``requests`` (MPI requests, persistent or not) by polling; raise
+    ``expired(left, idle)`` once nothing moved for ``timeout`` seconds (a plan's wait
+    under a timeout, engine.plan).
 
     ``about[i]``: (kind, peer, nbytes, k) of ``requests[i]``, which the entries
     of ``left`` carry as ``what``.  First a spin on ``Testall`` (MPI_Testall
@@ -486,17 +530,20 @@ class Operation:
                 MPI.Request.Waitall(preqs)
                 return True
             return MPI.Request.Testall(preqs)
-        ch, reqs = self.ch, self._reqs
+        ch, reqs, call = self.ch, self._reqs, self.call
         rs = [reqs[j] for j in step[1]]
         if not block:
             if not testall(ch, rs):
                 return False
         elif others_in_flight(self):
-            call = self.call
             wait_for(lambda: testall(ch, rs), self, None if call is None else call.timeout)
-        # complete (or, after wait_for gave up under a timeout, the channel's timed wait):
-        # returns at once, but does the books
-        ch.waitall(rs)
+        if block and type(call) is Timed:
+            # (the plain channel's waitall would block in MPI: poll under the timeout)
+            timed_waitall(rs, [call.about[j] for j in step[1]], call.timeout, call.expire)
+        else:
+            # complete (or, after wait_for gave up under a timeout, the channel's timed
+            # wait): returns at once, but does the books
+            ch.waitall(rs)
         for j in step[1]:
             reqs[j] = None
         return True
@@ -511,8 +558,11 @@ class Operation:
         if idle <= call.timeout:
             return
         step = self.steps[self._i]
-        left = [r for r in (self._reqs[j] for j in step[1]) if r is not None
-                and getattr(r, "done", None) is None]
+        if type(call) is Timed:
+            left = call.pending(self._reqs, step[1])
+        else:
+            left = [r for r in (self._reqs[j] for j in step[1]) if r is not None
+                    and getattr(r, "done", None) is None]
         if not left:
             return
         _timeout.cancel(left)
