@@ -29,10 +29,12 @@
 # default 600), MPICOLL_TEST_TIMEOUT (seconds per test without a timeout mark, default 120),
 # MPICOLL_TEST_ARGS (extra pytest arguments, e.g. "-k allreduce"), MPICOLL_TEST_JUNIT
 # (a directory: rank 0 of each run writes <run>.xml there, for a per-test record),
-# MPICOLL_TEST_RANKS (the mpi runs' rank counts, e.g. "1 2 3 4"; default 1-5, --quick 2 3).
+# MPICOLL_TEST_RANKS (the mpi runs' rank counts, e.g. "1 2 3 4"; default 1-5, --quick 2 3),
+# MPICOLL_TEST_PATHS_NP<n> (the test paths of the mpi run at n ranks, word-split; default
+# tests: e.g. MPICOLL_TEST_PATHS_NP4="tests/test_timeout.py").
 set -u -o pipefail
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
 
 flavour=""
 quick=0
@@ -115,6 +117,12 @@ trap 'exit 130' INT
 pytest_opts=(-p no:cacheprovider --timeout="$TEST_TIMEOUT" --timeout-method=thread)
 # shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
 extra=(${MPICOLL_TEST_ARGS:-})
+
+# the test paths of the mpi run at $1 ranks (MPICOLL_TEST_PATHS_NP$1, else tests)
+paths_of() {
+    local var="MPICOLL_TEST_PATHS_NP$1"
+    echo "${!var:-tests}"
+}
 
 total_passed=0
 total_failed=0
@@ -249,7 +257,8 @@ else
     ) >"$logdir/beside.out" 2>&1 &
     beside=$!
     run_pytest launch 0 --group launch tests ${extra[@]+"${extra[@]}"}
-    [ "$one" = 0 ] || run_pytest np1 1 --group mpi tests ${extra[@]+"${extra[@]}"}
+    # shellcheck disable=SC2046  # word splitting of the paths is intended
+    [ "$one" = 0 ] || run_pytest np1 1 --group mpi $(paths_of 1) ${extra[@]+"${extra[@]}"}
     run_verify
     wait "$beside"
     beside=""
@@ -261,7 +270,8 @@ fi
 
 for n in "${ranks[@]}"; do
     [ "$n" = 1 ] && [ "$quick" = 0 ] && continue  # (ran beside launch)
-    run_pytest "np$n" "$n" --group mpi tests ${extra[@]+"${extra[@]}"}
+    # shellcheck disable=SC2046  # word splitting of the paths is intended
+    run_pytest "np$n" "$n" --group mpi $(paths_of "$n") ${extra[@]+"${extra[@]}"}
 done
 
 [ "$quick" = 1 ] && run_verify  # (otherwise it ran beside local)
