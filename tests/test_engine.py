@@ -18,12 +18,14 @@ import itertools
 import threading
 import time
 
+import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
 from support.data import rank_data, rank_sum
 
 import mpicoll
+from mpicoll.api import args as _args
 from mpicoll.engine import context as _context
 from mpicoll.observe import calls as _calls
 
@@ -91,20 +93,29 @@ def test_first_call_on_a_new_communicator_among_operations_in_flight(progress):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("check", [False, True], ids=["plain", "check"])
-def test_operations_waited_in_every_order(progress, check):
+@pytest.mark.parametrize("check, timeout", [(False, None), (True, 30.0), (False, 30.0)],
+                         ids=["plain", "check", "timed"])
+def test_operations_waited_in_every_order(progress, check, timeout, monkeypatch):
     """Three operations (three algorithms, two forms) and a blocking call, each rank
     completing them in its own order (a permutation chosen by rank), with the fingerprint
-    check on or off and a timeout that must not fire."""
+    check on or off and a timeout that must not fire.  The same arrays every time, their
+    contents changed in place: from the second time the calls with ``out`` restart their
+    plans (timed ones under the timeout alone)."""
     comm = WORLD.Dup()
     mc = mpicoll.Comm(comm)
     orders = list(itertools.permutations(range(4)))
+    xs = [np.empty(n) for n in (3, 300, 5000)]
+    ys = [np.empty_like(x) for x in xs]
+    blocking_in, blocking_out = np.empty(4), np.empty(4)
+    checks = _util.spy(monkeypatch, _args, ["allreduce", "Allreduce"])
     try:
-        with mpicoll.options(check=check, timeout=30.0 if check else None):
-            for rep in range(3):
-                xs = [rank_data(n, RANK, salt=rep * 10 + k) for k, n in enumerate((3, 300, 5000))]
-                ys = [np.empty_like(x) for x in xs]
-                blocking_in, blocking_out = rank_data(4, RANK, salt=rep * 10 + 5), np.empty(4)
+        with mpicoll.options(check=check, timeout=timeout):
+            for rep in range(4):
+                before = len(checks)
+                for k, x in enumerate(xs):
+                    x[:] = rank_data(len(x), RANK, salt=rep * 10 + k)
+                    ys[k][:] = -1
+                blocking_in[:] = rank_data(4, RANK, salt=rep * 10 + 5)
                 work = [mpicoll.iallreduce(xs[0], comm=comm, algorithm="recursive_doubling"),
                         mc.Iallreduce(xs[1], ys[1]),
                         mpicoll.iallreduce(xs[2], comm=comm, algorithm="ring", out=ys[2])]
@@ -120,6 +131,8 @@ def test_operations_waited_in_every_order(progress, check):
                 for k, x in enumerate(xs):
                     np.testing.assert_array_equal(ys[k], rank_sum(len(x), SIZE, salt=rep * 10 + k))
                 np.testing.assert_array_equal(blocking_out, rank_sum(4, SIZE, salt=rep * 10 + 5))
+                # validated: the call without out, and every call the first time or checked
+                assert len(checks) - before == (4 if rep == 0 or check else 1), checks[before:]
     finally:
         comm.Free()
 
@@ -167,9 +180,12 @@ def test_two_threads_on_two_communicators():
                 first_started.set()
             got = []
             x = rank_data(2000, RANK, salt=salt)
+            out = np.empty_like(x)
             for _ in range(5):
                 got.append(mpicoll.allreduce(x, comm=comm, algorithm="ring"))
                 got.append(mpicoll.iallreduce(x, comm=comm).wait())
+                # (from the second time a restart of its timed plan, engine.plan)
+                got.append(mpicoll.iallreduce(x, comm=comm, out=out, timeout=30.0).wait().copy())
             results[key] = got
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
