@@ -44,6 +44,8 @@ Memory and order
 
 from __future__ import annotations
 
+import bisect
+
 from . import ring as _ring
 from .schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Schedule, Send, Shape, Wait
 
@@ -66,6 +68,16 @@ class _Layout:
         self.index = self.local.index(s.rank)         # its local rank
         self.k = len(order)
         self.lanes = min(len(m) for m in self.members)
+        # lane i: elements spans[i] = (start, count) of the array (ring.split's cut); and,
+        # once asked for, each rank's parts of it (_parts_of): a schedule asks for them
+        # per peer and per segment, which at hundreds of ranks made building it quadratic
+        counts, displs = _ring.split(s.total, self.lanes)
+        self.spans = list(zip(displs, counts))
+        self.by_rank: dict = {}
+        # (logical start, count) of every rank's block: blocks end to end in rank order, so
+        # the ranks a lane meets are found by bisection (_lane_parts)
+        self.blocks = _logical_blocks(s)
+        self.ends = [lo + n for lo, n in self.blocks]
 
     def owner(self, lane: int, node: int | None = None) -> int:
         return self.members[self.node if node is None else node][lane]
@@ -117,15 +129,22 @@ def _embed(b: Builder, sub: Schedule, peers, bufs: dict, prefix: str, step0: int
             b.copy(reg(op.dst), reg(op.src))
 
 
-def _lane_parts(lay: _Layout, lanes, blocks):
-    """Lane ``i``'s parts ordered by node, then rank: [(rank, logical lo, hi, lane offset)].
+def _lane_parts(lay: _Layout, span):
+    """The parts of the lane ``span`` = (start, count) ordered by node, then rank:
+    [(rank, logical lo, hi, lane offset)]; a part is block r's share of the lane
+    (``lay.blocks[r] = (logical start, count)``).
 
-    ``blocks[r] = (logical start, count)``; a part is block r's share of the lane.
+    Blocks lie end to end in rank order, so the ranks whose block meets the lane are
+    one range, ``first .. last - 1``: each node's members in it are found by bisection
+    (every rank of every node, for every lane, made a schedule quadratic in the ranks).
     """
-    a, c = lanes
+    a, c = span
+    blocks = lay.blocks
+    first = bisect.bisect_right(lay.ends, a)  # (the first block ending after a)
+    last = bisect.bisect_left(blocks, (a + c,))  # (the first block starting at a + c or later)
     out, at = [], 0
     for node in lay.members:
-        for r in node:
+        for r in node[bisect.bisect_left(node, first):bisect.bisect_left(node, last)]:
             lo, n = blocks[r]
             x, y = max(a, lo), min(a + c, lo + n)
             if y > x:
@@ -201,13 +220,16 @@ def _gather_lanes(b, s, lay, src_of, into, reduce_slots):
 
 
 def _parts_of(s, lay, q, lane):
-    """[(region in q's terms, lane offset)] of rank q's block in ``lane`` (AllGather)."""
-    blocks = _logical_blocks(s)
-    out = []
-    for r, x, y, off in _lane_parts(lay, _lane(s, lay, lane), blocks):
-        if r == q:
-            out.append((Region(SRC, x - blocks[r][0], y - blocks[r][0]), off))
-    return out
+    """[(region in q's terms, lane offset)] of rank q's block in ``lane`` (AllGather); the
+    lane's parts are grouped by rank once per layout (the caller must not change the list)."""
+    by = lay.by_rank.get(lane)
+    if by is None:
+        blocks = lay.blocks
+        by = lay.by_rank[lane] = {}
+        for r, x, y, off in _lane_parts(lay, _lane(s, lay, lane)):
+            lo = blocks[r][0]
+            by.setdefault(r, []).append((Region(SRC, x - lo, y - lo), off))
+    return by.get(q, [])
 
 
 def _logical_blocks(s):
@@ -220,8 +242,8 @@ def _logical_blocks(s):
 
 
 def _lane(s, lay, i):
-    counts, displs = _ring.split(s.total, lay.lanes)
-    return displs[i], counts[i]
+    """(start, count) of lane ``i`` of ``s``'s array (``lay`` is ``s``'s layout)."""
+    return lay.spans[i]
 
 
 def _trivial(s: Shape, collective: str):
@@ -299,9 +321,9 @@ def reduce_scatter_schedule(s: Shape) -> Schedule:
     lay = _Layout(s)
     b = Builder()
     # lanes cut the blocks in rank order (logical positions); SRC holds block r at displs[r]
-    blocks = _logical_blocks(s)
+    blocks = lay.blocks
     nring = lay.k - 1
-    parts = [_lane_parts(lay, _lane(s, lay, i), blocks) for i in range(lay.lanes)]
+    parts = [_lane_parts(lay, _lane(s, lay, i)) for i in range(lay.lanes)]
     size = _lane(s, lay, lay.index)[1] if lay.index < lay.lanes else 0
     lane_buf = b.buffer("hierarchical: lane (by node)", size) if size else None
 
@@ -363,9 +385,9 @@ def allgather_schedule(s: Shape) -> Schedule:
         return _trivial(s, "allgather")
     lay = _Layout(s)
     b = Builder()
-    blocks = _logical_blocks(s)
+    blocks = lay.blocks
     nring = lay.k - 1
-    parts = [_lane_parts(lay, _lane(s, lay, i), blocks) for i in range(lay.lanes)]
+    parts = [_lane_parts(lay, _lane(s, lay, i)) for i in range(lay.lanes)]
     size = _lane(s, lay, lay.index)[1] if lay.index < lay.lanes else 0
     lane_buf = b.buffer("hierarchical: lane (by node)", size) if size else None
     lo, cnt = s.displs[s.rank], s.counts[s.rank]
