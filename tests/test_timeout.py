@@ -426,28 +426,22 @@ def test_plan_does_not_run_after_a_timeout():
     _discard(comm)
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
-@pytest.mark.parametrize("collective, algorithm", [
-    ("allreduce", "recursive_doubling"), ("allreduce", "ring"), ("reduce_scatter", "ring"),
-    ("allgather", "ring")])
-def test_a_timed_plan_times_out_as_the_first_call_does(collective, algorithm, monkeypatch):
-    """A call repeated under a timeout runs from its timed plan (engine.plan): when a rank
-    skips it, the others raise the CollectiveTimeout the general path raises (call, step,
-    peer, abort advice) in time, and the communicator is refused afterwards."""
+def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
+    """Calls #2 and #3 of ``call(comm, x, out)`` keep a timed plan and run from it; rank
+    SKIPPER skips #4, and the others raise the CollectiveTimeout the general path raises
+    (call, step, peer, abort advice) in time, without validating the call; the
+    communicator is refused afterwards."""
     from mpicoll.api import args as _args
     comm = _fresh_comm()
-    fn = getattr(mpicoll, collective)
     x = rank_data(4 * SIZE, RANK)
     out = np.empty(x.size * SIZE if collective == "allgather"
                    else 4 if collective == "reduce_scatter" else x.size)
-    want = fn(x, comm=WORLD, algorithm=algorithm)
-    fn(x, comm=comm, out=out, algorithm=algorithm, timeout=T)  # call #2: keeps the plan
-    fn(x, comm=comm, out=out, algorithm=algorithm, timeout=T)  # #3: runs from it
+    want = getattr(mpicoll, collective)(x, comm=WORLD, algorithm=algorithm)
+    call(comm, x, out)  # call #2: keeps the plan
+    call(comm, x, out)  # #3: runs from it
     np.testing.assert_array_equal(out, want)
     checks = _util.spy(monkeypatch, _args, [collective])
-    exc, elapsed = _skip_one(
-        comm, lambda c: fn(x, comm=c, out=out, algorithm=algorithm, timeout=T))
+    exc, elapsed = _skip_one(comm, lambda c: call(c, x, out))
     problem = ""
     if RANK != SKIPPER:
         if checks:
@@ -469,13 +463,27 @@ def test_a_timed_plan_times_out_as_the_first_call_does(collective, algorithm, mo
     refused = ""
     if RANK != SKIPPER:
         try:
-            fn(x, comm=comm, out=out, algorithm=algorithm, timeout=T)
+            call(comm, x, out)
             refused = "a call with the plan's arrays was accepted"
         except mpicoll.MpicollError as e:
             if "communicator unusable" not in str(e):
                 refused = f"unexpected message: {e}"
     _util.assert_all(WORLD, not refused, refused)
     _discard(comm)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
+@pytest.mark.parametrize("collective, algorithm", [
+    ("allreduce", "recursive_doubling"), ("allreduce", "ring"), ("reduce_scatter", "ring"),
+    ("allgather", "ring")])
+def test_a_timed_plan_times_out_as_the_first_call_does(collective, algorithm, monkeypatch):
+    """A call repeated under a timeout runs from its timed plan (engine.plan): when a rank
+    skips it, the others raise the CollectiveTimeout the general path raises, in time,
+    and the communicator is refused afterwards."""
+    fn = getattr(mpicoll, collective)
+    _a_timed_plan_times_out(collective, algorithm, monkeypatch, lambda c, x, out: fn(
+        x, comm=c, out=out, algorithm=algorithm, timeout=T))
 
 
 @pytest.mark.timeout(60)
@@ -489,20 +497,9 @@ def test_a_timed_non_blocking_plan_times_out_as_the_first_call_does(collective, 
     when a rank skips it, the others raise the general path's CollectiveTimeout in time,
     from ``wait()`` (its polling wait) and from ``test()`` polled (its idle check), and the
     communicator is refused afterwards."""
-    from mpicoll.api import args as _args
-    comm = _fresh_comm()
-    fn = getattr(mpicoll, collective)
     ifn = getattr(mpicoll, "i" + collective)
-    x = rank_data(4 * SIZE, RANK)
-    out = np.empty(x.size * SIZE if collective == "allgather"
-                   else 4 if collective == "reduce_scatter" else x.size)
-    want = fn(x, comm=WORLD, algorithm=algorithm)
-    ifn(x, comm=comm, out=out, algorithm=algorithm, timeout=T).wait()  # #2: keeps the plan
-    ifn(x, comm=comm, out=out, algorithm=algorithm, timeout=T).wait()  # #3: restarts it
-    np.testing.assert_array_equal(out, want)
-    checks = _util.spy(monkeypatch, _args, [collective])
 
-    def skipped(c):
+    def call(c, x, out):
         h = ifn(x, comm=c, out=out, algorithm=algorithm, timeout=T)
         if how == "wait":
             h.wait()
@@ -511,32 +508,4 @@ def test_a_timed_non_blocking_plan_times_out_as_the_first_call_does(collective, 
             while not h.test() and time.perf_counter() < end:
                 pass
 
-    exc, elapsed = _skip_one(comm, skipped)
-    problem = ""
-    if RANK != SKIPPER:
-        if checks:
-            problem = "the repeat was validated (not restarted from its plan); "
-        if exc is None:
-            problem += "no CollectiveTimeout"
-        else:
-            msg = str(exc)
-            for part in (f"{collective} #4 ({algorithm}, ", f"on rank {RANK}: no progress for ",
-                         f"(timeout {T:g} s)", f"rank {exc.peer}", "step ", "mpicoll.abort()"):
-                if part not in msg:
-                    problem += f"{part!r} missing from {msg!r}; "
-            if not T <= elapsed <= T + MARGIN:
-                problem += f"raised after {elapsed:.2f} s, expected {T} s"
-            if (exc.seq, exc.collective, exc.algorithm, exc.rank) != (4, collective, algorithm,
-                                                                      RANK):
-                problem += f"attributes {exc.seq} {exc.collective} {exc.algorithm} {exc.rank}"
-    _util.assert_all(WORLD, not problem, problem)
-    refused = ""
-    if RANK != SKIPPER:
-        try:
-            ifn(x, comm=comm, out=out, algorithm=algorithm, timeout=T).wait()
-            refused = "a call with the plan's arrays was accepted"
-        except mpicoll.MpicollError as e:
-            if "communicator unusable" not in str(e):
-                refused = f"unexpected message: {e}"
-    _util.assert_all(WORLD, not refused, refused)
-    _discard(comm)
+    _a_timed_plan_times_out(collective, algorithm, monkeypatch, call)
