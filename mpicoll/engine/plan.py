@@ -246,16 +246,12 @@ def _new(ctx, comm, memo, run, blocking):
             steps = program
             _bind_hit(plan, _hit_steps(program))
         elif timed is not None:  # (only persistent requests' waits are timed here)
-            if plan.lease is not None:
-                plan.lease.release()
-            return None
+            return _unkept(plan)
     elif plan.timeout is not None:
         # its waits and test() poll each message's one request (a message in pieces is
         # windowed under the observed channel, so that progress shows piece by piece)
         if not one_piece(steps, ch):
-            if plan.lease is not None:
-                plan.lease.release()
-            return None
+            return _unkept(plan)
         watch = Timed(plan.timeout, _Expiry(run), messages(steps, ch))
     op = Operation(steps, ch, run.red, run.be, ctx=ctx, algorithm=run.name)
     op.call = watch
@@ -263,6 +259,13 @@ def _new(ctx, comm, memo, run, blocking):
     plan.operation = op
     hold(plan, requests)
     return plan
+
+
+def _unkept(plan) -> None:
+    """None: a timed call that cannot keep ``plan`` after all; its work memory goes back."""
+    if plan.lease is not None:
+        plan.lease.release()
+    return None
 
 
 class _Expiry:
