@@ -69,10 +69,12 @@ class _Layout:
         self.k = len(order)
         self.lanes = min(len(m) for m in self.members)
         # lane i: elements spans[i] = (start, count) of the array (ring.split's cut); and,
-        # once asked for, each rank's parts of it (_parts_of): a schedule asks for them
-        # per peer and per segment, which at hundreds of ranks made building it quadratic
+        # once asked for, its parts (_lane_parts) and each rank's of them (_parts_of): a
+        # schedule asks for them per peer and per segment, which at hundreds of ranks made
+        # building it quadratic
         counts, displs = _ring.split(s.total, self.lanes)
         self.spans = list(zip(displs, counts))
+        self.parts: dict = {}
         self.by_rank: dict = {}
         # (logical start, count) of every rank's block: blocks end to end in rank order, so
         # the ranks a lane meets are found by bisection (_lane_parts)
@@ -129,16 +131,19 @@ def _embed(b: Builder, sub: Schedule, peers, bufs: dict, prefix: str, step0: int
             b.copy(reg(op.dst), reg(op.src))
 
 
-def _lane_parts(lay: _Layout, span):
-    """The parts of the lane ``span`` = (start, count) ordered by node, then rank:
-    [(rank, logical lo, hi, lane offset)]; a part is block r's share of the lane
-    (``lay.blocks[r] = (logical start, count)``).
+def _lane_parts(lay: _Layout, i: int):
+    """Lane ``i``'s parts ordered by node, then rank: [(rank, logical lo, hi, lane offset)];
+    a part is block r's share of the lane (``lay.blocks[r] = (logical start, count)``).
+    Found once per layout (the caller must not change the list).
 
     Blocks lie end to end in rank order, so the ranks whose block meets the lane are
     one range, ``first .. last - 1``: each node's members in it are found by bisection
     (every rank of every node, for every lane, made a schedule quadratic in the ranks).
     """
-    a, c = span
+    got = lay.parts.get(i)
+    if got is not None:
+        return got
+    a, c = lay.spans[i]
     blocks = lay.blocks
     first = bisect.bisect_right(lay.ends, a)  # (the first block ending after a)
     last = bisect.bisect_left(blocks, (a + c,))  # (the first block starting at a + c or later)
@@ -150,6 +155,7 @@ def _lane_parts(lay: _Layout, span):
             if y > x:
                 out.append((r, x, y, at))
                 at += y - x
+    lay.parts[i] = out
     return out
 
 
@@ -177,7 +183,7 @@ def _gather_lanes(b, s, lay, src_of, into, reduce_slots):
         # collect: each peer's parts land straight in the lane buffer (the
         # ring across nodes sends from it: wait for them here)
         recvs = [b.recv(q, into(lane, x, y - x), Label(0, INTRA_IN, lane, 0, y - x))
-                 for q in peers for region, off in _parts_of(s, lay, q, lane)
+                 for q in peers for region, off in _parts_of(lay, q, lane)
                  for x, y in _cut(off, region.count, seg)]
         for region, off in mine:
             b.copy(into(lane, off, region.count), region)
@@ -219,14 +225,14 @@ def _gather_lanes(b, s, lay, src_of, into, reduce_slots):
     return sends
 
 
-def _parts_of(s, lay, q, lane):
+def _parts_of(lay, q, lane):
     """[(region in q's terms, lane offset)] of rank q's block in ``lane`` (AllGather); the
     lane's parts are grouped by rank once per layout (the caller must not change the list)."""
     by = lay.by_rank.get(lane)
     if by is None:
         blocks = lay.blocks
         by = lay.by_rank[lane] = {}
-        for r, x, y, off in _lane_parts(lay, _lane(s, lay, lane)):
+        for r, x, y, off in _lane_parts(lay, lane):
             lo = blocks[r][0]
             by.setdefault(r, []).append((Region(SRC, x - lo, y - lo), off))
     return by.get(q, [])
@@ -323,7 +329,7 @@ def reduce_scatter_schedule(s: Shape) -> Schedule:
     # lanes cut the blocks in rank order (logical positions); SRC holds block r at displs[r]
     blocks = lay.blocks
     nring = lay.k - 1
-    parts = [_lane_parts(lay, _lane(s, lay, i)) for i in range(lay.lanes)]
+    parts = [_lane_parts(lay, i) for i in range(lay.lanes)]
     size = _lane(s, lay, lay.index)[1] if lay.index < lay.lanes else 0
     lane_buf = b.buffer("hierarchical: lane (by node)", size) if size else None
 
@@ -387,7 +393,7 @@ def allgather_schedule(s: Shape) -> Schedule:
     b = Builder()
     blocks = lay.blocks
     nring = lay.k - 1
-    parts = [_lane_parts(lay, _lane(s, lay, i)) for i in range(lay.lanes)]
+    parts = [_lane_parts(lay, i) for i in range(lay.lanes)]
     size = _lane(s, lay, lay.index)[1] if lay.index < lay.lanes else 0
     lane_buf = b.buffer("hierarchical: lane (by node)", size) if size else None
     lo, cnt = s.displs[s.rank], s.counts[s.rank]
@@ -396,7 +402,7 @@ def allgather_schedule(s: Shape) -> Schedule:
 
     def src_of(i):
         # in place this rank's block is read where it lies in DST (as the ring does)
-        parts = _parts_of(s, lay, s.rank, i)
+        parts = _parts_of(lay, s.rank, i)
         if s.in_place:
             parts = [(Region(DST, lo + r.start, lo + r.stop), off) for r, off in parts]
         return parts
