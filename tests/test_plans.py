@@ -226,6 +226,18 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
         comm.Free()
 
 
+def _the_timeout_is_in_the_signature(validated, timed):
+    """``timed(t)``: a call under timeout ``t``; ``validated(call)``: how many times running
+    it validated.  The first call keeps a timed plan, its repeat validates nothing; another
+    timeout (another object, another value, none) is another call."""
+    validated(timed(30.0))
+    assert validated(timed(30.0)) == 0
+    assert validated(timed(30)) == 1  # (another timeout object: another call)
+    assert validated(timed(31.0)) == 1
+    assert validated(timed(31.0)) == 0
+    assert validated(timed(None)) == 1
+
+
 @pytest.mark.timeout(60)
 def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
     """A timeout alone observes nothing but the waits: such a blocking call keeps a plan
@@ -250,12 +262,7 @@ def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
         def timed(t):
             return lambda: mpicoll.allreduce(x, comm=comm, out=y, timeout=t)
 
-        validated(timed(30.0))
-        assert validated(timed(30.0)) == 0
-        assert validated(timed(30)) == 1  # (another timeout object: another call)
-        assert validated(timed(31.0)) == 1
-        assert validated(timed(31.0)) == 0
-        assert validated(timed(None)) == 1
+        _the_timeout_is_in_the_signature(validated, timed)
         with mpicoll.options(timeout=30.0):
             validated(lambda: mc.Allreduce(x, y))
             assert validated(lambda: mc.Allreduce(x, y)) == 0
@@ -309,21 +316,16 @@ def test_a_non_blocking_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
         def timed(t, out=y):
             return lambda: mpicoll.iallreduce(x, comm=comm, out=out, timeout=t)
 
+        _the_timeout_is_in_the_signature(validated, timed)  # (a restart polled with test())
         validated(timed(30.0))
-        assert validated(timed(30.0)) == 0
-        assert validated(timed(30.0), polled=False) == 0
-        assert validated(timed(30)) == 1  # (another timeout object: another call)
-        assert validated(timed(31.0)) == 1
-        assert validated(timed(31.0)) == 0
-        assert validated(timed(None)) == 1
+        assert validated(timed(30.0), polled=False) == 0  # (and one waited for)
         with mpicoll.options(timeout=30.0):
             validated(lambda: mc.Iallreduce(x, y))
             assert validated(lambda: mc.Iallreduce(x, y)) == 0
         with mpicoll.options(timeout=20.0):
             assert validated(lambda: mc.Iallreduce(x, y)) == 1
-        # two kept calls in flight together, waited for in one order and the other (one
-        # plan per function and arrays: the call without a timeout replaced y's)
-        validated(timed(30.0))
+        # two kept calls in flight together, waited for in one order and the other (y's
+        # timed plan is the one kept above; Comm.Iallreduce's are another function's)
         validated(timed(30.0, y2), y2)
         for order in (0, 1, 0):
             before = len(checks)
