@@ -5,18 +5,22 @@
 #
 # Usage (as root):
 #
-#   sudo bash tests/cluster/cluster.sh up DIR N [--rate R] [--delay D]
+#   sudo bash tests/cluster/cluster.sh up DIR N [--rate R] [--burst B] [--delay D]
 #   sudo bash tests/cluster/cluster.sh run DIR --venv V --mpi openmpi|mpich
 #            (--ppn K | --ranks K0,K1,...) [--placement block|round-robin|rankfile:FILE]
 #            [--np NP] -- COMMAND ...
 #   sudo bash tests/cluster/cluster.sh exec DIR NODE COMMAND ...
 #   sudo bash tests/cluster/cluster.sh links DIR
 #   sudo bash tests/cluster/cluster.sh down DIR
-#   sudo bash tests/cluster/cluster.sh with N [--rate R] -- COMMAND ...
+#   sudo bash tests/cluster/cluster.sh with N [--rate R] [--burst B] -- COMMAND ...
 #
 #   up      makes N nodes node0..node<N-1> and records them in DIR (a new or
 #           empty directory); R is a tc rate ("1gbit", default; "0": not
-#           shaped), D a delay ("2ms"; needs netem, skipped with a message
+#           shaped), B the token bucket in bytes (default: 4 ms of R, at
+#           least 128 KiB, so a message of a few tens of KiB passes at the
+#           veth's speed; a small B, e.g. 3100, serializes every packet at R,
+#           which costs a softirq per packet: fine at 100mbit on 2 cores, not
+#           at 1gbit), D a delay ("2ms"; needs netem, skipped with a message
 #           when the kernel has none).
 #   run     launches COMMAND under the MPI of the virtual environment V from
 #           node0 (the command and V are seen at the same paths on every node)
@@ -110,12 +114,15 @@ node_index() {  # node_index NAME|NUMBER -> k
 
 # ---------------------------------------------------------------- up / down
 cmd_up() {
-    local dir=${1:-} n=${2:-} rate=1gbit delay=""
-    [ -n "$dir" ] && [ -n "$n" ] || die "usage: up DIR N [--rate R] [--delay D]"
+    local dir=${1:-} n=${2:-} rate=1gbit burst="" delay=""
+    [ -n "$dir" ] && [ -n "$n" ] || die "usage: up DIR N [--rate R] [--burst B] [--delay D]"
     shift 2
     while [ $# -gt 0 ]; do
         case $1 in
             --rate) rate=$2; shift 2 ;;
+            --burst) burst=$2; shift 2
+                [[ "$burst" =~ ^[0-9]+$ ]] && [ "$burst" -ge 1600 ] ||
+                    die "up: --burst: expected bytes >= 1600 (one full-size packet), got $burst" ;;
             --delay) delay=$2; shift 2 ;;
             *) die "up: unknown option $1" ;;
         esac
@@ -136,6 +143,7 @@ cmd_up() {
 NODES=$n
 ID=$id
 RATE=$rate
+BURST=$burst
 EOF
     mkdir -p "$DIR/tmp"
     { echo "127.0.0.1 localhost"
@@ -156,8 +164,8 @@ EOF
         ip -n "$br" link set "p$k" master br0
         ip -n "$br" link set "p$k" up
         if [ "$rate" != 0 ]; then
-            shape "$ns" "$IFACE" "$rate" "$delay"
-            shape "$br" "p$k" "$rate" "$delay"
+            shape "$ns" "$IFACE" "$rate" "$delay" "$burst"
+            shape "$br" "p$k" "$rate" "$delay" "$burst"
         fi
         # The holder: UTS + mount namespaces inside the network namespace.
         # `ip netns exec` mounts the namespace's own /sys (so the node sees
@@ -185,15 +193,17 @@ EOF
         done
     done
     write_agent
-    say "up: $n nodes in $DIR (rate ${rate}, id $id) in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a}') s"
+    say "up: $n nodes in $DIR (rate ${rate}${burst:+, burst $burst B}, id $id) in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b-a}') s"
 }
 
-shape() {  # shape NS DEV RATE DELAY: tbf (and netem when asked and available)
-    local ns=$1 dev=$2 rate=$3 delay=$4 bits burst
+shape() {  # shape NS DEV RATE DELAY [BURST]: tbf (and netem when asked and available)
+    local ns=$1 dev=$2 rate=$3 delay=$4 burst=${5:-} bits
     bits=$(tc_bits "$rate")
-    # burst: at least one 4 ms timer tick of traffic, and a GSO packet (64 KiB).
-    burst=$(( bits / 8 / 250 ))
-    [ "$burst" -ge 131072 ] || burst=131072
+    if [ -z "$burst" ]; then
+        # At least one 4 ms timer tick of traffic, and a GSO packet (64 KiB).
+        burst=$(( bits / 8 / 250 ))
+        [ "$burst" -ge 131072 ] || burst=131072
+    fi
     if [ -n "$delay" ]; then
         if ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: netem delay "$delay" 2>/dev/null; then
             ip netns exec "$ns" tc qdisc add dev "$dev" parent 1: handle 2: tbf rate "$rate" \
@@ -416,7 +426,7 @@ cmd_with() {
     local n=${1:-}; shift || true
     local -a upargs=()
     while [ $# -gt 0 ] && [ "$1" != -- ]; do upargs+=("$1"); shift; done
-    [ "${1:-}" = -- ] || die "usage: with N [--rate R] -- COMMAND"
+    [ "${1:-}" = -- ] || die "usage: with N [--rate R] [--burst B] -- COMMAND"
     shift
     local d; d=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-cluster.XXXXXX")
     # shellcheck disable=SC2064
