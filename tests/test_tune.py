@@ -569,3 +569,49 @@ def test_the_node_piece_comes_from_the_tuning_unless_set(tuning_env, monkeypatch
             np.testing.assert_array_equal(mpicoll.allreduce(x, comm=comm), ref)
         finally:
             comm.Free()
+
+
+@pytest.mark.local
+def test_the_cluster_table_sets_the_model_beside_the_runs(tmp_path, capsys):
+    """tests/cluster/across_nodes.py --model prints the cost model's prediction over each
+    forced algorithm's measured time, by size, with the model of the tuning file's measured
+    entry with the most nodes (not a predicted one, not the one-node one), and counts the
+    cells within 20 %."""
+    import importlib.util
+
+    from mpicoll.tools import costmodel
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster", "across_nodes.py")
+    spec = importlib.util.spec_from_file_location("across_nodes", path)
+    across = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(across)
+
+    sizes = [1 << k for k in range(3, 25)]
+
+    def entry(nodes, rate, source="measured"):
+        curve = {"bytes": sizes, "us": [20 + b / rate * 1e6 for b in sizes]}
+        return {"source": source, "ranks": [2, 2], "nodes": [nodes, nodes],
+                "measured": {"ranks": 2, "nodes": nodes}, "p2p": {"inter": curve},
+                "model": {"reduce_s_per_byte": 1e-10, "call_s": 1e-5, "op_s": 2e-7}}
+    used = entry(2, 12.5e6)  # 100 Mbit/s; the others ten times faster
+    tuning = tmp_path / "tune.json"
+    tuning.write_text(json.dumps({"entries": [entry(1, 125e6), used,
+                                              entry(4, 125e6, source="model")]}))
+    model = costmodel.Model.from_entry(used)
+    recs = []
+    for algo, slower in (("ring", 1.0), ("direct", 1.5), ("auto", 1.0)):
+        ran = "ring" if algo == "auto" else algo
+        t = model.predict("allreduce", ran, 1 << 20, 4, 1, 4)
+        recs.append({"collective": "allreduce", "algorithm": algo, "selected": ran,
+                     "nranks": 4, "dtype": "float32", "bytes": 1 << 20,
+                     "time_us": t * slower * 1e6, "builtin_time_us": t * 1e6,
+                     "wrong": 0, "builtin_wrong": 0})
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(recs))
+    args = ["--nodes", "0,1,2,3", "--rate", "100mbit", "--model", str(tuning), str(bench)]
+    assert across.main(args) == 0
+    out = capsys.readouterr().out
+    assert "measured at 2 ranks on 2 node(s)), predicting 4 ranks, 1 per node" in out, out
+    assert "| ring | 1.00 |" in out and "| direct | 0.67 |" in out, out
+    assert "within 20 %: 1 of 2 cells" in out, out
+    with pytest.raises(SystemExit, match="node by node"):
+        across.main(["--nodes", "0,1,0,1", "--model", str(tuning), str(bench)])

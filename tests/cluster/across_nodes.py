@@ -12,6 +12,11 @@ engine builds it, with this layout's ring order) divided by the link rate:
 what the node link alone costs, without latency, the reductions or the
 intra-node copies.  The built-in is measured once per row; its median over the
 rows of one size and collective is what "auto" is compared with.
+
+``--model TUNING.json`` adds, per collective, the cost model's prediction over
+the measured time of every forced algorithm by size (the model of the tuning
+file's measured entry with the most nodes, ``mpicoll.tools.costmodel``, at the
+runs' rank count and ranks per node), and how many cells are within 20 %.
 """
 from __future__ import annotations
 
@@ -55,6 +60,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", required=True, help="node of every rank, e.g. 0,0,1,1")
     p.add_argument("--rate", default="1gbit", help="link rate each way (tc's form; default 1gbit)")
+    p.add_argument("--model", metavar="TUNING.json",
+                   help="also print the cost model's predicted / measured time per algorithm")
     p.add_argument("runs", nargs="+", metavar="RUN.json")
     a = p.parse_args(argv)
     nodes = tuple(int(x) for x in a.nodes.split(","))
@@ -100,8 +107,66 @@ def main(argv=None) -> int:
         for name in dict.fromkeys(n for x in algos for n in per_algo[(c, x)]):
             print(f"| {name} | " + " | ".join(
                 ", ".join(f"{v:.2f}" for v in per_algo[(c, x)].get(name, [])) for x in algos) + " |")
+    if a.model:
+        model_table(a.model, nodes, a.runs)
     print(f"\nwrong elements (mpicoll and built-in, every record): {wrong}")
     return 0 if wrong == 0 else 1
+
+
+def model_table(path: str, nodes: tuple, runs: list) -> None:
+    """Predicted / measured, per collective: a row per algorithm, a column per size, one value
+    per run."""
+    from mpicoll.tools import costmodel
+    from mpicoll.tools.bench import DTYPES
+
+    with open(path) as f:
+        entries = [e for e in json.load(f)["entries"] if e.get("source", "measured") == "measured"]
+    if not entries:
+        raise SystemExit(f"{path}: no measured entry")
+    entry = max(entries, key=lambda e: e["measured"]["nodes"])
+    model = costmodel.Model.from_entry(entry)
+    nranks = len(nodes)
+    ppn = max(nodes.count(k) for k in set(nodes))
+    if nodes != tuple(sorted(nodes)) or any(nodes.count(k) != ppn for k in set(nodes)):
+        raise SystemExit("--model: the model places ranks node by node, ppn each; "
+                         f"--nodes {','.join(map(str, nodes))} is not such a layout")
+    cells: dict = {}  # (collective, algorithm) -> {size: [ratio per run]}
+    for run in runs:
+        with open(run) as f:
+            for r in json.load(f):
+                if r["algorithm"] == "auto":
+                    continue
+                itemsize = DTYPES[r["dtype"]].itemsize
+                t = model.predict(r["collective"], r["algorithm"], r["bytes"], nranks, ppn,
+                                  itemsize)
+                cells.setdefault((r["collective"], r["algorithm"]), {}).setdefault(
+                    r["bytes"], []).append(t / (r["time_us"] * 1e-6))
+    m = entry["measured"]
+    print(f"\npredicted / measured: the model of {path} (measured at {m['ranks']} ranks on "
+          f"{m['nodes']} node(s)), predicting {nranks} ranks, {ppn} per node")
+    inside = total = 0
+    for c in COLLECTIVES:
+        algos = [x for x in _select.ALGORITHMS[c] if (c, x) in cells]
+        if not algos:
+            continue
+        sizes = sorted({s for x in algos for s in cells[(c, x)]})
+        print(f"\n| {c} | " + " | ".join(_size(s) for s in sizes) + " |")
+        print("|---|" + "---|" * len(sizes))
+        for x in algos:
+            row = cells[(c, x)]
+            print(f"| {x} | " + " | ".join(
+                ", ".join(f"{v:.2f}" for v in row.get(s, [])) for s in sizes) + " |")
+            for vs in row.values():
+                inside += sum(0.8 <= v <= 1.2 for v in vs)
+                total += len(vs)
+    print(f"\nwithin 20 %: {inside} of {total} cells")
+
+
+def _size(nbytes: int) -> str:
+    for shift, unit in ((20, "MiB"), (10, "KiB")):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
 
 
 if __name__ == "__main__":
