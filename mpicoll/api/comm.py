@@ -116,21 +116,26 @@ class Comm(MPI.Intracomm):
         algorithm = self._algorithm  # (as forced; resolved on the slow path)
         if _plan.repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm):
             return
-        key = _plan.key(sendbuf, recvbuf, op, algorithm)
-        args = _args.Allreduce(self, sendbuf, recvbuf, op)
+        ran, s, r = _bare_repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm)
+        if ran:
+            return
+        key = _plan.key(s, r, op, algorithm)
+        args = _args.Allreduce(self, sendbuf, recvbuf, op)  # (the specs: errors name them)
         if not self._routed("allreduce", args):  # numerics
-            _collectives.run_allreduce(*args, memo=_memo("Comm.Allreduce", key, sendbuf, recvbuf,
-                                                         op))
+            _collectives.run_allreduce(*args, memo=_memo("Comm.Allreduce", key, s, r, op))
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
         algorithm = self._algorithm  # (as forced; resolved on the slow path)
         if _plan.repeat(self, "Comm.Allgather", sendbuf, recvbuf, algorithm):
             return
-        key = _plan.key(sendbuf, recvbuf, algorithm)
+        ran, s, r = _bare_repeat(self, "Comm.Allgather", sendbuf, recvbuf, algorithm)
+        if ran:
+            return
+        key = _plan.key(s, r, algorithm)
         args = _args.Allgather(self, sendbuf, recvbuf)
         if not self._routed("allgather", args):  # numerics
-            _collectives.run_allgather(*args, memo=_memo("Comm.Allgather", key, sendbuf, recvbuf))
+            _collectives.run_allgather(*args, memo=_memo("Comm.Allgather", key, s, r))
 
     def Allgatherv(self, sendbuf, recvbuf):
         """Gather ``counts[r]`` elements from each rank r into ``recvbuf``.
@@ -153,11 +158,15 @@ class Comm(MPI.Intracomm):
         algorithm = self._algorithm  # (as forced; resolved on the slow path)
         if _plan.repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op, algorithm):
             return
-        key = _plan.key(sendbuf, recvbuf, op, algorithm)
+        ran, s, r = _bare_repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op,
+                                 algorithm)
+        if ran:
+            return
+        key = _plan.key(s, r, op, algorithm)
         args = _args.Reduce_scatter_block(self, sendbuf, recvbuf, op)
         if not self._routed("reduce_scatter", args):  # numerics
             _collectives.run_reduce_scatter(
-                *args, memo=_memo("Comm.Reduce_scatter_block", key, sendbuf, recvbuf, op))
+                *args, memo=_memo("Comm.Reduce_scatter_block", key, s, r, op))
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
@@ -222,14 +231,15 @@ class Comm(MPI.Intracomm):
         ``validate()`` (an api.args call) and kept for the call's repeat if plain."""
         _requests.check_progress()
         algorithm = self._algorithm
-        operation = _plan.restart(self, name, sendbuf, recvbuf, op, algorithm)
+        s, r = _bare(sendbuf), _bare(recvbuf)  # (validate() reads the specs: errors name them)
+        operation = _plan.restart(self, name, s, r, op, algorithm)
         if operation is not None:
-            return _requests.Request(operation, (sendbuf, recvbuf))
+            return _requests.Request(operation, (s, r))
         args = validate()
         route = self._route(self._COLLECTIVE[start], args, True)  # numerics
         if route is not None:
             return _requests.Request(route.start(None), args[1:3], finish=route.finish)
-        memo = _memo(name, _plan.key(sendbuf, recvbuf, op, algorithm), sendbuf, recvbuf, op)
+        memo = _memo(name, _plan.key(s, r, op, algorithm), s, r, op)
         return _requests.Request(start(*args, memo=memo), (sendbuf, recvbuf))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
@@ -285,6 +295,34 @@ class Comm(MPI.Intracomm):
         """A persistent :meth:`Reduce_scatter` (MPI-4): inactive until ``Start()``."""
         return self._start(_requests.start_reduce_scatter,
                            _args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op), True)
+
+
+def _bare(spec):
+    """``spec``'s array where it is ``[array, T]`` (or a tuple) of a C-contiguous NumPy array
+    and T the datatype mpi4py gives that array anyway (core.types.natural_type): the same
+    message as the bare array (api.buffers.message makes one Msg of both, but for the
+    type's name in its errors, which is why validation still reads the spec), so the same
+    plan.  Anything else is returned as it is."""
+    if type(spec) in _PAIR and len(spec) == 2:
+        arr, datatype = spec
+        if type(arr) is np.ndarray and type(datatype) is MPI.Datatype \
+                and arr.flags.c_contiguous and datatype == _types.natural_type(arr.dtype):
+            return arr
+    return spec
+
+
+_PAIR = (list, tuple)
+
+
+def _bare_repeat(comm, name, sendbuf, recvbuf, *rest):
+    """After a plan's miss: (whether the plan of the bare form of ``[array, T]`` specs ran,
+    sendbuf, recvbuf in that form).  A spec is a new list at every call, so only its array
+    can be the plan's (mpi4py users write ``comm.Allreduce([x, MPI.DOUBLE], [y,
+    MPI.DOUBLE])``: it took the general path at every call, 35 against 1 us at 16 B)."""
+    s, r = _bare(sendbuf), _bare(recvbuf)
+    if s is sendbuf and r is recvbuf:
+        return False, s, r
+    return _plan.repeat(comm, name, s, r, *rest), s, r
 
 
 def _memo(name, key, sendbuf, recvbuf, op=None):

@@ -27,7 +27,10 @@ A hit is valid by construction
     call).  ``mpicoll.Comm``'s forms take a C-contiguous buffer as its flat
     memory, whatever its shape: for them the signature is the dtype, C
     contiguity and writeability, which is what their validation reads (and
-    the cheapest to compare, see docs/performance.md).
+    the cheapest to compare, see docs/performance.md).  They pass a spec
+    ``[array, T]`` whose T is the datatype the array has anyway as the bare
+    array (the same message; a spec is a new list at every call, so it could
+    never be a plan's object), and any other spec takes the general path.
 
 It holds no user memory
     A plan's steps see the user's arrays through views made from their
