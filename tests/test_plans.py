@@ -150,6 +150,46 @@ def test_a_spec_of_the_arrays_own_datatype_runs_its_plan(monkeypatch):
 
 
 @pytest.mark.timeout(60)
+def test_calls_alternating_ops_or_algorithms_on_the_same_arrays_each_keep_a_plan(monkeypatch):
+    """A plan's place was its function and arrays alone: a call with another op or algorithm
+    on the same arrays forgot the other's plan, so calls alternating them validated at every
+    call.  Now each has its own plan (blocking and non-blocking, both APIs); results exact."""
+    comm = WORLD.Dup()
+    try:
+        mc = mpicoll.Comm(comm)
+        checks = _util.spy(monkeypatch, _args, ["Allreduce", "allreduce", "allgather"])
+        x = (np.arange(7 * WORLD.size) % 5 + WORLD.rank).astype(np.float64)
+        y = np.empty_like(x)
+        ag = np.empty(len(x) * WORLD.size)
+        want = {name: np.empty_like(x) for name in ("SUM", "MAX")}
+        for name, w in want.items():
+            WORLD.Allreduce(x, w, getattr(MPI, name))
+        want_ag = np.empty_like(ag)
+        WORLD.Allgather(x, want_ag)
+        calls = [
+            (lambda: mc.Allreduce(x, y, MPI.SUM), y, want["SUM"]),
+            (lambda: mc.Allreduce(x, y, MPI.MAX), y, want["MAX"]),
+            (lambda: mpicoll.allreduce(x, MPI.MAX, comm=comm, out=y), y, want["MAX"]),
+            (lambda: mpicoll.allreduce(x, MPI.SUM, comm=comm, out=y, algorithm="ring"), y,
+             want["SUM"]),
+            (lambda: mpicoll.allreduce(x, MPI.SUM, comm=comm, out=y), y, want["SUM"]),
+            (lambda: mpicoll.allgather(x, comm=comm, out=ag, algorithm="ring"), ag, want_ag),
+            (lambda: mpicoll.allgather(x, comm=comm, out=ag), ag, want_ag),
+            (lambda: mc.Iallreduce(x, y, MPI.SUM).Wait(), y, want["SUM"]),
+            (lambda: mc.Iallreduce(x, y, MPI.MAX).Wait(), y, want["MAX"]),
+        ]
+        for rnd in range(3):
+            before = len(checks)
+            for call, got, w in calls:
+                got.fill(-1)
+                call()
+                np.testing.assert_array_equal(got, w)
+            assert len(checks) - before == (len(calls) if rnd == 0 else 0), rnd
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(60)
 def test_plan_hits_and_persistent_starts_warn_for_no_op():
     """Every predefined op runs from a plan and a persistent program without a warning
     (NumPy 2.4 deprecates a positional output for maximum and minimum; the compiled

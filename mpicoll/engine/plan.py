@@ -380,11 +380,25 @@ def latest(ctx, name: str):
     return None
 
 
-def _slot(name, comm, a, b) -> tuple:
-    """Where the plan of ``name`` called on ``comm`` with ``a``, ``b`` is kept in its
-    context's tables: by object identity, which the plan's weak references prove on a hit
-    (an object's id is not reused while the plan that refers to it lives)."""
-    return (name, id(comm), id(a), id(b))
+def _slot(name, comm, a, b, c, d) -> tuple:
+    """Where the plan of ``name`` called on ``comm`` with ``a``, ``b``, ``c``, ``d`` is kept
+    in its context's tables: the communicator and arrays by object identity, which the
+    plan's weak references prove on a hit (an object's id is not reused while the plan that
+    refers to it lives), the op and the algorithm by value.  So calls that alternate ops or
+    algorithms on the same arrays each repeat their own plan (one slot for all of them
+    forgot and validated again at every call: 211 against 66 us for a 1 MiB AllGather
+    alternating ``algorithm="ring"`` and ``"auto"``); :meth:`Plan.matches` still proves
+    every field."""
+    return (name, id(comm), id(a), id(b), _value(c), _value(d))
+
+
+def _value(v):
+    """A hashable value of an op or algorithm argument (an MPI.Op is not hashable)."""
+    if v is None or type(v) is str:
+        return v
+    if type(v) is MPI.Op:
+        return ("op", v.py2f())
+    return ("id", id(v))
 
 
 def key(a, b, c=None, d=None, t=None) -> tuple:
@@ -403,7 +417,7 @@ def _repeat(comm, name: str, a, b, c=None, d=None, t=None) -> bool:
         plans = _plans_of(comm)
         if not plans:
             return False
-        key = _slot(name, comm, a, b)
+        key = _slot(name, comm, a, b, c, d)
         plan = plans.get(key)
         if plan is None:
             return False
@@ -464,7 +478,7 @@ def keep(ctx, comm, memo: tuple, run) -> None:
     plan on ``ctx``, keyed by its function and argument objects (the plan's weak references
     prove a hit): calls alternating between arrays (gradient buckets) each repeat theirs."""
     name, args = memo[0], memo[1]
-    key = _slot(name, comm, args[0], args[1])
+    key = _slot(name, comm, *args[:4])
     plans = ctx.plans
     old = plans.pop(key, None)
     if old is not None:
@@ -490,7 +504,7 @@ def keep(ctx, comm, memo: tuple, run) -> None:
 def keep_started(ctx, comm, memo: tuple, run) -> None:
     """Keep the plain non-blocking call ``memo`` (started from ``run``) for its repeat."""
     name, args = memo[0], memo[1]
-    key = _slot(name, comm, args[0], args[1])
+    key = _slot(name, comm, *args[:4])
     old = ctx.kept.pop(key, None)
     if old is not None:
         old.release()
@@ -513,7 +527,7 @@ def restart(comm, name: str, a, b, c=None, d=None, t=None):
     kept = getattr(ctx, "kept", None)
     if not kept:
         return None
-    key = _slot(name, comm, a, b)
+    key = _slot(name, comm, a, b, c, d)
     plan = kept.get(key)
     if plan is None or not plan.matches(comm, a, b, c, d, t):
         return None
