@@ -37,17 +37,12 @@ venv=$(cd "$venv" && pwd)
 out=${3:-$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-model.XXXXXX")}
 mkdir -p "$out"; out=$(cd "$out" && pwd)
 rate=${MODEL_RATE:-100mbit} burst=${MODEL_BURST:-3100}
-dir=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-cluster.XXXXXX")
-cleanup() {
-    bash "$HERE/cluster.sh" down "$dir" || true
-    rmdir "$dir" 2>/dev/null || true
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-bash "$HERE/cluster.sh" up "$dir" 4 --rate "$rate" --burst "$burst"
+if [ -z "${CLUSTER_DIR:-}" ]; then  # the cluster: up, this script in it, down on every exit
+    exec bash "$HERE/cluster.sh" with 4 --rate "$rate" --burst "$burst" -- \
+        bash "${BASH_SOURCE[0]}" "$venv" "$mpi" "$out"
+fi
 cd "$ROOT"
-run() { bash "$HERE/cluster.sh" run "$dir" --venv "$venv" --mpi "$mpi" "$@"; }
+run() { bash "$HERE/cluster.sh" run "$CLUSTER_DIR" --venv "$venv" --mpi "$mpi" "$@"; }
 env_=(env PYTHONPATH="$ROOT" MPICOLL_TUNING=off)
 t0=$(date +%s)
 run --np 2 --ppn 1 -- "${env_[@]}" "$venv/bin/python" -m mpicoll.tune --quick --no-segments \
