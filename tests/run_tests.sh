@@ -140,32 +140,9 @@ else
     echo "      beside them plain pytest (local)), pytest at ${rest[*]:-no other} rank(s) (mpi)"
 fi
 
-# Add up the per-rank outcome files "$1.<rank>" of a pytest run over "$2" ranks.
-#   prints "passed failed skipped problem" (problem: why the run counts as failed, or "")
-tally() {
-    local prefix=$1 nranks=$2 rc=$3 r line p f e s x passed=0 failed=0 skipped=0 problem=""
-    for ((r = 0; r < nranks; r++)); do
-        if [ ! -s "$prefix.$r" ]; then
-            problem="rank $r did not finish (exit status $rc)"
-            continue
-        fi
-        line=$(cat "$prefix.$r")
-        p=$(sed -E 's/(^|.* )passed=([0-9]+).*/\2/' <<<"$line")
-        f=$(sed -E 's/(^|.* )failed=([0-9]+).*/\2/' <<<"$line")
-        e=$(sed -E 's/(^|.* )error=([0-9]+).*/\2/' <<<"$line")
-        s=$(sed -E 's/(^|.* )skipped=([0-9]+).*/\2/' <<<"$line")
-        x=$(sed -E 's/(^|.* )exit=([0-9]+).*/\2/' <<<"$line")
-        if [ "$r" = 0 ]; then passed=$p; skipped=$s; fi
-        if ((f + e > failed)); then failed=$((f + e)); fi
-        if [ "$x" != 0 ] && [ "$x" != 5 ] && ((f + e == 0)) && [ -z "$problem" ]; then
-            problem="rank $r: pytest exit status $x"
-        fi
-    done
-    if [ -z "$problem" ] && [ "$rc" != 0 ] && [ "$rc" != 5 ] && ((failed == 0)); then
-        problem="launcher exit status $rc"
-    fi
-    echo "$passed $failed $skipped $problem"
-}
+# pytest_outcome PREFIX NRANKS RC: the per-rank outcome files of one run, added up
+# shellcheck source=tests/outcome.sh
+source tests/outcome.sh
 
 # start_pytest LABEL NRANKS (0: plain pytest) PYTEST-ARGS...: run one pytest run, under the
 # outer timeout; its exit status and seconds go to $logdir/LABEL.rc and .secs for account.
@@ -201,7 +178,7 @@ account() {
     local label=$1 nranks=$2
     local prefix="$logdir/$label" rc result passed failed skipped problem
     rc=$(cat "$prefix.rc" 2>/dev/null || echo "none")
-    result=$(tally "$prefix" "$((nranks > 0 ? nranks : 1))" "$rc")
+    result=$(pytest_outcome "$prefix" "$((nranks > 0 ? nranks : 1))" "$rc")
     read -r passed failed skipped problem <<<"$result"
     if [ -n "$problem" ] && ((failed == 0)); then failed=1; fi
     total_passed=$((total_passed + passed))

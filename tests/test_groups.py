@@ -1,10 +1,13 @@
-"""conftest.py's --group selection: each group keeps exactly its tests, and says no to a bad name.
+"""conftest.py's --group selection and outcome files: each group keeps exactly its tests, says no
+to a bad name, and a run's per-rank outcome lines add up (tests/outcome.sh).
 
-Local tests: each starts one plain ``pytest --collect-only`` (a singleton rank).
+Local tests: each starts one plain ``pytest`` (``--collect-only``, but for the outcome test), a
+singleton rank.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -65,3 +68,43 @@ def test_unknown_group_is_refused():
     rc, _, out = collect("--group", "local,everything", "tests/test_cuda_detect.py")
     assert rc != 0
     assert "--group: expected some of local, mpi, launch, torch, got 'everything'" in out
+
+
+def outcome(prefix: Path, nranks: int, rc: int = 0) -> list[str]:
+    """tests/outcome.sh's ``pytest_outcome PREFIX NRANKS RC``, split: passed failed skipped problem."""
+    res = subprocess.run(["bash", "-c", 'source tests/outcome.sh && pytest_outcome "$@"', "bash",
+                          str(prefix), str(nranks), str(rc)],
+                         cwd=TESTS.parent, capture_output=True, text=True, timeout=60, check=True)
+    parts = res.stdout.rstrip("\n").split(" ", 3)
+    return parts + [""] * (4 - len(parts))
+
+
+def test_each_ranks_outcome_file_counts_not_the_shared_log(tmp_path):
+    """The counts of an MPI pytest run come from conftest.py's per-rank files.
+
+    Under a launcher both ranks' summary lines go to one output and once landed on one line
+    ("686 passed in 25.70s686 passed in 25.69s"): .ci/run read two numbers there and dropped
+    the run's 686 from its total.  The files cannot interleave.
+    """
+    prefix = tmp_path / "run"
+    env = dict(os.environ, MPICOLL_TEST_SUMMARY=str(prefix))
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--group", "local", "tests/test_topology.py"],
+                         cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    ran = int(re.search(r"(\d+) passed", res.stdout).group(1))
+    assert ran > 0
+    assert outcome(prefix, 1) == [str(ran), "0", "0", ""]
+
+    # a second rank: rank 0's passed count, the most failures any rank saw
+    line = (prefix.with_name("run.0")).read_text()
+    (tmp_path / "run.1").write_text(line.replace(" failed=0 ", " failed=2 ").replace("exit=0", "exit=1"))
+    assert outcome(prefix, 2) == [str(ran), "2", "0", ""]
+    # a rank that wrote nothing, or a line that is not one (two interleaved), did not finish
+    (tmp_path / "run.1").unlink()
+    assert outcome(prefix, 2, 137) == [str(ran), "0", "0", "rank 1 did not finish (exit status 137)"]
+    (tmp_path / "run.1").write_text(line.rstrip("\n") + line)
+    assert outcome(prefix, 2)[3] == "rank 1 did not finish (exit status 0)"
+    # every rank finished clean, but the launcher failed: the run fails
+    (tmp_path / "run.1").write_text(line)
+    assert outcome(prefix, 2, 1) == [str(ran), "0", "0", "launcher exit status 1"]
