@@ -30,7 +30,7 @@ import pytest
 from mpi4py import MPI
 from support import schedsim as sim
 
-from mpicoll.algorithms import bruck, direct, halving, hierarchical, recursive, ring
+from mpicoll.algorithms import bruck, direct, halving, hierarchical, recursive, ring, schedule
 from mpicoll.algorithms.schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Send, Wait
 from mpicoll.engine import select as _select
 
@@ -236,18 +236,29 @@ def test_recursive_on_node_layouts(collective, build):
 @pytest.mark.parametrize("collective,algorithm,build", BUILDERS,
                          ids=[f"{c}-{a}" for c, a, _ in BUILDERS])
 def test_every_message_is_a_piece(collective, algorithm, build):
-    """No algorithm sends more than a piece in one message (the ring's AllGather: its pieces of
-    AG_SEGMENT_FACTOR segments): 6 ranks, uneven, segments of 8 elements."""
+    """No algorithm sends more than a piece in one message: 6 ranks on 3 nodes, uneven,
+    segments of 8 elements.  A piece to another node is a segment (the ring's AllGather: its
+    pieces of AG_SEGMENT_FACTOR segments); to a rank of the same node the pairwise schedules'
+    is LOCAL_PIECE_FACTOR segments (every piece a rendezvous of its own there), and the
+    schedules that cut one message into pieces (not the ring's segments, nor direct's, whose
+    blocks are cut alike for every rank) use it."""
     if WORLD.rank != 0:
         pytest.skip("single-process check, run on rank 0")
-    n, seg = 6, 8
+    n, seg, nodes = 6, 8, (0, 0, 0, 1, 1, 2)
     counts = ring.split(1001, n)[0]
-    most = seg * (ring.AG_SEGMENT_FACTOR if collective == "allgather" else 1)
+    across = seg * (ring.AG_SEGMENT_FACTOR if collective == "allgather" else 1)
+    inside = max(across, seg * schedule.LOCAL_PIECE_FACTOR)
+    largest = {True: 0, False: 0}  # same node: largest message
     for r in range(n):
         sh = sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
                        total=1001 if collective == "allreduce" else None, segment=seg,
-                       nodes=(0, 0, 0, 1, 1, 2))
-        assert max(o.region.count for o in build(sh).sends()) <= most, (algorithm, r)
+                       nodes=nodes)
+        for o in build(sh).sends():
+            same = nodes[o.peer] == nodes[r]
+            assert o.region.count <= (inside if same else across), (algorithm, r, o)
+            largest[same] = max(largest[same], o.region.count)
+    if algorithm not in ("ring", "direct", "hierarchical"):
+        assert largest[False] <= seg < largest[True], largest
 
 
 # --- the checks catch broken schedules ------------------------------------------------

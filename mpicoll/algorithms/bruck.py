@@ -27,7 +27,7 @@ def allgather_schedule(shape):
     """
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
-    b = PieceBuilder(shape.segment, shape.window)
+    b = PieceBuilder.of(shape)
     own = own_block(b, shape)
     # offset of position j in the rotated work buffer
     at = offsets(counts[(rank + j) % n] for j in range(n))

@@ -48,7 +48,7 @@ def reduce_scatter_schedule(shape):
     goes to a work buffer copied into ``DST`` once every send completed --
     unless this rank's own block is that start (rank 0's; no send reads it).
     """
-    b = PieceBuilder(shape.segment, shape.window)
+    b = PieceBuilder.of(shape)
     mine = shape.counts[shape.rank]
     acc = None
     if shape.in_place and mine and not _own_block_first(shape):
@@ -70,7 +70,7 @@ def allreduce_schedule(shape):
     n, p = shape.size, shape.rank
     counts, displs = split(shape.total, n)
     counts, displs = tuple(counts), tuple(displs)
-    b = PieceBuilder(shape.segment, shape.window)
+    b = PieceBuilder.of(shape)
     mine, own = counts[p], displs[p]
     home = Region(DST, own, own + mine)
     nseg = _nseg(b, counts)

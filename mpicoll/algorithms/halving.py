@@ -119,7 +119,7 @@ def reduce_scatter_schedule(shape):
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
     own, mine = displs[rank], counts[rank]
-    b = PieceBuilder(shape.segment, shape.window)
+    b = PieceBuilder.of(shape)
     if n == 1:
         if mine and not (shape.in_place and own == 0):
             if shape.in_place:  # own block moves down over itself: through a work buffer
@@ -203,7 +203,7 @@ def allreduce_schedule(shape):
     Across nodes ranks pair by ring position, largest exchange inside a node (see :func:`_ids`).
     """
     n, rank, N = shape.size, shape.rank, shape.total
-    b = PieceBuilder(shape.segment, shape.window)
+    b = PieceBuilder.of(shape)
     if n == 1 or N == 0:
         if N and not shape.in_place:
             b.copy(Region(DST, 0, N), Region(SRC, 0, N))

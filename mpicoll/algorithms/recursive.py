@@ -172,7 +172,7 @@ def _allreduce_into(b: Builder, n: int, rank: int, src: Region, dst: Region, in_
 def allreduce_schedule(shape):
     """Recursive doubling AllReduce of ``shape.total`` elements: SRC -> DST."""
     n, N = shape.size, shape.total
-    b = PieceBuilder(shape.segment, shape.window)
+    b = PieceBuilder.of(shape)
     if n == 1 or N == 0:
         if N and not shape.in_place:
             b.copy(Region(DST, 0, N), Region(SRC, 0, N))
@@ -192,7 +192,7 @@ def reduce_scatter_schedule(shape):
     n, rank = shape.size, shape.rank
     total = max((d + c for c, d in zip(shape.counts, shape.displs)), default=0)
     own, mine = shape.displs[rank], shape.counts[rank]
-    b = PieceBuilder(shape.segment, shape.window)
+    b = PieceBuilder.of(shape)
     if total == 0:
         return b.build(0)
     if n == 1 and not (shape.in_place and own):
@@ -228,7 +228,7 @@ def allgather_schedule(shape):
     """
     n, rank = shape.size, shape.rank
     counts, displs = shape.counts, shape.displs
-    b = PieceBuilder(shape.segment, shape.window)
+    b = PieceBuilder.of(shape)
     me, rank_of = ids(shape)
     pof2, rem, rounds, base = fold_steps(n)
     order = _same if rank_of is _same else (lambda q: bit_reversed(q, rounds))
