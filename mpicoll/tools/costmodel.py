@@ -20,7 +20,10 @@ The schedule of an algorithm (its builder, for any :class:`Shape`) gives
 every rank's messages: grouped by their label's (phase, step), a step costs
 the sum of its messages' exchange times to the same peer (the slowest peer
 when it has several), at the level of the link (a peer on another node:
-``inter``).  A rank's time is the sum of its steps, its reductions and its
+``inter``), and at least the exchange of every byte its node's ranks send to
+other nodes in that step (they share the node's link).  The schedules are
+built with the layout's node labels (ranks placed node by node), as a
+communicator's are.  A rank's time is the sum of its steps, its reductions and its
 operations' overhead; the algorithm's is the slowest rank's, over a sample
 of ranks that covers the node boundaries (ranks placed node by node).
 """
@@ -96,8 +99,10 @@ class Model:
         build = _select.builder(collective, algorithm)
         worst = (0.0, 0)
         for rank in sample_ranks(nranks, ppn):
-            sched = _schedule(build, collective, nbytes, nranks, rank, itemsize)
-            t, nops = self._rank_time(sched, rank, ppn, itemsize)
+            sched = _schedule(build, collective, nbytes, nranks, ppn, rank, itemsize)
+            first = rank // ppn * ppn
+            link = _node_link(build, collective, nbytes, nranks, ppn, first, itemsize)
+            t, nops = self._rank_time(sched, rank, ppn, itemsize, link)
             worst = max(worst, (t, nops))
         return worst
 
@@ -106,7 +111,7 @@ class Model:
         t, nops = self.parts(collective, algorithm, nbytes, nranks, ppn, itemsize)
         return t + self.call_s + self.op_s * nops
 
-    def _rank_time(self, sched, rank, ppn, itemsize):
+    def _rank_time(self, sched, rank, ppn, itemsize, link=None):
         # a tuning of one rank per node has no intra-node curve: every exchange it
         # measured crosses nodes, and a prediction that needs one assumes it as fast
         intra = self.curves.get("intra") or self.curves["inter"]
@@ -132,10 +137,13 @@ class Model:
             elif kind is Copy:
                 t += op.dst.count * itemsize * self.reduce_s_per_byte * 0.5
         # A step's messages to several peers overlap (the slowest peer), but those to other
-        # nodes share this rank's link: the step takes at least their bytes through one
-        # exchange (the direct schedule at 4 nodes x 1 was predicted 3x too fast without it).
-        # Ranks of one node sharing the node's link are not modelled.
-        t += sum(max(max(p.values()), inter(across[k]) if k in across else 0.0)
+        # nodes share the node's link with every message its other ranks send to other
+        # nodes in the same step (``link``: bytes per step, the node's ranks together): the
+        # step takes at least those bytes through one exchange.  (The direct schedule at
+        # 4 nodes x 1 was predicted 3x too fast without this rank's share; the hierarchical
+        # one at 2 nodes x 4 3.7x without its node's: its 4 lanes cross at once.)
+        link = across if link is None else link
+        t += sum(max(max(p.values()), inter(link.get(k, across[k])) if k in across else 0.0)
                  for k, p in steps.items())
         return t, len(sched.ops)
 
@@ -176,7 +184,12 @@ def sample_ranks(nranks: int, ppn: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _schedule(build, collective, nbytes, nranks, rank, itemsize):
+def _schedule(build, collective, nbytes, nranks, ppn, rank, itemsize):
+    """``rank``'s schedule of a call of ``nbytes`` as it runs with ranks placed node by node,
+    ``ppn`` per node: the node labels are part of the shape, since the schedules depend on
+    them (the hierarchical levels, pairing by ring position, the pieces to a rank of the
+    same node), and the ring order of block placement is the ranks' own."""
+    nodes = tuple(r // max(ppn, 1) for r in range(nranks))
     seg = max(1, _config.TABLE["segment_bytes"].default // itemsize)
     window = _config.TABLE["window"].default
     if collective == "allreduce":
@@ -188,8 +201,21 @@ def _schedule(build, collective, nbytes, nranks, rank, itemsize):
         displs = tuple(per * r for r in range(nranks))
         total = per * nranks
     shape = Shape(nranks, rank, tuple(range(nranks)), rank, total, counts, displs, seg, window,
-                  False, True)
+                  False, True, nodes)
     return build(shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _node_link(build, collective, nbytes, nranks, ppn, first, itemsize) -> dict:
+    """{(phase, step): bytes} the ranks of the node whose first rank is ``first`` send to
+    other nodes in each step, together (the load on that node's link)."""
+    link: dict = {}
+    for rank in range(first, min(first + ppn, nranks)):
+        for op in _schedule(build, collective, nbytes, nranks, ppn, rank, itemsize).ops:
+            if type(op) is Send and op.peer // ppn != rank // ppn:
+                key = (op.label.phase, op.label.step) if op.label is not None else None
+                link[key] = link.get(key, 0) + op.region.count * itemsize
+    return link
 
 
 def crossovers(model, collective, nranks, ppn, sizes, itemsize=8):

@@ -10,7 +10,11 @@
 #    and the overheads, not the segment search), on nodes 0 and 1;
 # 2. the benchmark at 4 nodes x 1 (`python -m mpicoll.bench -C
 #    allreduce,reduce_scatter -b 64K -e 4M -f 4 -a all -w 1 -n 5 --batch 1`)
-#    with the piece to another node the tuning chose;
+#    with the piece to another node the tuning chose; MODEL_LAYOUT=2x2: both
+#    at 2 nodes x 2 ranks instead (ranks node by node), where the ranks of a
+#    node share its link and the hierarchical algorithm runs (a tuning at one
+#    rank per node has no intra-node curve, and the model then prices an
+#    exchange inside a node as one across nodes);
 # 3. the table (tests/cluster/across_nodes.py --model): predicted / measured
 #    per algorithm and size, and how many cells are within 20 %.
 #
@@ -26,7 +30,7 @@
 #
 # OUTDIR (default a new temporary directory) keeps tune.json, tune.log,
 # bench.json, bench.log and table.md.  Takes about 7 minutes (Open MPI; MPICH 5) on the
-# 2-core VM: the tuning's sweep at 100 Mbit/s is most of it.
+# 2-core VM, 2x2 about 6 (MPICH 5): the tuning's sweep at 100 Mbit/s is most of it.
 # =============================================================================
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -36,26 +40,31 @@ venv=${1:-}; mpi=${2:-}
 venv=$(cd "$venv" && pwd)
 out=${3:-$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-model.XXXXXX")}
 mkdir -p "$out"; out=$(cd "$out" && pwd)
-rate=${MODEL_RATE:-100mbit} burst=${MODEL_BURST:-3100}
+rate=${MODEL_RATE:-100mbit} burst=${MODEL_BURST:-3100} layout=${MODEL_LAYOUT:-4x1}
+case "$layout" in
+    4x1) nodes=4 ppn=1 labels=0,1,2,3 tune_np=2 tune_ppn=1 ;;
+    2x2) nodes=2 ppn=2 labels=0,0,1,1 tune_np=4 tune_ppn=2 ;;
+    *) echo "model_check.sh: MODEL_LAYOUT: expected 4x1 or 2x2, got '$layout'" >&2; exit 2 ;;
+esac
 if [ -z "${CLUSTER_DIR:-}" ]; then  # the cluster: up, this script in it, down on every exit
-    exec bash "$HERE/cluster.sh" with 4 --rate "$rate" --burst "$burst" -- \
+    exec bash "$HERE/cluster.sh" with "$nodes" --rate "$rate" --burst "$burst" -- \
         bash "${BASH_SOURCE[0]}" "$venv" "$mpi" "$out"
 fi
 cd "$ROOT"
 run() { bash "$HERE/cluster.sh" run "$CLUSTER_DIR" --venv "$venv" --mpi "$mpi" "$@"; }
 env_=(env PYTHONPATH="$ROOT" MPICOLL_TUNING=off)
 t0=$(date +%s)
-run --np 2 --ppn 1 -- "${env_[@]}" "$venv/bin/python" -m mpicoll.tune --quick --no-segments \
+run --np "$tune_np" --ppn "$tune_ppn" -- "${env_[@]}" "$venv/bin/python" -m mpicoll.tune --quick --no-segments \
     -o "$out/tune.json" >"$out/tune.log" 2>&1
 piece=$("$venv/bin/python" -c "import json, sys; e = json.load(open(sys.argv[1]))['entries'][0]
 print(e.get('node_piece_bytes', ''))" "$out/tune.json")
-echo "model-check: tuned at 2 nodes x 1 in $(( $(date +%s) - t0 )) s; piece to another node ${piece:-the default}"
+echo "model-check: tuned at 2 nodes x $tune_ppn in $(( $(date +%s) - t0 )) s; piece to another node ${piece:-the default}"
 t0=$(date +%s)
-run --ppn 1 -- "${env_[@]}" ${piece:+MPICOLL_NODE_PIECE_BYTES=$piece} "$venv/bin/python" -m mpicoll.bench \
+run --ppn "$ppn" -- "${env_[@]}" ${piece:+MPICOLL_NODE_PIECE_BYTES=$piece} "$venv/bin/python" -m mpicoll.bench \
     -C allreduce,reduce_scatter -b 64K -e 4M -f 4 -a all -w 1 -n 5 --batch 1 -q \
     --json "$out/bench.json" >"$out/bench.log" 2>&1
-echo "model-check: bench at 4 nodes x 1 in $(( $(date +%s) - t0 )) s"
-"$venv/bin/python" "$HERE/across_nodes.py" --nodes 0,1,2,3 --rate "$rate" --model "$out/tune.json" \
+echo "model-check: bench at $nodes nodes x $ppn in $(( $(date +%s) - t0 )) s"
+"$venv/bin/python" "$HERE/across_nodes.py" --nodes "$labels" --rate "$rate" --model "$out/tune.json" \
     "$out/bench.json" >"$out/table.md"
 sed -n '/^predicted/,$p' "$out/table.md"
 echo "model-check: files in $out"
