@@ -140,8 +140,8 @@ class Model:
         # nodes share the node's link with every message its other ranks send to other
         # nodes in the same step (``link``: bytes per step, the node's ranks together): the
         # step takes at least those bytes through one exchange.  (The direct schedule at
-        # 4 nodes x 1 was predicted 3x too fast without this rank's share; the hierarchical
-        # one at 2 nodes x 4 3.7x without its node's: its 4 lanes cross at once.)
+        # 4 nodes x 1 was predicted 3x too fast without this rank's share; recursive doubling
+        # and direct at 2 nodes x 2 about 2x without the node's: both ranks cross at once.)
         link = across if link is None else link
         t += sum(max(max(p.values()), inter(link.get(k, across[k])) if k in across else 0.0)
                  for k, p in steps.items())
