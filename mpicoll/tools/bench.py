@@ -63,6 +63,15 @@ from . import results as _results
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
 
 # nccl-tests' bus bandwidth factors: busbw = algbw * factor(n)
+# The run's first size, when small, is warmed up with at least this many calls of each
+# implementation.  A new process's first few hundred small calls run slow (at 2 ranks on
+# MPICH, 8 B AllReduces: every third to fifth of the first 20 took 12-17 us against 4;
+# the median of the first 50 up to 1.5x the later ones'), so with 5 warm-up calls the
+# first cell of a run (8 B) took 1.5-2.3x the next size's time in 5 of 13 runs, with 100
+# in none of 9 (docs/performance.md).  Later sizes find the process warm.
+FIRST_WARMUP = 100
+FIRST_WARMUP_MAX_BYTES = 64 << 10
+
 BUSBW_FACTOR = {
     "allreduce": lambda n: 2 * (n - 1) / n,
     "allgather": lambda n: (n - 1) / n,
@@ -598,9 +607,17 @@ def check_case(comm, case, device, args, builtin: bool = True) -> tuple:
     return wrong, builtin_wrong
 
 
-def measure(comm, case, device, args, meta) -> dict:
+def first_warmup(warmup: int, nbytes: int) -> int:
+    """Warm-up calls of the run's first size (``warmup``: the option; 0 stays 0)."""
+    if warmup and nbytes <= FIRST_WARMUP_MAX_BYTES:
+        return max(warmup, FIRST_WARMUP)
+    return warmup
+
+
+def measure(comm, case, device, args, meta, warmup=None) -> dict:
     n = comm.size
-    t = time_variants(comm, case.variants, args.warmup_iters, args.iters, args.batch)
+    warmup = args.warmup_iters if warmup is None else warmup
+    t = time_variants(comm, case.variants, warmup, args.iters, args.batch)
     wrong = builtin_wrong = None
     if args.check:
         wrong, builtin_wrong = check_case(comm, case, device, args)
@@ -626,6 +643,7 @@ def measure(comm, case, device, args, meta) -> dict:
     else:
         rec["scratch_bytes"] = rec["peak_alloc_bytes"] = None
     rec.update(meta)
+    rec["warmup"] = warmup  # (the run's first size: first_warmup)
     return rec
 
 
@@ -714,7 +732,10 @@ class Table:
           f"host {platform.node()}\n")
         w(f"# ranks {comm.size} on {nodes} node(s), device {args.device}, api {args.api}, "
           f"date {meta['date']}\n")
-        w(f"# warm-up {args.warmup_iters} calls, timed {args.iters} calls of each implementation "
+        first = first_warmup(args.warmup_iters, args.minbytes)
+        w(f"# warm-up {args.warmup_iters} calls"
+          f"{f' (the first size: {first}, a new process runs slow)' if first != args.warmup_iters else ''}"
+          f", timed {args.iters} calls of each implementation "
           f"(batches of {args.batch}, interleaved, Barrier before each batch);\n"
           f"# time: median over calls of the slowest rank; busbw factors: allreduce 2(n-1)/n, "
           f"allgather and reduce_scatter (n-1)/n\n")
@@ -894,7 +915,8 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
             if root:
                 _progress(f"{collective} {algo} {human(nbytes)} ({done}/{total})", args.quiet)
             case = Case(comm, device, collective, algo, nbytes, args)
-            rec = measure(comm, case, device, args, meta)
+            warmup = first_warmup(args.warmup_iters, nbytes) if done == 1 else None
+            rec = measure(comm, case, device, args, meta, warmup)
             del case
             records.append(rec)
             if root:
