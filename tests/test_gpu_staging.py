@@ -91,7 +91,7 @@ def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
         pytest.skip("the ring forwards blocks only at 3 ranks or more")
     be = fakegpu.fake_backend(compute="lazy", copies="lazy")
     rt = be.rt
-    n = 1500  # elements per rank: several ring pieces of AG_SEGMENT_FACTOR * 256 bytes
+    n = 100  # elements per rank: several ring pieces of one 256-byte segment (staged)
     calls = 5
     problems = []
     with fakegpu.registered(be), mpicoll.options(cuda_aware=False, timeout=None):
@@ -113,7 +113,7 @@ def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
             log = rt.log[start:]
             copies = sum(1 for e in log if e == ("queue", d2h, "d2h"))
             sends = sum(1 for e in log if e[0] == "mpi isend")
-            seg = mpicoll.algorithms.ring.AG_SEGMENT_FACTOR * _context.context(comm).segment_bytes // 8
+            seg = _context.context(comm).segment_bytes // 8  # staged: pieces of a segment
             own = -(-counts[comm.rank] // seg)
             if copies != own:
                 problems.append(f"call {k}: {copies} device-to-host copies for {sends} sends; "

@@ -87,7 +87,8 @@ class _Layout:
     def ring_shape(self, s: Shape, total, counts, displs, in_place) -> Shape:
         """The Shape of this lane's ring across the ``k`` nodes (positions = node order)."""
         return Shape(self.k, self.node, tuple(range(self.k)), self.node, total, tuple(counts),
-                     tuple(displs), s.segment, s.window, in_place, s.commutative)
+                     tuple(displs), s.segment, s.window, in_place, s.commutative,
+                     staged=s.staged)
 
 
 def _cut(lo: int, n: int, seg: int):

@@ -93,7 +93,9 @@ def allgather_schedule(shape) -> Schedule:
 
     ``SRC`` is this rank's block, unless in place (already in ``DST``).
     Nothing is reduced on the way, so small segments only add messages: the
-    AllGather's segments are ``AG_SEGMENT_FACTOR`` times longer.
+    AllGather's segments are ``AG_SEGMENT_FACTOR`` times longer, unless every
+    message is staged through a host copy (``shape.staged``), where a segment
+    is what lets the copies overlap the transfers.
     """
     n, rank, p = shape.size, shape.rank, shape.ring_pos
     lo, size = shape.displs[rank], shape.counts[rank]
@@ -108,7 +110,7 @@ def allgather_schedule(shape) -> Schedule:
 
     mine = home(rank) if shape.in_place else Region(SRC, 0, size)
     ring = Ring(b, shape, _blocks_of(shape, home, lambda r: mine if r == rank else None),
-                "allgather", AG_SEGMENT_FACTOR * shape.segment)
+                "allgather", (1 if shape.staged else AG_SEGMENT_FACTOR) * shape.segment)
     ring.copy_send(p)                  # step 1: send my block (and put it in its place)
     for k in range(2, n):              # step k: block p-k+1 arrived in step k-1; keep it, send it
         ring.recv_copy_send(p - k + 1)

@@ -119,6 +119,11 @@ class Shape(NamedTuple):
     one node): only the hierarchical algorithms read it.  ``accumulate``: see
     :data:`Schedule.types`; only a schedule whose messages carry the call's
     type and whose reductions happen at one place can honour it (direct).
+    ``staged``: every message goes through a pinned host copy (device arrays
+    on the staging path, transport.staging), which stages a message whole: so
+    no message is longer than a segment, to any peer (the ring AllGather's
+    and the pieces inside a node included), and each copy overlaps the
+    transfers of the others and takes a pinned buffer of one segment.
     """
 
     size: int
@@ -136,6 +141,7 @@ class Shape(NamedTuple):
     # the type partial results are folded in where it is wider than the call's (a NumPy
     # dtype; None: the call's own), for the schedules that fold at the owner (direct)
     accumulate: object = None
+    staged: bool = False  # every message through a host copy: none longer than a segment
 
 
 class Schedule(NamedTuple):
@@ -279,10 +285,12 @@ class PieceBuilder(Builder):
 
     @classmethod
     def of(cls, shape) -> PieceBuilder:
-        """The builder of ``shape``: its segment and window, its node labels."""
+        """The builder of ``shape``: its segment and window, its node labels (a staged
+        shape's pieces are one segment to every peer: :class:`Shape`)."""
         nodes = shape.nodes
         local = tuple(x == nodes[shape.rank] for x in nodes) if nodes else ()
-        return cls(shape.segment, shape.window, local, LOCAL_PIECE_FACTOR * shape.segment)
+        factor = 1 if shape.staged else LOCAL_PIECE_FACTOR
+        return cls(shape.segment, shape.window, local, factor * shape.segment)
 
     def piece_for(self, peer: int) -> int:
         """Elements per piece of a message to or from ``peer``."""

@@ -37,7 +37,7 @@ class _Run:
                  "counts", "displs", "op", "red0", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "steps", "ch", "be", "red",
                  "stage", "program", "observed", "timed", "operation", "accumulate", "auto",
-                 "__weakref__")
+                 "staged", "__weakref__")
 
     def begin(self, operation) -> None:
         """Set ``operation`` up for one start (it has not sent anything yet)."""
@@ -181,6 +181,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run = _Run()
     run.name, run.ctx, run.collective, run.label, run.comm = name, ctx, collective, label, comm
     run.auto = algorithm == "auto"
+    run.staged = staged  # (its schedule's messages: at most a segment each, Shape.staged)
     run.build = _select.builder(collective, name)
     run.msg, run.total, run.counts, run.displs, run.op = msg, total, counts, displs, op
     run.red0, run.accumulate = red, accumulate
@@ -380,7 +381,7 @@ def _schedule(run, ctx, msg):
     shape = _executor.shape_of(ctx, run.total, counts, displs, itemsize, run.in_place,
                                commutative, run.accumulate,
                                ctx.segment_window(run.collective, run.name,
-                                                  run.total * itemsize, run.auto))
+                                                  run.total * itemsize, run.auto), run.staged)
     return ctx.schedule(run.collective, run.name, run.build, shape)
 
 

@@ -101,14 +101,15 @@ def tag_of(seq: int, tag_ub: int, persistent: bool = False) -> int:
 
 
 def shape_of(ctx, total, counts, displs, itemsize, in_place, commutative=True,
-             accumulate=None, segment_window=None) -> Shape:
+             accumulate=None, segment_window=None, staged=False) -> Shape:
     """The :class:`Shape` of a call on ``ctx`` (segment and window from its options, or
-    ``segment_window``: (segment bytes, window), see Context.segment_window)."""
+    ``segment_window``: (segment bytes, window), see Context.segment_window; ``staged``:
+    every message through a host copy, see Shape)."""
     seg_bytes, window = segment_window or (ctx.segment_bytes, ctx.window)
     seg = max(1, seg_bytes // max(itemsize, 1))
     return Shape(ctx.size, ctx.rank, tuple(ctx.ring), ctx.ring_pos, total, tuple(counts),
                  tuple(displs), seg, window, bool(in_place), commutative, ctx.nodes,
-                 accumulate)
+                 accumulate, bool(staged))
 
 
 # --- progress ----------------------------------------------------------------------------

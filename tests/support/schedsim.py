@@ -100,7 +100,7 @@ class Result(NamedTuple):
 
 def shape(collective, size, rank, counts=None, displs=None, total=None, ring=None,
           segment=1 << 17, window=2, in_place=False, commutative=True, nodes=(),
-          accumulate=None) -> Shape:
+          accumulate=None, staged=False) -> Shape:
     """The :class:`Shape` of one rank's call (counts/displs default to packed blocks).
 
     AllReduce: ``total`` elements (counts/displs become ``(total,)``/``(0,)``).
@@ -115,7 +115,7 @@ def shape(collective, size, rank, counts=None, displs=None, total=None, ring=Non
         displs = tuple(displs)
         total = sum(counts)
     return Shape(size, rank, ring, ring.index(rank), total, counts, displs, segment, window,
-                 in_place, commutative, tuple(nodes), accumulate)
+                 in_place, commutative, tuple(nodes), accumulate, staged)
 
 
 def bind(collective, sh: Shape, src, dst):
