@@ -126,6 +126,43 @@ def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_staged_messages_take_pinned_buffers_of_one_segment(collective):
+    """Every algorithm's messages on the staging path are one segment at most, so each
+    pinned buffer is a segment, and the ring's ("auto" there: its receives are windowed)
+    are a few segments in all, whatever the array.  The ring AllGather's pieces of
+    AG_SEGMENT_FACTOR segments and the pairwise schedules' pieces of LOCAL_PIECE_FACTOR
+    inside a node each took a pinned buffer of that size (on an H200, 56-75 MiB held for
+    16 MiB arrays with 1 MiB segments), copied whole before the send.  At 3 ranks and
+    more, in pieces this short, the pairwise schedules also deadlocked on the send
+    buffers (transport.staging's docstring); the timeout turns a hang into a failure."""
+    be = fakegpu.fake_backend()
+    rt = be.rt
+    c = WORLD.Dup()
+    ctx = _context.context(c)
+    ctx.segment_bytes = seg = 64 << 10  # _MIN_PINNED: a longer message needs a larger buffer
+    per_rank = (1 << 20) // 4 + 5  # float32 elements: 1 MiB and a little, 17 segments
+    n = per_rank if collective == "allgather" else per_rank * c.size
+    problems = []
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=False, timeout=60):
+        for algorithm in ["ring", *sorted(set(_select.ALGORITHMS[collective]) - {"ring"})]:
+            case = (n, None if collective == "allgather" else "SUM", "float32", "fn", False,
+                    algorithm)
+            problem = gpucases.RUNNERS[collective](c, _device(rt), case)
+            if problem:
+                problems.append(problem)
+            largest = max((len(b) for b in rt.pinned_buffers), default=0)
+            if largest > seg:
+                problems.append(f"{algorithm}: a pinned buffer of {largest} bytes > {seg}")
+            pool = be.staging_pool(ctx)
+            limit = (pool.max_send + pool.max_recv) * seg  # of one segment each
+            if algorithm == "ring" and pool.allocated > limit:
+                problems.append(f"ring: {pool.allocated} pinned bytes held > {limit}")
+    c.Free()
+    _util.assert_all(WORLD, not problems, "; ".join(problems[:4]))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_small_calls_staged_whole_once(comm, collective, in_place, monkeypatch):
     """Below STAGE_WHOLE_BYTES a staged call copies its array to the host once, runs the host

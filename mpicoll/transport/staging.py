@@ -30,10 +30,17 @@ Stream contract
         receiver         Irecv k into pinned ── done ── H2D k on the H2D stream ──ev──┐
         compute stream   ............................................. wait ev ── reduce k
 
-    Sends are handed to MPI in the order the algorithm issued them (MPI's
-    non-overtaking rule then matches them as on the host).  At most
-    ``max_send`` send buffers are in use per context; further sends wait in a
-    queue, which every channel call advances, so no call blocks on a buffer.
+    Sends to a peer are handed to MPI in the order the algorithm issued them
+    (MPI's non-overtaking rule then matches them as on the host).  At most
+    ``max_send`` send buffers are in use per destination; further sends to it
+    wait in its queue, which every channel call advances, so no call blocks on
+    a buffer.  The queues are per destination because a send handed to MPI
+    may complete only once its receiver has posted the receive, and a
+    receiver may first wait for what a third rank sends: with one queue for
+    all peers, a rank whose buffers all held sends to one peer could not send
+    to another, and the direct ReduceScatter at 3 ranks, in pieces, waited for
+    ever (every rank's first peer waited on its second).  Per destination,
+    each peer's sends wait only for that peer's receives, as on a ring link.
     A receive buffer is reused only after its host-to-device copy has run.
 """
 
@@ -109,8 +116,9 @@ class DirectChannel:
 class StagingPool:
     """Pinned host buffers and copy streams of one context on one device.
 
-    Send buffers: at most ``max_send``, each grown to the largest message it
-    carried.  Receive buffers: as many as receives are outstanding at once (the
+    Send buffers: at most ``max_send`` in use per destination of a call
+    (:class:`StagingChannel` keeps the count), each grown to the largest
+    message it carried.  Receive buffers: as many as receives are outstanding at once (the
     algorithms keep a small window), each remembering the host-to-device copy
     that still reads it.
     """
@@ -151,13 +159,11 @@ class StagingPool:
         return buf
 
     def take_send(self, nbytes):
-        """A free send buffer of at least ``nbytes``, or None when all are in use."""
+        """A free send buffer of at least ``nbytes``, else a new one."""
         if self._send_free:
             return self._fit(self._send_free.pop(), nbytes)
-        if self._send_count < self.max_send:
-            self._send_count += 1
-            return self._alloc(nbytes)
-        return None
+        self._send_count += 1
+        return self._alloc(nbytes)
 
     def give_send(self, buf):
         self._send_free.append(buf)
@@ -248,7 +254,8 @@ class StagingChannel:
         self.backend = backend
         self.pool = pool
         self.stream = stream
-        self._queue: deque = deque()  # sends QUEUED or COPYING, in isend order
+        self._queues: dict = {}       # destination -> its sends QUEUED or COPYING, in isend order
+        self._held: dict = {}         # destination -> send buffers its sends hold
         self._posted: list = []       # sends handed to MPI, not yet complete
         self._recvs: list = []        # receives not yet copied to the device
         self._landed: list = []       # _Landed buffers, oldest first (see forget())
@@ -270,7 +277,10 @@ class StagingChannel:
             send.state = COPYING
         else:
             send.ready = self.rt.record(self.stream)
-        self._queue.append(send)
+        queue = self._queues.get(dest)
+        if queue is None:
+            queue = self._queues[dest] = deque()
+        queue.append(send)
         self._progress()
         return send
 
@@ -311,7 +321,7 @@ class StagingChannel:
             if not pending or moved:
                 continue
             mpi = [r.req for r in self._recvs] + [s.req for s in self._posted]
-            head = self._queue[0] if self._queue and self._queue[0].state == COPYING else None
+            head = next((q[0] for q in self._queues.values() if q and q[0].state == COPYING), None)
             if head is None and mpi:
                 MPI.Request.Waitany(mpi_requests(mpi))  # only MPI can move: a transfer of ours, or a send
             elif head is not None and not mpi:  # whose buffer a queued send waits for
@@ -369,6 +379,7 @@ class StagingChannel:
             if i in done:
                 if s.landed is None:
                     self.pool.give_send(s.buf)
+                    self._held[s.dest] -= 1
                 else:
                     self._forwarding -= 1
                     s.landed.users -= 1
@@ -380,39 +391,42 @@ class StagingChannel:
         return len(done)
 
     def _start_copies(self):
-        """Start device-to-host copies of queued sends, in order, while send buffers are free."""
-        rt, pool = self.rt, self.pool
+        """Start device-to-host copies of queued sends, in order per destination, while it
+        holds fewer than ``max_send`` send buffers."""
+        rt, pool, held = self.rt, self.pool, self._held
         started = 0
-        for s in self._queue:
-            if s.state != QUEUED:
-                continue
-            nbytes = s.arr.nbytes
-            buf = pool.take_send(nbytes)
-            if buf is None:
-                break
-            s.buf = buf
-            s.host = buf[:nbytes].view(s.arr.dtype)
-            rt.wait_event(pool.d2h_stream, s.ready)
-            if nbytes:
-                rt.d2h(s.host, s.arr, pool.d2h_stream)
-            s.copied = rt.record(pool.d2h_stream)
-            s.state = COPYING
-            started += 1
+        for dest, queue in self._queues.items():
+            for s in queue:
+                if s.state != QUEUED:
+                    continue
+                if held.get(dest, 0) >= pool.max_send:
+                    break
+                held[dest] = held.get(dest, 0) + 1
+                nbytes = s.arr.nbytes
+                s.buf = pool.take_send(nbytes)
+                s.host = s.buf[:nbytes].view(s.arr.dtype)
+                rt.wait_event(pool.d2h_stream, s.ready)
+                if nbytes:
+                    rt.d2h(s.host, s.arr, pool.d2h_stream)
+                s.copied = rt.record(pool.d2h_stream)
+                s.state = COPYING
+                started += 1
         return started
 
     def _post_copied(self):
-        """Hand sends whose copy finished to MPI, in isend order."""
-        rt, queue = self.rt, self._queue
+        """Hand sends whose copy finished to MPI, in isend order per destination."""
+        rt = self.rt
         posted = 0
-        while queue and queue[0].state == COPYING:
-            s = queue[0]
-            if s.copied is not None and not rt.done(s.copied):
-                break
-            queue.popleft()
-            s.req = self.inner.isend(s.host, s.dest)
-            s.state = POSTED
-            self._posted.append(s)
-            posted += 1
+        for queue in self._queues.values():
+            while queue and queue[0].state == COPYING:
+                s = queue[0]
+                if s.copied is not None and not rt.done(s.copied):
+                    break
+                queue.popleft()
+                s.req = self.inner.isend(s.host, s.dest)
+                s.state = POSTED
+                self._posted.append(s)
+                posted += 1
         return posted
 
     # -- forwarding from landed receive buffers ----------------------------
