@@ -10,6 +10,7 @@ single GPU.
 
 from __future__ import annotations
 
+import _util
 import gpucases
 import numpy as np
 import pytest
@@ -121,17 +122,34 @@ def test_long_kernel_on_own_stream(transport, late_copy):
     assert np.array_equal(got, 2 * ref)
 
 
-def test_pinned_buffers_reused(late_copy):
-    with mpicoll.options(cuda_aware=False):
-        x = produce(late_copy, np.ones(1 << 20, np.float32))
-        mpicoll.allreduce(x, algorithm="ring")
-        pool = mpicoll.backends.devices.CUPY.staging_pool(_context.context(WORLD))
-        allocated = pool.allocated
-        for _ in range(3):
-            y = mpicoll.allreduce(x, algorithm="ring")
-        assert pool.allocated == allocated
-        assert allocated <= 32 << 20
-        assert float(y[0]) == WORLD.size
+def test_pinned_buffers_reused_and_bounded(late_copy):
+    """Staged calls reuse their context's pinned buffers, a few segments in all whatever
+    the array: on a communicator of its own (WORLD's pool holds what earlier tests took)."""
+    from mpicoll.transport import staging as _staging
+
+    comm = WORLD.Dup()
+    problems = []
+    try:
+        with mpicoll.options(cuda_aware=False):
+            x = produce(late_copy, np.ones(1 << 22, np.float32))  # 16 MiB per rank
+            mpicoll.allreduce(x, comm=comm, algorithm="ring")
+            mpicoll.allgather(x, comm=comm)
+            pool = mpicoll.backends.devices.CUPY.staging_pool(_context.context(comm))
+            allocated = pool.allocated
+            for _ in range(3):
+                y = mpicoll.allreduce(x, comm=comm, algorithm="ring")
+                g = mpicoll.allgather(x, comm=comm)
+            seg = max(_context.context(comm).segment_bytes, _staging._MIN_PINNED)
+            limit = (pool.max_send + pool.max_recv) * seg
+            if pool.allocated != allocated:
+                problems.append(f"the pool grew from {allocated} to {pool.allocated} bytes")
+            if allocated > limit:
+                problems.append(f"{allocated} pinned bytes held > {limit}")
+            if float(y[0]) != comm.size or float(g[-1]) != 1.0 or g.size != comm.size * x.size:
+                problems.append("wrong result")
+    finally:
+        comm.Free()
+    _util.assert_all(WORLD, not problems, "; ".join(problems))
 
 
 def test_user_op_on_device(late_copy):
