@@ -16,7 +16,11 @@
 #      (float16 add, a compiled kernel, pinned memory, memcpyAsync:
 #      preflight.py); one environment per MPI; a 2-rank hello with each MPI
 #      within 20 s; python -m mpicoll.info --probe;
-#   2. the GPU tests (CPU-only tests run in CI) at 2 and 4 ranks on the GPU;
+#   2. the GPU tests (CPU-only tests run in CI) at 1 and 2 ranks (Open MPI) and
+#      4 ranks (MPICH) on the GPU; then python -m mpicoll.verify --device gpu
+#      --quick --dtype float32,float16 at 4 ranks (Open MPI; 696 cases, every
+#      algorithm and op: the whole --quick set is 10,371, minutes on one GPU);
+#   2b. the torch examples on CUDA tensors, 2 ranks (where the image has torch);
 #   3. stress: a few hundred random cases, spinning producers, a lagging
 #      stream, streams alternating between calls (stress.py), 4 ranks;
 #   4. ceilings: pinned host<->device bandwidth with 1 and 4 processes,
@@ -26,6 +30,9 @@
 #      CuPy arrays against the built-in on host copies, each as a fraction of
 #      the floor the ceilings give (floor.py);
 #   6. a segment x window sweep of AllReduce at 64 MiB, 4 ranks.
+# SECTIONS (default "tests torch stress ceilings bench sweep") picks the sections
+# after the preflight, which always runs (it makes the environments): a rerun
+# of what failed, e.g. SECTIONS="tests stress".
 # Output, in $OUT (the device tool's result folder; ./device-out elsewhere),
 # three files: log.txt (every section's output, in order), results.jsonl
 # (one JSON row per measurement or case, written as it is made, so a cut-off
@@ -40,6 +47,7 @@ mkdir -p "$OUT"
 WHEELS=${WHEELS:-$ROOT/tests/device/wheels}
 PY=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-450}
+SECTIONS=" ${SECTIONS:-tests torch stress ceilings bench sweep} "
 RESULTS=$OUT/results.jsonl
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -59,6 +67,7 @@ result() {  # result NAME RC [NOTE]
     printf '%-40s %s %s\n' "$1" "$word" "${3:-}" | tee -a "$OUT/summary.txt"
 }
 skip() { printf '%-40s skipped: %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
+wanted() { [[ $SECTIONS == *" $1 "* ]]; }  # wanted SECTION: listed in SECTIONS
 limit() {  # limit SECONDS: min(SECONDS, time left), at least 10
     local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 10 ? l : 10 )) || echo "$1"
 }
@@ -153,14 +162,30 @@ run_tests() {  # run_tests ENV N LABEL SECONDS
     echo "{\"section\": \"tests\", \"label\": \"$label\", \"rc\": $rc, \"counts\": \"$counts\"}" >> "$RESULTS"
     result "$label" "$rc" "$counts"
 }
-run_tests "$ENV_OMPI" 2 "GPU tests, Open MPI, 2 ranks" 100
-run_tests "$ENV_MPICH" 4 "GPU tests, MPICH, 4 ranks" 100
-rm -f "$OUT/.tests"
+if wanted tests; then
+    run_tests "$ENV_OMPI" 1 "GPU tests, Open MPI, 1 rank" 100
+    run_tests "$ENV_OMPI" 2 "GPU tests, Open MPI, 2 ranks" 100
+    run_tests "$ENV_MPICH" 4 "GPU tests, MPICH, 4 ranks" 100
+    rm -f "$OUT/.tests"
+    if [ "$(left)" -ge 40 ]; then
+        section "verify --device gpu --quick --dtype float32,float16, Open MPI, 4 ranks"
+        launch "$(limit 90)" "$ENV_OMPI" 4 "$ENV_OMPI/bin/python" -m mpicoll.verify --device gpu --quick \
+            --dtype float32,float16 --timeout 60 2>&1 | tee "$OUT/.verify"
+        rc=${PIPESTATUS[0]}
+        echo "{\"section\": \"verify\", \"rc\": $rc, \"last\": \"$(tail -n 1 "$OUT/.verify" | tr '"' "'")\"}" >> "$RESULTS"
+        result "verify --device gpu --quick, 4 ranks" "$rc" "$(tail -n 1 "$OUT/.verify")"
+        rm -f "$OUT/.verify"
+    else
+        skip "verify --device gpu" "out of time"
+    fi
+fi
 
 # -- 2b. torch on CUDA tensors ----------------------------------------------------------
 # Only where the image has torch with CUDA (its 5.5 GB wheel cannot be carried):
 # the four torch examples (mpicoll.torch backend) with --device gpu at 2 ranks.
-if [ "$(left)" -lt 60 ]; then
+if ! wanted torch; then
+    :
+elif [ "$(left)" -lt 60 ]; then
     skip "torch examples on CUDA" "out of time"
 elif ! "$ENV_OMPI/bin/python" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     skip "torch examples on CUDA" "no torch with CUDA in the image"
@@ -173,7 +198,9 @@ else
 fi
 
 # -- 3. stress ------------------------------------------------------------------------
-if [ "$(left)" -ge 60 ]; then
+if ! wanted stress; then
+    :
+elif [ "$(left)" -ge 60 ]; then
     section "stress, 4 ranks"
     launch "$(limit 100)" "$ENV_OMPI" 4 "$ENV_OMPI/bin/python" tests/device/stress.py "$RESULTS" \
         --cases 300 --seconds 75
@@ -183,7 +210,9 @@ else
 fi
 
 # -- 4. ceilings ----------------------------------------------------------------------
-if [ "$(left)" -ge 40 ]; then
+if ! wanted ceilings; then
+    :
+elif [ "$(left)" -ge 40 ]; then
     for n in 1 4; do
         section "ceilings, $n processes"
         launch "$(limit 40)" "$ENV_OMPI" $n "$ENV_OMPI/bin/python" tests/device/ceilings.py "$RESULTS"
@@ -195,6 +224,7 @@ fi
 
 # -- 5. benchmark ---------------------------------------------------------------------
 for n in 4 2; do
+    wanted bench || break
     if [ "$(left)" -lt 45 ]; then skip "bench, $n ranks" "out of time"; continue; fi
     section "bench, $n ranks, float32, 256K..256M"
     launch "$(limit 90)" "$ENV_OMPI" $n "$ENV_OMPI/bin/python" -m mpicoll.bench -d float32 \
@@ -206,7 +236,9 @@ for n in 4 2; do
 done
 
 # -- 6. segment x window sweep ----------------------------------------------------------
-if [ "$(left)" -ge 30 ]; then
+if ! wanted sweep; then
+    :
+elif [ "$(left)" -ge 30 ]; then
     section "sweep: MPICOLL_SEGMENT_BYTES x MPICOLL_WINDOW, AllReduce 64 MiB, 4 ranks"
     rc=0
     for seg in 256K 1M 4M; do
