@@ -82,6 +82,31 @@ def test_matches_mpi(gpu, comm, collective):
     assert not failures, "\n".join(failures[:20])
 
 
+@pytest.mark.timeout(240)
+def test_verify_cases(gpu, comm):
+    """mpicoll.verify's cases on the fake GPU (the CuPy run of ``verify --device gpu`` needs a
+    GPU): its layouts go beyond gpucases', e.g. Allgatherv blocks in reverse rank order with
+    a gap after each, which must come back unchanged.  Whole-array staging copied its stale
+    pinned buffer over those gaps (found by the first H200 run, 2026-12-04)."""
+    from mpicoll.tools.arrays import DeviceArrays
+    from mpicoll.tools.verify import cases as vcases
+    from mpicoll.tools.verify import runner
+
+    arrays = DeviceArrays(gpu.rt, "gpu")
+    info = vcases.type_info("float32")
+    failures = []
+    for collective, (_, _, reduces) in vcases.COLLECTIVES.items():
+        for k, algorithm in enumerate(vcases.algorithms_for(collective)):
+            for count in (0, 2 * comm.size + 1):
+                for in_place in (False, True):
+                    res = runner.run_case(comm, collective, info, "SUM" if reduces else None, count,
+                                          in_place, algorithm, arrays=arrays, seed=k, timeout=60)
+                    if not res.ok:
+                        failures.append(f"{collective} {algorithm} count={count} "
+                                        f"in_place={in_place}: {res.report()}")
+    assert not failures, "\n".join(failures[:10])
+
+
 def _mpi_calls(rt):
     return [e for e in rt.log if e[0] in ("mpi isend", "mpi irecv")]
 

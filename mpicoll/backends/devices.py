@@ -363,8 +363,13 @@ class WholeStage:
         self.reducer = None if op is None else _backend.NUMPY.reducer(op, msg.mpitype, msg.category)
         self._out = None
 
-    def enter(self, src, dst):
-        """Host arrays (pinned) standing for ``src`` (None: in place) and ``dst``."""
+    def enter(self, src, dst, whole=True):
+        """Host arrays (pinned) standing for ``src`` (None: in place) and ``dst``.
+
+        ``whole``: the call writes every element of ``dst``.  Else (an AllGather whose
+        blocks leave gaps in ``dst``) ``dst`` is copied in too, so that :meth:`leave`,
+        which copies all of it back, returns the gaps as they were.
+        """
         rt, stream = self.be.rt, self.stream
         prefix = src is not None and dst.nbytes <= src.nbytes and (
             src.nbytes == 0 or _staging.address(src) == _staging.address(dst))
@@ -378,8 +383,12 @@ class WholeStage:
             hsrc = None if src is None else buf[: src.nbytes].view(src.dtype)
             hdst = buf[sbytes: sbytes + dst.nbytes].view(dst.dtype)
             copy_in = (hdst, dst) if src is None else (hsrc, src)  # AllGather in place: all of dst
-        if copy_in[1].nbytes:
-            rt.d2h(copy_in[0], copy_in[1], stream)
+        copies = [copy_in] if copy_in[1].nbytes else []
+        if not whole and src is not None and not prefix and dst.nbytes:
+            copies.append((hdst, dst))
+        for host, dev in copies:
+            rt.d2h(host, dev, stream)
+        if copies:
             rt.event_synchronize(rt.record(stream))
         self._out = (dst, hdst)
         return hsrc, hdst

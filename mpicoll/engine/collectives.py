@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..algorithms.schedule import DST, SRC
+from ..algorithms.schedule import DST, SRC, packed
 from ..core import config as _config
 from ..core import types as _types
 from ..core.message import Msg
@@ -71,7 +71,7 @@ class _Run:
             be.prepare()
             src, dst = self.src, self.dst
             if stage is not None:
-                src, dst = stage.enter(src, dst)
+                src, dst = stage.enter(src, dst, self._writes_all(dst))
             sched = self.schedule
             if call is not None:
                 call.use_schedule(sched)
@@ -87,6 +87,12 @@ class _Run:
         operation.steps, operation.ch, operation.be, operation.red = self.steps, ch, run_be, red
         operation.call = call
         self.ch, self.be, self.red = ch, run_be, red
+
+    def _writes_all(self, dst) -> bool:
+        """Whether the call writes every element of ``dst`` (not: an AllGather whose
+        blocks leave gaps, or end before ``dst`` does)."""
+        return self.collective != "allgather" or (
+            packed(self.counts, self.displs) and sum(self.counts) == dst.size)
 
     def _bind(self, sched, src, dst):
         if self.lease is not None:
