@@ -45,10 +45,10 @@ _DEVICE_DTYPES = frozenset(np.dtype(t) for t in (
 # Calls moving at most this many bytes per rank (the size "auto" selects by) on
 # the staging path copy their arrays to pinned host memory once, run the host
 # algorithm there and copy the result back once (WholeStage), instead of
-# staging every step.  Not yet measured on a GPU (no device run so far): set
-# at the largest size for which "auto" picks a whole-array algorithm
-# (recursive doubling, Bruck, Rabenseifner's small range); the device check's
-# benchmark measures both sides of it.  Tests set it to 0 to stage per step.
+# staging every step.  Set at the largest size for which "auto" picks a
+# whole-array algorithm (recursive doubling, Bruck, Rabenseifner's small
+# range), not measured: the H200 runs (docs/gpu.md) timed sizes on either side,
+# not one size both ways.  Tests set it to 0 to stage per step.
 STAGE_WHOLE_BYTES = 512 << 10
 
 _INSTALL_HINT = "install CuPy: pip install 'mpicoll[cuda12]' (CUDA 12) or 'mpicoll[cuda13]' (CUDA 13)"
