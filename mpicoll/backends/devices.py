@@ -363,10 +363,10 @@ class WholeStage:
         self.reducer = None if op is None else _backend.NUMPY.reducer(op, msg.mpitype, msg.category)
         self._out = None
 
-    def enter(self, src, dst, whole=True):
+    def enter(self, src, dst, writes_all=True):
         """Host arrays (pinned) standing for ``src`` (None: in place) and ``dst``.
 
-        ``whole``: the call writes every element of ``dst``.  Else (an AllGather whose
+        ``writes_all``: the call writes every element of ``dst``.  Else (an AllGather whose
         blocks leave gaps in ``dst``) ``dst`` is copied in too, so that :meth:`leave`,
         which copies all of it back, returns the gaps as they were.
         """
@@ -384,7 +384,7 @@ class WholeStage:
             hdst = buf[sbytes: sbytes + dst.nbytes].view(dst.dtype)
             copy_in = (hdst, dst) if src is None else (hsrc, src)  # AllGather in place: all of dst
         copies = [copy_in] if copy_in[1].nbytes else []
-        if not whole and src is not None and not prefix and dst.nbytes:
+        if not writes_all and src is not None and not prefix and dst.nbytes:
             copies.append((hdst, dst))
         for host, dev in copies:
             rt.d2h(host, dev, stream)

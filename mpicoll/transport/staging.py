@@ -38,8 +38,8 @@ Stream contract
     may complete only once its receiver has posted the receive, and a
     receiver may first wait for what a third rank sends: with one queue for
     all peers, a rank whose buffers all held sends to one peer could not send
-    to another, and the direct ReduceScatter at 3 ranks, in pieces, waited for
-    ever (every rank's first peer waited on its second).  Per destination,
+    to another, and the direct AllReduce at 3 ranks, in pieces, waited for
+    ever in its ReduceScatter step (every rank's first peer waited on its second).  Per destination,
     each peer's sends wait only for that peer's receives, as on a ring link.
     A receive buffer is reused only after its host-to-device copy has run.
 """
