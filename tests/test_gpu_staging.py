@@ -131,7 +131,7 @@ def test_staged_messages_take_pinned_buffers_of_one_segment(collective):
     pinned buffer is a segment, and the ring's ("auto" there: its receives are windowed)
     are a few segments in all, whatever the array.  The ring AllGather's pieces of
     AG_SEGMENT_FACTOR segments and the pairwise schedules' pieces of LOCAL_PIECE_FACTOR
-    inside a node each took a pinned buffer of that size (on an H200, 56-75 MiB held for
+    inside a node each took a pinned buffer of that size (on an H200, 40-75 MiB held for
     16 MiB arrays with 1 MiB segments), copied whole before the send.  At 3 ranks and
     more, in pieces this short, the pairwise schedules also deadlocked on the send
     buffers (transport.staging's docstring); the timeout turns a hang into a failure."""
