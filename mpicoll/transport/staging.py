@@ -39,8 +39,9 @@ Stream contract
     receiver may first wait for what a third rank sends: with one queue for
     all peers, a rank whose buffers all held sends to one peer could not send
     to another, and the direct AllReduce at 3 ranks, in pieces, waited for
-    ever in its ReduceScatter step (every rank's first peer waited on its second).  Per destination,
-    each peer's sends wait only for that peer's receives, as on a ring link.
+    ever in its ReduceScatter step (every rank's first peer waited on its
+    second).  Per destination, each peer's sends wait only for that peer's
+    receives, as on a ring link.
     A receive buffer is reused only after its host-to-device copy has run.
 """
 
@@ -118,9 +119,9 @@ class StagingPool:
 
     Send buffers: at most ``max_send`` in use per destination of a call
     (:class:`StagingChannel` keeps the count), each grown to the largest
-    message it carried.  Receive buffers: as many as receives are outstanding at once (the
-    algorithms keep a small window), each remembering the host-to-device copy
-    that still reads it.
+    message it carried.  Receive buffers: as many as receives are outstanding
+    at once (the algorithms keep a small window), each remembering the
+    host-to-device copy that still reads it.
     """
 
     def __init__(self, rt, max_send: int = DEFAULT_SEND_BUFFERS):
