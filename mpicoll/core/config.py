@@ -35,7 +35,7 @@ API settings
     returns it to the environment's value); ``with mpicoll.options(...)`` for
     a block.  Both apply at once, to every communicator: an API setting wins
     over the environment.  Every change bumps :data:`EPOCH`, which a cached
-    call (engine.plan) compares, so a cached call never runs under options it
+    call (engine.cache) compares, so a cached call never runs under options it
     was not made for.
 """
 
@@ -111,6 +111,16 @@ def parse_path_or_off(text: str, name: str) -> str:
     return os.path.expanduser(text)
 
 
+def parse_cache_dir(text: str, name: str) -> str:
+    """An absolute path (``~`` expanded), or "off"; a relative path is ignored, as the XDG
+    rule says (the default applies: it would name a folder under each job's working
+    directory)."""
+    value = parse_path_or_off(text, name)
+    if value != "off" and not os.path.isabs(value):
+        return os.path.expanduser("~/.cache")
+    return value
+
+
 class Option:
     """One row of :data:`OPTIONS`: name, variable, parser, default, whether configure() sets it."""
 
@@ -146,8 +156,9 @@ OPTIONS = (
            "trace the whole run and save it to this JSON file at exit"),
     Option("tuning", "MPICOLL_TUNING", parse_path_or_off, None, False,
            "a tuning file (python -m mpicoll.tune) 'auto' selects from; off: the built-in table"),
-    Option("cache_dir", "XDG_CACHE_HOME", parse_path_or_off, os.path.expanduser("~/.cache"),
-           False, "the user's cache directory, where the default tuning file lives"),
+    Option("cache_dir", "XDG_CACHE_HOME", parse_cache_dir, os.path.expanduser("~/.cache"),
+           False, "the user's cache directory (absolute; a relative one is ignored): its "
+           "private mpicoll folder holds the default tuning file and the compiled repeat"),
     Option("deterministic", "MPICOLL_DETERMINISTIC", parse_flag, False, True,
            "floating reductions are the rank-order fold ((x0 + x1) + x2) + ..., bitwise the "
            "same for every algorithm, size, segment and window (docs/numerics.md)"),

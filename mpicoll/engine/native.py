@@ -1,22 +1,24 @@
-"""The compiled hit (engine/_hit.c): built on first use, used only where it is safe.
+"""The compiled repeat (engine/_hit.c): built on first use, used only where it is safe.
 
-A repeated plain blocking call (engine.plan) costs, in Python, about half a
+A repeated plain blocking call (engine.cache) costs, in Python, about a
 microsecond above the MPI calls it cannot avoid: the signature check and one
 mpi4py call per request.  ``_hit.c`` does the same check and the same MPI
-calls in C (docs/performance.md, "The compiled hit").  It is an accelerator,
-never a second implementation: every hit it takes is one engine.plan's Python
+calls in C (docs/performance.md).  It is an optional implementation of the
+cache's repeat, never a second rule: every hit it takes is one the Python
 repeat would take, and everything else goes to that Python repeat.
 
 Built with the MPI library's own compiler wrapper
     ``mpicc`` (the ``mpicc`` option, ``MPICOLL_MPICC``; default: the one
     beside this Python, as the PyPI MPI wheels install it, else the first on
-    ``PATH``), against NumPy's headers, into the cache directory
-    (``$XDG_CACHE_HOME/mpicoll/native``, one file per source, MPI library,
-    Python and NumPy version), at the first plan made with the ``native``
-    option on (``MPICOLL_NATIVE``, default on).  The first build takes
-    about 0.2 s; ranks that build at once each write their own file and
-    rename it into place.  Nothing is built at install time: pip installs
-    mpicoll before the MPI wheel it depends on, so no ``mpicc`` exists then.
+    ``PATH``), against NumPy's headers, into the user's private cache folder
+    (``<cache>/mpicoll/native``, core.cachedir: created 0700, refused when
+    another user could write it; one file per source, MPI library, Python and
+    NumPy version), at the first entry remembered with the ``native`` option
+    on (``MPICOLL_NATIVE``, default on).  The first build takes about 0.2 s;
+    each rank builds in a private scratch folder and renames the file into
+    place, and a file is loaded only when this user alone could have written
+    it.  Nothing is built at install time: pip installs mpicoll before the
+    MPI wheel it depends on, so no ``mpicc`` exists then.
 
 Used only against the library it was built for
     The build's compiler wrapper must link the libmpi this process has
@@ -41,6 +43,8 @@ import sysconfig
 import numpy as np
 from mpi4py import MPI
 
+from ..core import cachedir as _cachedir
+
 _SOURCE = os.path.join(os.path.dirname(__file__), "_hit.c")
 BUILD_TIMEOUT_S = 120.0
 # (module or None, why not, the built file); set by the first load()
@@ -48,7 +52,7 @@ _STATE: dict = {}
 
 
 def load(mpicc=None, cache_dir=None):
-    """The compiled hit module, set up for engine.plan, or None (see :func:`status`).
+    """The compiled repeat module, set up for engine.cache, or None (see :func:`status`).
     Built and loaded once per process; ``mpicc``/``cache_dir``: the options' values."""
     if not _STATE:
         try:
@@ -63,7 +67,7 @@ def load(mpicc=None, cache_dir=None):
 
 def status() -> tuple:
     """(in use, what: the built file, or why it is not used); "not built yet" before the
-    first plan asked for it."""
+    first entry asked for it."""
     if not _STATE:
         return False, "not built yet (the first repeated call builds it)"
     if _STATE["module"] is not None:
@@ -137,16 +141,20 @@ def _build_and_load(mpicc, cache_dir):
     key = hashlib.sha256(source + ident.encode()).hexdigest()[:20]
     if cache_dir == "off":
         raise _NotUsed("no cache directory to build in (XDG_CACHE_HOME=off)")
-    folder = os.path.join(cache_dir or os.path.expanduser("~/.cache"), "mpicoll", "native")
-    path = os.path.join(folder, f"_hit-{key}{importlib.machinery.EXTENSION_SUFFIXES[0]}")
+    try:
+        folder = _cachedir.folder(cache_dir, "native")
+    except _cachedir.Unsafe as exc:
+        raise _NotUsed(f"the cache folder is not private ({exc})") from None
+    name = f"_hit-{key}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    path = os.path.join(folder, name)
     failed = path + ".failed"
-    if os.path.exists(failed):
+    if _trusted(failed):
         raise _NotUsed(f"the build failed before (see {failed}; delete it to retry)", path)
-    if not os.path.exists(path):
+    if not _trusted(path):
         # (a built file passed this check: its name holds the wrapper and the libmpi)
         if os.path.dirname(libmpi) not in _link_dirs(cc):
             raise _NotUsed(f"{cc} does not link the loaded {libmpi}")
-        _build(cc, path, failed)
+        _build(cc, folder, name)
     spec = importlib.util.spec_from_file_location(
         "mpicoll.engine._hit", path,
         loader=importlib.machinery.ExtensionFileLoader("mpicoll.engine._hit", path))
@@ -160,26 +168,37 @@ def _build_and_load(mpicc, cache_dir):
     return mod, path
 
 
-def _build(cc, path, failed) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    cmd = [cc, "-shared", "-fPIC", "-O2", "-I", sysconfig.get_paths()["include"],
-           "-I", np.get_include(), _SOURCE, "-o", tmp]
+def _trusted(path) -> bool:
+    """Whether ``path`` exists as a file this user alone wrote (core.cachedir); _NotUsed
+    for one that exists and breaks the rules (never loaded, never trusted)."""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        out = None
-        log = f"{shlex.join(cmd)}\n{exc}\n"
-    if out is not None and out.returncode == 0 and os.path.exists(tmp):
-        os.replace(tmp, path)
-        return
-    if out is not None:
-        log = f"{shlex.join(cmd)}\nexit {out.returncode}\n{out.stdout}{out.stderr}"
-    try:
-        os.remove(tmp)
-    except OSError:
-        pass
-    with open(f"{failed}.{os.getpid()}", "w") as f:
-        f.write(log)
-    os.replace(f"{failed}.{os.getpid()}", failed)
-    raise _NotUsed(f"the build failed (see {failed})", path)
+        _cachedir.check_file(path)
+    except FileNotFoundError:
+        return False
+    except _cachedir.Unsafe as exc:
+        raise _NotUsed(f"not loading {path}: {exc}", path) from None
+    return True
+
+
+def _build(cc, folder, name) -> None:
+    """Compile the module into a private scratch folder and rename it into ``folder``
+    (or, failing, its log as ``<name>.failed``)."""
+    with _cachedir.Scratch(folder) as scratch:
+        out_file = scratch.file(name)
+        cmd = [cc, "-shared", "-fPIC", "-O2", "-I", sysconfig.get_paths()["include"],
+               "-I", np.get_include(), _SOURCE, "-o", out_file]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out = None
+            log = f"{shlex.join(cmd)}\n{exc}\n"
+        if out is not None and out.returncode == 0 and os.path.exists(out_file):
+            os.chmod(out_file, 0o700)
+            scratch.keep(name, name)
+            return
+        if out is not None:
+            log = f"{shlex.join(cmd)}\nexit {out.returncode}\n{out.stdout}{out.stderr}"
+        with open(scratch.file("log"), "w") as f:
+            f.write(log)
+        failed = scratch.keep("log", name + ".failed")
+    raise _NotUsed(f"the build failed (see {failed})", os.path.join(folder, name))
