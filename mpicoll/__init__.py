@@ -11,7 +11,7 @@ from .api.requests import Handle, Request, testall, waitall
 from .backends.cuda import cuda_aware_mpi
 from .backends.devices import bind_device
 from .core.config import configure, options
-from .core.errors import CollectiveTimeout, MismatchError, MpicollError
+from .core.errors import CollectiveTimeout, MessageError, MismatchError, MpicollError
 from .observe.trace import trace
 from .observe.traffic import traffic
 from .transport.timeout import abort
@@ -34,6 +34,7 @@ __all__ = [
     "options",
     "MpicollError",
     "MismatchError",
+    "MessageError",
     "CollectiveTimeout",
     "bind_device",
     "cuda_aware_mpi",

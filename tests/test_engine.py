@@ -184,7 +184,7 @@ def test_two_threads_on_two_communicators():
             for _ in range(5):
                 got.append(mpicoll.allreduce(x, comm=comm, algorithm="ring"))
                 got.append(mpicoll.iallreduce(x, comm=comm).wait())
-                # (from the second time a restart of its timed plan, engine.plan)
+                # (from the second time a restart of its timed plan, engine.cache)
                 got.append(mpicoll.iallreduce(x, comm=comm, out=out, timeout=30.0).wait().copy())
             results[key] = got
         except BaseException as exc:  # reported by the main thread

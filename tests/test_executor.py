@@ -1,7 +1,7 @@
 """The executor: resumable operations, several in flight, persistent restarts, work memory.
 
-Operations come from ``mpicoll.engine.collectives.start_*`` (the interface
-the public non-blocking and persistent API is built on).  Data is
+Operations come from ``mpicoll.engine.run.start`` on a validated Call (the
+interface the public non-blocking and persistent API is built on).  Data is
 rank-asymmetric and exactly summable; every result is compared bitwise with
 MPI's built-in on the same input.
 """
@@ -20,10 +20,38 @@ import mpicoll
 from mpicoll.algorithms.ring import split
 from mpicoll.api.buffers import msg_of_array
 from mpicoll.backends.host import NUMPY
-from mpicoll.engine import collectives as _coll
+from mpicoll.core.message import Call
 from mpicoll.engine import context as _context
+from mpicoll.engine import run as _run
 
 WORLD = MPI.COMM_WORLD
+
+
+class _coll:
+    """The engine's run path on Calls made here (what api.args makes from arguments)."""
+
+    @staticmethod
+    def start_allreduce(comm, smsg, rmsg, op, algorithm="auto", persistent=False):
+        return _run.start(Call("allreduce", comm, smsg, rmsg, None, None, op, algorithm),
+                          persistent=persistent)
+
+    @staticmethod
+    def start_reduce_scatter(comm, smsg, rmsg, counts, displs, op, algorithm="auto",
+                             persistent=False):
+        return _run.start(Call("reduce_scatter", comm, smsg, rmsg, tuple(counts),
+                               tuple(displs), op, algorithm), persistent=persistent)
+
+    @staticmethod
+    def start_allgather(comm, smsg, rmsg, counts, displs, algorithm="auto", persistent=False):
+        return _run.start(Call("allgather", comm, smsg, rmsg, tuple(counts), tuple(displs),
+                               None, algorithm), persistent=persistent)
+
+    @staticmethod
+    def run_allreduce(comm, smsg, rmsg, op, algorithm="auto"):
+        return _run.run(Call("allreduce", comm, smsg, rmsg, None, None, op, algorithm))
+
+    start_persistent = staticmethod(_run.start_persistent)
+    free_persistent = staticmethod(_run.free_persistent)
 
 
 def _msg(a):

@@ -5,8 +5,9 @@ script.py`` turns an uncaught exception into ``MPI_Abort``, so the ranks
 still waiting in mpicoll's collective are killed instead of hanging.  Two
 cases, no timeout set:
 
-inside   rank 1 raises FloatingPointError in the middle of a ring AllReduce
-         (NumPy set to raise on overflow there, while its reduction runs)
+inside   rank 1 raises in the middle of a ring AllReduce: its reducer fails while
+         the reduction runs (made to fail here: floating-point conditions never
+         raise there, they give IEEE results as MPI's do)
 outside  rank 1 raises before the AllReduce the others are already in
 """
 
@@ -28,12 +29,21 @@ from mpi4py import MPI
 where = sys.argv[1]
 comm = MPI.COMM_WORLD
 mpicoll.allreduce(np.ones(10))                 # everybody, healthy
-x = np.full(300000, 1e308)                     # overflows when added
-np.seterr(over="ignore")  # (the others' overflow warnings interleaved with rank 1's traceback)
+
+
+class Failing:
+    commutative = True
+
+    def __call__(self, a, b, out):
+        raise FloatingPointError("rank 1 fails in its reduction")
+
+
+x = np.full(300000, 1.0)
 if comm.rank == 1:
     if where == "outside":
         raise RuntimeError("rank 1 gives up before the collective")
-    np.seterr(over="raise")                    # its ring reduction raises mid-call
+    from mpicoll.backends import host
+    host.NUMPY.reducer = lambda *args: Failing()  # its ring reduction raises mid-call
 mpicoll.allreduce(x, algorithm="ring")
 print("NOT REACHED", comm.rank, flush=True)
 '''

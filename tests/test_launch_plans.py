@@ -1,6 +1,6 @@
 """Plans and persistent programs free their persistent requests at exit, before MPI is finalized.
 
-A plan (engine.plan) and a persistent collective's program (engine.collectives)
+A bound call (engine.cache) and a persistent collective's compiled steps (engine.cache)
 hold persistent point-to-point requests (engine.executor.hold); MPI must see them freed before
 ``MPI_Finalize`` (MPICH warns of each one left).  The job below keeps plans
 on COMM_WORLD and on a duplicate it never frees, and a persistent collective
@@ -39,7 +39,7 @@ for c in (comm, dup):
     for _ in range(2):
         c.Allreduce(x, y)
         c.Allgather(x, z)
-    for p in context.context(c).plans.values():
+    for p in context.context(c).cache.blocking.values():
         held.extend(executor._HOLDING.get(p, ()))
 # a persistent collective on its program (two requests), never freed
 w = np.empty(8)

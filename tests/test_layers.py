@@ -154,3 +154,62 @@ def test_only_the_torch_layer_imports_torch():
             bad += [f"{f.relative_to(ROOT.parent)}:{node.lineno}: {n}" for n in names
                     if n == "torch" or n.startswith("torch.")]
     assert not bad, "torch imported outside mpicoll/torch:\n" + "\n".join(bad)
+
+
+def _module_graph() -> dict:
+    """{module: {modules it imports}} of mpicoll, read from the source (relative imports,
+    also those inside functions; ``from pkg import mod`` is an edge to ``pkg.mod``)."""
+    graph: dict = {}
+    for f, _, target, names in _imports():
+        parts = f.with_suffix("").parts  # (f: relative to mpicoll's parent)
+        source = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        edges = graph.setdefault(source, set())
+        spec = _find_spec(target)
+        package = spec is not None and spec.submodule_search_locations is not None
+        subs = [f"{target}.{n}" for n in names if package and _find_spec(f"{target}.{n}")]
+        edges.update(subs or [target])
+    return graph
+
+
+def _cycles(graph) -> list:
+    """The strongly connected components of more than one module (Tarjan), sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circle():
+    """No two modules of mpicoll import each other, directly or through others, even
+    lazily (a circle makes each half's meaning depend on the other's: the engine's run
+    path and its cache, a backend and the registry that finds it)."""
+    cycles = _cycles(_module_graph())
+    assert not cycles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_circle_finder_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

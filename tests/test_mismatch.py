@@ -292,3 +292,45 @@ def test_mismatch_message_from_table():
         rows.append(_check.fingerprint(c))
     err = _check.mismatch_error(np.array(rows), np.full((4, 4), -1))
     assert str(err) == "allreduce #17: count differs: ranks 0,2,3 passed 1024, rank 1 passed 1000"
+
+
+# --- without the check: MPI's own error for the failed message, named -----------------
+
+@pytest.mark.ranks(2, 3)  # (one rank sends nothing)
+@pytest.mark.parametrize("form", ["array", "Comm", "non-blocking"])
+def test_without_the_check_a_truncated_message_says_what_mpi_said(form):
+    """Counts that differ across ranks (rank r: 5 + r elements) and no check: a rank whose
+    receive is too small raises MPI's own error for that request (MPI_ERR_TRUNCATE), not
+    the MPI_ERR_IN_STATUS of the wait that found it, with the call, the peer and the step,
+    and says that MPICOLL_CHECK=1 diagnoses it.  (A rank whose receives are long enough
+    may finish: MPI accepts a shorter message.)"""
+    comm = WORLD.Dup()
+    try:
+        x = np.ones(5 + RANK)
+        out = np.empty_like(x)
+        try:
+            if form == "array":
+                mpicoll.allreduce(x, comm=comm, out=out, algorithm="recursive_doubling",
+                                  timeout=20)
+            elif form == "Comm":
+                mpicoll.Comm(comm, algorithm="recursive_doubling").Allreduce(x, out)
+            else:
+                mpicoll.iallreduce(x, comm=comm, out=out, algorithm="recursive_doubling",
+                                   timeout=20).wait()
+            text = None
+        except mpicoll.CollectiveTimeout:
+            text = "timeout"  # (a rank left waiting for one that failed)
+        except MPI.Exception as exc:
+            text = str(exc)
+            ok = (isinstance(exc, mpicoll.MessageError) and "ERR_IN_STATUS" not in text
+                  and exc.Get_error_class() == MPI.ERR_TRUNCATE
+                  and "MPICOLL_CHECK=1" in text and "allreduce #1" in text
+                  and f"from rank {exc.peer}" in text and exc.step is not None
+                  and f"step {exc.step}" in text)
+            if not ok:
+                text = f"BAD: {text!r}"
+        texts = WORLD.allgather(text)
+        assert not any(t and t.startswith("BAD") for t in texts), texts
+        assert any(t not in (None, "timeout") for t in texts), texts
+    finally:
+        comm.Free()

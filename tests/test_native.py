@@ -10,6 +10,8 @@ argument), and that a build which cannot be used says why instead of failing.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import threading
 
 import numpy as np
@@ -17,9 +19,10 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
+from mpicoll.backends import host as _host
+from mpicoll.engine import cache as _cache
 from mpicoll.engine import context as _context
 from mpicoll.engine import native as _native
-from mpicoll.engine import plan as _plan
 
 WORLD = MPI.COMM_WORLD
 pytestmark = pytest.mark.ranks(1, 2, 3)  # 1: a copy; 2: one exchange; 3: the fold
@@ -56,7 +59,7 @@ def test_a_repeat_runs_compiled_and_right():
         mc.Allreduce(x, y)
         mpicoll.allreduce(x, comm=comm, out=z)
         mpicoll.allreduce(x, comm=comm, out=t, timeout=30)  # a timed plan: its waits poll
-        assert _plan.latest(_context.context(comm), "Comm.Allreduce").hit is not None
+        assert _cache.latest(_context.context(comm), "Comm.Allreduce").hit is not None
         before = mod.hits()
         for step in range(5):
             x += step
@@ -89,14 +92,14 @@ def test_what_it_cannot_prove_goes_to_python():
         y = np.empty(6)
         mc.Allreduce(x, y)
         slow = []
-        python_repeat = _plan._repeat
-        mod.setup(_plan._LAST, lambda *a: slow.append(a[1]) or python_repeat(*a),
-                  _plan.forget, _plan.IN_FLIGHT, _plan.EPOCH, MPI.IN_PLACE, np.ndarray,
-                  MPI.Exception)
+        python_repeat = _cache._repeat
+        mod.setup(_cache._LAST, lambda *a: slow.append(a[1]) or python_repeat(*a),
+                  _cache._failed, _cache.IN_FLIGHT, _cache.EPOCH, MPI.IN_PLACE, np.ndarray,
+                  MPI.Exception, _host.FP_STATE, _host.FP_QUIET)
         try:
             before = mod.hits()
             h = mc.Iallreduce(x, np.empty(6))  # in flight during the blocking repeat
-            in_flight = bool(_plan.IN_FLIGHT)  # (one rank: it ended as it started)
+            in_flight = bool(_cache.IN_FLIGHT)  # (one rank: it ended as it started)
             mc.Allreduce(x, y)
             h.Wait()
             np.testing.assert_array_equal(y, _want(x))
@@ -121,8 +124,9 @@ def test_what_it_cannot_prove_goes_to_python():
                 assert len(slow) == 1 and mod.hits() == before + 1
             np.testing.assert_array_equal(y, _want(x))
         finally:
-            mod.setup(_plan._LAST, python_repeat, _plan.forget, _plan.IN_FLIGHT, _plan.EPOCH,
-                      MPI.IN_PLACE, np.ndarray, MPI.Exception)
+            mod.setup(_cache._LAST, python_repeat, _cache._failed, _cache.IN_FLIGHT,
+                      _cache.EPOCH, MPI.IN_PLACE, np.ndarray, MPI.Exception, _host.FP_STATE,
+                      _host.FP_QUIET)
     finally:
         comm.Free()
 
@@ -139,18 +143,18 @@ def test_native_off_makes_plans_without_it():
         x = np.arange(5.0) + WORLD.rank
         y = np.empty(5)
         mc.Allreduce(x, y)
-        compiled = _plan.latest(ctx, "Comm.Allreduce")
+        compiled = _cache.latest(ctx, "Comm.Allreduce")
         assert compiled.hit is not None
         with mpicoll.options(native=False):
             before = mod.hits()
             for _ in range(3):
                 mc.Allreduce(x, y)
-            plan = _plan.latest(ctx, "Comm.Allreduce")
+            plan = _cache.latest(ctx, "Comm.Allreduce")
             assert plan is not compiled and plan.hit is None and not compiled.live
             assert mod.hits() == before and compiled.hit.live == 0
             np.testing.assert_array_equal(y, _want(x))
         mc.Allreduce(x, y)
-        assert _plan.latest(ctx, "Comm.Allreduce").hit is not None
+        assert _cache.latest(ctx, "Comm.Allreduce").hit is not None
     finally:
         comm.Free()
 
@@ -248,4 +252,126 @@ def test_an_unwritable_cache_directory_leaves_the_hit_in_python(tmp_path, monkey
     monkeypatch.setattr(_native, "_STATE", {})
     assert _native.load(None, str(blocked)) is None
     used, why = _native.status()
-    assert not used and "cannot build" in why
+    assert not used and "cannot create" in why
+
+
+# --- what it loads: only a file this user alone could have written ------------------
+
+OTHER_UID = 12345  # another local user (no account needed: files are chowned to it)
+
+
+def _as_other(path, mode):
+    os.chown(path, OTHER_UID, OTHER_UID)
+    os.chmod(path, mode)
+
+
+def _planted(tmp_path, cache, name):
+    """A shared object at ``cache/mpicoll/native/name`` whose constructor, if it is ever
+    loaded, writes a marker file; (its path, the marker's path)."""
+    marker = tmp_path / "constructor-ran"
+    src = tmp_path / "planted.c"
+    src.write_text("#include <stdio.h>\n__attribute__((constructor)) static void planted(void)"
+                   f' {{ FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
+    so = cache / "mpicoll" / "native" / name
+    so.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    return so, marker
+
+
+def _hit_name(tmp_path):
+    """The file name the compiled repeat gets here (built once in a private folder)."""
+    cc = _native.find_mpicc()
+    if not cc or shutil.which("cc") is None:
+        pytest.skip("no mpicc or cc")
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    _, path = _native._build_and_load(cc, str(mine))
+    return cc, os.path.basename(path)
+
+
+@pytest.mark.local
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make files owned by another user")
+def test_a_module_another_user_planted_is_never_loaded(tmp_path):
+    """A cache folder another user made (mode 0777: XDG_CACHE_HOME on a shared or group
+    folder) holding a shared object under the predictable name: refused with the reason,
+    never loaded (its constructor would run as this user)."""
+    cc, name = _hit_name(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    so, marker = _planted(tmp_path, shared, name)
+    for path in (shared, shared / "mpicoll", shared / "mpicoll" / "native"):
+        _as_other(path, 0o777)
+    _as_other(so, 0o755)
+    with pytest.raises(_native._NotUsed, match="not private.*owned by uid 12345"):
+        _native._build_and_load(cc, str(shared))
+    assert not marker.exists()
+
+
+@pytest.mark.local
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make files owned by another user")
+def test_a_module_in_a_private_folder_owned_by_another_user_is_not_loaded(tmp_path):
+    """The folder is this user's and private, but the file in it is another user's (or
+    writable by others, or a link): not loaded, and a link is never followed."""
+    cc, name = _hit_name(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    so, marker = _planted(tmp_path, cache, name)
+    for path in (cache / "mpicoll", cache / "mpicoll" / "native"):
+        os.chmod(path, 0o700)
+    _as_other(so, 0o755)
+    with pytest.raises(_native._NotUsed, match="owned by uid 12345"):
+        _native._build_and_load(cc, str(cache))
+    os.chown(so, 0, 0)
+    os.chmod(so, 0o777)
+    with pytest.raises(_native._NotUsed, match="writable by group or others"):
+        _native._build_and_load(cc, str(cache))
+    target = tmp_path / "victim-file"
+    target.write_text("precious")
+    so.unlink()
+    so.symlink_to(target)
+    with pytest.raises(_native._NotUsed, match="not a regular file"):
+        _native._build_and_load(cc, str(cache))
+    assert not marker.exists() and target.read_text() == "precious"
+
+
+@pytest.mark.local
+def test_a_failed_build_writes_its_log_through_no_planted_name(tmp_path):
+    """The build and its log are written in a private scratch folder with an unpredictable
+    name and renamed into place: a link or a folder planted at the names the build used
+    (``<file>.<pid>.tmp``, ``<file>.failed.<pid>``) is neither followed nor in the way."""
+    libdir = os.path.dirname(_native._loaded_libmpi())
+    if not libdir:
+        pytest.skip("no /proc/self/maps")
+    cc = _script(tmp_path, "mpicc", f'case "$1" in -show*) echo "cc -L{libdir} -lmpi";; '
+                                    '*) echo "no compiler here" >&2; exit 1;; esac\n')
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    folder = cache / "mpicoll" / "native"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(folder.parent, 0o700)
+    target = tmp_path / "victim-file"
+    target.write_text("precious")
+    with pytest.raises(_native._NotUsed, match="the build failed") as failed:
+        _native._build_and_load(cc, str(cache))
+    path = str(failed.value.path)
+    log = folder / (os.path.basename(path) + ".failed")
+    log.unlink()
+    os.mkdir(f"{path}.{os.getpid()}.tmp")
+    os.symlink(target, f"{path}.failed.{os.getpid()}")
+    with pytest.raises(_native._NotUsed, match="the build failed"):
+        _native._build_and_load(cc, str(cache))
+    assert target.read_text() == "precious"
+    assert "no compiler here" in log.read_text() and not log.is_symlink()
+    assert not [p for p in folder.iterdir() if p.name.startswith(".tmp-")]  # (scratch gone)
+
+
+@pytest.mark.local
+def test_a_relative_cache_home_is_ignored():
+    """XDG_CACHE_HOME counts only as an absolute path (the XDG rule): a relative one would
+    name a folder under each job's working directory."""
+    from mpicoll.core import config
+
+    home = os.path.expanduser("~/.cache")
+    assert config.read_environment({"XDG_CACHE_HOME": "relative/cache"})["cache_dir"] == home
+    assert config.read_environment({"XDG_CACHE_HOME": "/abs/cache"})["cache_dir"] == "/abs/cache"
+    config.read_environment()

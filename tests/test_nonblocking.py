@@ -330,9 +330,9 @@ def test_persistent_starts_run_on_persistent_requests(monkeypatch):
     (engine.executor, "Persistent operations"): later starts set nothing up again,
     results stay right with new data, a start under a traffic counter takes the
     observed path (and is counted), and Free frees the program's requests."""
-    from mpicoll.engine import collectives as _collectives
     from mpicoll.engine import executor as _executor
-    begins = _util.spy(monkeypatch, _collectives._Run, ["begin"])
+    from mpicoll.engine import run as _run
+    begins = _util.spy(monkeypatch, _run.Bound, ["begin"])
     x = np.empty(7)
     y = np.full(7, SENTINEL, np.float64)
     req = COMM.Allreduce_init(x, y)
@@ -408,7 +408,7 @@ def test_freeing_the_communicator_frees_the_programs():
 
 
 # ---------------------------------------------------------------------------
-# Repeated non-blocking calls restart their kept operation (engine.plan.restart)
+# Repeated non-blocking calls restart their kept operation (engine.cache.restart)
 # ---------------------------------------------------------------------------
 
 
@@ -496,24 +496,24 @@ def test_no_restart_before_the_last_request_was_seen_complete(monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_kept_operations_are_bounded_and_observed_calls_are_counted():
+    from mpicoll.engine import cache as _cache
     from mpicoll.engine import context as _context
-    from mpicoll.engine import plan as _plan
     comm = mpicoll.Comm(WORLD.Dup())
     try:
-        xs = [rank_data(3, RANK, np.float64, salt=150 + k) for k in range(_plan.KEPT + 3)]
+        xs = [rank_data(3, RANK, np.float64, salt=150 + k) for k in range(_cache.NON_BLOCKING + 3)]
         ys = [np.empty(3) for _ in xs]
         for x, y in zip(xs, ys):
             comm.Iallreduce(x, y).Wait()
         ctx = _context.context(comm)
-        kept = len(ctx.kept)
+        kept = len(ctx.cache.non_blocking)
         with mpicoll.traffic() as t:  # observed: the general path, counted
             comm.Iallreduce(xs[-1], ys[-1]).Wait()
         counted = len(t.calls) == 1
-        ok = kept == _plan.KEPT and counted and \
+        ok = kept == _cache.NON_BLOCKING and counted and \
             all(_util.same_bytes(y, builtin_allreduce(x)) for x, y in zip(xs, ys))
     finally:
         comm.Free()
-    emptied = not ctx.kept
+    emptied = not ctx.cache.non_blocking
     _util.assert_all(WORLD, ok and emptied, f"kept={kept} counted={counted} emptied={emptied}")
 
 
@@ -568,10 +568,10 @@ def test_persistent_free_without_start():
     _util.assert_all(WORLD, ok, f"y={y} z={z}")
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float16])  # float16: through api.numerics
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])  # float16: through engine.numerics
 def test_start_misuse_raises_one_type(dtype):
     """Start on an active, a freed or a non-blocking request: ValueError each time, the same
-    for a request api.numerics routes (float16 SUM), naming Start, what it expected and got."""
+    for a request engine.numerics routes (float16 SUM), naming Start, what it expected and got."""
     x, y = rank_data(4, RANK, np.float64).astype(dtype), np.empty(4, dtype)
     problems = []
 
@@ -607,8 +607,9 @@ def refuse_start(monkeypatch):
     """Make starting any operation fail loudly (a call that should be refused must not start)."""
     def refuse(*args, **kwargs):
         raise _util.MessageSent("an operation was started although the call should be refused")
-    for name in ("start_allreduce", "start_allgather", "start_reduce_scatter"):
-        monkeypatch.setattr(_requests, name, refuse)
+    from mpicoll.engine import run as _run
+
+    monkeypatch.setattr(_run, "start", refuse)
 
 
 def _error_of(fn):

@@ -1,5 +1,5 @@
 """The direct route of a 16/8-bit SUM/PROD: blocks travel in the input type and each rank
-folds its own in float32, in rank order, rounding once (api.numerics, algorithms.direct).
+folds its own in float32, in rank order, rounding once (engine.numerics, algorithms.direct).
 
 Through the array functions and mpicoll.Comm, AllReduce and ReduceScatter, in and out of
 place, blocking and not, uneven blocks (empty ones, fewer elements than ranks, counts not
@@ -18,9 +18,10 @@ from support.data import half_types
 
 import mpicoll
 from mpicoll.algorithms.schedule import split
-from mpicoll.api import numerics as _numerics
 from mpicoll.api.buffers import msg_of_array
 from mpicoll.backends.host import NUMPY
+from mpicoll.core.message import Call
+from mpicoll.engine import numerics as _numerics
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -262,12 +263,14 @@ class _Comm:  # a communicator of ``size`` ranks with no context yet (options: t
 
 
 def _route(collective, nbytes, size, dtype=np.float16, algorithm="auto"):
+    """The engine.numerics Policy of such a call (blocking), not deterministic."""
     x = np.zeros(nbytes // np.dtype(dtype).itemsize, dtype)
-    counts = split(len(x), size)[0]
-    displs = split(len(x), size)[1]
+    counts = tuple(split(len(x), size)[0]) if collective != "allreduce" else None
+    displs = tuple(split(len(x), size)[1]) if collective != "allreduce" else None
     out = msg_of_array(np.empty_like(x), NUMPY)
-    return _numerics.route(collective, _Comm(size), msg_of_array(x, NUMPY), out, MPI.SUM,
-                           algorithm, counts, displs, deterministic=False)
+    call = Call(collective, _Comm(size), msg_of_array(x, NUMPY), out, counts, displs, MPI.SUM,
+                algorithm, None, False)
+    return _numerics.policy(call, {"deterministic": False, "algorithm": None}, size, True)
 
 
 @pytest.mark.local
@@ -278,7 +281,7 @@ def test_auto_takes_the_direct_route_where_measured_faster(collective, monkeypat
         for nbytes in sizes:
             for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
                 r = _route(collective, nbytes, size, dtype)
-                assert r.accumulate == np.float32 and r.args[-1] == "direct", \
+                assert r.accumulate == np.float32 and r.algorithm == "direct", \
                     (size, nbytes, dtype)
                 # what the bench reports as selected
                 assert _numerics.direct_route(collective, "auto", dtype, MPI.SUM, nbytes, size)

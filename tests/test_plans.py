@@ -1,9 +1,9 @@
-"""The one cache of repeated calls (engine.plan): a hit is proven valid, holds no user memory.
+"""The one cache of bound calls (engine.cache): a hit is proven valid, holds no user memory.
 
-A repeated call with the same arguments runs its plan (no validation, no
+A repeated call with the same arguments runs its entry (no validation, no
 binding, no allocation); an argument changed in place (dtype, shape, strides,
-writeability), another object, an option or an observer is a miss that
-validates as a new call; a plan never keeps a user's array alive.
+writeability, its data buffer), another object, an option or an observer is a
+miss that validates as a new call; an entry never keeps a user's array alive.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll.api import args as _args
+from mpicoll.engine import cache as _cache
 from mpicoll.engine import context as _context
-from mpicoll.engine import plan as _plan
 from mpicoll.transport import channel as _channel
 
 WORLD = MPI.COMM_WORLD
@@ -346,7 +346,7 @@ def _the_timeout_is_in_the_signature(validated, timed):
 @pytest.mark.timeout(60)
 def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
     """A timeout alone observes nothing but the waits: such a blocking call keeps a plan
-    whose waits poll under the same timeout (engine.plan); the timeout is part of the
+    whose waits poll under the same timeout (engine.cache); the timeout is part of the
     signature, so another one is a miss.  A message over one piece is never timed from a
     plan (its pieces are windowed under the observed channel)."""
     comm = WORLD.Dup()
@@ -483,7 +483,7 @@ def test_plan_requests_are_freed_with_the_plan():
     WORLD.Allreduce(x, want)
 
     def plan_requests():
-        plan = _plan.latest(_context.context(comm), "Comm.Allreduce")
+        plan = _cache.latest(_context.context(comm), "Comm.Allreduce")
         return list(_executor._HOLDING.get(plan, ()))
 
     try:
@@ -546,7 +546,7 @@ def test_interrupted_plan_is_dropped():
         want = np.empty(6)
         WORLD.Allreduce(x, want)
         mc.Allreduce(x, y)
-        plan = _plan.latest(ctx, "Comm.Allreduce")
+        plan = _cache.latest(ctx, "Comm.Allreduce")
         op = plan.operation
         steps = list(op.steps)
         starts = [i for i, s in enumerate(steps) if s[0] == _executor.START]
@@ -558,21 +558,21 @@ def test_interrupted_plan_is_dropped():
 
         op.steps = tuple(steps[:at] + [(_executor.CALL, interrupt)] + steps[at:])
         if plan.calls is not None:  # (what a hit runs with nothing else in flight)
-            hit = _plan._hit_steps(steps)
+            hit = _cache._hit_steps(steps)
             at = 1 + max([i for i, s in enumerate(hit) if s[0] == _executor.START],
                          default=len(hit) - 1)
             compiled = plan.hit is not None
-            _plan._bind_hit(plan, hit[:at] + [(_executor.CALL, interrupt)] + hit[at:])
+            _cache._bind_hit(plan, hit[:at] + [(_executor.CALL, interrupt)] + hit[at:])
             assert (plan.hit is not None) == compiled  # (the compiled hit is interrupted too)
         with pytest.raises(KeyboardInterrupt):
             mc.Allreduce(x, y)
-        assert _plan.latest(ctx, "Comm.Allreduce") is None and not plan.live
+        assert _cache.latest(ctx, "Comm.Allreduce") is None and not plan.live
         assert all(r == MPI.REQUEST_NULL for r in requests) and plan not in _executor._HOLDING
         for _ in range(3):  # the general path, then a new plan
             y[...] = -1
             mc.Allreduce(x, y)
             np.testing.assert_array_equal(y, want)
-        assert _plan.latest(ctx, "Comm.Allreduce") is not plan
+        assert _cache.latest(ctx, "Comm.Allreduce") is not plan
     finally:
         comm.Free()
 
@@ -627,6 +627,44 @@ def test_a_dtype_changed_in_place_is_a_miss():
             x[...] = np.arange(3 * n) * 1.5 + rank
             call(x, o)
             np.testing.assert_array_equal(o, ref(x), err_msg=name)
+    finally:
+        comm.Free()
+
+
+@pytest.mark.timeout(120)
+def test_an_array_given_new_memory_in_place_is_a_miss():
+    """``out.__setstate__(state)`` (NumPy's pickle protocol) gives ``out`` a new data buffer
+    of the same shape, dtype and strides: the repeat writes the new memory, not the old
+    one (the sum landed in the freed buffer, another live array's memory, and ``out``
+    kept its old values).  The same for the input: the repeat reads its new memory.  The
+    arrays start over memory of a ``bytearray`` held here, so the old buffer stays alive
+    (a freed one may be handed back at the same address) and a write into it shows."""
+    comm = WORLD.Dup()
+    n, rank = WORLD.size, WORLD.rank
+
+    def over_bytes(values):
+        held = bytearray(values.nbytes)
+        arr = np.frombuffer(held, dtype=values.dtype)
+        arr[...] = values
+        return arr, held
+
+    try:
+        for name, call, ref, per in _forms(comm):
+            x, x_old = over_bytes((np.arange(3 * n) + rank).astype(np.float64))
+            o, o_old = over_bytes(np.zeros(3 * n // per))
+            for _ in range(2):
+                call(x, o)
+            o.__setstate__(o.__reduce__()[2])  # (the same state, in a new buffer)
+            stale = bytes(o_old)
+            x[...] += 10
+            call(x, o)
+            np.testing.assert_array_equal(o, ref(x), err_msg=f"{name}: out moved")
+            assert bytes(o_old) == stale, f"{name}: wrote into out's old memory"
+            keep = x.copy()
+            x.__setstate__(x.__reduce__()[2])
+            x[...] = keep + 100  # (the old buffer still holds keep; the new one keep + 100)
+            call(x, o)
+            np.testing.assert_array_equal(o, ref(x), err_msg=f"{name}: input moved")
     finally:
         comm.Free()
 
@@ -788,12 +826,12 @@ def test_calls_alternating_between_arrays_each_repeat_their_plan(monkeypatch):
                 np.testing.assert_array_equal(o, w)
             assert len(checks) - before == (4 if step == 0 else 0), step
         ctx = _context.context(comm)
-        assert len(ctx.plans) == 4
+        assert len(ctx.cache.blocking) == 4
         # a bounded table: the oldest go first
-        monkeypatch.setattr(_plan, "PLANS", 2)
+        monkeypatch.setattr(_cache, "BLOCKING", 2)
         extra, extra_out = np.ones(3), np.empty(3)
         mpicoll.allreduce(extra, comm=comm, out=extra_out)
-        assert len(ctx.plans) == 2
+        assert len(ctx.cache.blocking) == 2
         before = len(checks)
         mpicoll.allreduce(buckets[3], comm=comm, out=outs[3])  # (the second newest: kept)
         assert len(checks) == before
@@ -802,13 +840,13 @@ def test_calls_alternating_between_arrays_each_repeat_their_plan(monkeypatch):
         np.testing.assert_array_equal(outs[0], wants[0])
         # work memory: plans holding more than the budget together keep only the newest
         if WORLD.size > 1:
-            monkeypatch.setattr(_plan, "PLANS", 16)
-            monkeypatch.setattr(_plan, "PLAN_WORK_BYTES", 1)
+            monkeypatch.setattr(_cache, "BLOCKING", 16)
+            monkeypatch.setattr(_cache, "WORK_BYTES", 1)
             for g, o in zip(buckets, outs):
                 mpicoll.allreduce(g, comm=comm, out=o, algorithm="recursive_doubling")
-            held = [p for p in ctx.plans.values() if p.work]
+            held = [p for p in ctx.cache.blocking.values() if p.work]
             # (at a rank count that is not a power of two, a rank folded out holds none)
-            assert len(held) <= 1 and all(p.rb() is outs[-1] for p in held), held
+            assert len(held) <= 1 and all(p.out_ref() is outs[-1] for p in held), held
     finally:
         comm.Free()
 
@@ -821,10 +859,10 @@ def test_a_collected_array_drops_its_plan():
         ctx = _context.context(comm)
         x, y = np.arange(6.0) + WORLD.rank, np.empty(6)
         mc.Allreduce(x, y)
-        plan = _plan.latest(ctx, "Comm.Allreduce")
+        plan = _cache.latest(ctx, "Comm.Allreduce")
         del y
         gc.collect()
-        assert not plan.live and _plan.latest(ctx, "Comm.Allreduce") is None
+        assert not plan.live and _cache.latest(ctx, "Comm.Allreduce") is None
     finally:
         comm.Free()
 

@@ -402,7 +402,7 @@ def test_large_message_shows_progress_per_piece(monkeypatch):
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
 def test_plan_does_not_run_after_a_timeout():
-    """The same buffers as a plain call kept as a plan (engine.plan): after a call on the
+    """The same buffers as a plain call kept as a plan (engine.cache): after a call on the
     communicator timed out, they are refused like any other call, not run from the plan."""
     comm = _fresh_comm()
     mc = mpicoll.Comm(comm)
@@ -478,7 +478,7 @@ def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
     ("allreduce", "recursive_doubling"), ("allreduce", "ring"), ("reduce_scatter", "ring"),
     ("allgather", "ring")])
 def test_a_timed_plan_times_out_as_the_first_call_does(collective, algorithm, monkeypatch):
-    """A call repeated under a timeout runs from its timed plan (engine.plan): when a rank
+    """A call repeated under a timeout runs from its timed plan (engine.cache): when a rank
     skips it, the others raise the CollectiveTimeout the general path raises, in time,
     and the communicator is refused afterwards."""
     fn = getattr(mpicoll, collective)
@@ -493,7 +493,7 @@ def test_a_timed_plan_times_out_as_the_first_call_does(collective, algorithm, mo
     ("allreduce", "ring", "test"), ("allgather", "ring", "test")])
 def test_a_timed_non_blocking_plan_times_out_as_the_first_call_does(collective, algorithm, how,
                                                                      monkeypatch):
-    """A non-blocking call repeated under a timeout restarts its timed plan (engine.plan):
+    """A non-blocking call repeated under a timeout restarts its timed plan (engine.cache):
     when a rank skips it, the others raise the general path's CollectiveTimeout in time,
     from ``wait()`` (its polling wait) and from ``test()`` polled (its idle check), and the
     communicator is refused afterwards."""

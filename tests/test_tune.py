@@ -660,3 +660,45 @@ def test_the_cluster_table_sets_the_model_beside_the_runs(tmp_path, capsys):
     assert "within 20 %: 1 of 2 cells" in out, out
     with pytest.raises(SystemExit, match="node by node"):
         across.main(["--nodes", "0,1,0,1", "--model", str(tuning), str(bench)])
+
+
+# --- ranks agree by construction ------------------------------------------------------
+
+@pytest.mark.ranks(2, 3)  # (one rank agrees with itself)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("differs", ["file", "segment"])
+def test_ranks_that_read_different_tuning_use_rank_0s(tuning_env, monkeypatch, differs):
+    """Rank 0 reads a tuning file selecting the ring at 64 KiB, the others none (a
+    node-local cache tuned on one node, a file replaced while the job starts); or rank 0
+    runs with another MPICOLL_SEGMENT_BYTES.  Each rank chose from its own: the others
+    returned a wrong sum (every element) and rank 0 raised MPI_ERR_IN_STATUS.  The
+    set-up agrees: every rank runs rank 0's choice and the result is MPI's; a rank whose
+    own differed says so once."""
+    tuning_env(_file({"allreduce": [[1 << 20, "ring"], [None, "ring"]]}))
+    if differs == "file":
+        if WORLD.rank != 0:
+            monkeypatch.setenv("MPICOLL_TUNING", "off")
+    elif WORLD.rank == 0:
+        monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "4K")
+    _select.reset()
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        comm = WORLD.Dup()
+        try:
+            x = np.arange(8192, dtype=np.float64) * 3 + WORLD.rank  # 64 KiB
+            want = np.empty_like(x)
+            WORLD.Allreduce(x, want)
+            y, algorithm = _used(comm, "allreduce", x, timeout=20)
+            ctx = _context.context(comm)
+            ok = np.array_equal(y, want) and algorithm == "ring"
+            agreed = getattr(ctx, "agreement", None) is not None
+            segment = ctx.segment_bytes
+        finally:
+            comm.Free()
+    said = [str(w.message) for w in seen if "rank 0's" in str(w.message)]
+    results = WORLD.allgather((ok, agreed, bool(said), segment))
+    assert all(r[0] for r in results), results
+    assert not results[0][1] and all(r[1] and r[2] for r in results[1:]), results
+    assert len({r[3] for r in results}) == 1, results

@@ -26,11 +26,13 @@ work buffers
 
 Operations, in issue order (``Schedule.ops``):
 
-``Send(peer, region, label)`` / ``Recv(peer, region, label)``
+``Send(peer, region, label, chunk)`` / ``Recv(peer, region, label, chunk)``
     post a non-blocking send / receive of ``region``; messages between two
     ranks match in issue order (one tag, MPI's non-overtaking rule), so a
     schedule must issue its sends to a peer in the order the peer issues its
-    receives from it.
+    receives from it.  ``chunk`` (0 but in a pipeline, algorithms.pipeline):
+    messages of different chunks never match each other (each chunk's are on
+    a tag of their own), so only the order within a chunk matters.
 ``Wait(handles)``
     block until the listed earlier ``Send``/``Recv`` ops (their indices in
     ``ops``) completed.  A region a posted ``Recv`` writes or a posted
@@ -86,12 +88,14 @@ class Send(NamedTuple):
     peer: int
     region: Region
     label: Label | None = None
+    chunk: int = 0  # messages of chunk k match only chunk k's (a tag of their own: pipelines)
 
 
 class Recv(NamedTuple):
     peer: int
     region: Region
     label: Label | None = None
+    chunk: int = 0
 
 
 class Wait(NamedTuple):

@@ -1,16 +1,17 @@
 """Every argument check of the array functions and of ``mpicoll.Comm``'s methods.
 
-One function per entry point turns its arguments into exactly the arguments
-of engine.collectives.start_* (or raises), so the blocking call, its
-non-blocking form and its persistent form cannot check differently:
+One function per entry point turns its arguments into one
+:class:`~mpicoll.core.message.Call` (or raises), the record the engine runs
+(engine.run), so the blocking call, its non-blocking form and its persistent
+form cannot check differently:
 
 * the array functions: :func:`allreduce`, :func:`allgather`,
-  :func:`reduce_scatter` return ``(engine args, timeout, result, after)``:
-  ``result`` is what the call returns, ``after`` the copy back into a
-  non-C-ordered ``out`` once the data moved (or None);
+  :func:`reduce_scatter` return ``(call, result, after)``: ``result`` is what
+  the function returns, ``after`` the copy back into a non-C-ordered ``out``
+  once the data moved (or None);
 * ``mpicoll.Comm``'s methods: :func:`Allreduce`, :func:`Allgather`,
   :func:`Allgatherv`, :func:`Reduce_scatter_block`, :func:`Reduce_scatter`
-  (named after the method) return the engine arguments.
+  (named after the method) return the call.
 
 What both APIs check the same way is one function here: the op against the
 data type (:func:`check_op_applies`), memory shared by input and output
@@ -19,8 +20,8 @@ algorithm of an ``mpicoll.Comm``.  Every error is raised before any message is
 sent and names the argument, what was expected and what was got: TypeError
 for a wrong type, ValueError for a wrong value.
 
-Only a call that is not a repeat comes here: a repeat's plan (engine.plan)
-was proven valid by the signature of what these functions read.
+Only a call that is not a repeat comes here: a repeat (engine.cache) is
+proven valid by the signature of what these functions read.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from ..backends.host import NUMPY
 from ..core import config as _config
 from ..core import types as _types
 from ..core.comms import check_comm
-from ..engine import collectives as _collectives
+from ..core.message import Call
+from ..engine import run as _run
 from ..engine import select as _select
 from .buffers import (
     array_arg,
@@ -184,10 +186,12 @@ def _logical(backend, x, out, held):
     return smsg, msg_of_array(work, backend), after
 
 
-def allreduce(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeout=None):
-    """((comm, smsg, rmsg, op, algorithm), timeout, result, after) of an allreduce call."""
+def allreduce(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeout=None,
+              deterministic=None, accumulate=None):
+    """(call, result, after) of an allreduce."""
     comm = _comm(comm)
     timeout = _config.check_value("timeout", timeout)
+    check_flags(deterministic, accumulate)
     _types.check_op(op)
     _select.check_algorithm("allreduce", algorithm)
     algorithm = forced(comm, "allreduce", algorithm)
@@ -202,11 +206,12 @@ def allreduce(x, op=MPI.SUM, comm=None, out=None, algorithm="auto", timeout=None
     check_op_applies(op, x.dtype, category, typename)
     # every rank reduces its elements in logical (C) order, whatever its layout
     smsg, rmsg, after = _logical(backend, x, out, x if in_place else None)
-    return (comm, smsg, rmsg, op, algorithm), timeout, out, after
+    return (Call("allreduce", comm, smsg, rmsg, None, None, op, algorithm, timeout,
+                 deterministic, accumulate), out, after)
 
 
 def allgather(x, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
-    """((comm, smsg, rmsg, counts, displs, algorithm), timeout, result, after) of an allgather."""
+    """(call, result, after) of an allgather."""
     comm = _comm(comm)
     timeout = _config.check_value("timeout", timeout)
     _select.check_algorithm("allgather", algorithm)
@@ -242,14 +247,16 @@ def allgather(x, comm=None, out=None, counts=None, algorithm="auto", timeout=Non
     edispls = offsets(ecounts)[:-1]
     # rows in logical (C) order on every rank, whatever its layout
     smsg, rmsg, after = _logical(backend, x, out, out if in_place else None)
-    return (comm, smsg, rmsg, ecounts, edispls, algorithm), timeout, out, after
+    return (Call("allgather", comm, smsg, rmsg, tuple(ecounts), tuple(edispls), None,
+                 algorithm, timeout), out, after)
 
 
 def reduce_scatter(x, op=MPI.SUM, comm=None, out=None, counts=None, algorithm="auto",
-                   timeout=None):
-    """((comm, smsg, rmsg, counts, displs, op, algorithm), timeout, result, after)."""
+                   timeout=None, deterministic=None, accumulate=None):
+    """(call, result, after) of a reduce_scatter."""
     comm = _comm(comm)
     timeout = _config.check_value("timeout", timeout)
+    check_flags(deterministic, accumulate)
     _types.check_op(op)
     _select.check_algorithm("reduce_scatter", algorithm)
     algorithm = forced(comm, "reduce_scatter", algorithm)
@@ -272,20 +279,21 @@ def reduce_scatter(x, op=MPI.SUM, comm=None, out=None, counts=None, algorithm="a
         result, in_place = _new_out(backend, x, shape), False
     else:
         result, in_place = _check_out(_out_arg(out, backend, x), backend, x, shape, "reduce_scatter")
-    ecounts = [c * rowsize for c in counts]
-    edispls = offsets(ecounts)[:-1]
+    ecounts = tuple(c * rowsize for c in counts)
+    edispls = tuple(offsets(ecounts)[:-1])
     # rows in logical (C) order on every rank, whatever its layout
     src = _c_order(backend, x)
     if in_place:
         # the input is the whole of x; the result goes to its first rows
         result = x[: counts[rank]]
         after = None if src is x else _copier(backend, result, src[: counts[rank]])
-        return ((comm, None, msg_of_array(src, backend), ecounts, edispls, op, algorithm), timeout,
-                result, after)
+        return (Call("reduce_scatter", comm, None, msg_of_array(src, backend), ecounts, edispls,
+                     op, algorithm, timeout, deterministic, accumulate), result, after)
     work = _c_order(backend, result, fill=False)
     after = None if work is result else _copier(backend, result, work)
-    return ((comm, msg_of_array(src, backend), msg_of_array(work, backend), ecounts, edispls, op,
-             algorithm), timeout, result, after)
+    return (Call("reduce_scatter", comm, msg_of_array(src, backend), msg_of_array(work, backend),
+                 ecounts, edispls, op, algorithm, timeout, deterministic, accumulate),
+            result, after)
 
 
 # -- mpicoll.Comm's methods (``comm`` is the mpicoll.Comm) ----------------------------------
@@ -312,23 +320,30 @@ def _send(sendbuf, rmsg, count=None, shown=None, what="receive count", blocks=0)
 
 def _blocks(per, size):
     """(counts, displs) of ``size`` blocks of ``per`` elements end to end."""
-    counts = [per] * size
-    return counts, offsets(counts)[:-1]
+    counts = (per,) * size
+    return counts, tuple(offsets(counts)[:-1])
+
+
+def _comm_call(comm, collective, smsg, rmsg, counts=None, displs=None, op=None) -> Call:
+    """The Call of an ``mpicoll.Comm`` method: its forced algorithm and numerics flags."""
+    det, acc = getattr(comm, "_numerics", (None, None))
+    return Call(collective, comm, smsg, rmsg, counts, displs, op,
+                forced(comm, collective, "auto"), None, det, acc)
 
 
 def Allreduce(comm, sendbuf, recvbuf, op=MPI.SUM):
-    """(comm, smsg, rmsg, op, algorithm) for start_allreduce."""
+    """The Call of ``comm.Allreduce(sendbuf, recvbuf, op)``."""
     _types.check_op(op)
     rmsg = message(recvbuf, "recvbuf", writable=True)
     smsg = None
     if not is_in_place(sendbuf):
         smsg = _send(sendbuf, rmsg, rmsg.count)
     check_op_applies(op, rmsg.dtype, rmsg.category, rmsg.typename)
-    return comm, smsg, rmsg, op, forced(comm, "allreduce", "auto")
+    return _comm_call(comm, "allreduce", smsg, rmsg, op=op)
 
 
 def Allgather(comm, sendbuf, recvbuf):
-    """(comm, smsg, rmsg, counts, displs, algorithm) for start_allgather."""
+    """The Call of ``comm.Allgather(sendbuf, recvbuf)``."""
     size = comm.Get_size()
     rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
     per = rmsg.count // size
@@ -336,22 +351,22 @@ def Allgather(comm, sendbuf, recvbuf):
     if not is_in_place(sendbuf):
         smsg = _send(sendbuf, rmsg, per, per * size)
     counts, displs = _blocks(per, size)
-    return comm, smsg, rmsg, counts, displs, forced(comm, "allgather", "auto")
+    return _comm_call(comm, "allgather", smsg, rmsg, counts, displs)
 
 
 def Allgatherv(comm, sendbuf, recvbuf):
-    """(comm, smsg, rmsg, counts, displs, algorithm) for start_allgather."""
+    """The Call of ``comm.Allgatherv(sendbuf, recvbuf)``."""
     size, rank = comm.Get_size(), comm.Get_rank()
     rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size, vector=True)
     smsg = None
     if not is_in_place(sendbuf):
         smsg = _send(sendbuf, rmsg, rmsg.counts[rank], what=f"receive count counts[{rank}]")
     _check_disjoint_blocks(rmsg.counts, rmsg.displs)
-    return comm, smsg, rmsg, rmsg.counts, rmsg.displs, forced(comm, "allgather", "auto")
+    return _comm_call(comm, "allgather", smsg, rmsg, tuple(rmsg.counts), tuple(rmsg.displs))
 
 
 def Reduce_scatter_block(comm, sendbuf, recvbuf, op=MPI.SUM):
-    """(comm, smsg, rmsg, counts, displs, op, algorithm) for start_reduce_scatter."""
+    """The Call of ``comm.Reduce_scatter_block(sendbuf, recvbuf, op)``."""
     _types.check_op(op)
     size = comm.Get_size()
     if is_in_place(sendbuf):
@@ -365,11 +380,11 @@ def Reduce_scatter_block(comm, sendbuf, recvbuf, op=MPI.SUM):
         smsg = _send(sendbuf, rmsg, per * size, blocks=size)
     check_op_applies(op, rmsg.dtype, rmsg.category, rmsg.typename)
     counts, displs = _blocks(per, size)
-    return comm, smsg, rmsg, counts, displs, op, forced(comm, "reduce_scatter", "auto")
+    return _comm_call(comm, "reduce_scatter", smsg, rmsg, counts, displs, op)
 
 
 def Reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
-    """(comm, smsg, rmsg, counts, displs, op, algorithm) for start_reduce_scatter.
+    """The Call of ``comm.Reduce_scatter(sendbuf, recvbuf, recvcounts, op)``.
 
     Without ``recvcounts`` (and not in place) this exchanges the receive counts
     (collective), and each rank's verdict on its own arguments with them, so
@@ -402,7 +417,8 @@ def Reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
                 raise ValueError(
                     f"mismatch in send count {scount} and sum(counts) {total} on rank {r}"
                 )
-    return comm, smsg, rmsg, counts, offsets(counts)[:-1], op, forced(comm, "reduce_scatter", "auto")
+    return _comm_call(comm, "reduce_scatter", smsg, rmsg, tuple(counts),
+                      tuple(offsets(counts)[:-1]), op)
 
 
 def _reduce_scatter_local(comm, sendbuf, recvbuf, recvcounts, op):
@@ -433,8 +449,8 @@ def _exchange(comm, values, label):
     size, k = comm.Get_size(), len(values)
     out = np.zeros(size * k, dtype=np.int64)
     mine = np.array(values, dtype=np.int64)
-    _collectives.run_allgather(comm, msg_of_array(mine, NUMPY), msg_of_array(out, NUMPY),
-                               [k] * size, offsets([k] * size)[:-1], label=label)
+    _run.run(Call("allgather", comm, msg_of_array(mine, NUMPY), msg_of_array(out, NUMPY),
+                  (k,) * size, tuple(offsets([k] * size)[:-1]), label=label))
     return [tuple(int(v) for v in out[k * r:k * r + k]) for r in range(size)]
 
 

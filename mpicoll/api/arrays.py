@@ -10,12 +10,12 @@ Rules common to the three functions:
 * In place by memory.  ``out`` viewing exactly the memory of ``x`` (the same
   object, another object over the same buffer) is the in-place form; an
   ``out`` overlapping ``x`` in part is a ValueError.
-* One call path.  A call with ``out=`` first tries its plan (engine.plan): the
-  same ``x`` and ``out`` objects (and op, algorithm) as its last plain call
-  run again with no validation.  Otherwise api.args validates and returns
-  the arguments of engine.collectives.start_* (the non-blocking forms use
-  the same functions), the array to return and what to do after the data
-  moved (a copy back into a non-C-ordered ``out``, or None).
+* One call path.  A call with ``out=`` first tries the cache of bound calls
+  (engine.cache): the same ``x`` and ``out`` (and op, algorithm, timeout) as a
+  call it remembered run again with no validation.  Otherwise api.args
+  validates the arguments into a Call, the array to return and what to do
+  after the data moved (a copy back into a non-C-ordered ``out``, or None),
+  and engine.run runs the call.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core import types as _types
-from ..engine import collectives as _collectives
-from ..engine import plan as _plan
+from ..engine import run as _run
 from . import args as _args
-from . import numerics as _numerics
 from . import requests as _requests
 
 _WORLD = MPI.COMM_WORLD
@@ -63,36 +61,30 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         x = np.array([rank, 10 * rank])      # rank r: [r, 10r]
         y = mpicoll.allreduce(x)             # every rank: [6, 60]
     """
-    plain = deterministic is None and accumulate is None  # numerics: see api.numerics
-    if plain and out is not None and _plan.repeat(
+    if out is not None and deterministic is None and accumulate is None and _run.repeat(
             _WORLD if comm is None else comm, "allreduce", x, out, op, algorithm, timeout):
         return out
-    key = _plan.key(x, out, op, algorithm, timeout)
-    args, timeout, result, after = _args.allreduce(x, op, comm, out, algorithm, timeout)
-    # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
-    _args.check_flags(deterministic, accumulate)
-    route = _numerics.route("allreduce", args[0], args[1], args[2], args[3], args[4],
-                            deterministic=deterministic, accumulate=accumulate)
-    if route is not None:
-        route.run(timeout)
-    # -- end numerics --
-    else:
-        _collectives.run_allreduce(*args, timeout=timeout,
-                                   memo=_memo("allreduce", key, x, out, result, after, op))
+    call, result, after = _args.allreduce(x, op, comm, out, algorithm, timeout, deterministic,
+                                          accumulate)
+    _run.run(call, remember=_key("allreduce", (x, out, op, algorithm, timeout), op, result,
+                                 after, call))
     if after is not None:
         after()
     return result
 
 
-def _memo(name, key, x, out, result, after, op=None, counts=None):
-    """(name, key, flat) to keep a plain call as a plan (or its operation, non-blocking;
-    ``flat`` False: validation read shapes and strides, engine.plan): the
-    default counts, the result ``out`` itself (not, in place, a view of ``x``), C-ordered
-    NumPy ``x`` and ``out`` moved as they are (no copy after) and a predefined op; else None."""
+def _key(name, args, op, result, after, call, counts=None):
+    """The cache key (name, ``args``: the arguments its repeat compares, flat) under which a
+    call may be remembered (engine.cache), or None: the default counts, no numerics
+    flags, the result ``out`` itself (not, in place, a view of ``x``), C-ordered NumPy
+    ``x`` and ``out`` moved as they are (no copy after) and a predefined op.  ``flat``
+    False: validation read shapes and strides."""
+    x, out = args[0], args[1]
     if (counts is None and result is out and after is None and type(x) is _ndarray
             and type(out) is _ndarray and x.flags.c_contiguous
+            and call.deterministic is None and call.accumulate is None
             and (op is None or _types.op_name(op) is not None)):
-        return name, key, False
+        return name, args, False
     return None
 
 
@@ -121,21 +113,12 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         x = np.full(2, rank)                 # rank r: [r, r]
         y = mpicoll.allgather(x)             # every rank: [0, 0, 1, 1, 2, 2]
     """
-    if out is not None and counts is None and _plan.repeat(
+    if out is not None and counts is None and _run.repeat(
             _WORLD if comm is None else comm, "allgather", x, out, algorithm, None, timeout):
         return out
-    key = _plan.key(x, out, algorithm, None, timeout)
-    args, timeout, result, after = _args.allgather(x, comm, out, counts, algorithm, timeout)
-    # -- numerics: ml_dtypes types move as words (api.numerics) --
-    route = _numerics.route("allgather", args[0], args[1], args[2], None, args[5], args[3],
-                            args[4])
-    if route is not None:
-        route.run(timeout)
-    # -- end numerics --
-    else:
-        _collectives.run_allgather(*args, timeout=timeout,
-                                   memo=_memo("allgather", key, x, out, result, after,
-                                              counts=counts))
+    call, result, after = _args.allgather(x, comm, out, counts, algorithm, timeout)
+    _run.run(call, remember=_key("allgather", (x, out, algorithm, None, timeout), None, result,
+                                 after, call, counts))
     if after is not None:
         after()
     return result
@@ -169,83 +152,44 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         x = np.arange(4) + 10 * rank         # rank 0: [0,1,2,3]  rank 1: [10,11,12,13]
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
-    plain = deterministic is None and accumulate is None  # numerics: see api.numerics
-    if plain and out is not None and counts is None and _plan.repeat(
-            _WORLD if comm is None else comm, "reduce_scatter", x, out, op, algorithm, timeout):
+    if out is not None and counts is None and deterministic is None and accumulate is None \
+            and _run.repeat(_WORLD if comm is None else comm, "reduce_scatter", x, out, op,
+                              algorithm, timeout):
         return out
-    key = _plan.key(x, out, op, algorithm, timeout)
-    args, timeout, result, after = _args.reduce_scatter(x, op, comm, out, counts, algorithm,
-                                                        timeout)
-    # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
-    _args.check_flags(deterministic, accumulate)
-    route = _numerics.route("reduce_scatter", args[0], args[1], args[2], args[5], args[6],
-                            args[3], args[4], deterministic=deterministic, accumulate=accumulate)
-    if route is not None:
-        route.run(timeout)
-    # -- end numerics --
-    else:
-        _collectives.run_reduce_scatter(*args, timeout=timeout,
-                                        memo=_memo("reduce_scatter", key, x, out, result, after,
-                                                   op, counts))
+    call, result, after = _args.reduce_scatter(x, op, comm, out, counts, algorithm, timeout,
+                                               deterministic, accumulate)
+    _run.run(call, remember=_key("reduce_scatter", (x, out, op, algorithm, timeout), op,
+                                 result, after, call, counts))
     if after is not None:
         after()
     return result
 
 
 # -- non-blocking forms (see mpicoll.api.requests) ------------------------------------
-# The same checks as the blocking functions (the one validation path), then the
-# engine's start_* function.
+# The same validation as the blocking functions, then engine.run.start.  A repeated call
+# with ``out`` (the same array objects, the last handle seen complete) restarts the
+# operation the cache remembered (engine.cache.restart): no validation.
 
 
-# A repeated call with ``out`` (the same array objects, the last handle seen complete)
-# restarts the operation that call left (engine.plan.restart): no validation.
-
-
-def _istart(name, start, validate, comm, x, out, op, algorithm, counts, timeout, numerics=None):
-    """A handle of ``name``'s kept operation restarted (its result: ``out``), else of a new
-    one started on ``validate()`` (the function's api.args call) and kept for the call's
-    repeat if plain (:func:`_memo`).  The handle keeps ``x`` and ``out`` alive until it has
-    seen the operation complete.  ``numerics``: (deterministic, accumulate) (api.numerics)."""
+def _istart(name, validate, comm, x, out, op, algorithm, counts, timeout, flags):
+    """A handle of ``name``'s remembered operation restarted (its result: ``out``), else of a
+    new one started on ``validate()`` (the function's api.args call) and remembered for
+    the call's repeat (:func:`_key`).  The handle keeps ``x`` and ``out`` alive until it
+    has seen the operation complete.  ``flags``: (deterministic, accumulate)."""
     _requests.check_progress()
-    plain = numerics is None or numerics == (None, None)
-    if plain and out is not None and counts is None:
-        operation = _plan.restart(_WORLD if comm is None else comm, name, x, out, op, algorithm,
-                                  timeout)
+    if flags == (None, None) and out is not None and counts is None:
+        operation = _run.restart(_WORLD if comm is None else comm, name, x, out, op,
+                                   algorithm, timeout)
         if operation is not None:
             return _requests.Handle(operation, _finisher(out, None), (x, out))
-    key = _plan.key(x, out, op, algorithm, timeout)
-    args, timeout, result, after = validate()
-    # -- numerics: 16/8-bit floats, deterministic mode (api.numerics) --
-    route = _istart_route(name, args, numerics)
-    if route is not None:
-        return _requests.Handle(route.start(timeout), _finisher(result, after, route.finish),
-                                (x, out))
-    # -- end numerics --
-    memo = _memo(name, key, x, out, result, after, op, counts)
-    return _requests.Handle(start(*args, timeout=timeout, memo=memo), _finisher(result, after),
-                            (x, out))
+    call, result, after = validate()
+    key = _key(name, (x, out, op, algorithm, timeout), op, result, after, call, counts)
+    return _requests.Handle(_run.start(call, remember=key), _finisher(result, after), (x, out))
 
 
-def _istart_route(name, args, numerics):
-    """The api.numerics route of a non-blocking call's validated ``args``, or None."""
-    det, acc = (None, None) if numerics is None else numerics
-    _args.check_flags(det, acc)
-    if name == "iallgather":
-        return _numerics.route("allgather", args[0], args[1], args[2], None, args[5], args[3],
-                               args[4], one_operation=True)
-    if name == "iallreduce":
-        return _numerics.route("allreduce", *args[:5], deterministic=det, accumulate=acc,
-                               one_operation=True)
-    return _numerics.route("reduce_scatter", args[0], args[1], args[2], args[5], args[6], args[3],
-                           args[4], deterministic=det, accumulate=acc, one_operation=True)
-
-
-def _finisher(result, after, first=None):
-    """``finish()``: the result, once ``first`` (api.numerics' rounding) and ``after`` (the
-    copy out of a C-ordered work array) ran."""
+def _finisher(result, after):
+    """``finish()``: the result, once ``after`` (the copy out of a C-ordered work array) ran."""
     def finish():
-        if first is not None:
-            first()
         if after is not None:
             after()
         return result
@@ -265,22 +209,21 @@ def iallreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=
         ...                                              # other work meanwhile
         y = h.wait()                                     # every rank: [3., 3., 3.]
     """
-    return _istart("iallreduce", _requests.start_allreduce,
-                   lambda: _args.allreduce(x, op, comm, out, algorithm, timeout),
-                   comm, x, out, op, algorithm, None, timeout, (deterministic, accumulate))
+    return _istart("iallreduce", lambda: _args.allreduce(
+        x, op, comm, out, algorithm, timeout, deterministic, accumulate),
+        comm, x, out, op, algorithm, None, timeout, (deterministic, accumulate))
 
 
 def iallgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=None):
     """Start an :func:`allgather` (same arguments); ``wait()`` on the handle returns the result."""
-    return _istart("iallgather", _requests.start_allgather,
-                   lambda: _args.allgather(x, comm, out, counts, algorithm, timeout),
+    return _istart("iallgather", lambda: _args.allgather(x, comm, out, counts, algorithm, timeout),
                    comm, x, out, None, algorithm, counts, timeout, (None, None))
 
 
 def ireduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm="auto",
                     timeout=None, deterministic=None, accumulate=None):
     """Start a :func:`reduce_scatter` (same arguments); ``wait()`` on the handle returns the result."""
-    # (in-place calls are not kept: their result is a view of x; see _memo)
-    return _istart("ireduce_scatter", _requests.start_reduce_scatter,
-                   lambda: _args.reduce_scatter(x, op, comm, out, counts, algorithm, timeout),
-                   comm, x, out, op, algorithm, counts, timeout, (deterministic, accumulate))
+    # (in-place calls are not remembered: their result is a view of x; see _key)
+    return _istart("ireduce_scatter", lambda: _args.reduce_scatter(
+        x, op, comm, out, counts, algorithm, timeout, deterministic, accumulate),
+        comm, x, out, op, algorithm, counts, timeout, (deterministic, accumulate))

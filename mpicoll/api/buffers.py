@@ -21,6 +21,7 @@ from mpi4py import MPI
 from ..algorithms.schedule import offsets
 from ..backends import dlpack as _dlpack
 from ..backends import host as _backend
+from ..backends import registry as _registry
 from ..core import types as _types
 from ..core.message import Msg
 
@@ -59,7 +60,7 @@ def _flat(arr):
 
 def _to_array(obj, argname):
     """(backend, array) for a data object, without copying."""
-    backend = _backend.backend_of(obj)
+    backend = _registry.backend_of(obj)
     if backend is None:
         raise TypeError(
             f"{argname}: got a device array ({type(obj).__name__}) but no device backend "

@@ -25,18 +25,9 @@ from mpi4py import MPI
 
 from ..core import config as _config
 from ..core.errors import MpicollError
+from ..engine.run import free_persistent, start_persistent
 
-# The engine's start functions (each returns an engine.executor.Operation).
-from ..engine.collectives import (
-    free_persistent,
-    start_allgather,
-    start_allreduce,
-    start_persistent,
-    start_reduce_scatter,
-)
-
-__all__ = ["Request", "Handle", "waitall", "testall", "check_progress", "watch",
-           "start_allreduce", "start_allgather", "start_reduce_scatter"]
+__all__ = ["Request", "Handle", "waitall", "testall", "check_progress", "watch"]
 
 
 def check_progress() -> None:
@@ -96,16 +87,10 @@ class Request:
         algorithm: the algorithm the collective runs.
     """
 
-    __slots__ = ("_op", "_buffers", "persistent", "_algorithm", "_started", "_finish",
-                 "_prepare", "__weakref__")
+    __slots__ = ("_op", "_buffers", "persistent", "_algorithm", "_started", "__weakref__")
 
-    def __init__(self, op, buffers=(), persistent=False, finish=None, prepare=None):
-        """``finish``: a step run once each time the collective is seen complete (by ``Test``
-        or ``Wait``), before they return (api.numerics: the one rounding of a float32
-        result into the caller's buffer).  ``prepare``: a step run by each ``Start`` before
-        the operation starts (api.numerics: widening the current input)."""
+    def __init__(self, op, buffers=(), persistent=False):
         self._op = op
-        self._finish, self._prepare = finish, prepare
         self._algorithm = op.algorithm
         # started and its completion not yet seen by Test/Wait: MPI's "active" (a
         # persistent request may not be started again before that)
@@ -113,7 +98,7 @@ class Request:
         self._buffers = buffers  # kept alive until the request is released, as mpi4py does
         self.persistent = persistent
         if not persistent:
-            op.owner = self  # until this request has seen it complete (engine.plan.restart)
+            op.owner = self  # until this request has seen it complete (engine.cache.restart)
             _progress(op)
 
     @property
@@ -148,10 +133,7 @@ class Request:
 
     def _seen_complete(self) -> None:
         """A non-blocking request, complete: it lets go of its operation (MPI: the request
-        is now null), which a repeat of the call may restart (engine.plan.restart).
-        Runs the completion step first (a persistent request: once per ``Start``)."""
-        if self._finish is not None and (self._started or not self.persistent):
-            self._finish()
+        is now null), which a repeat of the call may restart (engine.cache.restart)."""
         if not self.persistent:
             op, self._op = self._op, None
             if op.owner is self:
@@ -170,8 +152,6 @@ class Request:
         if self._started:
             raise ValueError("Start: expected an inactive request (completed by Wait or a Test "
                              "returning True), got an active one")
-        if self._prepare is not None:
-            self._prepare()
         start_persistent(self._op)
         self._started = True
         _progress(self._op)
@@ -235,7 +215,7 @@ class Handle:
         self._result = None
         self._keep = keep
         self.algorithm = op.algorithm
-        op.owner = self  # until this handle has seen it complete (engine.plan.restart)
+        op.owner = self  # until this handle has seen it complete (engine.cache.restart)
         _progress(op)
 
     @property

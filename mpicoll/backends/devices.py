@@ -402,8 +402,7 @@ class WholeStage:
             self.be.rt.h2d(dst, hdst, self.stream)
 
 
-CUPY = DeviceBackend(CupyRuntime, "cupy")
-_backend.register(CUPY)
+CUPY = DeviceBackend(CupyRuntime, "cupy")  # (registered by backends.registry when needed)
 
 
 # -- device binding -----------------------------------------------------------

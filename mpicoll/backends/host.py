@@ -10,17 +10,62 @@ The algorithms are written once against this small interface:
 ``finish()``               make the result visible to the caller (no-op on the host)
 ``channel(ctx, mpitype)``  point-to-point transport for this backend (see transport.channel)
 
-The NumPy backend lives here.  Device backends register themselves with
-:func:`register` and are found by :func:`backend_of` from the array object.
+The NumPy backend lives here; backends.registry finds the backend of an
+array (NumPy's, or a registered device backend: backends.devices).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
 from ..core import types as _types
 from ..transport.channel import Channel
 from . import dlpack as _dlpack
+
+# -- floating-point conditions -------------------------------------------------------
+# A reduction or cast that overflows (or gives inf - inf) sets the CPU's floating-point
+# flags, which NumPy turns into a RuntimeWarning (an exception under ``-W error`` or
+# ``np.seterr(all="raise")``) on the one rank that computed the element, mid-collective:
+# the others would wait for it forever.  Every reduction and copy of a collective runs
+# with those conditions ignored, giving the IEEE results MPI's built-ins give
+# (docs/numerics.md, "Overflow, NaN and Inf").  ``np.errstate`` costs 0.3-0.6 us per use
+# (a third of a small call); the context variable it sets (NumPy 2) costs tens of
+# nanoseconds, so the engine sets that where NumPy has it and uses errstate otherwise.
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as FP_STATE
+
+    with np.errstate(all="ignore"):
+        FP_QUIET = FP_STATE.get()
+except (ImportError, AttributeError):  # pragma: no cover - NumPy 1.x
+    FP_STATE = FP_QUIET = None
+
+
+def quiet_enter():
+    """Ignore floating-point conditions in this thread until :func:`quiet_exit` (nests)."""
+    if FP_STATE is not None:
+        return FP_STATE.set(FP_QUIET)
+    state = np.errstate(all="ignore")  # pragma: no cover - NumPy 1.x
+    state.__enter__()
+    return state
+
+
+def quiet_exit(token) -> None:
+    if FP_STATE is not None:
+        FP_STATE.reset(token)
+    else:  # pragma: no cover - NumPy 1.x
+        token.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def quiet():
+    """``with quiet():`` floating-point conditions give IEEE results, never a warning."""
+    token = quiet_enter()
+    try:
+        yield
+    finally:
+        quiet_exit(token)
 
 
 class Reducer:
@@ -136,45 +181,9 @@ class NumpyBackend:
 
 NUMPY = NumpyBackend()
 
-# Device backends, tried in order by backend_of(); each entry has
-# ``claims(obj) -> bool`` and ``asarray(obj)``.
-_DEVICE_BACKENDS: list = []
-
-
-def register(backend, *, first: bool = False) -> None:
-    """Make a device backend known to :func:`backend_of`."""
-    if backend not in _DEVICE_BACKENDS:
-        if first:
-            _DEVICE_BACKENDS.insert(0, backend)
-        else:
-            _DEVICE_BACKENDS.append(backend)
-
-
-def unregister(backend) -> None:
-    if backend in _DEVICE_BACKENDS:
-        _DEVICE_BACKENDS.remove(backend)
-
-
-def backend_of(obj):
-    """The backend that owns ``obj``, or None if no backend recognises it."""
-    if isinstance(obj, np.ndarray):
-        return NUMPY
-    for backend in _DEVICE_BACKENDS:
-        if backend.claims(obj):
-            return backend
-    if is_device_object(obj):
-        try:
-            from . import devices  # noqa: F401  registers the CuPy backend
-        except ImportError:
-            return None
-        for backend in _DEVICE_BACKENDS:
-            if backend.claims(obj):
-                return backend
-        return None
-    return NUMPY
-
-
 def is_device_object(obj) -> bool:
+    """Whether ``obj`` says its memory is on a device (CUDA array interface, or DLPack with a
+    device other than the CPU)."""
     if hasattr(obj, "__cuda_array_interface__"):
         return True
     dev = getattr(obj, "__dlpack_device__", None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mpi4py import MPI
+
 
 class MpicollError(RuntimeError):
     """Base class of the errors that come from a collective running, not from bad arguments."""
@@ -47,3 +49,30 @@ class CollectiveTimeout(MpicollError, TimeoutError):
         self.phase = phase
         self.step = step
         self.timeout = timeout
+
+
+class MessageError(MpicollError, MPI.Exception):
+    """A message of a collective failed in MPI (truncated, an error on the link, ...).
+
+    The text is MPI's own for the failed request, with the call, the step and
+    the peer; when the cause may be ranks that called differently, it says
+    that ``MPICOLL_CHECK=1`` diagnoses it.  Also an ``MPI.Exception``:
+    ``Get_error_code()`` is MPI's code for the request.  Attributes:
+    ``collective``, ``seq``, ``algorithm``, ``rank``, ``peer`` (None if unknown),
+    ``step`` (None if unknown), ``phase`` ("send" or "recv", None if unknown).
+    """
+
+    def __init__(self, message: str, code: int, *, collective=None, seq=None, algorithm=None,
+                 rank=None, peer=None, step=None, phase=None):
+        MPI.Exception.__init__(self, code)
+        self.message = message
+        self.collective = collective
+        self.seq = seq
+        self.algorithm = algorithm
+        self.rank = rank
+        self.peer = peer
+        self.step = step
+        self.phase = phase
+
+    def __str__(self) -> str:
+        return self.message

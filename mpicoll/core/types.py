@@ -18,7 +18,7 @@ float16 counts as floating: MPI has no standard half-precision datatype, so
 mpicoll moves it as 16-bit words (``MPI.UINT16_T``) and reduces it locally.
 The ``ml_dtypes`` types (bfloat16, float8_e4m3fn, float8_e5m2) count as
 floating too and move as 16- or 8-bit words; NumPy cannot hand MPI their
-memory (no buffer protocol), so api.numerics moves them through unsigned views
+memory (no buffer protocol), so engine.numerics moves them through unsigned views
 and reduces them in float32 (see :func:`accumulation_dtype`).
 User-defined ops (``MPI.Op.Create``) apply to every datatype; they are
 applied with ``Op.Reduce_local`` on the datatype mpi4py would hand them for

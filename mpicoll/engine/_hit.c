@@ -1,18 +1,19 @@
-/* The hit of a repeated blocking call, compiled: engine.plan's check and run in C.
+/* The repeat of a blocking call, compiled: engine.cache's check and run in C.
  *
- * engine.plan keeps a plain blocking call as a Plan: its operation bound to persistent
- * requests, and the signature of its arguments.  A repeat that matches the signature
- * runs the plan's program: start requests, wait for them, call the reductions and
- * copies.  In Python that check and the mpi4py calls cost about half a microsecond
- * above MPI's own time; here they cost tens of nanoseconds (docs/performance.md).
+ * engine.cache remembers a plain blocking call as an Entry: its schedule bound to
+ * persistent requests, and the signature of its arguments.  A repeat that matches the
+ * signature runs the entry's steps: start requests, wait for them, call the reductions
+ * and copies.  In Python that check and the mpi4py calls cost about a microsecond above
+ * MPI's own time; here they cost tens of nanoseconds (docs/performance.md).
  *
- * This file adds no behaviour.  repeat() takes a hit only where engine.plan's Python
+ * This file adds no behaviour.  repeat() takes a hit only where engine.cache's Python
  * repeat would take the same one, and runs the same steps (MPI_Start and MPI_Wait on
- * the same requests, in the same order, and the same Python callables); anything else
- * -- no plan, a field that differs or is only equal (not the same object), an epoch
- * that moved, an operation in flight -- is handed to the Python repeat unchanged.  So
- * every rule of a hit lives in engine/plan.py (Plan.matches); this is a stricter copy
- * of it that answers "certainly the same call" or "ask Python".
+ * the same requests, in the same order, and the same Python callables, with the same
+ * floating-point state); anything else -- no entry, a field that differs or is only
+ * equal (not the same object), an epoch that moved, an operation in flight -- is handed
+ * to the Python repeat unchanged.  So every rule of a hit lives in engine/cache.py
+ * (Entry.matches); this is a stricter copy of it that answers "certainly the same call"
+ * or "ask Python".
  *
  * Built by engine.native with the MPI library's compiler wrapper (mpicc) against the
  * library this process runs, and NumPy's headers for the array fields it reads.
@@ -39,24 +40,26 @@ typedef struct {
     PyObject *call;    /* CALL: a ready callable (a reduction, a copy); TIMED: its wait */
 } Step;
 
-/* What the hit reads, set once when the plan is made (engine.plan._new). */
+/* What the hit reads, set once when the entry is made (engine.cache._entry). */
 typedef struct {
     PyObject_HEAD
     PyObject *comm, *rb, *ra, *c, *d, *t;  /* the call's objects (rb, ra: weak references) */
     PyObject *db, *da;                      /* the arrays' dtype objects */
-    PyObject *epoch;                        /* core.config.EPOCH[0] the plan holds for */
+    PyObject *epoch;                        /* core.config.EPOCH[0] the entry holds for */
     PyObject *ctx;                          /* its context: the call counter (ctx.seq) */
     PyObject *keep;                         /* the request objects and callables */
     int flat, live;
     int nb, na;                             /* not flat: ndim, then shape and strides */
     npy_intp *lay_b, *lay_a;
+    void *addr_b, *addr_a;                  /* the arrays' data addresses */
     Step *steps;
-    Py_ssize_t nsteps;
+    Py_ssize_t nsteps, failed_at;           /* failed_at: the step that raised, or -1 */
 } Hit;
 
-/* engine.plan's objects, handed over once by setup(). */
+/* engine.cache's objects, handed over once by setup(). */
 static struct {
     PyObject *last, *slow, *failed, *in_flight, *epoch, *in_place, *exception;
+    PyObject *fp_state, *fp_quiet;          /* the floating-point state (backends.host) */
     PyTypeObject *ndarray;
     PyObject *seq, *hit, *one;
     long long hits;
@@ -80,15 +83,20 @@ static int refers_to(PyObject *ref, PyObject *obj)
 #endif
 }
 
-/* Plan.matches for one array: its dtype object, then, flat, C contiguity (and
-   writeability: ``out``), or else the same shape and strides. */
-static int same_layout(PyObject *obj, PyObject *dtype, int flat, int writeable, int nd,
-                       const npy_intp *lay)
+/* Entry.matches for one array: its dtype object and data address, then, flat, C
+   contiguity (and writeability: ``out``), or else the same shape and strides. */
+static int same_layout(PyObject *obj, PyObject *dtype, void *addr, int flat, int writeable,
+                       int nd, const npy_intp *lay)
 {
     if (!PyObject_TypeCheck(obj, g.ndarray))
         return 0;
     PyArrayObject *arr = (PyArrayObject *)obj;
     if ((PyObject *)PyArray_DESCR(arr) != dtype)
+        return 0;
+    npy_intp size = 1;  /* (an empty array's address is taken as 0, as engine.cache does) */
+    for (int i = 0; i < PyArray_NDIM(arr); i++)
+        size *= PyArray_DIMS(arr)[i];
+    if ((size ? PyArray_DATA(arr) : NULL) != addr)
         return 0;
     int flags = PyArray_FLAGS(arr);
     if (writeable && !(flags & NPY_ARRAY_WRITEABLE))
@@ -111,11 +119,11 @@ static int matches(Hit *h, PyObject *comm, PyObject *a, PyObject *b, PyObject *c
           && refers_to(h->rb, b) && refers_to(h->ra, a)
           && PyList_GET_ITEM(g.epoch, 0) == h->epoch))
         return 0;
-    if (!same_layout(b, h->db, h->flat, 1, h->nb, h->lay_b))
+    if (!same_layout(b, h->db, h->addr_b, h->flat, 1, h->nb, h->lay_b))
         return 0;
-    if (a == g.in_place || a == b)  /* (a is b: the plan's call was in place too) */
+    if (a == g.in_place || a == b)  /* (a is b: the entry's call was in place too) */
         return 1;
-    return same_layout(a, h->da, h->flat, 0, h->na, h->lay_a);
+    return same_layout(a, h->da, h->addr_a, h->flat, 0, h->na, h->lay_a);
 }
 
 /* mpi4py's error for an MPI error code: MPI.Exception(code). */
@@ -128,11 +136,35 @@ static void raise_mpi(int code)
     }
 }
 
-/* The plan's steps in order.  MPI's own waits block with the interpreter released (as
-   mpi4py's do): repeat() runs this only when no other operation is in flight. */
+/* The entry's steps in order, floating-point conditions ignored (backends.host.quiet).
+   MPI's own waits block with the interpreter released (as mpi4py's do): repeat() runs
+   this only when no other operation is in flight. */
+static int run_steps(Hit *h);
+
 static int run(Hit *h)
 {
+    PyObject *token = NULL;
+    if (g.fp_state != Py_None) {
+        token = PyContextVar_Set(g.fp_state, g.fp_quiet);
+        if (token == NULL)
+            return -1;
+    }
+    int r = run_steps(h);
+    if (token != NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (PyContextVar_Reset(g.fp_state, token) < 0)
+            PyErr_WriteUnraisable(g.fp_state);
+        Py_DECREF(token);
+        PyErr_Restore(type, value, tb);
+    }
+    return r;
+}
+
+static int run_steps(Hit *h)
+{
     Step *s = h->steps, *end = s + h->nsteps;
+    h->failed_at = -1;
     while (s < end) {
         int err = MPI_SUCCESS, done = 1;
         if (s->kind == CALL || s->kind == TIMED) {
@@ -146,11 +178,14 @@ static int run(Hit *h)
             }
             if (err == MPI_SUCCESS && (s->kind == CALL || !done)) {
                 PyObject *r = PyObject_CallNoArgs(s->call);
-                if (r == NULL)
+                if (r == NULL) {
+                    h->failed_at = s - h->steps;
                     return -1;
+                }
                 Py_DECREF(r);
             }
-            s++;
+            if (err == MPI_SUCCESS)
+                s++;
         } else {
             Py_BEGIN_ALLOW_THREADS
             for (; s < end && (s->kind == START || s->kind == WAIT); s++) {
@@ -161,6 +196,8 @@ static int run(Hit *h)
             Py_END_ALLOW_THREADS
         }
         if (err != MPI_SUCCESS) {
+            /* (MPI_Wait of one request returns that request's own error) */
+            h->failed_at = s - h->steps;
             raise_mpi(err);
             return -1;
         }
@@ -168,7 +205,7 @@ static int run(Hit *h)
     return 0;
 }
 
-/* repeat(comm, name, a, b, c=None, d=None, t=None): engine.plan.repeat. */
+/* repeat(comm, name, a, b, c=None, d=None, t=None): engine.cache.repeat. */
 static PyObject *repeat(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
                         PyObject *kwnames)
 {
@@ -178,16 +215,16 @@ static PyObject *repeat(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     }
     if (kwnames != NULL || nargs < 4 || nargs > 7)
         return PyObject_Vectorcall(g.slow, args, nargs, kwnames);
-    PyObject *plan = PyDict_GetItemWithError(g.last, args[1]);
-    if (plan == NULL) {
+    PyObject *entry = PyDict_GetItemWithError(g.last, args[1]);
+    if (entry == NULL) {
         if (PyErr_Occurred())
             return NULL;
         return PyObject_Vectorcall(g.slow, args, nargs, NULL);
     }
-    Py_INCREF(plan);
-    PyObject *hit = PyObject_GetAttr(plan, g.hit);
+    Py_INCREF(entry);
+    PyObject *hit = PyObject_GetAttr(entry, g.hit);
     if (hit == NULL) {
-        Py_DECREF(plan);
+        Py_DECREF(entry);
         return NULL;
     }
     Hit *h = (Hit *)hit;
@@ -195,7 +232,7 @@ static PyObject *repeat(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
         || !matches(h, args[0], args[2], args[3], nargs > 4 ? args[4] : Py_None,
                     nargs > 5 ? args[5] : Py_None, nargs > 6 ? args[6] : Py_None)) {
         Py_DECREF(hit);
-        Py_DECREF(plan);
+        Py_DECREF(entry);
         return PyObject_Vectorcall(g.slow, args, nargs, NULL);
     }
     /* ctx.seq += 1: every call counts (observe.calls, observe.check) */
@@ -206,23 +243,34 @@ static PyObject *repeat(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
     }
     if (next == NULL || PyObject_SetAttr(h->ctx, g.seq, next) < 0 || run(h) < 0) {
         /* interrupted (an MPI error, Ctrl-C): its requests may still be active, so the
-           plan never runs again (engine.plan.forget); the error goes on to the caller */
+           entry never runs again; engine.cache._failed forgets it and gives the error the
+           caller sees (an MPI error named by its message, step and call) */
         Py_XDECREF(next);
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        PyObject *r = PyObject_CallOneArg(g.failed, plan);
-        if (r == NULL)
+        PyErr_NormalizeException(&type, &value, &tb);
+        PyObject *r = PyObject_CallFunctionObjArgs(g.failed, entry, value ? value : Py_None,
+                                                   NULL);
+        if (r == NULL) {
             PyErr_WriteUnraisable(g.failed);
+            PyErr_Restore(type, value, tb);
+        } else if (PyExceptionInstance_Check(r) && r != value) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            PyErr_SetObject((PyObject *)Py_TYPE(r), r);
+        } else {
+            PyErr_Restore(type, value, tb);
+        }
         Py_XDECREF(r);
-        PyErr_Restore(type, value, tb);
         Py_DECREF(hit);
-        Py_DECREF(plan);
+        Py_DECREF(entry);
         return NULL;
     }
     Py_DECREF(next);
     g.hits++;
     Py_DECREF(hit);
-    Py_DECREF(plan);
+    Py_DECREF(entry);
     Py_RETURN_TRUE;
 }
 
@@ -281,20 +329,28 @@ static int handles(PyObject *obj, int many, Step *s)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* Hit(comm, rb, ra, c, d, t, db, da, shape_b, strides_b, shape_a, strides_a, flat, epoch,
-       ctx, program): ``program`` is a sequence of (kind, object) -- START or WAIT with an
-   mpi4py persistent request, CALL with a callable taking no arguments, TIMED with
-   (requests, the callable that waits for them under the call's timeout). */
+/* Hit(comm, rb, ra, c, d, t, db, da, shape_b, strides_b, shape_a, strides_a, flat,
+       address_b, address_a, epoch, ctx, program): ``program`` is a sequence of (kind,
+   object) -- START or WAIT with an mpi4py persistent request, CALL with a callable
+   taking no arguments, TIMED with (requests, the callable that waits for them under the
+   call's timeout). */
 static int hit_init(Hit *self, PyObject *args, PyObject *kwds)
 {
     PyObject *comm, *rb, *ra, *c, *d, *t, *db, *da, *sb, *tb, *sa, *ta, *epoch, *ctx, *prog;
+    PyObject *addr_b, *addr_a;
     int flat;
     if (self->steps != NULL || self->comm != NULL) {
         PyErr_SetString(PyExc_TypeError, "Hit: already set up");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOpOOO:Hit", &comm, &rb, &ra, &c, &d, &t, &db, &da,
-                          &sb, &tb, &sa, &ta, &flat, &epoch, &ctx, &prog))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOpOOOOO:Hit", &comm, &rb, &ra, &c, &d, &t, &db,
+                          &da, &sb, &tb, &sa, &ta, &flat, &addr_b, &addr_a, &epoch, &ctx,
+                          &prog))
+        return -1;
+    self->addr_b = PyLong_AsVoidPtr(addr_b);
+    self->addr_a = PyLong_AsVoidPtr(addr_a);
+    self->failed_at = -1;
+    if (PyErr_Occurred())
         return -1;
     if (layout(sb, tb, &self->nb, &self->lay_b) < 0 || layout(sa, ta, &self->na, &self->lay_a) < 0)
         return -1;
@@ -380,12 +436,12 @@ static void hit_dealloc(Hit *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Hit.go(): run the program (the Python repeat proved the hit: a plan found by its
+/* Hit.go(): run the steps (the Python repeat proved the hit: an entry found by its
    arguments rather than as its function's last). */
 static PyObject *hit_go(Hit *self, PyObject *unused)
 {
     if (!self->live) {
-        PyErr_SetString(PyExc_RuntimeError, "Hit.go: its plan was released");
+        PyErr_SetString(PyExc_RuntimeError, "Hit.go: its entry was released");
         return NULL;
     }
     if (run(self) < 0)
@@ -399,15 +455,17 @@ static PyMethodDef hit_methods[] = {
 };
 
 static PyMemberDef hit_members[] = {
-    {"live", T_INT, offsetof(Hit, live), 0, "0 once its plan is released: never runs again"},
+    {"live", T_INT, offsetof(Hit, live), 0, "0 once its entry is released: never runs again"},
     {"epoch", T_OBJECT_EX, offsetof(Hit, epoch), 0, "the options epoch it holds for"},
+    {"failed_at", T_PYSSIZET, offsetof(Hit, failed_at), READONLY,
+     "the step the last failed run raised at, or -1"},
     {NULL}
 };
 
 static PyTypeObject HitType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mpicoll.engine._hit.Hit",
-    .tp_doc = "A plan's signature and program, for repeat() (see engine/plan.py)",
+    .tp_doc = "An entry's signature and steps, for repeat() (see engine/cache.py)",
     .tp_basicsize = sizeof(Hit),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -419,21 +477,28 @@ static PyTypeObject HitType = {
     .tp_methods = hit_methods,
 };
 
-/* setup(last, slow, failed, in_flight, epoch, in_place, ndarray, exception) */
+/* setup(last, slow, failed, in_flight, epoch, in_place, ndarray, exception, fp_state,
+         fp_quiet): fp_state None where NumPy has no context variable for it */
 static PyObject *setup(PyObject *mod, PyObject *args)
 {
     PyObject *last, *slow, *failed, *in_flight, *epoch, *in_place, *ndarray, *exception;
-    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O:setup", &PyDict_Type, &last, &slow, &failed,
+    PyObject *fp_state, *fp_quiet;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!OOO:setup", &PyDict_Type, &last, &slow, &failed,
                           &PyList_Type, &in_flight, &PyList_Type, &epoch, &in_place,
-                          &PyType_Type, &ndarray, &exception))
+                          &PyType_Type, &ndarray, &exception, &fp_state, &fp_quiet))
         return NULL;
     if (PyList_GET_SIZE(epoch) != 1) {
         PyErr_SetString(PyExc_ValueError, "setup: epoch must be a list of one item");
         return NULL;
     }
+    if (fp_state != Py_None && !PyContextVar_CheckExact(fp_state)) {
+        PyErr_SetString(PyExc_TypeError, "setup: fp_state must be a ContextVar or None");
+        return NULL;
+    }
 #define SET(field, value) Py_INCREF(value); Py_XSETREF(g.field, value)
     SET(last, last); SET(slow, slow); SET(failed, failed); SET(in_flight, in_flight);
     SET(epoch, epoch); SET(in_place, in_place); SET(exception, exception);
+    SET(fp_state, fp_state); SET(fp_quiet, fp_quiet);
 #undef SET
     Py_INCREF(ndarray);
     Py_XSETREF(g.ndarray, (PyTypeObject *)ndarray);
@@ -455,8 +520,8 @@ static PyObject *hits(PyObject *mod, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"repeat", (PyCFunction)(void (*)(void))repeat, METH_FASTCALL | METH_KEYWORDS,
-     "repeat(comm, name, a, b, c=None, d=None, t=None): engine.plan.repeat"},
-    {"setup", setup, METH_VARARGS, "hand over engine.plan's tables (once)"},
+     "repeat(comm, name, a, b, c=None, d=None, t=None): engine.cache.repeat"},
+    {"setup", setup, METH_VARARGS, "hand over engine.cache's tables (once)"},
     {"library_version", library_version, METH_NOARGS,
      "MPI_Get_library_version of the library this module was linked with"},
     {"hits", hits, METH_NOARGS, "how many repeats ran here (not handed to Python)"},
@@ -464,7 +529,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_hit", "engine.plan's hit, compiled (see engine/_hit.c)", -1, methods
+    PyModuleDef_HEAD_INIT, "_hit", "engine.cache's repeat, compiled (see engine/_hit.c)", -1,
+    methods
 };
 
 PyMODINIT_FUNC PyInit__hit(void)

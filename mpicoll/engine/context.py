@@ -13,7 +13,24 @@ Set-up (:class:`Context`), in this order:
 3. with more than one rank: ``Ibarrier`` on the duplicate (only for the real
    node membership: after it every rank is known to be in the set-up, so the
    blocking ``Split_type`` that follows cannot wait for a missing rank), then
-   ``Iallgather`` of the node labels, which gives the ring order.
+   ``Iallgather`` of the node labels, which gives the ring order, each with a
+   hash of what this rank would shape schedules with (:data:`SHAPING`);
+4. where those hashes differ, rank 0's configuration, broadcast
+   (``Ibcast``), is every rank's (see "Ranks agree by construction").
+
+Ranks agree by construction
+    What a rank reads from its own files and environment and what shapes a
+    schedule -- the tuning file's selection, segments and node piece, and
+    the options of :data:`SHAPING` -- must be the same on every rank: a rank
+    that chose another algorithm or segment would post messages its peers
+    never match (a wrong result, or a hang).  So the set-up compares them,
+    and where any rank's differ from rank 0's (a node-local cache tuned on
+    one node, a tuning file replaced while the job starts, an environment
+    variable set on some ranks), every rank uses rank 0's, and each rank
+    whose own differed says so once with a RuntimeWarning
+    (``Context.agreement`` keeps the text; ``python -m mpicoll.info`` shows
+    it).  Settings made in the program (``mpicoll.configure``) are the
+    program's: the same on every rank that runs the same code.
 
 Each request is waited for with the call's timeout (the poller of
 :mod:`_timeout`; no timeout: ``Wait``), so a rank that never reaches its
@@ -31,7 +48,9 @@ A set-up that fails otherwise frees what it created and caches nothing.
 
 from __future__ import annotations
 
-import weakref
+import hashlib
+import json
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -41,13 +60,26 @@ from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from ..transport import channel as _channel
 from ..transport import timeout as _timeout
+from ..transport import topology as _topology
+from . import select as _select
+from .executor import wait_for
 from .workmem import WorkMemory
 
 _KEYVAL = None
 SCHEDULES = 64  # schedules (call shapes) kept per context
+# The options each rank reads from its environment that shape schedules (the algorithm
+# "auto" runs, segments, windows, the check's extra messages, the dtype policy): agreed
+# at set-up with the tuning file's selection (see "Ranks agree by construction").
+SHAPING = ("check", "algorithm", "segment_bytes", "window", "node_piece_bytes",
+           "deterministic")
 
 # (duplicate, [requests]) of set-ups that timed out: freed once the requests complete
 _ABANDONED: list = []
+
+
+def _digest(text: str) -> int:
+    """A 63-bit hash of ``text`` (an int64 every rank computes alike)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
 def _delete_state(comm, keyval, state):
@@ -101,27 +133,21 @@ class Context:
 
     def __init__(self, comm: MPI.Intracomm, timeout: float | None = None, describe=None,
                  env: dict | None = None):
-        from ..transport import topology as _topology
         # 1. every option first, read once for this communicator (core.config): a bad
         # value raises before any MPI call
-        self.env = _config.read_environment() if env is None else env
+        self.env = dict(_config.read_environment() if env is None else env)
         self._given_env = env is not None  # (its values win over a tuning file's)
-        self.segment_bytes, self.window = self.env["segment_bytes"], self.env["window"]
         fake = _topology.fake_labels(self.env["fake_nodes"])
         self.active = 0  # its operations in flight (its duplicate is freed after the last)
         self.freeing = False  # the user's communicator was freed with operations in flight
-        from . import select as _select
         _select.tuning_file()  # the tuning file, read once per process (a bad MPICOLL_TUNING raises)
         self.seq = 0  # collectives started on this communicator
         self.persistent_made = 0  # persistent operations made on it (their tags: executor.tag_of)
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.workmem)
-        self.plans = OrderedDict()  # (name, comm, argument ids) -> engine.plan.Plan
-        # (name, ids of the communicator and argument objects) -> engine.plan.Plan: the
-        # non-blocking repeats (engine.plan)
-        self.kept = OrderedDict()
+        self.cache = None  # its bound calls (engine.cache: made there, dropped by free())
         self.schedules = OrderedDict()  # (collective, algorithm, Shape) -> Schedule, LRU
-        self.programs = weakref.WeakSet()  # runs of persistent operations holding programs
         self.devices = {}  # device backends' state for this communicator (backends.devices)
+        self.agreement = None  # why this rank uses rank 0's configuration, if it does
         self.tag_ub = 32767  # largest tag (MPI guarantees at least this), read from the duplicate
         self.comm = MPI.COMM_NULL
         self._timeout, self._describe = timeout, describe
@@ -134,21 +160,26 @@ class Context:
         try:
             self._wait(pending, "duplicating the communicator (MPI_Comm_idup)")
             dup.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
-            # 3. the ring order
-            labels = np.zeros(self.size, dtype=np.int64)
+            # 3. the ring order, and whether the ranks would shape schedules alike
+            table = np.zeros((self.size, 2), dtype=np.int64)
             if self.size > 1:
                 if fake is None:
                     pending = [dup.Ibarrier()]
                     self._wait(pending, "waiting for every rank to reach the set-up (MPI_Ibarrier)")
-                mine = np.array([_topology.node_label(dup, fake)], dtype=np.int64)
+                label = _topology.node_label(dup, fake)
+                mine = np.array([label, _digest(self._shaping())], dtype=np.int64)
                 # MPI's own method: the duplicate of an mpicoll.Comm is an mpicoll.Comm
-                pending = [MPI.Intracomm.Iallgather(dup, mine, labels)]
+                pending = [MPI.Intracomm.Iallgather(dup, mine, table)]
                 self._wait(pending, "exchanging node labels (MPI_Iallgather)")
+            nodes = tuple(table[:, 0].tolist())
             # 4. what "auto" picks on this communicator (its rank and node counts choose the
-            # tuning), and the piece to another node: the option, else the tuning's, the
-            # ranks' least (both ends of a message must cut it alike)
-            nodes = tuple(labels.tolist())
+            # tuning): rank 0's where the ranks' configurations differ
             self.selection = _select.selection(self.size, len(set(nodes)))
+            if len(set(table[:, 1].tolist())) > 1:
+                self._adopt_rank0(dup, len(set(nodes)), pending)
+            self.segment_bytes, self.window = self.env["segment_bytes"], self.env["window"]
+            # the piece to another node: the option, else the tuning's, the ranks' least
+            # (both ends of a message must cut it alike)
             piece = np.array([self._node_piece_wanted()], dtype=np.int64)
             if len(set(nodes)) > 1:  # (on one node no message goes to another: nothing to agree)
                 least = np.empty(1, dtype=np.int64)
@@ -175,21 +206,63 @@ class Context:
         # the tuning file's segment and window, unless the options were set (an explicit
         # choice wins over a measured default)
         self.tuned_options = tuple(n for n in ("segment_bytes", "window")
-                                   if not _config.text(n)
+                                   if not self.env.get(f"set {n}", bool(_config.text(n)))
                                    and self.env[n] == _config.TABLE[n].default)
+
+    def _options(self) -> dict:
+        return {"options": {n: self.env[n] for n in SHAPING},
+                "set": {n: bool(_config.text(n)) or self._given_env for n in SHAPING}}
+
+    def _shaping(self) -> str:
+        """What this rank would shape schedules with, as text: the options of
+        :data:`SHAPING` (with whether each was set) and the tuning file (its content)."""
+        tf, note = _select.tuning_file()
+        return json.dumps(dict(self._options(), file=None if tf is None else tf.data,
+                               note=note), sort_keys=True, default=str)
+
+    def _configuration(self) -> str:
+        """What rank 0 sends when the ranks' differ: its options and its selection's entry."""
+        entry = self.selection.entry
+        return json.dumps(dict(self._options(), entry=None if entry is None else entry.raw,
+                               source=self.selection.source), sort_keys=True, default=str)
+
+    def _adopt_rank0(self, dup, nodes: int, pending: list) -> None:
+        """Every rank takes rank 0's configuration (module docstring); collective."""
+        mine = self._configuration()
+        data = mine.encode() if self.rank == 0 else b""
+        size = np.array([len(data)], dtype=np.int64)
+        pending[:] = [dup.Ibcast(size, root=0)]
+        self._wait(pending, "agreeing on rank 0's tuning and options (MPI_Ibcast)")
+        buf = np.frombuffer(data, dtype=np.uint8).copy() if self.rank == 0 else \
+            np.empty(int(size[0]), dtype=np.uint8)
+        pending[:] = [dup.Ibcast(buf, root=0)]
+        self._wait(pending, "agreeing on rank 0's tuning and options (MPI_Ibcast)")
+        if self.rank == 0:
+            return
+        theirs = buf.tobytes().decode()
+        if theirs == mine:
+            return
+        config = json.loads(theirs)
+        for name in SHAPING:
+            self.env[name] = config["options"][name]
+            self.env[f"set {name}"] = config["set"][name]
+        self.selection = _select.adopted(config["entry"], self.size, nodes, config["source"])
+        self.agreement = (f"this rank's tuning or options differed from rank 0's; rank 0's "
+                          f"are used on every rank (rank 0: {config['source']})")
+        warnings.warn(f"mpicoll: {self.agreement}", RuntimeWarning, stacklevel=4)
 
     def _node_piece_wanted(self) -> int:
         """This rank's piece to another node: ``node_piece_bytes`` if set, else the tuning
         entry's (python -m mpicoll.tune measures it across nodes), else the default."""
         tuned = self.selection.entry.raw.get("node_piece_bytes") if self.selection.entry else None
-        if (self._given_env or _config.text("node_piece_bytes") or not isinstance(tuned, int)
+        explicit = self.env.get("set node_piece_bytes", bool(_config.text("node_piece_bytes")))
+        if (self._given_env or explicit or not isinstance(tuned, int)
                 or isinstance(tuned, bool) or tuned <= 0):
             return self.env["node_piece_bytes"]
         return tuned
 
     def _wait(self, pending: list, step: str) -> None:
         """Complete the set-up requests ``pending``; CollectiveTimeout after the call's timeout."""
-        from .executor import wait_for
         # the operations in flight advance meanwhile (a peer may wait for them first)
         if wait_for(lambda: MPI.Request.Testall(pending), timeout=self._timeout):
             return
@@ -243,18 +316,16 @@ class Context:
             cache.move_to_end(key)
         return sched
 
-    def drop_plans(self) -> None:
-        """Drop the plans of this context (engine.plan) and the programs of its persistent
-        operations (engine.executor): freed, or unusable after a timeout."""
-        from .collectives import drop_programs
-        from .plan import drop_all
-        drop_all(self)
-        drop_programs(self)
+    def drop_cache(self) -> None:
+        """Drop this context's bound calls (engine.cache): its communicator is freed, or
+        unusable after a timeout."""
+        if self.cache is not None:
+            self.cache.drop()
 
     def free(self) -> None:
         """The user's communicator is freed: so is mpicoll's duplicate, once the operations
         in flight on it have completed (MPI's rule for MPI_Comm_free)."""
-        self.drop_plans()
+        self.drop_cache()
         self.schedules.clear()
         if self.active:
             self.freeing = True

@@ -7,7 +7,7 @@ Binding
     :func:`bind` turns every region into an array view (``SRC`` and ``DST``
     are the call's arrays, work buffers come from a lease of the context's
     arena, engine.workmem): a tuple of *steps*, one per schedule op.  A
-    cached call (engine.plan) binds once more, with :func:`compile_bound`:
+    cached call (engine.cache) binds once more, with :func:`compile_bound`:
     each message of up to one piece becomes a persistent point-to-point
     request made once, and its steps start that request instead of posting
     a new one.  Both are the same steps; only how a message is posted differs.
@@ -66,10 +66,14 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms.schedule import DST, SRC, Copy, Recv, Reduce, Send, Shape, Wait
+from ..backends import host as _host
 from ..backends.host import NUMPY
 from ..core import types as _types
+from ..core.errors import MessageError, MpicollError
+from ..observe import calls as _observe
+from ..transport import channel as _channel
 from ..transport import timeout as _timeout
-from ..transport.channel import TAG, Channel, mpi_requests
+from ..transport.channel import CHUNKS, TAG, Channel, mpi_requests
 
 # operations started and not yet complete (non-blocking and persistent), oldest first
 IN_FLIGHT: list = []
@@ -78,9 +82,10 @@ _MEMBERS = threading.Lock()  # guards IN_FLIGHT's membership; never held across 
 # step kinds (the first item of each step tuple)
 SEND, RECV, WAIT, REDUCE, COPY, START, CALL = range(7)
 
-# Tag 0 is the blocking calls' (transport.channel.TAG), 1 the fingerprint check's
-# (observe.check.TAG); non-blocking and persistent operations take tags from 2 up.
-FIRST_TAG = 2
+# Tags 0..CHUNKS-1 are the blocking calls' (transport.channel.TAG, and the chunks of a
+# pipeline), CHUNKS the fingerprint check's (observe.check.TAG); non-blocking and
+# persistent operations take tags from CHUNKS + 1 up.
+FIRST_TAG = CHUNKS + 1
 
 
 def tag_of(seq: int, tag_ub: int, persistent: bool = False) -> int:
@@ -184,10 +189,10 @@ def bind(schedule, views: dict) -> tuple:
         t = type(op)
         if t is Send:
             r = op.region
-            out.append((SEND, wire[r.buf][r.start:r.stop], op.peer, i))
+            out.append((SEND, wire[r.buf][r.start:r.stop], op.peer, i, op.chunk))
         elif t is Recv:
             r = op.region
-            out.append((RECV, wire[r.buf][r.start:r.stop], op.peer, i))
+            out.append((RECV, wire[r.buf][r.start:r.stop], op.peer, i, op.chunk))
         elif t is Wait:
             out.append((WAIT, op.handles, None))
         elif t is Reduce:
@@ -248,7 +253,7 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
                 free_requests(requests)
                 return None, ()
             init = ch.comm.Send_init if k == SEND else ch.comm.Recv_init
-            req = init([arr, ch.mpitype], step[2], ch.tag)
+            req = init([arr, ch.mpitype], step[2], ch.tag + step[4])
             requests.append(req)
             posted[step[3]] = req
             out.append((START, req))
@@ -303,7 +308,7 @@ def one_piece(steps, ch) -> bool:
 
 class Timed:
     """The timeout of an operation on the plain host channel (a timed non-blocking plan,
-    engine.plan), in the place of an observed call's (:attr:`Operation.call`): its waits
+    engine.cache), in the place of an observed call's (:attr:`Operation.call`): its waits
     poll (:func:`timed_waitall`) and :meth:`Operation.test` gives up after ``timeout``
     seconds without progress, raising what ``expire(pending, idle)`` makes.
 
@@ -330,7 +335,7 @@ class Timed:
 def timed_waitall(requests, about, timeout, expired) -> None:
     """Complete ``requests`` (MPI requests, persistent or not) by polling; raise
     ``expired(left, idle)`` once nothing moved for ``timeout`` seconds (a plan's wait
-    under a timeout, engine.plan).
+    under a timeout, engine.cache).
 
     ``about[i]``: (kind, peer, nbytes, k) of ``requests[i]``, which the entries
     of ``left`` carry as ``what``.  First a spin on ``Testall`` (MPI_Testall
@@ -340,7 +345,7 @@ def timed_waitall(requests, about, timeout, expired) -> None:
     poll after it, a doubling sleep), where a step another operation in flight
     takes counts as progress too (the progress rule).
     """
-    testall = MPI.Request.Testall
+    testall = _channel.testall
     start = perf_counter()
     while not testall(requests):
         if IN_FLIGHT:
@@ -397,7 +402,7 @@ def testall(ch, reqs) -> bool:
     test = getattr(ch, "test", None)  # staging channels: one request at a time
     if test is not None:
         return all([test(r) for r in reqs])
-    return MPI.Request.Testall(mpi_requests(reqs))
+    return _channel.testall(mpi_requests(reqs))
 
 
 # --- operations --------------------------------------------------------------------------
@@ -407,7 +412,7 @@ class Operation:
 
     ``steps``: from :func:`bind` (or :func:`compile_bound`); ``ch``, ``red``,
     ``be``: the channel, reducer and backend they run with; ``run``: what
-    started it (engine.collectives; None for an internal exchange); ``call``:
+    started it (engine.run; None for an internal exchange); ``call``:
     its observation (observe.calls), whose timeout :meth:`test` enforces.
 
     Attributes:
@@ -437,7 +442,7 @@ class Operation:
         self._lock = threading.Lock()
         self._since = 0.0  # when it last moved (timeouts under test())
         # non-blocking: the request or handle whose caller has not seen it complete yet
-        # (api.requests); a cached operation restarts only without one (engine.plan)
+        # (api.requests); a cached operation restarts only without one (engine.cache)
         self.owner = None
 
     # -- the interface --------------------------------------------------------
@@ -491,14 +496,15 @@ class Operation:
         """Run steps until one must wait (``block``: wait there); the only loop over steps."""
         steps, reqs, ch = self.steps, self._reqs, self.ch
         i, n = self._i, len(steps)
+        quiet = _host.quiet_enter()  # (floating-point conditions: IEEE results, no warning)
         try:
             while i < n:
                 step = steps[i]
                 k = step[0]
                 if k == SEND:
-                    reqs[step[3]] = ch.isend(step[1], step[2])
+                    reqs[step[3]] = ch.isend(step[1], step[2], step[4])
                 elif k == RECV:
-                    reqs[step[3]] = ch.irecv(step[1], step[2])
+                    reqs[step[3]] = ch.irecv(step[1], step[2], step[4])
                 elif k == START:
                     step[1].Start()
                 elif k == WAIT:
@@ -516,8 +522,12 @@ class Operation:
                 i += 1
         except BaseException as exc:
             self._i = i
+            if isinstance(exc, MPI.Exception) and not isinstance(exc, MpicollError):
+                exc = failure(self, steps[i], exc)
             self._end(exc)
-            raise
+            raise exc from None
+        finally:
+            _host.quiet_exit(quiet)
         self._i = i
         self._end(None)
 
@@ -527,10 +537,10 @@ class Operation:
         if preqs is not None:  # persistent requests (compile_bound)
             if block:
                 if others_in_flight(self):
-                    wait_for(lambda: MPI.Request.Testall(preqs), self)
-                MPI.Request.Waitall(preqs)
+                    wait_for(lambda: _channel.testall(preqs), self)
+                _channel.waitall(preqs)
                 return True
-            return MPI.Request.Testall(preqs)
+            return _channel.testall(preqs)
         ch, reqs, call = self.ch, self._reqs, self.call
         rs = [reqs[j] for j in step[1]]
         if not block:
@@ -586,6 +596,84 @@ class Operation:
         self.done = exc is None
         if self.run is not None:
             self.run.ended(self, exc)
+
+
+# --- failures ------------------------------------------------------------------------
+
+CHECK_HINT = ("Ranks that call differently (another count, datatype, op or collective) make "
+              "MPI fail this way; MPICOLL_CHECK=1 compares every call's arguments across ranks "
+              "before any message and names the difference (docs/reliability.md)")
+
+
+def failure(op, step, exc) -> BaseException:
+    """The :class:`~mpicoll.MessageError` of MPI error ``exc`` met running ``step`` of
+    ``op``: MPI's own text for the failed request, and which message of which step of
+    which call it was (``op.run.about()``; ``exc`` itself for an internal exchange)."""
+    about = getattr(op.run, "about", None)
+    info = None if about is None else about()
+    if info is None:
+        return exc
+    label, seq, algorithm, what, ctx, schedule, wire = info
+    index = _failed_message(op, step, getattr(exc, "request", None))
+    peer = kind = lab = None
+    if index is not None and index < len(schedule.ops):
+        sop = schedule.ops[index]
+        if type(sop) in (Send, Recv):
+            peer, lab = sop.peer, sop.label
+            kind = "send" if type(sop) is Send else "recv"
+            nbytes = sop.region.count * wire
+    if kind is None:
+        doing = "a message"
+    elif kind == "recv":
+        doing = f"receiving {nbytes} bytes from {_observe.peer_name(ctx, peer)}"
+    else:
+        doing = f"sending {nbytes} bytes to {_observe.peer_name(ctx, peer)}"
+    where = ""
+    if lab is not None:
+        where = f" (step {lab.step} of {schedule.nsteps}, {lab.phase}"
+        if lab.block is not None:
+            where += f", block {lab.block} segment {lab.segment}"
+        where += ")"
+    text = (f"{label} #{seq} ({algorithm}, {what}) on rank {ctx.rank}: {doing}{where} failed: "
+            f"{exc.Get_error_string()}. {CHECK_HINT}")
+    return MessageError(text, exc.Get_error_code(), collective=label, seq=seq,
+                        algorithm=algorithm, rank=ctx.rank, peer=peer,
+                        step=None if lab is None else lab.step, phase=kind)
+
+
+def _failed_message(op, step, failed):
+    """The schedule index of the message whose request ``failed`` (an MPI request, or None:
+    the only message of the step), among those ``step`` posts, starts or waits for."""
+    k = step[0]
+    if k == SEND or k == RECV:
+        return step[3]
+    if k == START:
+        return None
+    if k != WAIT:
+        return None
+    handles, preqs = step[1], step[2]
+    reqs = op._reqs
+    for pos, j in enumerate(handles):
+        r = preqs[pos] if preqs is not None else (reqs[j] if reqs else None)
+        if failed is not None and r is not None and _holds(r, failed):
+            return j
+    return handles[0] if len(handles) == 1 else None
+
+
+def _holds(r, failed) -> bool:
+    """Whether channel request ``r`` is, or is made of, the MPI request ``failed``."""
+    for _ in range(4):  # (an observed request over a staged one over MPI's: a few layers)
+        if r is failed:
+            return True
+        parts = getattr(r, "parts", None)
+        if parts is None:
+            parts = getattr(r, "posted", None)
+        if parts is not None:
+            return any(p is failed for p in parts)
+        r = getattr(r, "req", None)
+        if r is None:
+            return False
+    return False
 
 
 def run_to_end(steps, ch, red, be) -> None:

@@ -48,7 +48,7 @@ def builder(collective: str, name: str):
 
 
 # Algorithms that keep rank order and so accept non-commutative ops ("direct" folds
-# in rank order from the left: also deterministic mode's, see api.numerics).
+# in rank order from the left: also deterministic mode's, see engine.numerics).
 ORDER_PRESERVING = {"recursive_doubling", "direct"}
 
 # "auto": the first row of the collective whose size limit holds (max bytes,
@@ -190,6 +190,18 @@ def selection(nranks: int, nodes: int = 1) -> Selection:
         _not_applied(note)
     sel = _SELECTIONS[key] = Selection(rows, source, note, entry)
     return sel
+
+
+def adopted(raw, nranks: int, nodes: int, source: str) -> Selection:
+    """The Selection of rank 0's tuning entry ``raw`` (None: the built-in table), which a
+    communicator whose ranks read different files uses on every rank (engine.context)."""
+    rows = builtin_rows(nranks)
+    entry = None
+    if raw is not None:
+        entry = _tuning.Entry(raw, 0, {c: tuple(t) for c, t in ALGORITHMS.items()})
+        rows = dict(rows)
+        rows.update(entry.selection)
+    return Selection(rows, f"rank 0's {source}", None, entry)
 
 
 # "auto" across nodes: where the table above picks the ring (sizes above the

@@ -1,6 +1,6 @@
 """The observation hook: one :class:`Call` per collective, wrapping its transport.
 
-:mod:`mpicoll.engine.collectives` asks :func:`begin` for a Call before running an
+:mod:`mpicoll.engine.run` asks :func:`begin` for a Call before running an
 algorithm.  When nothing is switched on (no check, no timeout, no traffic
 counter, no trace) it gets None and the algorithm runs on the backend's
 channel untouched.  Otherwise the Call
@@ -18,6 +18,7 @@ schedule the call runs (:meth:`Call.use_schedule`).
 
 from __future__ import annotations
 
+import functools
 from time import perf_counter
 
 from mpi4py import MPI
@@ -42,16 +43,16 @@ def check_usable(ctx) -> None:
         )
 
 
-def _drop_plans(ctx) -> None:
-    """No call on an unusable context runs from a plan again (engine.plan)."""
-    drop = getattr(ctx, "drop_plans", None)
+def _drop_cache(ctx) -> None:
+    """No call on an unusable context repeats a bound call again (engine.cache)."""
+    drop = getattr(ctx, "drop_cache", None)
     if drop is not None:
         drop()
 
 
 def observing() -> bool:
-    """Whether a traffic counter or a trace records calls now (then no call runs from a
-    cached program: engine.plan, engine.collectives)."""
+    """Whether a traffic counter or a trace records calls now (then no call repeats a bound
+    call: engine.cache)."""
     return bool(_traffic.ACTIVE or _trace.active())
 
 
@@ -108,7 +109,7 @@ class Call:
         self.events = [] if tracers else None
         self.last_recv = -1
         self.windowed: list = []        # _timeout.Windowed messages still moving (timeout only)
-        self.lanes: dict = {}           # (kind, peer) -> Windowed messages not fully posted
+        self.queues: dict = {}          # (kind, peer, chunk) -> Windowed messages not fully posted
         self._schedule = False
         self.t0 = perf_counter()
         self.last_progress = self.t0    # a completion or a piece seen (timeouts under test())
@@ -209,7 +210,7 @@ class Call:
     def expired(self, left, idle, phase):
         """The CollectiveTimeout for requests ``left`` pending ``idle`` seconds."""
         r = next((r for r in left if r.kind == "recv"), left[0])
-        peer = _peer_name(self.ctx, r.peer)
+        peer = peer_name(self.ctx, r.peer)
         where = ""
         lab = None if phase == "check" else self.label_of(r.kind, r.k)
         if lab is not None:
@@ -240,7 +241,7 @@ class Call:
             f"{why}. This communicator cannot be used again; end the job with mpicoll.abort()"
         )
         setattr(self.ctx, _BROKEN, f"{self.label} #{self.seq} timed out on rank {self.rank}")
-        _drop_plans(self.ctx)
+        _drop_cache(self.ctx)
         return CollectiveTimeout(
             msg, collective=self.label, seq=self.seq, algorithm=self.algorithm, rank=self.rank,
             peer=r.peer, phase="check" if phase == "check" else r.kind,
@@ -256,7 +257,7 @@ class _Labels:
         self.sends, self.recvs, self.nsteps = sends, recvs, nsteps
 
 
-def _peer_name(ctx, peer) -> str:
+def peer_name(ctx, peer) -> str:
     """'rank 3', plus its MPI.COMM_WORLD rank when that differs."""
     name = f"rank {peer}"
     mine, world_group = ctx.comm.Get_group(), MPI.COMM_WORLD.Get_group()
@@ -290,24 +291,28 @@ class ObservedChannel:
                        _channel.piece_elems(mpitype, True))
                       if call.timeout is not None and account else None)
 
-    def _post(self, post, arr, peer, kind):
+    def _post(self, post, arr, peer, kind, chunk):
         if self.piece is None:
-            return post(arr, peer)
+            return post(arr, peer, chunk)
         piece = _channel.peer_piece(peer, self.call.ctx.local, *self.piece)
-        lanes = self.call.lanes
-        lane = lanes.get((kind, peer))
-        if len(arr) <= piece and not lane:
-            return post(arr, peer)
-        if lane is None:
-            lane = lanes[(kind, peer)] = []
-        w = _timeout.Windowed(post, arr, peer, piece, kind, lane)
+        queues = self.call.queues
+        # (messages of one tag match in order: one queue per kind, peer and chunk)
+        key = (kind, peer, chunk)
+        queue = queues.get(key)
+        if len(arr) <= piece and not queue:
+            return post(arr, peer, chunk)
+        if queue is None:
+            queue = queues[key] = []
+        if chunk:
+            post = functools.partial(_post_in, post, chunk)
+        w = _timeout.Windowed(post, arr, peer, piece, kind, queue)
         self.call.windowed.append(w)
         return w
 
-    def isend(self, arr, dest):
+    def isend(self, arr, dest, chunk=0):
         c = self.call
         t0 = perf_counter() if self.timed else 0.0
-        req = self._post(self.inner.isend, arr, dest, "send")
+        req = self._post(self.inner.isend, arr, dest, "send", chunk)
         k = c.nsend
         n = len(arr)
         if self.account:
@@ -315,10 +320,10 @@ class ObservedChannel:
             c.scounts.append(n)
         return Req(req, "send", dest, n * c.wire, k, t0)
 
-    def irecv(self, arr, source):
+    def irecv(self, arr, source, chunk=0):
         c = self.call
         t0 = perf_counter() if self.timed else 0.0
-        req = self._post(self.inner.irecv, arr, source, "recv")
+        req = self._post(self.inner.irecv, arr, source, "recv", chunk)
         k = c.nrecv
         n = len(arr)
         if self.account:
@@ -376,6 +381,11 @@ class ObservedChannel:
             if r.done is None:
                 r.done = now
             c.completed(r)
+
+
+def _post_in(post, chunk, arr, peer):
+    """``post(arr, peer, chunk)``: a windowed piece of a message of pipeline chunk ``chunk``."""
+    return post(arr, peer, chunk)
 
 
 class _TimedReducer:

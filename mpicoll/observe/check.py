@@ -43,9 +43,10 @@ from ..algorithms.schedule import Shape
 from ..backends.host import NUMPY
 from ..core import types as _types
 from ..core.errors import MismatchError
+from ..transport import channel as _channel
 from ..transport.channel import Channel
 
-TAG = 1             # payload messages use _channel.TAG (0)
+TAG = _channel.CHUNKS  # above every blocking call's chunks (transport.channel)
 TEXT = 32           # bytes per text field
 _TW = TEXT // 8     # int64 words per text field
 DETAIL_COUNTS = 64  # entries of ``counts`` shown when they differ
@@ -69,10 +70,10 @@ class _CheckChannel(Channel):
 
     __slots__ = ()
 
-    def isend(self, arr, dest):
+    def isend(self, arr, dest, chunk=0):
         return self.comm.Isend([arr, self.mpitype], dest, TAG)
 
-    def irecv(self, arr, source):
+    def irecv(self, arr, source, chunk=0):
         return self.comm.Irecv([arr, self.mpitype], source, TAG)
 
 

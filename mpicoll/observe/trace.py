@@ -84,7 +84,7 @@ class Trace:
 
     def __enter__(self) -> Trace:
         RECORDING.append(self)
-        bump()  # cached calls (engine.plan) must now take the observed path
+        bump()  # bound calls (engine.cache) must now take the observed path
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

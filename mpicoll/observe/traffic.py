@@ -61,7 +61,7 @@ class Traffic:
 
     def __enter__(self) -> Traffic:
         ACTIVE.append(self)
-        bump()  # cached calls (engine.plan) must now take the observed path
+        bump()  # bound calls (engine.cache) must now take the observed path
         return self
 
     def __exit__(self, *exc) -> None:

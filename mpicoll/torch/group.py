@@ -241,7 +241,7 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         staged = [Staged(t) for t in tensors]
         handles = []
         # a blocking call (torch's asyncOp False) runs mpicoll's blocking AllReduce, which
-        # repeats a call on the same arrays without validating it again (engine.plan);
+        # repeats a call on the same arrays without validating it again (engine.cache);
         # its Work is complete when made
         blocking = opts is not None and not opts.asyncOp
         comm, timeout = self._comm, self._timeout

@@ -7,7 +7,7 @@ is complete (:class:`Staged`).  Tensors that require grad are ``detach()``-ed
 first: NumPy refuses them, and a collective is not part of autograd anyway.
 A tensor's own memory is seen through :func:`memory_view`, one NumPy array
 per address, size and dtype, made once: mpicoll runs a call again without
-validating it when it gets the same array objects as last time (engine.plan).
+validating it when it gets the same array objects as last time (engine.cache).
 
 bfloat16 is reduced by mpicoll itself where ``ml_dtypes`` is installed (the
 ``torch`` extra installs it): the tensor's memory seen as an ``ml_dtypes``

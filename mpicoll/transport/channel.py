@@ -6,8 +6,10 @@ for non-blocking ones: see engine.executor); MPI's non-overtaking rule keeps
 messages between two ranks in order, and every rank issues the same sequence
 of messages in a collective, so no per-message tags are needed.
 
-The executor only calls ``isend``, ``irecv``, ``wait``, ``waitall`` and
-``testall`` (if there).  Other modules wrap or replace this class (host staging for GPU
+The executor only calls ``isend(arr, peer, chunk)``, ``irecv(arr, peer, chunk)``,
+``wait``, ``waitall`` and ``testall`` (if there).  A message's ``chunk`` (0 but
+in a pipeline, algorithms.pipeline) adds to the channel's tag: messages of
+different chunks never match each other.  Other modules wrap or replace this class (host staging for GPU
 buffers, timeouts, traffic accounting, traces) without touching algorithms.
 
 A message longer than a piece travels as consecutive pieces of at most
@@ -38,7 +40,8 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-TAG = 0
+TAG = 0  # blocking calls' tag: chunk k of a blocking call's pipeline is tag TAG + k
+CHUNKS = 32  # (chunks k < CHUNKS; the fingerprint check and non-blocking calls tag above)
 PIECE_BYTES = 1 << 20  # largest single MPI message of a channel to another node
 LOCAL_PIECE_BYTES = 16 << 20  # ... and to a rank of the same node
 
@@ -52,15 +55,52 @@ class Pieces:
         self.parts = parts
 
     def Test(self) -> bool:
-        return MPI.Request.Testall(self.parts)
+        return testall(self.parts)
 
     def Wait(self) -> None:
-        MPI.Request.Waitall(self.parts)
+        waitall(self.parts)
 
     def Cancel(self) -> None:
         for part in self.parts:
             if part != MPI.REQUEST_NULL:
                 part.Cancel()
+
+
+class RequestError(MPI.Exception):
+    """A request completed with an error: MPI's own code for it (not the
+    MPI_ERR_IN_STATUS of the wait that found it) and the request, so that the
+    engine can say which message of which step failed (engine.executor)."""
+
+    def __init__(self, code: int, request):
+        super().__init__(code)
+        self.request = request
+
+
+def _failed(exc, reqs, statuses):
+    """The error of the first request whose status holds one (else ``exc`` itself)."""
+    for req, st in zip(reqs, statuses):
+        code = st.Get_error()
+        if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+            return RequestError(code, req)
+    return exc
+
+
+def waitall(reqs) -> None:
+    """``MPI.Request.Waitall(reqs)``; a failed request raises its own error (RequestError)."""
+    statuses = [MPI.Status() for _ in reqs]
+    try:
+        MPI.Request.Waitall(reqs, statuses)
+    except MPI.Exception as exc:
+        raise _failed(exc, list(reqs), statuses) from None
+
+
+def testall(reqs) -> bool:
+    """``MPI.Request.Testall(reqs)``; a failed request raises its own error (RequestError)."""
+    statuses = [MPI.Status() for _ in reqs]
+    try:
+        return MPI.Request.Testall(reqs, statuses)
+    except MPI.Exception as exc:
+        raise _failed(exc, list(reqs), statuses) from None
 
 
 def mpi_requests(reqs) -> list:
@@ -123,15 +163,15 @@ class Channel:
         """Elements per piece of a message to or from ``peer``."""
         return peer_piece(peer, self.local, self.piece, self.local_piece)
 
-    def isend(self, arr, dest):
-        T, n, step, tag = self.mpitype, len(arr), self.piece_for(dest), self.tag
+    def isend(self, arr, dest, chunk=0):
+        T, n, step, tag = self.mpitype, len(arr), self.piece_for(dest), self.tag + chunk
         if n <= step:
             return self.comm.Isend([arr, T], dest, tag)
         return Pieces([self.comm.Isend([arr[a: a + step], T], dest, tag)
                        for a in range(0, n, step)])
 
-    def irecv(self, arr, source):
-        T, n, step, tag = self.mpitype, len(arr), self.piece_for(source), self.tag
+    def irecv(self, arr, source, chunk=0):
+        T, n, step, tag = self.mpitype, len(arr), self.piece_for(source), self.tag + chunk
         if n <= step:
             return self.comm.Irecv([arr, T], source, tag)
         return Pieces([self.comm.Irecv([arr[a: a + step], T], source, tag)
@@ -142,8 +182,8 @@ class Channel:
 
     def waitall(self, reqs):
         if reqs:
-            MPI.Request.Waitall(mpi_requests(reqs))
+            waitall(mpi_requests(reqs))
 
     def testall(self, reqs) -> bool:
         """Whether every request of ``reqs`` has completed (never blocks)."""
-        return MPI.Request.Testall(mpi_requests(reqs))
+        return testall(mpi_requests(reqs))

@@ -98,13 +98,13 @@ class DirectChannel:
             self.backend.rt.synchronize(self.stream)
             self._synced = launches
 
-    def isend(self, arr, dest):
+    def isend(self, arr, dest, chunk=0):
         self._ready()
-        return self.inner.isend(arr, dest)
+        return self.inner.isend(arr, dest, chunk)
 
-    def irecv(self, arr, source):
+    def irecv(self, arr, source, chunk=0):
         self._ready()  # kernels still reading arr's old contents must finish first
-        return self.inner.irecv(arr, source)
+        return self.inner.irecv(arr, source, chunk)
 
     def wait(self, req):
         self.inner.wait(req)
@@ -207,12 +207,14 @@ class _Request:
 
 
 class _Send(_Request):
-    __slots__ = ("ch", "arr", "dest", "ready", "buf", "host", "copied", "req", "state", "landed")
+    __slots__ = ("ch", "arr", "dest", "chunk", "ready", "buf", "host", "copied", "req", "state",
+                 "landed")
 
-    def __init__(self, ch, arr, dest, ready):
+    def __init__(self, ch, arr, dest, ready, chunk=0):
         self.ch = ch
         self.arr = arr
         self.dest = dest
+        self.chunk = chunk
         self.ready = ready  # event on the compute stream after the work producing arr
         self.buf = self.host = self.copied = self.req = None
         self.landed = None  # the _Landed receive buffer a forwarded send reads
@@ -264,8 +266,8 @@ class StagingChannel:
 
     # -- the channel interface ---------------------------------------------
 
-    def isend(self, arr, dest):
-        send = _Send(self, arr, dest, None)
+    def isend(self, arr, dest, chunk=0):
+        send = _Send(self, arr, dest, None, chunk)
         landed = self._landed_holding(arr)
         if landed is not None and self._forwarding < self.pool.max_send:
             # Data that arrived here and was not changed since: send it from the
@@ -285,12 +287,12 @@ class StagingChannel:
         self._progress()
         return send
 
-    def irecv(self, arr, source):
+    def irecv(self, arr, source, chunk=0):
         self.forget(arr)  # its landed data is about to be overwritten
         free = self.rt.record(self.stream)
         buf = self._recv_buffer(arr.nbytes)
         host = buf[: arr.nbytes].view(arr.dtype)
-        recv = _Recv(self, arr, free, buf, host, self.inner.irecv(host, source))
+        recv = _Recv(self, arr, free, buf, host, self.inner.irecv(host, source, chunk))
         self._recvs.append(recv)
         return recv
 
@@ -424,7 +426,7 @@ class StagingChannel:
                 if s.copied is not None and not rt.done(s.copied):
                     break
                 queue.popleft()
-                s.req = self.inner.isend(s.host, s.dest)
+                s.req = self.inner.isend(s.host, s.dest, s.chunk)
                 s.state = POSTED
                 self._posted.append(s)
                 posted += 1

@@ -24,7 +24,7 @@ from typing import NoReturn
 
 from mpi4py import MPI
 
-from .channel import Pieces
+from .channel import Pieces, RequestError
 
 SPIN_S = 2e-3        # poll without pausing this long after the last progress
 MIN_SLEEP_S = 20e-6
@@ -40,7 +40,19 @@ def _test_requests(reqs, channel_test=None) -> list:
     if channel_test is not None:
         return [i for i, q in enumerate(reqs) if channel_test(q)]
     if all(type(q) is MPI.Request for q in reqs):
-        done = MPI.Request.Testsome(reqs)
+        live = [q != MPI.REQUEST_NULL for q in reqs]
+        statuses = [MPI.Status() for _ in reqs]
+        try:
+            done = MPI.Request.Testsome(reqs, statuses)
+        except MPI.Exception:
+            # the failed request is one freed by this test: its own error, not
+            # MPI_ERR_IN_STATUS (transport.channel.RequestError)
+            freed = [q for q, was in zip(reqs, live) if was and q == MPI.REQUEST_NULL]
+            codes = [c for c in (st.Get_error() for st in statuses)
+                     if c not in (MPI.SUCCESS, MPI.ERR_PENDING)]
+            if freed and codes:
+                raise RequestError(codes[0], freed[0]) from None
+            raise
         return range(len(reqs)) if done is None else done
     return [i for i, q in enumerate(reqs) if q.Test()]
 
@@ -63,17 +75,17 @@ class Windowed:
 
     MPI matches the messages between two ranks in the order they are posted,
     so pieces must be posted in message order: the messages to (from) one
-    peer form a *lane* (a list, oldest first), and only the lane's first
-    message posts; it leaves the lane once all its pieces are posted.  A
-    message issued while its lane is busy, even a small one, joins the lane.
+    peer form a *queue* (a list, oldest first), and only the queue's first
+    message posts; it leaves the queue once all its pieces are posted.  A
+    message issued while its queue is busy, even a small one, joins the queue.
     :meth:`advance` posts the next pieces as earlier ones complete; the
     polling wait advances every windowed message of a call at each poll, so a
     message nobody is waiting for yet still moves.
     """
 
-    __slots__ = ("post", "arr", "peer", "bounds", "lane", "kind", "inflight", "posted")
+    __slots__ = ("post", "arr", "peer", "bounds", "queue", "kind", "inflight", "posted")
 
-    def __init__(self, post, arr, peer, step: int, kind: str, lane: list):
+    def __init__(self, post, arr, peer, step: int, kind: str, queue: list):
         self.post = post        # the inner channel's isend or irecv
         self.arr = arr
         self.peer = peer
@@ -83,9 +95,9 @@ class Windowed:
         self.bounds = [(a, min(a + step, n)) for a in range(0, n, step)][::-1] or [(0, 0)]
         self.inflight: list = []
         self.posted: list = []  # every inner request, for the inner channel's final wait
-        self.lane = lane
-        lane.append(self)
-        _fill(lane)
+        self.queue = queue
+        queue.append(self)
+        _fill(queue)
 
     @property
     def finished(self) -> bool:
@@ -96,7 +108,7 @@ class Windowed:
         done = set(_test_requests(self.inflight, channel_test)) if self.inflight else ()
         if done:
             self.inflight = [q for i, q in enumerate(self.inflight) if i not in done]
-        _fill(self.lane)
+        _fill(self.queue)
         return bool(done)
 
     def Cancel(self) -> None:
@@ -110,10 +122,10 @@ class Windowed:
         return all(q.Test() for q in self.inflight)
 
 
-def _fill(lane: list) -> None:
-    """Post pieces of the lane's first messages, in order, up to WINDOW in flight each."""
-    while lane:
-        w = lane[0]
+def _fill(queue: list) -> None:
+    """Post pieces of the queue's first messages, in order, up to WINDOW in flight each."""
+    while queue:
+        w = queue[0]
         while w.bounds and len(w.inflight) < WINDOW:
             a, b = w.bounds.pop()
             req = w.post(w.arr[a:b], w.peer)
@@ -121,7 +133,7 @@ def _fill(lane: list) -> None:
             w.posted.append(req)
         if w.bounds:
             return
-        lane.pop(0)
+        queue.pop(0)
 
 
 def tester(pending, channel_test=None, windowed=None):

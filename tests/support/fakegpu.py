@@ -35,7 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mpicoll.backends import devices as _devices
-from mpicoll.backends import host as _backend
+from mpicoll.backends import registry as _registry
 
 POISON = 0xA7
 _names = itertools.count()
@@ -355,13 +355,13 @@ class RecordingChannel:
         self.inner = inner
         self.rt = rt
 
-    def isend(self, arr, dest):
+    def isend(self, arr, dest, chunk=0):
         self.rt.log.append(("mpi isend", dest, arr))
-        return self._keep(self.inner.isend(arr, dest))
+        return self._keep(self.inner.isend(arr, dest, chunk))
 
-    def irecv(self, arr, source):
+    def irecv(self, arr, source, chunk=0):
         self.rt.log.append(("mpi irecv", source, arr))
-        return self._keep(self.inner.irecv(arr, source))
+        return self._keep(self.inner.irecv(arr, source, chunk))
 
     def _keep(self, req):
         """Remember ``req`` in the runtime's ``mpi_requests`` (for :func:`mpi_outstanding`)."""
@@ -393,11 +393,11 @@ def fake_backend(**runtime_options) -> FakeBackend:
 @contextlib.contextmanager
 def registered(backend):
     """Put ``backend`` first in mpicoll's list of device backends for a block."""
-    _backend.register(backend, first=True)
+    _registry.register(backend, first=True)
     try:
         yield backend
     finally:
-        _backend.unregister(backend)
+        _registry.unregister(backend)
 
 
 def produce(rt, host):

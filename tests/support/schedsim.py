@@ -12,8 +12,9 @@ binding
     are filled with garbage, so a schedule that reads one before writing it
     gives wrong results.
 matching
-    A rank's k-th Send to a peer matches the peer's k-th Recv from it (one
-    tag, MPI's non-overtaking order); the sizes must agree.
+    A rank's k-th Send to a peer in a chunk matches the peer's k-th Recv from it
+    in that chunk (one tag per chunk, MPI's non-overtaking order); the sizes
+    must agree.
 transport
     ``"eager"``: a Send completes when posted, its data copied then (MPI
     buffering small messages).  ``"rendezvous"``: a Send completes only when
@@ -291,7 +292,8 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
         m = _Msg(rk.rank, i, v)
         rk.msgs[i] = m
         rk.pending[i] = ("send" if is_send else "recv", *span)
-        key = (rk.rank, o.peer) if is_send else (o.peer, rk.rank)
+        # (each chunk is a tag of its own: messages match within their chunk only)
+        key = (rk.rank, o.peer, o.chunk) if is_send else (o.peer, rk.rank, o.chunk)
         mine, other = (sends, recvs) if is_send else (recvs, sends)
         if is_send and model == "eager":
             m.data = v.copy()

@@ -1,0 +1,192 @@
+"""Pipelines across nodes: one schedule cut into chunks whose steps interleave.
+
+One schedule runs its steps in turn, and the link to another node idles
+while a rank reduces, copies or (hierarchical) works inside its node.  A
+*pipeline* cuts a large call into chunks, each the same algorithm's schedule
+for its part of the call, and interleaves their steps so that while one
+chunk's data is reduced the next chunks' messages are already posted and
+crossing the link.  It is a transform of schedules: the result is one
+schedule, run by the executor as any other.
+
+The cut
+    AllReduce: the array (chunk c: elements ``n*c//k .. n*(c+1)//k``).
+    ReduceScatter and AllGather: every rank's block alike (chunk c: part c of
+    each block, at its place in the input or output), so each chunk is an
+    ordinary vector call on the same buffers.  A ReduceScatter of :data:`SPAN`
+    (a schedule that all-reduces the input's span, from 0 to the last block's
+    end, then keeps this rank's block) cuts the span instead: each chunk is an
+    AllReduce into one work buffer, and this rank's block is copied out of it
+    at the end.  Each chunk is a schedule of the same algorithm, so results
+    are bitwise what that algorithm gives, equal on every rank.
+
+The interleaving
+    A chunk's ops are cut into stages at its ``Wait`` ops.  At most
+    :data:`PIPELINE_DEPTH` chunks are open; in each round every open chunk,
+    oldest first, issues its next stage (its wait, its reductions and copies,
+    the messages of its next step), so the first stage of every open chunk
+    posts its messages before the oldest waits.  Chunk c's messages travel
+    as chunk c (a tag of their own, algorithms.schedule.Send): a chunk's
+    messages match in issue order, whatever the other chunks do.  A chunk's
+    work buffers are named by the slot it holds among the open chunks, so
+    work memory is :data:`PIPELINE_DEPTH` chunks' worth; a slot is reused
+    only by a chunk opened after its last holder's final stage.
+
+The sizes are the emulated cluster's best (docs/performance.md): deeper or
+finer gained nothing there, 2 in flight lost at 16 MiB.
+"""
+
+from __future__ import annotations
+
+from .schedule import DST, SRC, Copy, Recv, Reduce, Region, Schedule, Send, Wait
+
+# A blocking collective across nodes from this size runs as a pipeline of chunks:
+# PIPELINE_CHUNKS of at least PIPELINE_CHUNK_BYTES, PIPELINE_DEPTH open at a time
+PIPELINE_BYTES = 2 << 20
+PIPELINE_CHUNKS = 32
+PIPELINE_CHUNK_BYTES = 512 << 10
+PIPELINE_DEPTH = 4
+# ReduceScatter schedules that all-reduce the input's span into a work array and copy
+# this rank's block out: as chunks of its blocks each chunk would move the whole span
+# (32x the bytes), so the pipeline cuts the span, each chunk an AllReduce
+SPAN = frozenset({("reduce_scatter", "recursive_doubling")})
+
+
+def applies(collective: str, name: str, shape, nbytes: int) -> bool:
+    """Whether a blocking call of algorithm ``name`` with ``shape`` moving ``nbytes`` runs as
+    a pipeline: across nodes, from :data:`PIPELINE_BYTES`, every algorithm but the ring
+    (which pipelines its own segments), not a ReduceScatter in place (its result overwrites
+    the start of the input, part c of block 0, which another chunk still reads), and
+    blocks of at least two elements."""
+    return (name != "ring" and nbytes >= PIPELINE_BYTES and len(set(shape.nodes)) > 1
+            and not (shape.in_place and collective == "reduce_scatter")
+            and (collective == "allreduce" or min(shape.counts) >= 2))
+
+
+def chunks_of(collective: str, name: str, shape, nbytes: int) -> int:
+    """How many chunks a pipeline of this call has."""
+    chunks = max(2, min(PIPELINE_CHUNKS, nbytes // PIPELINE_CHUNK_BYTES))
+    if (collective, name) in SPAN:
+        return min(chunks, _span(shape))
+    if collective != "allreduce":
+        return min(chunks, min(shape.counts))
+    return min(chunks, shape.total)
+
+
+def _span(shape) -> int:
+    return max(d + k for d, k in zip(shape.displs, shape.counts))
+
+
+def builder(collective: str, name: str, build, chunks: int, build_allreduce=None):
+    """``build(shape) -> Schedule`` of the pipeline of ``chunks`` chunks of algorithm
+    ``build`` (``build_allreduce``: the same algorithm's AllReduce builder, for :data:`SPAN`)."""
+    span = (collective, name) in SPAN
+
+    def pipelined(shape) -> Schedule:
+        parts = [_chunk(collective, shape, build, build_allreduce, span, chunks, c)
+                 for c in range(chunks)]
+        tail = ()
+        if span:  # this rank's block of the reduced span, the call's result
+            r = shape.rank
+            lo = shape.displs[r]
+            tail = (Copy(Region(DST, 0, shape.counts[r]),
+                         Region(_SPAN_BUF, lo, lo + shape.counts[r])),)
+        sched = interleave(parts, PIPELINE_DEPTH, tail)
+        if span:
+            sched.work[_SPAN_BUF] = _span(shape)
+        return sched
+
+    return pipelined
+
+
+_SPAN_BUF = "reduced span"
+
+
+def _chunk(collective, shape, build, build_allreduce, span, chunks, c):
+    """(chunk c's schedule, {buffer: (name in the pipeline, offset)}) of the pipeline."""
+    if span:
+        total = _span(shape)
+        a, b = total * c // chunks, total * (c + 1) // chunks
+        part = shape._replace(total=b - a, counts=(b - a,), displs=(0,), in_place=False)
+        return build_allreduce(part), {SRC: (SRC, a), DST: (_SPAN_BUF, a)}
+    if collective == "allreduce":
+        n = shape.total
+        a, b = n * c // chunks, n * (c + 1) // chunks
+        part = shape._replace(total=b - a, counts=(b - a,), displs=(0,))
+        return build(part), {SRC: (SRC, a), DST: (DST, a)}
+    # chunk c of block r: elements counts[r]*c//chunks .. counts[r]*(c+1)//chunks of it
+    lo = [k * c // chunks for k in shape.counts]
+    cc = tuple(k * (c + 1) // chunks - x for k, x in zip(shape.counts, lo))
+    cd = tuple(d + x for d, x in zip(shape.displs, lo))
+    part = shape._replace(total=sum(cc), counts=cc, displs=cd)
+    mine = lo[shape.rank]
+    if collective == "reduce_scatter":  # (out of place: see applies)
+        return build(part), {SRC: (SRC, 0), DST: (DST, mine)}
+    # AllGather: SRC is this rank's block (out of place), DST the whole output
+    return build(part), {SRC: (SRC, 0 if shape.in_place else mine), DST: (DST, 0)}
+
+
+def _stages(ops) -> list:
+    """``ops`` cut before each Wait: [posts before the first wait, wait + what follows, ...]."""
+    stages, current = [], []
+    for i, op in enumerate(ops):
+        if type(op) is Wait and current:
+            stages.append(current)
+            current = []
+        current.append(i)
+    if current:
+        stages.append(current)
+    return stages
+
+
+def interleave(parts, depth: int, tail=()) -> Schedule:
+    """One schedule of ``parts`` ((schedule, {buffer: (name, offset)}) per chunk, in order):
+    at most ``depth`` open at a time, one stage of each open part per round, oldest
+    first; chunk c's messages tagged as chunk c, its work buffers in the slot it holds.  ``tail``:
+    ops after the last chunk."""
+    ops, work, types = [], {}, {}
+    nsteps = max((s.nsteps for s, _ in parts), default=0)
+    pending = list(enumerate(parts))
+    free = list(range(depth))
+    open_ = []  # [chunk, slot, schedule, places, stages, next stage, index map]
+    while pending or open_:
+        while pending and len(open_) < depth:
+            c, (sched, places) = pending.pop(0)
+            slot = free.pop(0)
+            places = dict(places)
+            for purpose, n in sched.work.items():
+                name = f"{purpose} [{slot}]"
+                places[purpose] = (name, 0)
+                work[name] = max(work.get(name, 0), n)
+                if purpose in sched.types:
+                    types[name] = sched.types[purpose]
+            open_.append([c, slot, sched, places, _stages(sched.ops), 0, {}])
+        for entry in list(open_):
+            c, slot, sched, places, stages, k, index = entry
+            for i in stages[k]:
+                index[i] = len(ops)
+                ops.append(_moved(sched.ops[i], places, c, index))
+            entry[5] = k + 1
+            if entry[5] == len(stages):
+                open_.remove(entry)
+                free.append(slot)
+                free.sort()
+    ops.extend(tail)
+    return Schedule(tuple(ops), work, nsteps, types)
+
+
+def _region(r: Region, places) -> Region:
+    name, off = places[r.buf]
+    return Region(name, r.start + off, r.stop + off)
+
+
+def _moved(op, places, chunk, index):
+    """``op`` of chunk ``chunk`` with its regions at their place in the pipeline, its
+    messages tagged as that chunk's, its waits on the pipeline's indices."""
+    t = type(op)
+    if t is Send or t is Recv:
+        return t(op.peer, _region(op.region, places), op.label, chunk)
+    if t is Wait:
+        return Wait(tuple(index[h] for h in op.handles))
+    if t is Reduce:
+        return Reduce(_region(op.a, places), _region(op.b, places), _region(op.out, places))
+    return Copy(_region(op.dst, places), _region(op.src, places))
