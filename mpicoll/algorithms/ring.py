@@ -1,6 +1,6 @@
 """Ring algorithms: ReduceScatter, AllGather, and AllReduce as their composition.
 
-The README's "How the ring works" tells the same story in the same words.
+docs/algorithms.md, "How the ring works", tells the same story in the same words.
 Put the n ranks on a ring: rank p sends only to rank p+1 and receives only
 from rank p-1 (mod n). Cut the array into n blocks (``split``: the first
 ``N % n`` blocks have ``N // n + 1`` elements, the others ``N // n``; some are
