@@ -23,7 +23,7 @@ _setup.read(os.path.join(ROOT, "setup.cfg"))
 
 project = "mpicoll"
 author = "the mpicoll developers"
-copyright = "the mpicoll developers, MIT license"  # noqa: A001 (Sphinx's name)
+copyright = "the mpicoll developers, MIT license"
 release = version = _setup["metadata"]["version"]
 
 extensions = [
