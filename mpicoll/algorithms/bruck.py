@@ -64,3 +64,19 @@ def allgather_schedule(shape):
 
 
 SCHEDULES = {("allgather", "bruck"): allgather_schedule}
+
+
+# What the algorithm reference (docs/algorithms.md, generated from the registry in
+# engine.select) says of each schedule: what it does, its steps, the bytes each rank
+# sends (N: the array; AllGather: the gathered array) and its work memory.
+ABOUT = {
+    ("allgather", "bruck"): {
+        "summary": (
+            "Blocks kept rotated to start at this rank's own; at distance d = 1, 2, 4, ... a rank "
+            "sends its first positions to rank - d: ceil(log2 n) steps at any rank count, without "
+            "a fold, for two local copies."
+        ),
+        "steps": "ceil(log2 n)", "sends": "(n-1)/n·N",
+        "memory": "N",
+    },
+}

@@ -213,3 +213,28 @@ SCHEDULES = {
     ("reduce_scatter", "direct"): reduce_scatter_schedule,
     ("allreduce", "direct"): allreduce_schedule,
 }
+
+
+# What the algorithm reference (docs/algorithms.md, generated from the registry in
+# engine.select) says of each schedule: what it does, its steps, the bytes each rank
+# sends (N: the array; AllGather: the gathered array) and its work memory.
+ABOUT = {
+    ("reduce_scatter", "direct"): {
+        "summary": (
+            "Every rank sends each block straight to its owner, which folds the n contributions "
+            "in rank order from the left: one grouping of the operands whatever the size or "
+            "settings, so deterministic mode and non-commutative ops run on it, and 16/8-bit "
+            "floats are folded in float32 here."
+        ),
+        "steps": "1", "sends": "(n-1)/n·N",
+        "memory": "`window`·(n-2) pieces",
+    },
+    ("allreduce", "direct"): {
+        "summary": (
+            "The direct ReduceScatter, then each rank sends its folded block straight to every "
+            "rank: the rank-order result in two steps."
+        ),
+        "steps": "2", "sends": "2(n-1)/n·N",
+        "memory": "`window`·(n-2) pieces",
+    },
+}

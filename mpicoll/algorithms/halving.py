@@ -242,3 +242,26 @@ SCHEDULES = {
     ("reduce_scatter", "recursive_halving"): reduce_scatter_schedule,
     ("allreduce", "rabenseifner"): allreduce_schedule,
 }
+
+
+# What the algorithm reference (docs/algorithms.md, generated from the registry in
+# engine.select) says of each schedule: what it does, its steps, the bytes each rank
+# sends (N: the array; AllGather: the gathered array) and its work memory.
+ABOUT = {
+    ("reduce_scatter", "recursive_halving"): {
+        "summary": (
+            "At distance n/2, n/4, ..., 1 a rank keeps half of its range, sends the other half to "
+            "its partner and reduces what it receives: the ring's bytes in log2 n steps."
+        ),
+        "steps": "log2 n (+2)", "sends": "(n-1)/n·N (+N)",
+        "memory": "1.5N (2N with the fold)",
+    },
+    ("allreduce", "rabenseifner"): {
+        "summary": (
+            "Recursive halving ReduceScatter, then recursive doubling AllGather of the reduced "
+            "blocks: about the ring's bytes in 2 log2 n steps, for medium sizes on many ranks."
+        ),
+        "steps": "2 log2 n (+2)", "sends": "2(n-1)/n·N (+N)",
+        "memory": "N/2 (N with the fold)",
+    },
+}

@@ -446,3 +446,35 @@ SCHEDULES = {
     ("reduce_scatter", "hierarchical"): reduce_scatter_schedule,
     ("allgather", "hierarchical"): allgather_schedule,
 }
+
+
+# What the algorithm reference (docs/algorithms.md, generated from the registry in
+# engine.select) says of each schedule: what it does, its steps, the bytes each rank
+# sends (N: the array; AllGather: the gathered array) and its work memory.
+ABOUT = {
+    ("allreduce", "hierarchical"): {
+        "summary": (
+            "Two levels: inside each node the lanes are reduced to their owners, one ring per "
+            "lane crosses the nodes, then each owner shares its finished lane inside the node. "
+            "Each node link carries 2(k-1)/k·N where the ring on n ranks puts 2(n-1)/n·N on it."
+        ),
+        "steps": "2(k-1) + 2", "sends": "node link: 2(k-1)/k·N each way",
+        "memory": "`window`·(ranks on the node - 1) segments",
+    },
+    ("reduce_scatter", "hierarchical"): {
+        "summary": (
+            "Lanes reduced to their owners inside the node (ordered by node), one ring per lane "
+            "across nodes, then each rank's block from its lane owner."
+        ),
+        "steps": "k-1 + 2", "sends": "node link: the other nodes' part, once",
+        "memory": "N/L (+ the node's part of a lane)",
+    },
+    ("allgather", "hierarchical"): {
+        "summary": (
+            "Blocks to the lane owners inside the node, one ring per lane across nodes, then the "
+            "finished lanes shared inside the node."
+        ),
+        "steps": "k-1 + 2", "sends": "node link: the other nodes' part, once",
+        "memory": "N/L",
+    },
+}

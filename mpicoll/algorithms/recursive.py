@@ -301,3 +301,36 @@ SCHEDULES = {
     ("reduce_scatter", "recursive_doubling"): reduce_scatter_schedule,
     ("allgather", "recursive_doubling"): allgather_schedule,
 }
+
+
+# What the algorithm reference (docs/algorithms.md, generated from the registry in
+# engine.select) says of each schedule: what it does, its steps, the bytes each rank
+# sends (N: the array; AllGather: the gathered array) and its work memory.
+ABOUT = {
+    ("allreduce", "recursive_doubling"): {
+        "summary": (
+            "Whole-array exchanges with the rank at distance 1, 2, 4, ...: few steps, so it wins "
+            "for small arrays. It keeps rank order (the lower ranks are the left operand), so it "
+            "also runs non-commutative ops."
+        ),
+        "steps": "log2 n (+2)", "sends": "log2 n·N",
+        "memory": "N",
+    },
+    ("reduce_scatter", "recursive_doubling"): {
+        "summary": (
+            "A recursive doubling AllReduce of the whole input into a work array, then this "
+            "rank's block copied out: the order-preserving ReduceScatter."
+        ),
+        "steps": "log2 n (+2)", "sends": "log2 n·N",
+        "memory": "2N",
+    },
+    ("allgather", "recursive_doubling"): {
+        "summary": (
+            "Runs of blocks swapped with the rank at distance 1, 2, 4, ..., straight in the "
+            "output; across nodes on bit-reversed ranks, so the largest exchange stays inside a "
+            "node."
+        ),
+        "steps": "log2 n (+2)", "sends": "(n-1)/n·N (+N)",
+        "memory": "none (packed blocks)",
+    },
+}

@@ -1,6 +1,6 @@
 """Ring algorithms: ReduceScatter, AllGather, and AllReduce as their composition.
 
-The README's "How the ring works" tells the same story in the same words.
+docs/algorithms.md, "How the ring works", tells the same story in the same words.
 Put the n ranks on a ring: rank p sends only to rank p+1 and receives only
 from rank p-1 (mod n). Cut the array into n blocks (``split``: the first
 ``N % n`` blocks have ``N // n + 1`` elements, the others ``N // n``; some are
@@ -151,4 +151,36 @@ SCHEDULES = {
     ("allreduce", "ring"): allreduce_schedule,
     ("reduce_scatter", "ring"): reduce_scatter_schedule,
     ("allgather", "ring"): allgather_schedule,
+}
+
+
+# What the algorithm reference (docs/algorithms.md, generated from the registry in
+# engine.select) says of each schedule: what it does, its steps, the bytes each rank
+# sends (N: the array; AllGather: the gathered array) and its work memory.
+ABOUT = {
+    ("allreduce", "ring"): {
+        "summary": (
+            "ReduceScatter then AllGather around a ring (position p sends only to p+1), blocks "
+            "cut into segments forwarded as soon as they are reduced. It sends the least any "
+            "AllReduce can, at every rank count: the choice for large arrays."
+        ),
+        "steps": "2(n-1)", "sends": "2(n-1)/n·N",
+        "memory": "`window` segments (partials live in the output)",
+    },
+    ("reduce_scatter", "ring"): {
+        "summary": (
+            "n-1 steps around the ring, each block collecting one contribution per hop; partials "
+            "are passed on from a few send slots, so work memory does not grow with the array."
+        ),
+        "steps": "n-1", "sends": "(n-1)/n·N",
+        "memory": "at most 2·`window` segments",
+    },
+    ("allgather", "ring"): {
+        "summary": (
+            "Every block travels once around the ring; its segments are 16 times the segment "
+            "option (nothing is reduced on the way, so fewer messages)."
+        ),
+        "steps": "n-1", "sends": "(n-1)/n·N",
+        "memory": "none",
+    },
 }

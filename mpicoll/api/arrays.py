@@ -44,7 +44,9 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         comm: intra-communicator (default ``MPI.COMM_WORLD``).
         out: array to write into (same shape and dtype, any layout).  ``out=x``, or
             any object over exactly ``x``'s memory, reduces in place.
-        algorithm: ``"auto"``, ``"ring"`` or ``"recursive_doubling"``.
+        algorithm: ``"auto"`` (chosen by size, rank count, op and node layout) or one of
+            ``"ring"``, ``"recursive_doubling"``, ``"rabenseifner"``, ``"direct"``,
+            ``"hierarchical"`` (docs/algorithms.md).
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
         deterministic: True: a floating SUM/PROD is the rank-order fold, bitwise the same
@@ -101,7 +103,9 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
             at their place.
         counts: rows contributed by each rank (an allgatherv); default: every
             rank contributes ``len(x)`` rows.
-        algorithm: ``"auto"`` or ``"ring"``.
+        algorithm: ``"auto"`` (chosen by size, rank count and node layout) or one of
+            ``"ring"``, ``"recursive_doubling"``, ``"bruck"``, ``"hierarchical"``
+            (docs/algorithms.md).
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
 
@@ -139,7 +143,9 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
             was, and that view is returned.
         counts: rows per rank; default: ``len(x)`` split as numpy.array_split
             does (the first ``len(x) % size`` ranks get one row more).
-        algorithm: ``"auto"``, ``"ring"`` or ``"recursive_doubling"``.
+        algorithm: ``"auto"`` (chosen by size, rank count, op and node layout) or one of
+            ``"ring"``, ``"recursive_doubling"``, ``"recursive_halving"``, ``"direct"``,
+            ``"hierarchical"`` (docs/algorithms.md).
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
         deterministic, accumulate: as for :func:`allreduce`.

@@ -24,7 +24,10 @@ class Comm(MPI.Intracomm):
 
     Args:
         comm: the intra-communicator to wrap (default ``MPI.COMM_WORLD``).
-        algorithm: ``"auto"`` or an algorithm name forced for every call.
+        algorithm: ``"auto"``, or an algorithm forced for every call of the collectives
+            that have it: ``"ring"``, ``"recursive_doubling"``, ``"rabenseifner"``,
+            ``"recursive_halving"``, ``"bruck"``, ``"direct"``, ``"hierarchical"``
+            (docs/algorithms.md).
         deterministic: True: floating SUM/PROD reductions are the rank-order fold,
             bitwise the same for every algorithm and setting (default:
             ``MPICOLL_DETERMINISTIC``); see docs/numerics.md.

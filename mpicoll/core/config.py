@@ -8,8 +8,8 @@ timeout           MPICOLL_TIMEOUT           none       seconds without progress 
 cuda_aware        MPICOLL_CUDA_AWARE        detect     hand device pointers straight to MPI
 progress          MPICOLL_PROGRESS          off        a thread advances non-blocking collectives
 algorithm         MPICOLL_ALGORITHM         auto       the algorithm every "auto" call runs, where it applies
-segment_bytes     MPICOLL_SEGMENT_BYTES     1M         ring segment size (pipelining)
-window            MPICOLL_WINDOW            2          ring segments in flight per link
+segment_bytes     MPICOLL_SEGMENT_BYTES     1M         segment size (pipelining), every schedule
+window            MPICOLL_WINDOW            2          segments (pieces) posted ahead per peer
 node_piece_bytes  MPICOLL_NODE_PIECE_BYTES  1M         largest message to another node (the ranks' least)
 fake_nodes        MPICOLL_FAKE_NODES        none       node layout for tests ("block:2", "cyclic:2", "0,0,1")
 trace             MPICOLL_TRACE             none       trace the whole run into this JSON file
@@ -143,9 +143,10 @@ OPTIONS = (
     Option("algorithm", "MPICOLL_ALGORITHM", parse_text, None, False,
            "the algorithm every 'auto' call runs where it exists and applies to the op"),
     Option("segment_bytes", "MPICOLL_SEGMENT_BYTES", parse_bytes, 1 << 20, False,
-           "ring segment size: blocks are cut into segments forwarded as soon as reduced"),
+           "segment size: schedules cut blocks into segments, each passed on as soon as it is "
+           "ready (pipelining), and messages to other nodes into pieces of a segment"),
     Option("window", "MPICOLL_WINDOW", parse_window, 2, False,
-           "ring segments in flight per link"),
+           "segments (or pieces) a schedule keeps posted ahead of the one it consumes, per peer"),
     Option("node_piece_bytes", "MPICOLL_NODE_PIECE_BYTES", parse_bytes, 1 << 20, False,
            "messages to a rank of another node move in pieces of at most this size; the "
            "communicator takes its ranks' least (transport.channel; Open MPI over TCP: 60K, "
