@@ -2,7 +2,7 @@
 
 "float32": the route "auto" took before the direct route existed (the input widened to
 float32, reduced by the size's algorithm with float32 on the wire, rounded once; an
-AllReduce above engine.numerics.SPLIT_BYTES reduce-scatters in float32 and all-gathers the
+AllReduce above engine.select.SPLIT_BYTES reduce-scatters in float32 and all-gathers the
 rounded words).  "direct": the blocks travel in the input type and their owner folds
 them in float32 (``algorithm="direct"``).  To time the former under "auto", this script
 switches the direct route's size rule off (``DIRECT_ABOVE``) for its own process.
@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.engine import numerics as _numerics
+from mpicoll.engine import select as _numerics
 
 comm = MPI.COMM_WORLD
 

@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.engine import numerics
+from mpicoll.engine import select as numerics
 
 comm = MPI.COMM_WORLD
 

@@ -18,9 +18,9 @@ from support.data import rank_data
 
 import mpicoll
 from mpicoll.algorithms.ring import split
-from mpicoll.api.buffers import msg_of_array
+from mpicoll.api.args import msg_of_array
 from mpicoll.backends.host import NUMPY
-from mpicoll.core.message import Call
+from mpicoll.core.types import Call
 from mpicoll.engine import context as _context
 from mpicoll.engine import run as _run
 
@@ -245,7 +245,7 @@ def test_non_blocking_calls_are_counted_like_blocking_ones():
 
 def test_leases_released_out_of_order_never_alias():
     """Work memory of operations whose lifetimes do not nest: disjoint while live, then reused."""
-    from mpicoll.engine.workmem import WorkMemory
+    from mpicoll.engine.context import WorkMemory
     mem = WorkMemory()
     f8 = np.dtype(np.float64)
     a, b = mem.lease(NUMPY), mem.lease(NUMPY)
@@ -278,7 +278,7 @@ def test_device_operations_started_together():
     """
     from support import fakegpu
 
-    from mpicoll.api.buffers import msg_of_array as as_msg
+    from mpicoll.api.args import msg_of_array as as_msg
     comm = WORLD.Dup()
     try:
         be = fakegpu.fake_backend()

@@ -568,10 +568,10 @@ def test_persistent_free_without_start():
     _util.assert_all(WORLD, ok, f"y={y} z={z}")
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float16])  # float16: through engine.numerics
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])  # float16: through engine.select
 def test_start_misuse_raises_one_type(dtype):
     """Start on an active, a freed or a non-blocking request: ValueError each time, the same
-    for a request engine.numerics routes (float16 SUM), naming Start, what it expected and got."""
+    for a request engine.select routes (float16 SUM), naming Start, what it expected and got."""
     x, y = rank_data(4, RANK, np.float64).astype(dtype), np.empty(4, dtype)
     problems = []
 

@@ -1,5 +1,5 @@
 """The direct route of a 16/8-bit SUM/PROD: blocks travel in the input type and each rank
-folds its own in float32, in rank order, rounding once (engine.numerics, algorithms.direct).
+folds its own in float32, in rank order, rounding once (engine.select, algorithms.direct).
 
 Through the array functions and mpicoll.Comm, AllReduce and ReduceScatter, in and out of
 place, blocking and not, uneven blocks (empty ones, fewer elements than ranks, counts not
@@ -18,10 +18,10 @@ from support.data import half_types
 
 import mpicoll
 from mpicoll.algorithms.schedule import split
-from mpicoll.api.buffers import msg_of_array
+from mpicoll.api.args import msg_of_array
 from mpicoll.backends.host import NUMPY
-from mpicoll.core.message import Call
-from mpicoll.engine import numerics as _numerics
+from mpicoll.core.types import Call
+from mpicoll.engine import select as _numerics
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -263,7 +263,7 @@ class _Comm:  # a communicator of ``size`` ranks with no context yet (options: t
 
 
 def _route(collective, nbytes, size, dtype=np.float16, algorithm="auto"):
-    """The engine.numerics Policy of such a call (blocking), not deterministic."""
+    """The engine.select Policy of such a call (blocking), not deterministic."""
     x = np.zeros(nbytes // np.dtype(dtype).itemsize, dtype)
     counts = tuple(split(len(x), size)[0]) if collective != "allreduce" else None
     displs = tuple(split(len(x), size)[1]) if collective != "allreduce" else None

@@ -1,7 +1,7 @@
 """Numerics on simulated ranks (tests/schedsim.py): float32 accumulation error to 512 ranks,
 the direct schedule's rank-order fold under every tuning.
 
-The composition engine.numerics runs for a 16-bit SUM (widen to float32, a
+The composition engine.select runs for a 16-bit SUM (widen to float32, a
 float32 ReduceScatter by the algorithm's own schedule, one rounding, an
 AllGather of the rounded words) is run here with the real schedule builders
 on every rank at once; its error against the exact sum of the bfloat16
@@ -133,7 +133,7 @@ def test_direct_reduce_scatter_work_memory(n):
 def direct_input_type(xs, segment=1 << 17, window=2, in_place=False, model="eager",
                       counts=None, op=np.add):
     """Every rank's block of the direct ReduceScatter of ``xs`` in their own type, folded in
-    float32 at the owner (``Shape.accumulate``; engine.numerics's direct route) and rounded once."""
+    float32 at the owner (``Shape.accumulate``; engine.select's direct route) and rounded once."""
     n, total = len(xs), len(xs[0])
     counts = split(total, n)[0] if counts is None else counts
     build = _select.BUILDERS["reduce_scatter"]["direct"]

@@ -80,7 +80,7 @@ def sizes():
                          ids=["float64", "int32", "float16", "float16-wire"])
 def test_ring_allreduce(comm, dtype, accumulate):
     """A float16 SUM of these sizes (below numerics.SPLIT_BYTES) is one float32 ring AllReduce
-    (engine.numerics), so float32 words travel; ``accumulate=False``: float16 words."""
+    (engine.select's dtype policy), so float32 words travel; ``accumulate=False``: float16 words."""
     ctx = _context.context(comm)
     wire = _types.accumulation_dtype(np.dtype(dtype)) if accumulate is None else None
     itemsize = np.dtype(dtype if wire is None else wire).itemsize

@@ -20,7 +20,7 @@ import mpicoll
 from mpicoll.algorithms.ring import split
 from mpicoll.backends.host import NUMPY
 from mpicoll.engine import context as _context
-from mpicoll.engine.workmem import WorkMemory
+from mpicoll.engine.context import WorkMemory
 
 # work memory by purpose: up to 4 ranks (several slots in flight on the ring)
 pytestmark = pytest.mark.ranks(1, 2, 3, 4)

@@ -9,7 +9,7 @@ to its block in rank order, from the left::
 so the result is ``((x0 op x1) op x2) op ...`` for every element, whatever
 the message size, segment size or window: there is one way to group the
 operands, the one a sequential loop over the ranks uses.  That makes it the
-schedule of two things (engine.numerics):
+schedule of two things (engine.select's dtype policy):
 
 * deterministic mode: a floating SUM that is bitwise the same for every
   configuration, equal to the rank-order fold;
@@ -20,7 +20,7 @@ AllReduce ("direct"): the same ReduceScatter of the array's blocks (the
 to every other rank; one schedule, so a non-blocking call is one operation.
 
 Accumulating in a wider type (``shape.accumulate``: float32 for a 16/8-bit SUM/PROD,
-engine.numerics): the blocks travel in the call's type and the owner folds them in that
+engine.select): the blocks travel in the call's type and the owner folds them in that
 type, rounding once, so the ring's bytes move rather than float32's twice as many.
 
 Cost: each rank sends and receives (n-1)/n of the array, as the ring does,

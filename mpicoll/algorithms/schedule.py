@@ -19,7 +19,7 @@ Buffers are named, never numbered:
     ``SRC``; AllGather: ``SRC`` is this rank's block of ``DST``);
 work buffers
     declared with :meth:`Builder.buffer` by *purpose*; each gets its own
-    region of the context's work arena (see mpicoll/engine/workmem.py), so two
+    region of the context's work arena (see mpicoll/engine/context.py), so two
     buffers of a schedule never alias.  A buffer holds elements of the call's
     type unless declared of another (``Schedule.types``): a schedule that
     folds in a wider type (``shape.accumulate``) keeps its accumulator so.

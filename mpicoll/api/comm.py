@@ -44,7 +44,7 @@ class Comm(MPI.Intracomm):
     """
 
     _algorithm = "auto"  # (forced for every call; set by __init__ and _derived)
-    _numerics = (None, None)  # (deterministic, accumulate): engine.numerics
+    _numerics = (None, None)  # (deterministic, accumulate): engine.select
 
     def __new__(cls, comm=None, algorithm: str = "auto", deterministic=None, accumulate=None):
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -253,7 +253,7 @@ class Comm(MPI.Intracomm):
 def _bare(spec):
     """``spec``'s array where it is ``[array, T]`` (or a tuple) of a C-contiguous NumPy array
     and T the datatype mpi4py gives that array anyway (core.types.natural_type): the same
-    message as the bare array (api.buffers.message makes one Msg of both, but for the
+    message as the bare array (api.args.message makes one Msg of both, but for the
     type's name in its errors, which is why validation still reads the spec), so the same
     call.  Anything else is returned as it is."""
     if type(spec) in _PAIR and len(spec) == 2:
@@ -282,7 +282,7 @@ def _key(name, args, op=None):
     """The cache key (name, ``args``: what its repeat compares, flat) under which a call may
     be remembered (engine.cache): bare NumPy buffers (or IN_PLACE) and a predefined op
     only (a user op could be freed between calls); else None.  ``flat``: validation read
-    a C-contiguous buffer as its flat memory (api.buffers.message), whatever its shape,
+    a C-contiguous buffer as its flat memory (api.args.message), whatever its shape,
     so the signature need not hold shapes."""
     sendbuf, recvbuf = args[0], args[1]
     if type(recvbuf) is np.ndarray and (type(sendbuf) is np.ndarray or sendbuf is MPI.IN_PLACE) \

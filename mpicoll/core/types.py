@@ -1,6 +1,9 @@
-"""Tables: NumPy dtype <-> MPI datatype, MPI.Op -> local reduction, op/dtype rules.
+"""What a call is made of: the dtype and op tables, the message, the call.
 
-Everything here is a lookup table; nothing builds names from strings.
+The tables (NumPy dtype <-> MPI datatype, MPI.Op -> local reduction, op/dtype
+rules) are lookups; nothing builds names from strings.  :class:`Msg` is one
+buffer's elements and their type, :class:`Call` one validated collective
+call: the record every layer after validation reads.
 Categories follow the MPI standard's groups of basic datatypes (MPI-4.1, 6.9.2):
 
 ==========  =========================================================
@@ -18,7 +21,7 @@ float16 counts as floating: MPI has no standard half-precision datatype, so
 mpicoll moves it as 16-bit words (``MPI.UINT16_T``) and reduces it locally.
 The ``ml_dtypes`` types (bfloat16, float8_e4m3fn, float8_e5m2) count as
 floating too and move as 16- or 8-bit words; NumPy cannot hand MPI their
-memory (no buffer protocol), so engine.numerics moves them through unsigned views
+memory (no buffer protocol), so engine.select moves them through unsigned views
 and reduces them in float32 (see :func:`accumulation_dtype`).
 User-defined ops (``MPI.Op.Create``) apply to every datatype; they are
 applied with ``Op.Reduce_local`` on the datatype mpi4py would hand them for
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -292,3 +296,79 @@ def predefined_op(name: str) -> MPI.Op:
     if key not in OP_CATEGORIES:
         raise ValueError(f"expected one of {', '.join(OP_CATEGORIES)} (any case), got {name!r}")
     return getattr(MPI, key)
+
+
+# --- messages and calls --------------------------------------------------------------------
+#
+# What a collective call is made of: its buffers as messages, and the call itself.
+#
+# The public API (api.args, api.args) checks its arguments and builds one
+# :class:`Call`; the engine, the observers and the backends read its fields and
+# never change them.
+
+class Msg:
+    """One buffer's elements and their type: a 1-D view and how MPI carries it."""
+
+    __slots__ = ("array", "dtype", "category", "mpitype", "typename", "backend",
+                 "counts", "displs", "optype")
+
+    def __init__(self, array, dtype, category, mpitype, typename, backend,
+                 counts=None, displs=None, optype=None):
+        self.array = array        # 1-D view, exactly the message's elements
+        self.dtype = dtype
+        self.category = category
+        self.mpitype = mpitype    # datatype used on the wire
+        # datatype handed to user-defined ops: the one mpi4py would pass for this spec
+        self.optype = optype or mpitype
+        self.typename = typename  # for messages: "float64", "MPI.INT", ...
+        self.backend = backend
+        self.counts = counts      # vector specs only
+        self.displs = displs
+
+    @property
+    def count(self) -> int:
+        return len(self.array)
+
+
+class Call(NamedTuple):
+    """One collective call, validated: everything the engine reads of it, and nothing else.
+
+    ``recv`` is the output message (the whole buffer; in place also the
+    input); ``send`` the input, None in place.  ``counts``/``displs``: each
+    rank's block of a ReduceScatter's input or an AllGather's output, in
+    elements (None for AllReduce).  ``timeout`` and the dtype policy
+    (``deterministic``, ``accumulate``, engine.select) are the arguments as
+    given: None means the communicator's option.  ``label`` names the call in
+    messages where it is not ``collective`` (an internal exchange).
+    """
+
+    collective: str
+    comm: Any
+    send: Msg | None
+    recv: Msg
+    counts: tuple | None = None
+    displs: tuple | None = None
+    op: Any = None
+    algorithm: str = "auto"
+    timeout: float | None = None
+    deterministic: bool | None = None
+    accumulate: bool | None = None
+    label: str | None = None
+
+    @property
+    def total(self) -> int:
+        """The elements "auto" selects by: the array reduced (AllReduce), the whole input
+        (ReduceScatter) or the whole output (AllGather)."""
+        return self.recv.count if self.counts is None else sum(self.counts)
+
+    def arrays(self, rank: int) -> tuple:
+        """(source, destination) 1-D arrays on ``rank``: an in-place ReduceScatter reads all
+        of ``recv`` and writes its start; an in-place AllGather has no source (None)."""
+        dst = self.recv.array
+        if self.send is not None:
+            return self.send.array, dst
+        if self.collective == "reduce_scatter":
+            return dst, dst[: self.counts[rank]]
+        if self.collective == "allgather":
+            return None, dst
+        return dst, dst

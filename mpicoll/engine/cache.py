@@ -99,7 +99,7 @@ from ..algorithms.schedule import DST, SRC
 from ..backends import host as _host
 from ..core.config import EPOCH, resolve
 from ..core.errors import MpicollError
-from ..core.message import Msg
+from ..core.types import Msg
 from ..observe import calls as _observe
 from ..observe import check as _check
 from . import context as _context

@@ -6,7 +6,7 @@ arrays).  Running it takes two stages:
 Binding
     :func:`bind` turns every region into an array view (``SRC`` and ``DST``
     are the call's arrays, work buffers come from a lease of the context's
-    arena, engine.workmem): a tuple of *steps*, one per schedule op.  A
+    arena, engine.context): a tuple of *steps*, one per schedule op.  A
     cached call (engine.cache) binds once more, with :func:`compile_bound`:
     each message of up to one piece becomes a persistent point-to-point
     request made once, and its steps start that request instead of posting

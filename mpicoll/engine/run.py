@@ -1,4 +1,4 @@
-"""The one run path: a validated :class:`~mpicoll.core.message.Call` -> select -> schedule -> bind
+"""The one run path: a validated :class:`~mpicoll.core.types.Call` -> select -> schedule -> bind
 -> operation.
 
 Both public layers (the array functions and :class:`mpicoll.Comm`) validate
@@ -8,7 +8,7 @@ waited for).  Nothing below this point raises for bad user input.
 
 1. **select**: the communicator's context (engine.context; the first call on
    a communicator sets it up, under the call's timeout), the dtype policy
-   (engine.numerics) and the algorithm (engine.select);
+   (engine.select's dtype policy) and the algorithm (engine.select);
 2. **schedule**: the algorithm's schedule for the call's shape, cached on the
    context; across nodes a large blocking call's schedule is cut into a
    pipeline (algorithms.pipeline);
@@ -35,13 +35,12 @@ from ..algorithms.schedule import DST, SRC, packed
 from ..backends import host as _host
 from ..core import config as _config
 from ..core import types as _types
-from ..core.message import Call, Msg
+from ..core.types import Call, Msg
 from ..observe import calls as _observe
 from ..observe import check as _check
 from . import cache as _cache
 from . import context as _context
 from . import executor as _executor
-from . import numerics as _numerics
 from . import select as _select
 from .executor import Operation
 
@@ -78,9 +77,11 @@ class Bound:
             ch, run_be, red = be.channel(ctx, msg.mpitype), be, self.red0
         if self.tag != _executor.TAG:
             _set_tag(ch, self.tag)
-        call = _observe.begin(ctx, self.label, self.call.collective, self.name, msg,
-                              self.total, self.call.counts, self.call.displs, self.call.op,
-                              self.timeout, self.check)
+        ctx.options()  # (observers switched on or off since: ctx.observing)
+        call = None if self.timeout is None and not self.check and not ctx.observing else \
+            _observe.begin(ctx, self.label, self.call.collective, self.name, msg, self.total,
+                           self.call.counts, self.call.displs, self.call.op, self.timeout,
+                           self.check)
         self.observed = call is not None or stage is not None
         # observed for its timeout alone: the call may be remembered with a deadline
         self.timed = (stage is None and call is not None and not self.check
@@ -146,7 +147,7 @@ class Bound:
             views[SRC] = dst if src is None else src
             self.steps = _executor.bind(sched, views)
             return
-        # the float32 route (engine.numerics): in place on the widened copy
+        # the float32 route (engine.select's dtype policy): in place on the widened copy
         work = self.lease.take(self.widen, len(src), "widened input")
         views[SRC] = work
         views[DST] = work[: len(dst)] if self.call.collective == "reduce_scatter" else work
@@ -197,10 +198,13 @@ def start(call: Call, *, block: bool = False, persistent: bool = False,
     (``algorithm`` names what ran)."""
     comm = call.comm
     ctx = _context.existing(comm)
-    env = ctx.env if ctx is not None else _config.read_environment()
-    opts = _config.resolve(env)
+    if ctx is not None:
+        env, opts = ctx.env, ctx.options()
+    else:  # (the first call on comm: it sets the context up below, with this reading)
+        env = _config.read_environment()
+        opts = _config.resolve(env)
     timeout = opts["timeout"] if call.timeout is None else call.timeout
-    pol = _numerics.policy(call, opts, comm.Get_size(), block and not persistent)
+    pol = _select.policy(call, opts, comm.Get_size(), block and not persistent)
     if pol is not None and pol.split is not None:
         return _split(call, pol, timeout)
     algorithm = call.algorithm if pol is None else pol.algorithm
@@ -291,7 +295,7 @@ def _installed() -> None:
 
 def _widened(msg, dtype) -> Msg:
     """The message type of ``msg``'s elements widened to ``dtype`` (no array: the binding
-    takes the work array, engine.numerics)."""
+    takes the work array, engine.select)."""
     dtype = np.dtype(dtype)
     category = _types.category_of_dtype(dtype)
     mpitype = _types.wire_type(dtype)
@@ -299,7 +303,7 @@ def _widened(msg, dtype) -> Msg:
 
 
 def _split(call, pol, timeout) -> Operation:
-    """A blocking split AllReduce (engine.numerics.Policy.split): ReduceScatter in the wide
+    """A blocking split AllReduce (engine.select.Policy.split): ReduceScatter in the wide
     type on a widened copy, the one rounding of this rank's block, AllGather of the
     rounded blocks in place in the call's type; the AllGather's operation."""
     from ..algorithms.ring import split as _blocks

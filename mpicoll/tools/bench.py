@@ -55,7 +55,6 @@ import mpicoll
 from ..core import types as _types
 from ..core.config import parse_bytes
 from ..engine import context as _context
-from ..engine import numerics as _numerics
 from ..engine import select as _select
 from . import arrays as _arrays
 from . import results as _results
@@ -489,8 +488,8 @@ class Case:
         self.selected = _select.choose_on(_context.context(comm), collective, algorithm,
                                           self.nbytes,
                                           selection=getattr(args, "selection", None))
-        # a 16/8-bit SUM/PROD may take engine.numerics's direct route instead (by its size rule)
-        if _numerics.direct_route(collective, algorithm, dtype, op, self.nbytes, n,
+        # a 16/8-bit SUM/PROD may take engine.select's direct route instead (by its size rule)
+        if _select.direct_route(collective, algorithm, dtype, op, self.nbytes, n,
                                   "numpy" if device.name == "cpu" else device.name):
             self.selected = "direct"
 

@@ -40,7 +40,7 @@ Tolerance (the one rule)
     rank the bound is ``reference.error + tiny``: the result is the input.
 
     float16, bfloat16 and float8 SUM/PROD are accumulated in float32 and
-    rounded once to the input type (engine.numerics): the float32 reduction is
+    rounded once to the input type (engine.select's dtype policy): the float32 reduction is
     within ``gamma32(n-1) * scale`` of the exact result, and the one rounding
     adds at most ``u * |value|`` (``u``: the input type's unit roundoff), so::
 

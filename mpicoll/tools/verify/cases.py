@@ -25,7 +25,7 @@ _BASIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "
                  "uint64", "float16", "float32", "float64", "longdouble", "complex64",
                  "complex128", "clongdouble")
 # ml_dtypes' types (where it is installed): NumPy arrays MPI has no datatype for, which
-# mpicoll moves as words and reduces in float32 (engine.numerics)
+# mpicoll moves as words and reduces in float32 (engine.select's dtype policy)
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 # name -> attribute of mpi4py.MPI (MINLOC/MAXLOC pair types)
