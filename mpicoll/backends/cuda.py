@@ -211,8 +211,15 @@ def ucx_cuda_transports(mapped, environ) -> str | None:
     return None
 
 
-def ucx_report(mapped, environ) -> str:
-    """One line on the UCX in this process: version, library, CUDA transports, ``UCX_TLS``."""
+def ucx_report(mapped=None, environ=None) -> str:
+    """One line on the UCX in this process: version, library, CUDA transports, ``UCX_TLS``.
+
+    Args:
+        mapped: paths of the shared objects loaded (None: this process's).
+        environ: the environment (None: this process's).
+    """
+    mapped = tuple(_mapped_paths()) if mapped is None else mapped
+    environ = os.environ if environ is None else environ
     ucp = next((p for p in mapped if os.path.basename(p).startswith("libucp")), None)
     if ucp is None:
         return "not loaded in this process"

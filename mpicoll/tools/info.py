@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 import numpy as np
@@ -81,7 +80,7 @@ def report() -> list[tuple[str, str]]:
         decision = f"unknown ({exc})"
     major, minor = MPI.Get_version()
     cupy_version, gpus = _cupy_and_gpus()
-    ucx = _cuda.ucx_report(tuple(_cuda._mapped_paths()), os.environ)
+    ucx = _cuda.ucx_report()
     try:
         if _config.get("native"):
             _native.load(_config.get("mpicc"), _config.get("cache_dir"))  # (builds it once)
