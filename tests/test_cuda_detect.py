@@ -272,3 +272,131 @@ def test_probe_transfer_fake_device_sendrecv_passes():
     )
     ok, text = _cuda.probe_transfer(code=code, timeout=120)
     assert ok, text
+
+
+def test_probe_transfer_child_keeps_mpi_settings_not_launcher_variables(monkeypatch):
+    """The child runs on the transport its parent was configured for (a CUDA-aware UCX
+    route is only OMPI_MCA_*/UCX_* settings), and is no rank of the parent's job."""
+    settings = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^uct,ofi", "UCX_TLS": "self,sm,cuda_copy",
+                "MPIR_CVAR_NOLOCAL": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1"}
+    launcher = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_FILE_LOCATION": "/tmp/x", "PMIX_RANK": "3",
+                "PRTE_LAUNCHED": "1", "PMI_RANK": "3", "PMI_FD": "9", "HYDI_CONTROL_FD": "7",
+                "MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4"}
+    for name, value in {**settings, **launcher}.items():
+        monkeypatch.setenv(name, value)
+    code = (f"import os\nsettings, launcher = {settings!r}, {sorted(launcher)!r}\n"
+            "got = {k: os.environ.get(k) for k in settings}\n"
+            "assert got == settings, got\n"
+            "left = [k for k in launcher if k in os.environ]\n"
+            "assert not left, left\n"
+            "print('ok')\n")
+    ok, text = _cuda.probe_transfer(code=code)
+    assert ok, text
+
+
+# -- step 3: the library says no, UCX's CUDA transports are loaded: a device transfer decides --
+
+class Transfer:
+    """A probe_transfer double: its answer, and how often it was asked."""
+
+    def __init__(self, ok, text):
+        self.answer, self.calls = (ok, text), 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.answer
+
+
+PASSED = "the device Sendrecv probe passed (a device buffer through MPI_COMM_SELF)"
+
+
+def _open_mpi_no(transfer, mapped=UCX_CUDA, environ=None):
+    lib = FakeLib(MPIX_Query_cuda_support=query_cuda(0))
+    return _cuda.probe([("/opt/ompi/lib/libmpi.so.40", lib)], "Open MPI 5.0.11", environ or {},
+                       transfer=transfer, mapped=mapped)
+
+
+def test_query_no_but_ucx_cuda_and_transfer_passes_is_yes():
+    """The PyPI Open MPI with a UCX that has CUDA transports: 0 from the query, the probe decides."""
+    transfer = Transfer(True, PASSED)
+    aware, reason = _open_mpi_no(transfer, environ={"UCX_TLS": "self,sm,cuda_copy,cuda_ipc"})
+    assert aware and transfer.calls == 1
+    assert "MPIX_Query_cuda_support() returned 0" in reason
+    assert "libuct_cuda" in reason and "probe passed" in reason and "staging" not in reason
+
+
+def test_query_no_ucx_cuda_transfer_fails_is_no_with_both_reasons():
+    transfer = Transfer(False, "the device Sendrecv probe crashed (SIGSEGV): MPI cannot read device memory")
+    aware, reason = _open_mpi_no(transfer)
+    assert not aware and transfer.calls == 1
+    assert "returned 0" in reason and "crashed (SIGSEGV)" in reason and "staging" in reason
+
+
+@pytest.mark.parametrize("mapped, environ", [
+    (UCX_NO_CUDA, {}),                                # UCX without its CUDA transports
+    (UCX_CUDA, {"UCX_TLS": "self,sm"}),               # transports listed without CUDA
+    (UCX_CUDA, {"UCX_TLS": "^cuda_copy"}),            # CUDA copies excluded
+    (("/opt/ompi/lib/libmpi.so.40",), {}),            # no UCX at all (ob1)
+])
+def test_query_no_without_usable_ucx_cuda_never_starts_the_probe(mapped, environ):
+    transfer = Transfer(True, PASSED)
+    aware, reason = _open_mpi_no(transfer, mapped, environ)
+    assert not aware and transfer.calls == 0
+    assert reason.startswith("Open MPI 5.0.11 reports no CUDA support") and "staging" in reason
+
+
+def test_query_no_ucx_cuda_without_cupy_is_no():
+    """transfer=None (CuPy not installed): nothing to probe with, the library's answer stands."""
+    aware, reason = _open_mpi_no(None)
+    assert not aware and "OMPI_MCA_opal_cuda_support" in reason
+
+
+def test_mpich_query_no_ucx_cuda_transfer_passes_is_yes():
+    """The PyPI MPICH (ch4:ucx) with the same UCX: the GPU query sets 0, the probe decides."""
+    lib = FakeLib(MPIX_GPU_query_support=gpu_query(0))
+    transfer = Transfer(True, PASSED)
+    aware, reason = _cuda.probe([("libmpi.so.12", lib)], "MPICH 5.0.2", {"UCX_TLS": "^cuda_ipc"},
+                                transfer=transfer, mapped=UCX_CUDA)
+    assert aware and "MPIX_GPU_query_support(CUDA) set 0" in reason and transfer.calls == 1
+
+
+def test_no_query_function_ucx_cuda_transfer_decides():
+    transfer = Transfer(True, PASSED)
+    aware, reason = _cuda.probe([("libmpi.so", FakeLib())], "Some MPI 1.0", {},
+                                transfer=transfer, mapped=UCX_CUDA)
+    assert aware and "exports neither" in reason and "probe passed" in reason
+
+
+def test_query_yes_never_starts_the_probe():
+    transfer = Transfer(False, "should not run")
+    lib = FakeLib(MPIX_Query_cuda_support=query_cuda(1))
+    aware, _ = _cuda.probe([("/opt/ompi/lib/libmpi.so.40", lib)], "Open MPI 5.0.5", {},
+                           _cuda.Evidence(True, UCX_CUDA), transfer=transfer, mapped=UCX_CUDA)
+    assert aware and transfer.calls == 0
+
+
+@pytest.mark.parametrize("tls, usable", [
+    ("", True), ("all", True), ("self,sm,cuda_copy,cuda_ipc", True), ("rc,cuda", True),
+    ("^cuda_ipc", True), ("self,sm", False), ("^cuda_copy", False), ("^cuda,tcp", False),
+])
+def test_ucx_tls_reading(tls, usable):
+    why = _cuda.ucx_cuda_transports(UCX_CUDA, {"UCX_TLS": tls} if tls else {})
+    assert (why is None) is usable, why
+
+
+def test_ucx_report_line():
+    assert _cuda.ucx_report(("/opt/ompi/lib/libmpi.so.40",), {}) == "not loaded in this process"
+    line = _cuda.ucx_report(UCX_CUDA, {"UCX_TLS": "self,cuda_copy"})
+    assert "/opt/ucx/lib/libucp.so.0" in line and "CUDA transports loaded" in line
+    assert line.endswith("UCX_TLS=self,cuda_copy") and line.startswith("version unknown")
+    assert "no libuct_cuda" in _cuda.ucx_report(UCX_NO_CUDA, {})
+
+
+def test_this_process_ucx_version():
+    """Where this process's MPI loaded UCX (the PyPI Open MPI does), its version is read."""
+    mapped = _cuda._mapped_paths()
+    ucp = next((p for p in mapped if os.path.basename(p).startswith("libucp")), None)
+    if ucp is None:
+        pytest.skip("no UCX loaded by this MPI")
+    version = _cuda._ucx_version(ucp)
+    assert version and version.count(".") == 2 and version.split(".")[0] == "1"

@@ -10,6 +10,8 @@ single GPU.
 
 from __future__ import annotations
 
+import os
+
 import _util
 import gpucases
 import numpy as np
@@ -66,8 +68,20 @@ def device(kernel):
 
 
 def _direct_reason():
-    aware, reason = _cuda._probe_this_process()
-    return None if aware else f"MPI is not CUDA-aware here: {reason}"
+    """Why the direct-path cases cannot run here (None: they can).
+
+    The decision a user gets (``MPICOLL_CUDA_AWARE``, else the library's report
+    and the device probe).  ``MPICOLL_TEST_REQUIRE_CUDA_AWARE=1`` (the device
+    check's CUDA-aware routes) turns the skip into a failure, so a detection
+    that says no cannot pass as skipped direct-path cases.
+    """
+    aware, reason = _cuda.cuda_aware_mpi()
+    if aware:
+        return None
+    why = f"MPI is not CUDA-aware here: {reason}"
+    if os.environ.get("MPICOLL_TEST_REQUIRE_CUDA_AWARE") == "1":
+        pytest.fail(f"{why} (MPICOLL_TEST_REQUIRE_CUDA_AWARE=1)")
+    return why
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,8 @@ def test_report_lines(capsys, monkeypatch):
         assert label in labels, out
     assert "ranks" in lines[0] and str(WORLD.size) in lines[0]
     mpi_line = next(line for line in lines if line.startswith("MPI "))
-    assert " ".join(MPI.Get_library_version().splitlines()[0].split()) in mpi_line
+    assert " ".join(MPI.Get_library_version().replace("\x00", "").splitlines()[0].split()) in mpi_line
+    assert "\x00" not in out  # text, not "binary" to grep
     aware = next(line for line in lines if line.startswith("cuda-aware: "))
     assert aware.startswith(("cuda-aware: yes (", "cuda-aware: no ("))
     if _cupy_state() == "not installed":
@@ -153,3 +154,51 @@ def test_probe_runs_a_child(capsys, monkeypatch):
     line = next(line for line in out.splitlines() if line.startswith("probe: "))
     if _cupy_state() == "not installed":
         assert "failed" in line and "cupy" in line
+
+
+def test_ucx_line(capsys, monkeypatch):
+    """The UCX line: what the MPI's transport is, and whether it can carry device memory."""
+    monkeypatch.delenv("MPICOLL_CUDA_AWARE", raising=False)
+    with mpicoll.options(cuda_aware=None):
+        info.main([])
+    out = capsys.readouterr().out
+    if WORLD.rank != 0:
+        return
+    line = next(line for line in out.splitlines() if line.startswith("UCX "))
+    from mpicoll.backends import cuda as _cuda
+    mapped = _cuda._mapped_paths()
+    if any(os.path.basename(p).startswith("libucp") for p in mapped):
+        assert "libucp" in line and ("CUDA transports loaded" in line or "CUDA transport" in line)
+    else:
+        assert line.endswith("not loaded in this process")
+
+
+@pytest.mark.parametrize("forced, probe_ok, expected", [
+    ("1", True, 0), ("1", False, 1), ("0", True, 1), ("0", False, 1),
+])
+def test_require_cuda_aware(capsys, monkeypatch, forced, probe_ok, expected):
+    """--require-cuda-aware: exit 0 only with cuda-aware: yes and a passing probe."""
+    from mpicoll.backends import cuda as _cuda
+    monkeypatch.setattr(_cuda, "probe_transfer", lambda: (probe_ok, "the device Sendrecv probe said so"))
+    monkeypatch.setenv("MPICOLL_CUDA_AWARE", forced)
+    with mpicoll.options(cuda_aware=None):
+        rc = info.main(["--probe", "--require-cuda-aware"])
+    out = capsys.readouterr().out
+    if WORLD.rank == 0:
+        assert rc == expected, out
+        assert ("required: cuda-aware: yes" in out) is (forced == "0")
+    else:
+        assert rc == 0
+
+
+def test_probe_passing_under_a_no_names_the_switch(capsys, monkeypatch):
+    """A passing probe beside a "no" that was not forced says how to use the direct path."""
+    from mpicoll.backends import cuda as _cuda
+    monkeypatch.setattr(_cuda, "probe_transfer", lambda: (True, "the device Sendrecv probe passed"))
+    monkeypatch.setattr(_cuda, "cuda_aware_mpi", lambda: _cuda.Decision(False, "X reports no CUDA support"))
+    rc = info.main(["--probe"])
+    out = capsys.readouterr().out
+    if WORLD.rank == 0:
+        assert rc == 0
+        assert "probe: passed (the device Sendrecv probe passed)" in out
+        assert "MPICOLL_CUDA_AWARE=1 uses the direct path" in out

@@ -11,7 +11,15 @@ staging channel, see transport.staging).  The decision, in order:
    ``MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &flag)``, else
    ``MPIX_Query_cuda_support()`` (Open MPI, MPICH), called through ctypes on
    the libmpi that mpi4py loaded, and only when the library exports it;
-3. otherwise host staging, the safe default.
+3. the library says no (or cannot be asked) but its UCX transport loaded its
+   CUDA transports (``libuct_cuda`` mapped in this process, ``UCX_TLS`` not
+   leaving them out): the answer of :func:`probe_transfer`, one device
+   ``Sendrecv`` in a child process.  An Open MPI built without CUDA still
+   hands contiguous buffers straight to UCX (``pml ucx``), and a UCX with
+   CUDA transports handles device memory itself, so such a library answers
+   0 and is CUDA-aware for mpicoll's messages (docs/gpu.md, "A CUDA-aware
+   MPI from PyPI wheels");
+4. otherwise host staging, the safe default.
 
 Open MPI's ``MPIX_Query_cuda_support()`` returns 1 when its CUDA accelerator
 component is selected, even where the transport cannot touch device memory
@@ -21,17 +29,19 @@ its build information (``ompi_info``: ``mpi_built_with_cuda_support``) and,
 when the UCX transport is loaded, whether UCX loaded its CUDA transports
 (``libuct_cuda``) and whether ``UCX_TLS`` leaves them out.  The reason names
 the evidence that decided.  :func:`probe_transfer` (``python -m mpicoll.info
---probe``) is the opt-in, direct test: one device ``Sendrecv`` in a child
-process, so a crash there costs nothing.
+--probe``) is the direct test: one device ``Sendrecv`` in a child process,
+so a crash there costs nothing; step 3 runs it only where UCX's CUDA
+transports are loaded, so a CPU-only job never starts a child.
 
-Step 2 is probed once per process, on first use (never at import); step 1
-is read at every call, so ``configure`` takes effect immediately.
+Steps 2 and 3 are decided once per process, on first use (never at import);
+step 1 is read at every call, so ``configure`` takes effect immediately.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
 import shutil
 import signal
@@ -43,6 +53,7 @@ from ..core import config as _config
 
 MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's enum value for CUDA (mpi.h)
 MPI_SUCCESS = 0
+_AUTO_PROBE_TIMEOUT = 30.0  # seconds for step 3's child (CuPy import, CUDA context, MPI init)
 
 
 class Decision(NamedTuple):
@@ -102,12 +113,18 @@ def _probe_this_process() -> Decision:
     name, version = MPI.get_vendor()
     vendor = f"{name} {'.'.join(map(str, version))}"
     libraries = _loaded_mpi_libraries()
-    return probe(libraries, vendor, os.environ, lambda: _evidence(libraries))
+    mapped = tuple(_mapped_paths())
+    transfer = None
+    if importlib.util.find_spec("cupy") is not None:
+        # a hang costs every rank this long once, before it falls back to staging
+        transfer = functools.partial(probe_transfer, timeout=_AUTO_PROBE_TIMEOUT)
+    return probe(libraries, vendor, os.environ, lambda: _evidence(libraries, mapped),
+                 transfer=transfer, mapped=mapped)
 
 
-def _evidence(libraries) -> Evidence:
+def _evidence(libraries, mapped=None) -> Evidence:
     """Open MPI's build information and the transports loaded in this process."""
-    return Evidence(_ompi_info_cuda(libraries), tuple(_mapped_paths()))
+    return Evidence(_ompi_info_cuda(libraries), tuple(_mapped_paths() if mapped is None else mapped))
 
 
 def _ompi_info_cuda(libraries):
@@ -128,8 +145,8 @@ def _ompi_info_cuda(libraries):
     return None
 
 
-def probe(libraries, vendor: str, environ, evidence=None) -> Decision:
-    """What the MPI library reports (step 2 of the decision, uncached).
+def probe(libraries, vendor: str, environ, evidence=None, transfer=None, mapped=()) -> Decision:
+    """What the MPI library reports, checked (steps 2 and 3 of the decision, uncached).
 
     Args:
         libraries: ``[(path, lib)]`` where ``lib`` resolves C symbols as
@@ -139,10 +156,16 @@ def probe(libraries, vendor: str, environ, evidence=None) -> Decision:
         environ: the environment (for the conda-forge Open MPI hint, ``UCX_TLS``).
         evidence: an :class:`Evidence`, or a callable returning one, asked
             only when Open MPI says yes (None: believe it).
+        transfer: a callable returning ``(ok, text)`` like
+            :func:`probe_transfer`, asked only when the library says no (or
+            cannot be asked) while UCX's CUDA transports are in ``mapped``
+            (None: never asked).
+        mapped: paths of the shared objects loaded in this process.
     """
     if not libraries:
-        return Decision(False, f"no MPI library found in this process to ask ({vendor}); "
-                               f"staging through host memory (MPICOLL_CUDA_AWARE=1 forces direct)")
+        said = f"no MPI library found in this process to ask ({vendor})"
+        return _by_transfer(said, mapped, environ, transfer) or Decision(
+            False, f"{said}; staging through host memory (MPICOLL_CUDA_AWARE=1 forces direct)")
     for path, lib in libraries:
         answer = _ask(lib)
         if answer is None:
@@ -153,12 +176,84 @@ def probe(libraries, vendor: str, environ, evidence=None) -> Decision:
             return _weigh(vendor, where, evidence() if callable(evidence) else evidence, environ)
         if aware:
             return Decision(True, f"{vendor} reports CUDA support: {where}")
-        return Decision(False, f"{vendor} reports no CUDA support: {where}; "
-                               f"{_hint(vendor, path, environ)}staging through host memory")
+        said = f"{vendor} reports no CUDA support: {where}"
+        return _by_transfer(said, mapped, environ, transfer) or Decision(
+            False, f"{said}; {_hint(vendor, path, environ)}staging through host memory")
     paths = ", ".join(p for p, _ in libraries)
-    return Decision(False, f"{vendor} ({paths}) exports neither MPIX_GPU_query_support nor "
-                           f"MPIX_Query_cuda_support; staging through host memory "
-                           f"(MPICOLL_CUDA_AWARE=1 forces direct device transfers)")
+    said = f"{vendor} ({paths}) exports neither MPIX_GPU_query_support nor MPIX_Query_cuda_support"
+    return _by_transfer(said, mapped, environ, transfer) or Decision(
+        False, f"{said}; staging through host memory (MPICOLL_CUDA_AWARE=1 forces direct device transfers)")
+
+
+def ucx_cuda_transports(mapped, environ) -> str | None:
+    """Why UCX cannot carry device memory here, or None when it can (as far as this process shows).
+
+    Args:
+        mapped: paths of the shared objects loaded in this process.
+        environ: the environment (``UCX_TLS``).
+
+    Returns None when UCX (``libucp``) is loaded, loaded its CUDA transports
+    (``libuct_cuda``) and ``UCX_TLS`` does not leave them out; else the reason.
+    """
+    names = [os.path.basename(p) for p in mapped]
+    if not any(n.startswith("libucp") for n in names):
+        return "no UCX in this process"
+    tls = environ.get("UCX_TLS", "").strip()
+    listed = [t.strip() for t in tls.lstrip("^").split(",") if t.strip()]
+    if tls.startswith("^"):  # an exclusion list: cuda_copy (or all of cuda) left out
+        usable = not {"cuda", "cuda_copy"} & set(listed)
+    else:
+        usable = not listed or any(t == "all" or t.startswith("cuda") for t in listed)
+    if not usable:
+        return f"the UCX transport is limited to UCX_TLS={tls}, without its CUDA transports"
+    if not any(n.startswith("libuct_cuda") for n in names):
+        return "the UCX transport loaded no CUDA transport (no libuct_cuda in this process)"
+    return None
+
+
+def ucx_report(mapped=None, environ=None) -> str:
+    """One line on the UCX in this process: version, library, CUDA transports, ``UCX_TLS``.
+
+    Args:
+        mapped: paths of the shared objects loaded (None: this process's).
+        environ: the environment (None: this process's).
+    """
+    mapped = tuple(_mapped_paths()) if mapped is None else mapped
+    environ = os.environ if environ is None else environ
+    ucp = next((p for p in mapped if os.path.basename(p).startswith("libucp")), None)
+    if ucp is None:
+        return "not loaded in this process"
+    version = _ucx_version(ucp)
+    why_not = ucx_cuda_transports(mapped, environ)
+    cuda = "CUDA transports loaded (libuct_cuda)" if why_not is None else why_not
+    tls = environ.get("UCX_TLS", "").strip()
+    return f"{version or 'version unknown'} ({ucp}); {cuda}{f'; UCX_TLS={tls}' if tls else ''}"
+
+
+def _ucx_version(path: str) -> str | None:
+    """``ucp_get_version`` of the loaded libucp at ``path`` (RTLD_NOLOAD: nothing new loaded)."""
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        get = lib.ucp_get_version
+    except (OSError, AttributeError):
+        return None
+    parts = [ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0)]
+    get.restype = None
+    get.argtypes = [ctypes.POINTER(ctypes.c_uint)] * 3
+    get(*(ctypes.byref(v) for v in parts))
+    return ".".join(str(v.value) for v in parts)
+
+
+def _by_transfer(said: str, mapped, environ, transfer) -> Decision | None:
+    """Step 3: the library said no, UCX's CUDA transports are loaded: a device transfer decides."""
+    if transfer is None or ucx_cuda_transports(mapped, environ) is not None:
+        return None
+    ok, text = transfer()
+    if ok:
+        return Decision(True, f"{said}, but its UCX transport loaded its CUDA transports "
+                              f"(libuct_cuda) and {text}")
+    return Decision(False, f"{said}; its UCX transport loaded its CUDA transports (libuct_cuda) "
+                           f"but {text}; staging through host memory")
 
 
 def _weigh(vendor: str, where: str, evidence: Evidence, environ) -> Decision:
@@ -167,40 +262,35 @@ def _weigh(vendor: str, where: str, evidence: Evidence, environ) -> Decision:
     if evidence.built_with_cuda is False:
         return Decision(False, f"{vendor} reports CUDA support ({where}) but ompi_info says "
                                f"mpi_built_with_cuda_support:false{staging}")
-    names = [os.path.basename(p) for p in evidence.mapped]
-    ucx = any(n.startswith("libucp") for n in names)
-    ucx_cuda = any(n.startswith("libuct_cuda") for n in names)
-    tls = environ.get("UCX_TLS", "").strip()
     said = [f"{vendor} reports CUDA support ({where})"]
     if evidence.built_with_cuda:
         said.append("ompi_info: mpi_built_with_cuda_support:true")
-    if ucx:
-        if tls and "cuda" not in tls and "all" not in tls.split(","):
-            return Decision(False, f"{said[0]} but the UCX transport is limited to "
-                                   f"UCX_TLS={tls}, without its CUDA transports{staging}")
-        if not ucx_cuda:
-            return Decision(False, f"{said[0]} but the UCX transport loaded no CUDA transport "
-                                   f"(no libuct_cuda in this process){staging}")
+    why_not = ucx_cuda_transports(evidence.mapped, environ)
+    if why_not is None:
         said.append("UCX loaded its CUDA transports (libuct_cuda)")
+    elif why_not != "no UCX in this process":
+        return Decision(False, f"{said[0]} but {why_not}{staging}")
     return Decision(True, "; ".join(said))
 
 
 def probe_transfer(python: str | None = None, code: str | None = None, timeout: float = 60.0):
     """Try one device ``Sendrecv`` (CuPy, MPI_COMM_SELF) in a child process: ``(ok, text)``.
 
-    The child is a fresh MPI singleton, outside any launcher (its variables
-    removed), forced to hand device pointers straight to MPI; a CUDA-aware
-    library copies the data, any other reads device memory as host memory and
-    crashes or sends garbage, which costs the child only.  It checks the one
-    path a self-message takes, not the network: a pass is evidence, not proof.
+    The child is a fresh MPI singleton, outside any launcher (the variables
+    the launcher sets for its ranks removed, the MPI settings kept: Open MPI's
+    ``OMPI_MCA_*``, MPICH's ``MPIR_CVAR_*``, ``UCX_*``, ``LD_LIBRARY_PATH``, so
+    the child picks the transport its parent runs on), forced to hand device
+    pointers straight to MPI; a CUDA-aware library copies the data, any other
+    reads device memory as host memory and crashes or sends garbage, which
+    costs the child only.  It checks the one path a self-message takes, not
+    the network: a pass is evidence, not proof.
 
     Args:
         python: the interpreter (default: this one).
         code: the child's program (tests substitute one); prints "ok" on success.
         timeout: seconds before the child counts as hung.
     """
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_", "HYDRA_", "MPI_LOCALRANKID"))}
+    env = {k: v for k, v in os.environ.items() if not _set_by_launcher(k)}
     try:
         done = subprocess.run([python or sys.executable, "-c", code or _PROBE_CODE], env=env,
                               capture_output=True, text=True, timeout=timeout)
@@ -216,6 +306,20 @@ def probe_transfer(python: str | None = None, code: str | None = None, timeout: 
     if done.returncode == 0 and last == "ok":
         return True, "the device Sendrecv probe passed (a device buffer through MPI_COMM_SELF)"
     return False, f"the device Sendrecv probe failed (exit {done.returncode}): {last[:200]}"
+
+
+def _set_by_launcher(name: str) -> bool:
+    """True for a variable a launcher gives its ranks (which would make a child join the job).
+
+    Open MPI's ``mpirun`` sets ``OMPI_COMM_WORLD_*``, ``OMPI_*`` job facts,
+    ``PMIX_*`` and ``PRTE_*``; MPICH's Hydra ``PMI_*``, ``HYDI_*``/``HYDRA_*``,
+    ``MPI_LOCALRANKID``/``MPI_LOCALNRANKS``.  Settings stay: ``OMPI_MCA_*``
+    (``--mca`` options arrive as these too) and ``OMPI_ALLOW_RUN_AS_ROOT*``.
+    """
+    if name.startswith(("OMPI_MCA_", "OMPI_ALLOW_RUN_AS_ROOT")):
+        return False
+    return name.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_", "HYDRA_", "HYDI_",
+                            "MPI_LOCALRANKID", "MPI_LOCALNRANKS"))
 
 
 _PROBE_CODE = """

