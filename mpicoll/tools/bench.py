@@ -58,7 +58,7 @@ from .harness.workload import BUSBW_FACTOR, COLLECTIVES, DTYPES, OPS, Case
 
 # The run's first size, when small, is warmed up with at least this many calls of each
 # variant: a new process's first few hundred small calls run slow, and with fewer the
-# run's first cell often took twice the next size's time (docs/performance.md, "Method").
+# run's first cell often took twice the next size's time (docs/performance.md, "How the tools measure").
 FIRST_WARMUP = 100
 FIRST_WARMUP_MAX_BYTES = 64 << 10
 
@@ -73,7 +73,7 @@ RECORD_FIELDS = (
     "builtin_time_us", "builtin_algbw_gbps", "builtin_busbw_gbps", "builtin_wrong",
     "ratio", "check_time_us", "check_overhead", "scratch_bytes", "peak_alloc_bytes",
     "device", "api", "warmup", "iters", "mpi_library", "mpicoll", "mpi4py", "numpy", "python",
-    "host", "cores", "date", "selection",
+    "host", "cores", "nodes", "date", "selection",
 )
 
 
@@ -376,7 +376,7 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
               else _workload.gpu_device(comm, device_backend))
     meta = _records.environment(comm)
     meta.update(device=device.name, api=args.api, warmup=args.warmup_iters, iters=args.iters)
-    nodes = _records.nodes(comm)
+    nodes = meta["nodes"]
     # what "auto" picks here (a tuning file of this MPI and layout, or the built-in table)
     meta["selection"] = _select.selection(comm.size, nodes).source
     table = Table(out, args)
@@ -408,16 +408,17 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
     if root:
         table.footer(records)
         out.flush()
+    bad = any(r[k] for r in records for k in ("wrong", "inplace_wrong", "builtin_wrong"))
+    if args.overlap is not None:
+        from . import overlap as _overlap
+        bad = _overlap.main(["--size", str(args.overlap)], comm=comm, out=out) != 0 or bad
+    if root:  # (last: a file that cannot be written ends rank 0 alone, after every collective)
         if args.json:
             _records.write_json(args.json, records)
         if args.csv:
             _records.write_csv(args.csv, records, RECORD_FIELDS)
         if args.plot:
             _records.write_plot(args.plot, records, COLLECTIVES)
-    bad = any(r[k] for r in records for k in ("wrong", "inplace_wrong", "builtin_wrong"))
-    if args.overlap is not None:
-        from . import overlap as _overlap
-        bad = _overlap.main(["--size", str(args.overlap)], comm=comm, out=out) != 0 or bad
     return 1 if bad else 0
 
 

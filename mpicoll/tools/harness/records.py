@@ -39,14 +39,15 @@ def nodes(comm) -> int:
 
 def environment(comm) -> dict:
     """The run's environment, the same on every rank (rank 0's date): MPI library, versions,
-    host, ranks, date (collective)."""
+    host, ranks, nodes, date (collective)."""
     import mpi4py
 
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return {
         "mpi_library": mpi_library(), "mpicoll": mpicoll.__version__, "mpi4py": mpi4py.__version__,
         "numpy": np.__version__, "python": platform.python_version(), "host": platform.node(),
-        "cores": os.cpu_count(), "nranks": comm.Get_size(), "date": comm.bcast(date, root=0),
+        "cores": os.cpu_count(), "nranks": comm.Get_size(), "nodes": nodes(comm),
+        "date": comm.bcast(date, root=0),
     }
 
 

@@ -10,6 +10,7 @@ import platform
 import sys
 import time
 
+import mpi4py
 import numpy as np
 from mpi4py import MPI
 
@@ -323,7 +324,6 @@ def tune_main(comm, args, out, argv) -> int:
                 segments[c] = rows
         else:  # one rank: nothing moves, every algorithm is a copy
             selection[c] = [[None, "ring"]]
-    import mpi4py
     entry = {
         "source": "measured",
         "ranks": [n, n], "nodes": [lay["nodes"], lay["nodes"]],
