@@ -9,7 +9,6 @@ checked against the exact values (:func:`~mpicoll.tools.harness.workload.check_c
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -153,16 +152,14 @@ def p2p_curve(comm, peer, sweep, progress, level) -> dict:
 
 
 def reduce_rate(nbytes: int = 256 << 10) -> float:
-    """Seconds per byte of np.add(a, b, out=c) on float64 (this rank, best of 20, warm memory)."""
+    """Seconds per byte of np.add(a, b, out=c) on float64 (this rank alone, warm memory: the
+    harness on ``MPI.COMM_SELF``, median of 20)."""
     a = np.ones(nbytes // 8)
     b = np.ones(nbytes // 8)
     c = np.zeros(nbytes // 8)  # written once: no first-touch page faults in the timing
-    best = float("inf")
-    for _ in range(20):
-        t0 = time.perf_counter()
-        np.add(a, b, out=c)
-        best = min(best, time.perf_counter() - t0)
-    return best / nbytes
+    t = time_variants(MPI.COMM_SELF, {"add": Variant(lambda: np.add(a, b, out=c))},
+                      warmup=1, samples=20)
+    return t["add"] / nbytes
 
 
 # --- the collectives -----------------------------------------------------------------
