@@ -42,7 +42,8 @@ KEEP = {
     "latency": ("collective", "bytes", "variant", "time_us", "ratio", "wrong"),
     "overlap": ("mode", "time_ms", "overlap", "bytes", "dtype", "matrix", "products", "device"),
 }
-ENVIRONMENT = ("mpi_library", "mpicoll", "mpi4py", "numpy", "python", "nranks", "nodes", "date")
+ENVIRONMENT = ("mpi_library", "mpicoll", "mpi4py", "numpy", "python", "nranks", "nodes", "date",
+               "selection")
 
 
 def _round(x):
@@ -69,7 +70,7 @@ def curate(tool: str, command: str, records: list, machine: dict | None, note: s
         machine = {"cpu": f"host {first.get('host')}", "cores": first.get("cores")}
     return {
         "tool": tool, "command": command,
-        "environment": {k: first.get(k) for k in ENVIRONMENT},
+        "environment": {k: first[k] for k in ENVIRONMENT if first.get(k) is not None},
         "machine": {**machine, **({"note": note} if note else {})},
         "records": [{k: _round(r.get(k)) for k in KEEP[tool]} for r in records],
     }

@@ -65,7 +65,8 @@ def caption(data: dict) -> str:
     on = "one node" if nodes == 1 else f"{nodes} nodes"
     return (f"{mpi_name(env['mpi_library'])}, {env['nranks']} ranks on {on} ({where}); "
             f"mpicoll {env['mpicoll']}, mpi4py {env['mpi4py']}, NumPy {env['numpy']}, "
-            f"Python {env['python']}.")
+            f"Python {env['python']}"
+            + (f"; `auto` from the {env['selection']}" if env.get("selection") else "") + ".")
 
 
 def bench_table(data: dict) -> list[str]:
