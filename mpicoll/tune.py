@@ -1,4 +1,4 @@
-"""``python -m mpicoll.tune``: the command-line tool in mpicoll/tools/tune.py."""
+"""``python -m mpicoll.tune``: the command-line tool in mpicoll/tools/tune/ (its cli module)."""
 
 import sys
 

@@ -21,6 +21,7 @@ from mpi4py import MPI
 import mpicoll
 from mpicoll.engine import select as _select
 from mpicoll.tools import bench
+from mpicoll.tools.harness import workload
 
 # the benchmark tool: 1 rank, and 3 for bus-bandwidth factors and #wrong over ranks
 pytestmark = pytest.mark.ranks(1, 3)
@@ -74,7 +75,8 @@ def _check_row(r, factor):
     """
     size = int(r[0])
     times = {}
-    for name, (t, algbw, busbw) in (("mpicoll", (5, 6, 7)), ("built-in", (9, 10, 11))):
+    for name, (t, algbw, busbw) in (("mpicoll", (5, 6, 7)), ("in place", (9, 10, 11)),
+                                    ("built-in", (13, 14, 15))):
         t_lo, t_hi = times[name] = _printed(r[t])
         assert t_lo > 0, f"{name} time {r[t]}"
         bw_lo, bw_hi = size / (t_hi * 1e3), size / (t_lo * 1e3)  # bytes / us -> GB/s
@@ -82,7 +84,7 @@ def _check_row(r, factor):
         _assert_rounds(r[busbw], bw_lo * factor, bw_hi * factor,
                        f"{name} busbw of {size} B in {r[t]} us, factor {factor:g}")
     (m_lo, m_hi), (b_lo, b_hi) = times["mpicoll"], times["built-in"]
-    _assert_rounds(r[13], m_lo / b_hi, m_hi / b_lo, f"ratio of {r[5]} us and {r[9]} us")
+    _assert_rounds(r[17], m_lo / b_hi, m_hi / b_lo, f"ratio of {r[5]} us and {r[13]} us")
 
 
 def _table_row(rec):
@@ -93,12 +95,16 @@ def _table_row(rec):
 
 
 def _record(nbytes, time_us, builtin_time_us, factor, collective="allreduce", algbw_us=None):
-    """A record as bench.measure() makes it (algbw from ``algbw_us`` if given: inconsistent)."""
+    """A record as bench.measure() makes it (algbw from ``algbw_us`` if given: inconsistent;
+    in place as fast as out of place)."""
     algbw = nbytes / (algbw_us or time_us) / 1e3
+    inplace = nbytes / time_us / 1e3
     builtin = nbytes / builtin_time_us / 1e3
     return {"collective": collective, "op": "sum", "bytes": nbytes, "count": nbytes // 4,
             "dtype": "float32", "selected": "ring", "time_us": time_us, "algbw_gbps": algbw,
-            "busbw_gbps": algbw * factor, "wrong": 0, "builtin_time_us": builtin_time_us,
+            "busbw_gbps": algbw * factor, "wrong": 0, "inplace_time_us": time_us,
+            "inplace_algbw_gbps": inplace, "inplace_busbw_gbps": inplace * factor,
+            "inplace_wrong": 0, "builtin_time_us": builtin_time_us,
             "builtin_algbw_gbps": builtin, "builtin_busbw_gbps": builtin * factor,
             "builtin_wrong": 0, "ratio": time_us / builtin_time_us}
 
@@ -160,7 +166,7 @@ def test_table_json_csv(shared_dir):
             assert count * 4 == size and dtype == "float32"
             assert redop == ("none" if coll == "allgather" else "sum")
             assert algo in _select.ALGORITHMS[coll]
-            assert r[8] == "0" and r[12] == "0"
+            assert r[8] == r[12] == r[16] == "0"
             _check_row(r, factors[coll])
 
     records = json.load(open(jpath))
@@ -170,11 +176,11 @@ def test_table_json_csv(shared_dir):
                       "time_us", "busbw_gbps", "builtin_time_us", "ratio", "wrong",
                       "mpi_library", "date"):
             assert field in rec, field
-        assert rec["nranks"] == n and rec["wrong"] == 0 and rec["builtin_wrong"] == 0
+        assert rec["nranks"] == n and rec["wrong"] == rec["inplace_wrong"] == rec["builtin_wrong"] == 0
         assert rec["algorithm"] == "auto" and rec["selected"] in _select.ALGORITHMS[rec["collective"]]
         # one statistic per implementation: every field follows from its time
         factor = factors[rec["collective"]]
-        for prefix in ("", "builtin_"):
+        for prefix in ("", "inplace_", "builtin_"):
             algbw = rec["bytes"] / rec[prefix + "time_us"] / 1e3
             assert rec[prefix + "algbw_gbps"] == pytest.approx(algbw, rel=1e-12)
             assert rec[prefix + "busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-12)
@@ -182,7 +188,8 @@ def test_table_json_csv(shared_dir):
         assert rec["check_time_us"] is None
     for r, rec in zip(rows, records):  # the table prints the records, rounded
         _assert_rounds(r[5], rec["time_us"], rec["time_us"], "time")
-        _assert_rounds(r[9], rec["builtin_time_us"], rec["builtin_time_us"], "built-in time")
+        _assert_rounds(r[9], rec["inplace_time_us"], rec["inplace_time_us"], "in-place time")
+        _assert_rounds(r[13], rec["builtin_time_us"], rec["builtin_time_us"], "built-in time")
     with open(cpath, newline="") as f:
         rows_csv = list(csv.DictReader(f))
     assert len(rows_csv) == len(records)
@@ -203,7 +210,8 @@ def test_every_algorithm_and_dtypes(shared_dir):
                 recs = json.load(open(jpath))
                 assert {r["algorithm"] for r in recs} == set(_select.ALGORITHMS[coll])
                 assert all(r["selected"] == r["algorithm"] for r in recs)
-                assert all(r["wrong"] == 0 and r["builtin_wrong"] == 0 for r in recs)
+                assert all(r["wrong"] == r["inplace_wrong"] == r["builtin_wrong"] == 0
+                           for r in recs)
                 assert all(r["dtype"] == dtype for r in recs)
             WORLD.Barrier()
 
@@ -219,7 +227,8 @@ def test_half_types_against_float32_builtin(shared_dir):
         assert status == 0, text
         if WORLD.rank == 0:
             recs = json.load(open(jpath))
-            assert recs and all(r["wrong"] == 0 and r["builtin_wrong"] == 0 for r in recs), dtype
+            assert recs and all(r["wrong"] == r["inplace_wrong"] == r["builtin_wrong"] == 0
+                                for r in recs), dtype
             assert all(r["dtype"] == dtype for r in recs)
         WORLD.Barrier()
 
@@ -233,9 +242,9 @@ def test_the_runs_first_small_size_is_warmed_up_longer(shared_dir, monkeypatch):
     seen = []
     real = bench.time_variants
 
-    def spy(comm, variants, warmup, *a, **kw):
-        seen.append(warmup)
-        return real(comm, variants, warmup, *a, **kw)
+    def spy(comm, variants, **kw):
+        seen.append(kw["warmup"])
+        return real(comm, variants, **kw)
 
     monkeypatch.setattr(bench, "time_variants", spy)
     path = os.path.join(shared_dir, "warm.json")
@@ -263,8 +272,8 @@ def test_check_cost_and_no_check():
     if WORLD.rank == 0:
         assert "with check" in text
         row = _rows(text)[0]
-        assert row[8] == "N/A" and row[12] == "N/A"
-        assert len(row) == 16 and float(row[14]) > 0 and float(row[15]) > 0
+        assert row[8] == row[12] == row[16] == "N/A"
+        assert len(row) == 20 and float(row[18]) > 0 and float(row[19]) > 0
         assert "not checked (-c 0)" in text
 
 
@@ -294,7 +303,7 @@ def test_memory_columns(shared_dir):
         for rec in recs:
             assert rec["peak_alloc_bytes"] >= rec["scratch_bytes"] >= 0
             row = [r for r in _rows(text) if r[4] == "ring"]
-            assert all(len(r) == 16 for r in row)
+            assert all(len(r) == 20 for r in row)
         # out of place the ring AllReduce needs no work memory, the ring
         # ReduceScatter at most 2 * window segments (1 MiB each by default)
         for r in recs:
@@ -324,8 +333,8 @@ def test_wrong_results_are_counted(monkeypatch):
     assert status == 1
     if WORLD.rank == 0:
         row = _rows(text)[0]
-        assert 0 < int(row[8]) <= 256 * WORLD.size and row[12] == "0"
-        assert "FAILED" in text
+        assert 0 < int(row[8]) <= 256 * WORLD.size and 0 < int(row[12]) <= 256 * WORLD.size
+        assert row[16] == "0" and "FAILED" in text
 
 
 @pytest.mark.timeout(120)
@@ -337,8 +346,8 @@ def test_op_in_any_case(shared_dir):
     assert status == 0, text
     if WORLD.rank == 0:
         assert [r[3] for r in _rows(text)] == ["prod", "prod"]
-        assert [(r["op"], r["wrong"], r["builtin_wrong"]) for r in json.load(open(jpath))] \
-            == [("prod", 0, 0)] * 2
+        assert [(r["op"], r["wrong"], r["inplace_wrong"], r["builtin_wrong"])
+                for r in json.load(open(jpath))] == [("prod", 0, 0, 0)] * 2
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -352,12 +361,19 @@ def test_op_in_any_case(shared_dir):
     (["-o", "minloc"], "argument -o/--op: invalid choice: 'minloc'"),
     (["-o", "Band", "-d", "float64", "-C", "reduce_scatter"], "MPI.BAND does not apply"),
     (["--device", "gpu", "--overlap", "1M"], "--overlap: measures host arrays only"),
+    (["--json", "/nonexistent-dir/r.json"], "--json: cannot write /nonexistent-dir/r.json"),
+    (["--csv", "."], "--csv: cannot write .: is a directory"),
 ])
 def test_bad_arguments(argv, message, capsys):
+    """Refused before anything is measured: exit status 2 on every rank, the message once."""
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    if WORLD.rank == 0:
+        assert message in err and "Traceback" not in err
+    else:
+        assert err == ""
 
 
 def test_plot(shared_dir, capsys):
@@ -391,35 +407,35 @@ def test_expected_values_are_exact():
         for op in ("sum", "prod", "min", "max"):
             if np.dtype(dtype).kind == "c" and op in ("min", "max"):
                 continue
-            want = bench.expected("allreduce", n, 40, np.dtype(dtype), op, 0)
+            want = workload.expected("allreduce", n, 40, np.dtype(dtype), op, 0)
             wide = np.complex128 if np.dtype(dtype).kind == "c" else np.int64
-            ref = sum(bench.rank_data(r, n, 40, np.dtype(dtype), op).astype(wide)
+            ref = sum(workload.rank_data(r, n, 40, np.dtype(dtype), op).astype(wide)
                       for r in range(n)) if op == "sum" else None
             if ref is not None:
                 np.testing.assert_array_equal(want, ref.astype(dtype))
-            assert bench.count_wrong(want, want, np.dtype(dtype), n) == 0
-    x = bench.rank_data(1, 3, 10, np.dtype(np.float32), "sum")
+            assert workload.count_wrong(want, want, np.dtype(dtype), n) == 0
+    x = workload.rank_data(1, 3, 10, np.dtype(np.float32), "sum")
     y = x.copy()
     y[3] += 1
-    assert bench.count_wrong(y, x, np.dtype(np.float32), 3) == 1
+    assert workload.count_wrong(y, x, np.dtype(np.float32), 3) == 1
     # floating SUM: rounding within the checker's rule passes, a wrong element does not
-    want = bench.expected("allreduce", 3, 10, np.dtype(np.float32), "sum", 0)
-    scale = bench.error_scale("allreduce", 3, 10, np.dtype(np.float32), "sum", 0)
+    want = workload.expected("allreduce", 3, 10, np.dtype(np.float32), "sum", 0)
+    scale = workload.error_scale("allreduce", 3, 10, np.dtype(np.float32), "sum", 0)
     assert scale is not None and np.all(scale >= np.abs(want))
     rounded = want.copy()
     big = int(np.argmax(scale))
     rounded[big] = np.nextafter(rounded[big], np.float32(np.inf))
-    assert bench.count_wrong(rounded, want, np.dtype(np.float32), 3, "sum", scale) == 0
-    assert bench.count_wrong(rounded, want, np.dtype(np.float32), 3) == 1  # no scale: exact
+    assert workload.count_wrong(rounded, want, np.dtype(np.float32), 3, "sum", scale) == 0
+    assert workload.count_wrong(rounded, want, np.dtype(np.float32), 3) == 1  # no scale: exact
     rounded[0] += 1
-    assert bench.count_wrong(rounded, want, np.dtype(np.float32), 3, "sum", scale) == 1
-    assert bench.error_scale("allreduce", 3, 10, np.dtype(np.int32), "sum", 0) is None
+    assert workload.count_wrong(rounded, want, np.dtype(np.float32), 3, "sum", scale) == 1
+    assert workload.error_scale("allreduce", 3, 10, np.dtype(np.int32), "sum", 0) is None
 
 
 @pytest.mark.timeout(120)
 def test_gpu_path_with_fake_device():
     """--device gpu: the device path (uploads, staged built-in, downloads) on the fake GPU."""
-    fakegpu = pytest.importorskip("fakegpu")
+    from support import fakegpu
     backend = fakegpu.fake_backend(compute="lazy", copies="lazy")
     with fakegpu.registered(backend):
         status, text = _run(["-b", "256", "-e", "4K", "-f", "4", "-n", "2", "-w", "1", "-q",
@@ -427,7 +443,7 @@ def test_gpu_path_with_fake_device():
     assert status == 0, text
     if WORLD.rank == 0:
         assert "device gpu" in text
-        assert all(r[8] == "0" and r[12] == "0" for r in _rows(text))
+        assert all(r[8] == r[12] == r[16] == "0" for r in _rows(text))
 
 
 @pytest.mark.timeout(120)
@@ -496,3 +512,75 @@ def test_selected_is_what_auto_runs_across_nodes(shared_dir, monkeypatch):
         assert ran == "hierarchical" and rec["selected"] == ran, (rec["selected"], ran)
     finally:
         comm.Free()
+
+
+class _FakeCupy:
+    """The part of CuPy the overlap tool's GPU mode uses, over the fake GPU
+    (tests/support/fakegpu.py): arrays, streams as context managers, matmul, fill."""
+
+    def __init__(self, rt):
+        import types
+
+        from support import fakegpu
+
+        class Array(fakegpu.FakeArray):  # (a subclass: the fake backend still claims it)
+            def fill(self, value):
+                h = self._h
+                rt.launch(lambda: h.fill(value), "kernel fill")
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                self.stream = rt.new_stream()
+
+            def __enter__(self):
+                self._using = rt.using(self.stream)
+                return self._using.__enter__()
+
+            def __exit__(self, *exc):
+                return self._using.__exit__(*exc)
+
+            def synchronize(self):
+                rt.synchronize(self.stream)
+
+        self.rt, self.Array = rt, Array
+        self.cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=rt.current_stream)
+
+    def asarray(self, host):
+        return self.Array(self.rt, np.array(host, copy=True), owndata=True)
+
+    def empty(self, shape, dtype):
+        return self.Array(self.rt, self.rt.xp.empty(shape, dtype)._h, owndata=True)
+
+    def asnumpy(self, a):
+        return self.rt.to_host(a)
+
+    def matmul(self, a, b, out):
+        ah, bh, oh = a._h, b._h, out._h
+        self.rt.launch(lambda: np.matmul(ah, bh, out=oh), "kernel matmul")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.ranks(1, 2)  # the tool's modes do not depend on the rank count beyond 2
+def test_overlap_gpu_mode_on_the_fake_gpu():
+    """``overlap --device gpu``: the AllReduce on device arrays beside products queued on a
+    stream of their own, every mode timed and its result checked (on the fake GPU, whose
+    queued work runs only when something waits for it: a missing wait shows as wrong data)."""
+    from support import fakegpu
+
+    from mpicoll.tools import overlap
+    backend = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    out = io.StringIO()
+    with fakegpu.registered(backend):
+        status = overlap.main(["--device", "gpu", "--size", "64K", "--reps", "2", "--warmup", "1",
+                               "--matrix", "8", "--dtype", "float32"], out=out,
+                              cupy=_FakeCupy(backend.rt))
+    assert status == 0, out.getvalue()
+    if WORLD.rank == 0:
+        text = out.getvalue()
+        assert "device gpu" in text and "CuPy float32, on their own stream" in text, text
+        assert "wrong elements over all ranks and runs: 0" in text, text
+        assert all(f" {mode} " in text for mode in overlap.MODES)
+    # the products went to their own stream, the AllReduce's work to the current one
+    queued = [e for e in backend.rt.log if e[0] == "queue"]
+    assert any(e[1] != "compute" and e[2] == "kernel matmul" for e in queued)
+    assert not any(e[1] == "compute" and e[2] == "kernel matmul" for e in queued)

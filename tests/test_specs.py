@@ -6,7 +6,7 @@ values around the message, rank-asymmetric data) and calls the method on an
 (``MPI.Intracomm.Allgatherv(WORLD, ...)``); every receive buffer, gaps and
 all, must come out identical.  The spec grammar is mpi4py's message_simple /
 message_vector (``[buf, count, displ, T]`` with parts left out or None,
-``(count, displ)`` pairs, typecodes, bare buffers); see mpicoll/api/buffers.py.
+``(count, displ)`` pairs, typecodes, bare buffers); see mpicoll/api/args.py.
 """
 
 from __future__ import annotations

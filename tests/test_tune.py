@@ -27,6 +27,10 @@ from mpicoll.engine import select as _select
 from mpicoll.engine import tuning as _tuning
 from mpicoll.tools import results as _results
 from mpicoll.tools import tune as _tune
+from mpicoll.tools.tune import choose as _choose
+from mpicoll.tools.tune import cli as _tcli
+from mpicoll.tools.tune import measure as _measure
+from mpicoll.tools.tune import policy as _policy
 
 WORLD = MPI.COMM_WORLD
 ALGOS = {c: tuple(t) for c, t in _select.ALGORITHMS.items()}
@@ -62,7 +66,7 @@ def tuning_env(monkeypatch, shared_dir):
         path = os.path.join(shared_dir, "tuning.json")
         WORLD.Barrier()  # every rank is done reading the previous file
         if WORLD.rank == 0:
-            _tune.write(path, data)  # atomic: a reader sees the old file or the new one
+            _tcli.write(path, data)  # atomic: a reader sees the old file or the new one
         WORLD.Barrier()
         monkeypatch.setenv("MPICOLL_TUNING", path)
         _select.reset()
@@ -173,19 +177,19 @@ def test_off_and_no_file_give_the_builtin_table(monkeypatch, tmp_path):
 def test_size_ranges_from_winners():
     per = {"a": {1024: 1.0, 2048: 1.0, 4096: 3.0, 8192: 3.0},
            "b": {1024: 2.0, 2048: 1.04, 4096: 1.0, 8192: 1.0}}
-    wins = _tune.winners(per)
+    wins = _choose.winners(per)
     assert wins == [(1024, "a"), (2048, "a"), (4096, "b"), (8192, "b")]
-    assert _tune.size_ranges("allreduce", wins, None, 2, 2, 8) == [[2048, "a"], [None, "b"]]
+    assert _choose.size_ranges("allreduce", wins, None, 2, 2, 8) == [[2048, "a"], [None, "b"]]
     # within 5 % of the fastest everywhere, with the fewest switches
     per["b"][2048] = 0.99
     per["a"][4096], per["a"][8192], per["b"][8192] = 0.5, 0.5, 1.0
-    assert [a for _, a in _tune.winners(per)] == ["a", "a", "a", "a"]
+    assert [a for _, a in _choose.winners(per)] == ["a", "a", "a", "a"]
     per = {"a": {1: 1.0, 2: 1.03, 3: 1.0, 4: 1.02, 5: 2.0},
            "b": {1: 1.02, 2: 1.0, 3: 1.03, 4: 1.0, 5: 1.0}}
-    wins = _tune.winners(per)
+    wins = _choose.winners(per)
     assert [a for _, a in wins] == ["b"] * 5  # b is near the fastest everywhere: no switch
     for s, a in wins:
-        assert per[a][s] <= _tune.CLOSE * min(t[s] for t in per.values())
+        assert per[a][s] <= _policy.CLOSE * min(t[s] for t in per.values())
 
 
 @pytest.mark.local
@@ -201,34 +205,34 @@ def test_the_5_percent_rule_holds_by_construction():
                                4 << 20: {"262144:1": 29.9, "4194304:2": 31.0}},
                          C: {1 << 20: {"262144:1": 6.0, "4194304:2": 8.4},
                                4 << 20: {"262144:1": 25.0, "4194304:2": 31.0}}}}
-    eff, chosen, fastest = _tune.choose_segments(times, seg, "1048576:2")
+    eff, chosen, fastest = _choose.choose_segments(times, seg, "1048576:2")
     # b's 262144:1 is within PREFER_DEFAULT of its options' variant: the options stay
     assert chosen["allreduce"][B] == {1 << 20: "1048576:2", 4 << 20: "1048576:2"}
     assert chosen["allreduce"][C] == {1 << 20: "262144:1", 4 << 20: "262144:1"}
     assert fastest["allreduce"][4 << 20] == 25.0
-    wins = _tune.winners(eff["allreduce"], fastest["allreduce"])
+    wins = _choose.winners(eff["allreduce"], fastest["allreduce"])
     assert [a for _, a in wins] == [A, A, A, C, C]
     for s, a in wins:
-        assert eff["allreduce"][a][s] <= _tune.CLOSE * fastest["allreduce"][s]
-    rows = _tune.segment_rows(chosen["allreduce"][C], "1048576:2")
+        assert eff["allreduce"][a][s] <= _policy.CLOSE * fastest["allreduce"][s]
+    rows = _choose.segment_rows(chosen["allreduce"][C], "1048576:2")
     assert rows == [[(1 << 20) - 1, None, None], [None, 262144, 1]]
     # what the file says is checked against the same numbers: all within 5 %
-    sel = _tune.size_ranges("allreduce", wins, None, 2, 2, 8)
+    sel = _choose.size_ranges("allreduce", wins, None, 2, 2, 8)
     us = {a: {str(s): t * 1e6 for s, t in per.items()} for a, per in times["allreduce"].items()}
     raw = {"selection": {"allreduce": sel}, "segments": {"allreduce": {C: rows}},
            "seg_default": "1048576:2", "times_us": {"allreduce": us},
            "segment_us": {"allreduce": {a: {str(s): {k: t * 1e6 for k, t in v.items()}
                                             for s, v in pts.items()}
                                         for a, pts in seg["allreduce"].items()}}}
-    got = _tune.rule_rows(raw)
+    got = _choose.rule_rows(raw)
     assert [r["chosen"] for r in got] == [A, A, A, C + " 262144:1", C + " 262144:1"]
-    assert all(_tune.rule_holds(r) for r in got)
+    assert all(_choose.rule_holds(r) for r in got)
     # a file whose selection breaks the rule is reported
     raw["selection"] = {"allreduce": [[None, A]]}
-    bad = [r for r in _tune.rule_rows(raw) if not _tune.rule_holds(r)]
+    bad = [r for r in _choose.rule_rows(raw) if not _choose.rule_holds(r)]
     assert [r["bytes"] for r in bad] == [1 << 20, 4 << 20]
     out = io.StringIO()
-    assert _tune.write_rule(out, _tune.rule_rows(raw)) == 2
+    assert _choose.write_rule(out, _choose.rule_rows(raw)) == 2
     assert "over 5 %" in out.getvalue() and "3 of 5 sizes" in out.getvalue()
 
 
@@ -236,13 +240,31 @@ def test_the_5_percent_rule_holds_by_construction():
 def test_half_steps_only_around_crossovers_and_losers_stop():
     per = {"a": {1024: 1.0, 2048: 1.0, 4096: 2.0, 8192: 4.0},
            "b": {1024: 2.0, 2048: 2.0, 4096: 1.0, 8192: 1.0}}
-    assert _tune.around_crossovers(per, [1024, 2048, 4096, 8192], [1536, 3072, 6144]) == [3072]
+    assert _measure.around_crossovers(per, [1024, 2048, 4096, 8192], [1536, 3072, 6144]) == [3072]
     big = {"a": {1 << 18: 1.0, 1 << 19: 2.0}, "b": {1 << 18: 1.6, 1 << 19: 3.1},
            "c": {1 << 18: 1.4, 1 << 19: 2.5}}
-    assert _tune.losing(big, "b", [1 << 18, 1 << 19])        # 1.6x and 1.55x: stops
-    assert not _tune.losing(big, "c", [1 << 18, 1 << 19])    # 1.4x: measured on
+    assert _measure.losing(big, "b", [1 << 18, 1 << 19])        # 1.6x and 1.55x: stops
+    assert not _measure.losing(big, "c", [1 << 18, 1 << 19])    # 1.4x: measured on
     small = {a: {k >> 4: v for k, v in t.items()} for a, t in big.items()}
-    assert not _tune.losing(small, "b", sorted(small["b"]))  # below SEG_MIN: never
+    assert not _measure.losing(small, "b", sorted(small["b"]))  # below SEG_MIN: never
+
+
+@pytest.mark.local
+def test_predict_from_a_one_rank_tuning_is_one_line(tmp_path, capsys):
+    """A tuning made at 1 rank measured no exchange curve: ``--predict`` says so in one line
+    on stderr and exits 1 (it ended in the cost model's ValueError traceback); ``--check``
+    on it likewise."""
+    data = _file({c: [[None, "ring"]] for c in _tuning.COLLECTIVES}, ranks=(1, 1))
+    data["entries"][0].update(p2p={}, model=None, times_us={}, builtin_us={})
+    path = tmp_path / "one-rank.json"
+    path.write_text(json.dumps(data))
+    for argv, words in ((["--predict", "8", "--file", str(path)], "exchange curve"),
+                        (["--check", str(path)], "no measured entry with times")):
+        out = io.StringIO()
+        assert _tune.main(argv, out=out) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"mpicoll.tune: {path}: ") and err.count("\n") == 1, err
+        assert words in err and out.getvalue() == ""
 
 
 # --- with peers ----------------------------------------------------------------------------
@@ -275,7 +297,7 @@ def test_tool_writes_a_file_auto_reads(shared_dir, monkeypatch):
         data = json.load(open(path))
         other = dict(data["entries"][0], ranks=[64, 64])
         data["entries"].append(other)
-        _tune.write(path, data)
+        _tcli.write(path, data)
     WORLD.Barrier()
     assert _tune.main(argv + ["-C", "allreduce"], out=io.StringIO()) == 0
     WORLD.Barrier()
@@ -304,12 +326,12 @@ def test_tool_tunes_segments_at_large_sizes(shared_dir):
     (size,) = next(iter(raw["times_us"]["allreduce"].values()))
     tried = next(iter(raw["segment_us"]["allreduce"].values()))[size]
     tried = {tuple(int(x) for x in k.split(":")) for k in tried}
-    quick = _tune.SWEEPS["quick"]
+    quick = _policy.SWEEPS["quick"]
     # every segment size at the options' window, then every window at the best segment size
     assert {(s, 2) for s in quick["segments"]} <= tried
     assert any({(s, w) for w in quick["windows"]} <= tried for s in quick["segments"])
     # what it chose keeps the 5 % rule on what it measured
-    assert all(_tune.rule_holds(r) for r in _tune.rule_rows(raw))
+    assert all(_choose.rule_holds(r) for r in _choose.rule_rows(raw))
     if WORLD.rank == 0:
         out = io.StringIO()
         assert _tune.main(["--check", path], out=out) == 0

@@ -28,23 +28,31 @@ mpicoll restarts its kept operation and runs its persistent program):
 ``P-builtin`` ``Allreduce_init`` (MPI-4) made once; ``Start()``, ``Wait()``
 ``P-Comm``    the same on ``mpicoll.Comm``
 
-Each timing is ``--inner`` calls between barriers, after ``--warmup`` calls;
-the table shows the median over ``--reps`` reps in microseconds per call and
-the ratio to the built-in.  The size is the bytes of each rank's input
-(float64, rank-asymmetric integer values, so every result is exact); every
-variant's result is checked against the built-in's and a mismatch is an error.
+Each variant is timed by :mod:`mpicoll.tools.harness`: ``--warmup`` calls,
+then ``--reps`` samples of ``--inner`` calls back to back, one sample per
+variant per round after a Barrier (the variants interleaved, their order
+flipped every round), the slowest rank's sample; the table shows the median
+in microseconds per call and the ratio to the built-in.  The size is the bytes
+of each rank's input (float64, rank-asymmetric integer values, so every result
+is exact); every variant's result is checked against the exact values and a
+wrong one is an error.  ``--json PATH`` writes one record per (size,
+collective, variant).
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
+from .harness import cli as _cli
+from .harness import records as _records
+from .harness.timing import Variant, time_variants
+from .harness.workload import count_wrong, expected, rank_data
+
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+DTYPE = np.dtype(np.float64)
 
 
 def _variants(collective, comm, mc, x, n, rank, timeout=None):
@@ -156,58 +164,68 @@ def _nonblocking_variants(collective, comm, mc, x, n, rank, timeout=None):
     return out, held
 
 
-def _time(comm, fn, inner):
-    comm.Barrier()
-    t0 = MPI.Wtime()
-    for _ in range(inner):
-        fn()
-    t = (MPI.Wtime() - t0) / inner
-    return comm.allreduce(t, op=MPI.MAX)
-
-
-def main(argv=None) -> int:
-    import mpicoll
-
-    p = argparse.ArgumentParser(prog="python -m mpicoll.tools.latency", description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[16, 4096], help="bytes per rank's input")
+def build_parser():
+    p = _cli.Parser(prog="python -m mpicoll.tools.latency", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=_cli.positive_int, nargs="+", default=[16, 4096],
+                   help="bytes per rank's input (default 16 4096)")
     p.add_argument("--collectives", nargs="+", default=list(COLLECTIVES), choices=COLLECTIVES)
-    p.add_argument("--reps", type=int, default=21)
-    p.add_argument("--inner", type=int, default=200, help="calls per timing")
-    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--reps", type=_cli.positive_int, default=21,
+                   help="timed samples per variant (default 21)")
+    p.add_argument("--inner", type=_cli.positive_int, default=200,
+                   help="calls per sample (default 200)")
+    p.add_argument("--warmup", type=_cli.nonnegative_int, default=200,
+                   help="untimed calls of each variant first (default 200)")
     p.add_argument("--forms", choices=("blocking", "nonblocking"), default="blocking",
                    help="blocking calls and the floors, or the non-blocking and persistent forms")
     p.add_argument("--timeout", type=float, default=None, metavar="T",
                    help="also time the array function with timeout=T (blocking forms)")
-    args = p.parse_args(argv)
+    p.add_argument("--json", metavar="PATH",
+                   help="write one record per size, collective and variant as JSON")
+    return p
+
+
+@_cli.tool("mpicoll.tools.latency")
+def main(argv=None, *, comm=None) -> int:
+    import mpicoll
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    world = MPI.COMM_WORLD if comm is None else comm
+    _cli.check_outputs(world, parser, {"--json": args.json})
     make = _variants if args.forms == "blocking" else _nonblocking_variants
-    comm = MPI.COMM_WORLD.Dup()
+    comm = world.Dup()
     mc = mpicoll.Comm(comm)
     n, rank = comm.Get_size(), comm.Get_rank()
+    meta = _records.environment(comm)
     if rank == 0:
-        print(f"# mpicoll latency: {n} ranks, {MPI.Get_library_version().splitlines()[0].strip()}")
-        print(f"# float64 SUM, median of {args.reps} reps of {args.inner} calls (warm-up "
-              f"{args.warmup}); us per call, ratio to the built-in")
-    rows = []
-    bad = []
+        print(f"# mpicoll latency: {n} ranks, {meta['mpi_library']}")
+        print(f"# float64 SUM, median of {args.reps} samples of {args.inner} calls (warm-up "
+              f"{args.warmup}), the variants interleaved, the slowest rank; us per call, "
+              f"ratio to the built-in")
+    rows, records, bad = [], [], []
     for size in args.sizes:
-        count = max(n, size // 8 // n * n)  # a multiple of the rank count (Reduce_scatter_block)
-        x = ((np.arange(count) * 7 + rank * 3) % 101).astype(np.float64)
+        count = max(n, size // DTYPE.itemsize // n * n)  # a multiple of the rank count
+        x = rank_data(rank, n, count, DTYPE, "sum")
         for collective in args.collectives:
             variants, held = make(collective, comm, mc, x, n, rank, args.timeout)
-            for fn, _ in variants.values():
-                for _ in range(args.warmup):
-                    fn()
-            times = {name: [] for name in variants}
-            for _ in range(args.reps):
-                for name, (fn, _) in variants.items():
-                    times[name].append(_time(comm, fn, args.inner))
-            want = variants["builtin"][1]
-            for name, (_, y) in variants.items():
-                if not np.array_equal(y, want):
-                    bad.append(f"{collective} {size} B {name}")
+            med = time_variants(comm, {name: Variant(fn) for name, (fn, _) in variants.items()},
+                                warmup=args.warmup, samples=args.reps, inner=args.inner)
+            total = count * n if collective == "allgather" else count
+            want = expected(collective, n, total, DTYPE, "sum", rank)
+            wrong = comm.allreduce(np.array([count_wrong(y, want, DTYPE, n)
+                                             for _, y in variants.values()]))
             for req in held:
                 req.Free()
-            med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
+            med = {name: t * 1e6 for name, t in med.items()}
+            for name, w in zip(variants, wrong):
+                if w:
+                    bad.append(f"{collective} {size} B {name}")
+                records.append({"tool": "latency", "collective": collective, "bytes": size,
+                                "count": count, "dtype": DTYPE.name, "op": "sum",
+                                "variant": name, "time_us": med[name],
+                                "ratio": med[name] / med["builtin"], "wrong": int(w),
+                                "forms": args.forms, "reps": args.reps, "inner": args.inner,
+                                "warmup": args.warmup, **meta})
             rows.append((size, collective, med))
     if rank == 0:
         timed = ["array+T"] if args.timeout is not None else []
@@ -226,10 +244,11 @@ def main(argv=None) -> int:
                     cells.append(f"{'-':>14}")
             # (a space before every cell: a slow one, thousands of us, stays a column)
             print(f"{size:>9} {collective:<15}" + "".join(f" {c:>15}" for c in cells))
-    bad = comm.allreduce(bad, op=MPI.SUM) if n else bad
-    if bad and rank == 0:
-        print("WRONG RESULTS: " + ", ".join(sorted(set(bad))), file=sys.stderr)
+        if bad:
+            print("WRONG RESULTS: " + ", ".join(sorted(set(bad))), file=sys.stderr)
     comm.Free()
+    if rank == 0 and args.json:  # (last: after every collective)
+        _records.write_json(args.json, records)
     return 1 if bad else 0
 
 

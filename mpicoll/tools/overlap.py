@@ -1,29 +1,34 @@
-"""Measure how much a non-blocking AllReduce overlaps NumPy work.
+"""Measure how much a non-blocking AllReduce overlaps computation, on the host or the GPU.
 
 Usage (every rank runs it; rank 0 prints)::
 
     mpirun -n 2 python -m mpicoll.tools.overlap
     mpirun -n 2 python -m mpicoll.tools.overlap --size 64M --reps 9 --dtype float32
+    mpirun -n 4 python -m mpicoll.tools.overlap --device gpu --size 64M --dtype float32
 
 One rank's array of ``--size`` bytes is reduced with ``mpicoll.iallreduce``
-beside a run of matrix products (``--matrix`` square float64 products,
-their number chosen so that they take about as long as the AllReduce alone,
-the same on every rank).  Timed ``--reps`` times after a warm-up, the modes
-interleaved, with a Barrier before each run and the slowest rank's time
-counted:
+beside a run of matrix products: ``--matrix`` square products, as many as
+the AllReduce alone takes (at least; the same number on every rank).  On the
+host (``--device cpu``) they are NumPy float64 products on the calling
+thread; on the GPU (``--device gpu``: CuPy arrays, each rank binds a GPU with
+``mpicoll.bind_device()``) CuPy float32 products queued on a stream of their
+own, beside the AllReduce on the current stream.  Modes, timed by
+:mod:`mpicoll.tools.harness` (the modes interleaved, a Barrier before each
+run, the slowest rank's time, the median over ``--reps``):
 
 ``comm``      start + wait, nothing else
-``compute``   the products alone
+``compute``   the products alone (GPU: until their stream is done)
 ``wait``      start, the products, wait (progress only inside MPI calls)
 ``test``      start, the products with ``test()`` after each one, wait
 ``thread``    as ``wait`` with the progress thread on (``progress=True``)
 
 Reported: medians, and for each overlapped mode
-``overlap = (t_comm + t_compute - t_both) / min(t_comm, t_compute)``: 1 when
-the shorter of the two is hidden completely, 0 when the two run one after
-the other, negative when running them together costs more than that.  Every
-result is checked exactly against MPI's built-in AllReduce (the inputs are
-small integers, exact in every type); the exit status is 1 if any is wrong.
+``overlap = (t_comm + t_compute - t_both) / min(t_comm, t_compute)``: with
+the products at least as long as the AllReduce, the fraction of the
+communication hidden; 1 when it is hidden completely, 0 when the two run one
+after the other, negative when running them together costs more than that.
+Every result is checked against the exact values (the inputs are small
+integers, exact in every type); the exit status is 1 if any is wrong.
 
 BLAS threads compete with the ranks and the progress thread for cores: run
 with ``OMP_NUM_THREADS=1`` (the tool prints what it found).
@@ -31,10 +36,9 @@ with ``OMP_NUM_THREADS=1`` (the tool prints what it found).
 
 from __future__ import annotations
 
-import argparse
+import math
 import os
 import platform
-import statistics
 import sys
 
 import numpy as np
@@ -42,77 +46,129 @@ from mpi4py import MPI
 
 import mpicoll
 
-from ..core.config import parse_bytes
+from .harness import cli as _cli
+from .harness import records as _records
+from .harness.timing import Variant, time_variants
+from .harness.workload import count_wrong, expected, rank_data
 
 MODES = ("comm", "compute", "wait", "test", "thread")
+MATRIX = {"cpu": 256, "gpu": 2048}  # --matrix by device: a product of a fraction of a ms
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mpicoll.tools.overlap",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--size", default="32M", help="bytes per rank's array (default 32M)")
+def _parser():
+    p = _cli.Parser(prog="python -m mpicoll.tools.overlap", description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=_cli.size_arg, default=32 << 20,
+                   help="bytes per rank's array (default 32M)")
     p.add_argument("--dtype", default="float64", choices=("float32", "float64", "int32", "int64"))
-    p.add_argument("--matrix", type=int, default=256,
-                   help="side of the square float64 matrices multiplied (default 256)")
-    p.add_argument("--reps", type=int, default=7, help="timed repetitions per mode (default 7)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (default 2)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="NumPy arrays and products (cpu) or CuPy ones (gpu) (default: cpu)")
+    p.add_argument("--matrix", type=_cli.positive_int, default=None,
+                   help=f"side of the square matrices multiplied (default {MATRIX['cpu']}, "
+                        f"gpu {MATRIX['gpu']})")
+    p.add_argument("--reps", type=_cli.positive_int, default=7,
+                   help="timed repetitions per mode (default 7)")
+    p.add_argument("--warmup", type=_cli.nonnegative_int, default=2,
+                   help="untimed repetitions first (default 2)")
+    p.add_argument("--json", metavar="PATH", help="write one record per mode as JSON")
     return p
 
 
-class _Bench:
-    def __init__(self, comm, n, dtype, side):
-        self.comm = comm
-        rank = comm.Get_rank()
-        # small integers: every sum is exact in every type
-        self.x = ((np.arange(n) + 7 * rank) % 13).astype(dtype)
-        self.y = np.empty_like(self.x)
-        self.expected = np.empty_like(self.x)
-        MPI.Intracomm.Allreduce(comm, self.x, self.expected, MPI.SUM)
+class HostProducts:
+    """NumPy float64 products on the calling thread (``launch`` returns when done)."""
+
+    def __init__(self, side, rank):
         rng = np.random.default_rng(rank)
         self.a = rng.standard_normal((side, side))
         self.b = rng.standard_normal((side, side))
         self.c = np.empty((side, side))
-        self.products = 1
-        self.wrong = 0
 
-    def product(self):
+    def launch(self):
         np.matmul(self.a, self.b, out=self.c)
 
+    def finish(self):
+        pass
+
+
+class CupyProducts:
+    """CuPy float32 products queued on a stream of their own (``finish`` waits for them)."""
+
+    def __init__(self, cp, side, rank):
+        self.cp = cp
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        host = HostProducts(side, rank)
+        self.a = cp.asarray(host.a.astype(np.float32))
+        self.b = cp.asarray(host.b.astype(np.float32))
+        self.c = cp.empty((side, side), dtype=np.float32)
+
+    def launch(self):
+        with self.stream:
+            self.cp.matmul(self.a, self.b, out=self.c)
+
+    def finish(self):
+        self.stream.synchronize()
+
+
+class Bench:
+    """The AllReduce, the products and the modes on one device (``xp``: CuPy, or None: NumPy)."""
+
+    def __init__(self, comm, count, dtype, products, xp=None):
+        self.comm = comm
+        rank, n = comm.Get_rank(), comm.Get_size()
+        host = rank_data(rank, n, count, dtype, "sum")
+        self.xp = xp
+        self.x = host if xp is None else xp.asarray(host)
+        # an output per mode: each mode's last result is checked
+        self.y = {mode: np.empty_like(host) if xp is None else xp.empty(count, dtype)
+                  for mode in MODES}
+        self.want = expected("allreduce", n, count, dtype, "sum", rank)
+        self.work = products
+        self.products = 1
+
+    def sync(self):
+        """Wait for the AllReduce's stream (the current one; nothing on the host)."""
+        if self.xp is not None:
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def wrong(self, modes) -> int:
+        """Wrong elements of each mode's last AllReduce, summed (this rank)."""
+        host = (lambda a: a) if self.xp is None else self.xp.asnumpy
+        n = self.comm.Get_size()
+        return sum(count_wrong(host(self.y[m]), self.want, self.want.dtype, n)
+                   for m in modes if m != "compute")
+
     def run(self, mode):
-        """One repetition of ``mode``; returns this rank's seconds."""
-        self.y.fill(0)
-        self.comm.Barrier()
-        t0 = MPI.Wtime()
+        """One repetition of ``mode`` (the harness times it)."""
+        work = self.work
         if mode == "compute":
             for _ in range(self.products):
-                self.product()
-            return MPI.Wtime() - t0
+                work.launch()
+            work.finish()
+            return
         with mpicoll.options(progress=mode == "thread"):
-            h = mpicoll.iallreduce(self.x, out=self.y, comm=self.comm)
+            h = mpicoll.iallreduce(self.x, out=self.y[mode], comm=self.comm)
             if mode != "comm":
                 for _ in range(self.products):
-                    self.product()
+                    work.launch()
                     if mode == "test":
                         h.test()
             h.wait()
-        elapsed = MPI.Wtime() - t0
-        self.wrong += int(np.count_nonzero(self.y != self.expected))
-        return elapsed
+            self.sync()
+            if mode != "comm":
+                work.finish()
 
     def medians(self, modes, reps, warmup):
-        """{mode: median over ``reps`` of the slowest rank's time}, the modes interleaved.
+        """{mode: median seconds of the slowest rank}, the modes interleaved (the harness);
+        each AllReduce's output cleared before its run, untimed."""
+        def clear(mode):
+            def reset():
+                self.y[mode].fill(0)
+                self.sync()
+            return reset
 
-        Each repetition runs every mode once, so a change in the machine's
-        load affects all modes alike; ``warmup`` untimed rounds come first.
-        """
-        for _ in range(warmup):
-            for mode in modes:
-                self.run(mode)
-        times = {mode: [] for mode in modes}
-        for _ in range(reps):
-            for mode in modes:
-                times[mode].append(self.comm.allreduce(self.run(mode), op=MPI.MAX))
-        return {mode: statistics.median(t) for mode, t in times.items()}
+        variants = {mode: Variant(lambda mode=mode: self.run(mode),
+                                  reset=None if mode == "compute" else clear(mode))
+                    for mode in modes}
+        return time_variants(self.comm, variants, warmup=warmup, samples=reps)
 
 
 def overlap(t_comm: float, t_compute: float, t_both: float) -> float:
@@ -120,43 +176,74 @@ def overlap(t_comm: float, t_compute: float, t_both: float) -> float:
     return (t_comm + t_compute - t_both) / min(t_comm, t_compute)
 
 
-def main(argv=None, *, comm=None, out=None) -> int:
+def _cupy(comm):
+    """Bind this rank's GPU and return CuPy (:class:`ToolError` on every rank if a rank
+    cannot)."""
+    try:
+        mpicoll.bind_device(comm)  # every rank raises, or none
+    except mpicoll.MpicollError as exc:
+        raise _cli.ToolError(f"--device gpu: {exc}", agreed=True) from None
+    import cupy
+    return cupy
+
+
+@_cli.tool("mpicoll.tools.overlap")
+def main(argv=None, *, comm=None, out=None, cupy=None) -> int:
     """Measure and print (rank 0, to ``out``: default stdout); 1 if a result was wrong.
 
     ``comm``: the communicator (default ``MPI.COMM_WORLD``); every rank of it calls.
+    ``cupy``: with ``--device gpu``, the CuPy module to use, its device already bound
+    (tests); default: bind this rank's GPU and import CuPy.
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD if comm is None else comm
     out = sys.stdout if out is None else out
+    _cli.check_outputs(comm, parser, {"--json": args.json})
     rank, size = comm.Get_rank(), comm.Get_size()
     dtype = np.dtype(args.dtype)
-    n = max(parse_bytes(args.size, "--size") // dtype.itemsize, 1)
-    bench = _Bench(comm, n, dtype, args.matrix)
-    # the products: as many as the AllReduce alone takes, the same count on every rank
+    side = args.matrix or MATRIX[args.device]
+    n = max(args.size // dtype.itemsize, 1)
+    if args.device == "gpu":
+        xp = cupy if cupy is not None else _cupy(comm)
+        products = CupyProducts(xp, side, rank)
+    else:
+        xp, products = None, HostProducts(side, rank)
+    bench = Bench(comm, n, dtype, products, xp)
+    # the products: at least as long as the AllReduce alone, the same count on every rank
     for _ in range(3):
         t = bench.medians(("comm", "compute"), 3, 1)
         t_product = t["compute"] / bench.products
-        bench.products = max(1, round(t["comm"] / t_product))
+        bench.products = max(1, math.ceil(t["comm"] / t_product))
     times = bench.medians(MODES, args.reps, args.warmup)
-    wrong = comm.allreduce(bench.wrong, op=MPI.SUM)
+    wrong = comm.allreduce(bench.wrong(MODES), op=MPI.SUM)
+    meta = _records.environment(comm)
     if rank == 0:
         threads = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                    "MKL_NUM_THREADS") if os.environ.get(v)}
+        what = ("NumPy float64" if xp is None else "CuPy float32, on their own stream,")
         lines = [
-            f"# mpicoll overlap: {size} ranks, {MPI.Get_library_version().splitlines()[0].strip()}",
-            f"# {platform.node()}: {os.cpu_count()} cores, BLAS threads {threads or 'not set'}, "
-            f"load average {os.getloadavg()[0]:.2f}",
+            f"# mpicoll overlap: {size} ranks, {meta['mpi_library']}, device {args.device}",
+            f"# {platform.node()}: {os.cpu_count()} cores, BLAS threads {threads or 'not set'}",
             f"# iallreduce of {n} x {dtype.name} ({n * dtype.itemsize / 2**20:.1f} MiB) beside "
-            f"{bench.products} products of {args.matrix}x{args.matrix} float64 "
+            f"{bench.products} {what} products of {side}x{side} "
             f"({t_product * 1e3:.2f} ms each); median of {args.reps} reps, slowest rank",
             f"{'mode':>8} {'time (ms)':>10} {'overlap':>8}",
         ]
+        records = []
         for mode in MODES:
-            ov = "" if mode in ("comm", "compute") else \
-                f"{overlap(times['comm'], times['compute'], times[mode]):8.2f}"
-            lines.append(f"{mode:>8} {times[mode] * 1e3:10.2f} {ov:>8}")
+            ov = None if mode in ("comm", "compute") else \
+                overlap(times["comm"], times["compute"], times[mode])
+            lines.append(f"{mode:>8} {times[mode] * 1e3:10.2f} "
+                         f"{'' if ov is None else f'{ov:8.2f}':>8}")
+            records.append({"tool": "overlap", "mode": mode, "time_ms": times[mode] * 1e3,
+                            "overlap": ov, "device": args.device, "bytes": n * dtype.itemsize,
+                            "dtype": dtype.name, "matrix": side, "products": bench.products,
+                            "reps": args.reps, "blas_threads": threads or None, **meta})
         lines.append(f"# wrong elements over all ranks and runs: {wrong}")
         print("\n".join(lines), file=out, flush=True)
+        if args.json:
+            _records.write_json(args.json, records)
     return 1 if wrong else 0
 
 

@@ -4,35 +4,33 @@
     mpirun -n 2 python -m mpicoll.torch.bench --sizes 4K,1M --ddp-steps 0
     mpirun -n 2 python -m mpicoll.torch.bench --timeout 0      # the group without a timeout
 
-For each size, the same float32 tensor is all-reduced (SUM, in place) three
-ways in one run: ``dist.all_reduce`` on the mpicoll backend,
-``dist.all_reduce`` on a gloo group of the same ranks, and
-``mpicoll.allreduce`` on the tensor's memory with the group's timeout (the
-backend's own cost is the first against the third; ``--timeout`` sets the
-group's, torch's 30 minutes by default, 0: none).  ``mpicoll.allreduce`` gets
-the very array the backend passes (``tensors.memory_view``): two arrays over
-the same memory would be two plans, and calls alternating between them miss
-the compiled hit, which proves the function's last plan (16 B: 3.2 against
-1.7 us).  The backend and ``mpicoll.allreduce`` are timed in turn, iteration
-by iteration (a burst of load falls on both), gloo in a loop of its own; each
-call after an MPI barrier; its time is the slowest rank's, and the table
-shows the median over the iterations.  The "torch" column is torch's own
-share, the floor of any backend: ``dist.all_reduce`` on a group whose
-``allreduce`` returns a finished work at once (no message); "own" is the
-backend's time less that floor, against ``mpicoll.allreduce``.  Then a DDP training step
-(forward, backward with the gradient AllReduce, SGD step) of a 10.5 M-parameter
-MLP on each backend, median over ``--ddp-steps`` steps.  Rank 0 prints.
+For each size, the same float32 tensor is all-reduced (SUM, in place) three ways
+in one run: ``dist.all_reduce`` on the mpicoll backend, ``dist.all_reduce`` on a
+gloo group of the same ranks, and ``mpicoll.allreduce`` on the tensor's memory
+with the group's timeout (the backend's own cost is the first against the third;
+``--timeout`` sets the group's, torch's 30 minutes by default, 0: none).
+``mpicoll.allreduce`` gets the very array the backend passes
+(``tensors.memory_view``): two arrays over the same memory would be two plans,
+and calls alternating between them miss the compiled hit, which proves the
+function's last plan. The backend and ``mpicoll.allreduce`` are timed in turn,
+iteration by iteration (a burst of load falls on both), gloo in a loop of its
+own, by :mod:`mpicoll.tools.harness`: each call after an MPI barrier; its time
+is the slowest rank's, and the table shows the median over the iterations. The
+"torch" column is torch's own share, the floor of any backend:
+``dist.all_reduce`` on a group whose ``allreduce`` returns a finished work at
+once (no message); "own" is the backend's time less that floor, against
+``mpicoll.allreduce``. Then a DDP training step (forward, backward with the
+gradient AllReduce, SGD step) of a 10.5 M-parameter MLP on each backend, median
+over ``--ddp-steps`` steps. Rank 0 prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -40,59 +38,44 @@ from torch import nn
 
 import mpicoll
 
+from ..tools.harness import cli as _cli
+from ..tools.harness import records as _records
+from ..tools.harness.timing import Variant, time_variants
 from . import BACKEND  # noqa: F401 -- importing the package registers the backend
 from .tensors import memory_view
 from .work import Finished
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
 
 def _sizes(text):
-    out = []
-    for item in text.split(","):
-        item = item.strip().upper().removesuffix("B")
-        unit = item[-1] if item and item[-1] in _UNITS else ""
-        try:
-            value = int(item[: len(item) - len(unit)]) * _UNITS[unit]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected sizes like 16,4K,1M, got {text!r}") from None
-        if value < 4 or value % 4:
-            raise argparse.ArgumentTypeError(f"expected multiples of 4 bytes (float32), got {item}")
-        out.append(value)
+    """argparse type: comma-separated sizes in bytes (16,4K,1M), multiples of 4 (float32)."""
+    out = [_cli.size_arg(item) for item in text.split(",")]
+    bad = [v for v in out if v % 4]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected multiples of 4 bytes (float32), got {bad[0]}")
     return out
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="python -m mpicoll.torch.bench", description=__doc__.splitlines()[0])
+    p = _cli.Parser(prog="python -m mpicoll.torch.bench", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=_sizes, default=_sizes("16,4K,64K,1M,16M,64M"),
                    help="message sizes in bytes per rank (default 16,4K,64K,1M,16M,64M)")
-    p.add_argument("-n", "--iters", type=int, default=50, help="timed iterations per size "
-                   "(fewer above 1 MiB: at least 8; default 50)")
-    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("-n", "--iters", type=_cli.positive_int, default=50,
+                   help="timed iterations per size (fewer above 1 MiB: at least 8; default 50)")
+    p.add_argument("-w", "--warmup", type=_cli.nonnegative_int, default=5,
+                   help="untimed iterations first (default 5)")
     p.add_argument("--timeout", type=float, default=None, help="the mpicoll group's timeout in "
                    "seconds, also passed to mpicoll.allreduce (0: none; default: torch's, 30 min)")
-    p.add_argument("--ddp-steps", type=int, default=10, help="timed DDP steps per backend "
-                   "(0: none; default 10)")
+    p.add_argument("--ddp-steps", type=_cli.nonnegative_int, default=10,
+                   help="timed DDP steps per backend (0: none; default 10)")
     return p
 
 
 def _time(fns, iters, warmup, comm):
-    """The median time of each of ``fns``, interleaved: every iteration times each one in
-    turn, each after a barrier, as the slowest rank saw it (so a burst of load on the
-    machine falls on all of them alike)."""
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, got in zip(fns, times):
-            comm.Barrier()
-            t0 = MPI.Wtime()
-            fn()
-            got.append(MPI.Wtime() - t0)
-    slowest = np.array(times)
-    comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
-    return [statistics.median(row) for row in slowest]
+    """The median time of each of ``fns``, interleaved (the harness: every iteration times
+    each one in turn, each after a barrier, as the slowest rank saw it)."""
+    t = time_variants(comm, {i: Variant(fn) for i, fn in enumerate(fns)},
+                      warmup=warmup, samples=iters)
+    return [t[i] for i in range(len(fns))]
 
 
 class _Floor(dist.ProcessGroup):
@@ -115,19 +98,13 @@ def _fmt(seconds):
     return f"{seconds * 1e3:8.2f} ms"
 
 
-def _label(nbytes):
-    for unit in ("G", "M", "K"):
-        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
-            return f"{nbytes // _UNITS[unit]} {unit}iB"
-    return f"{nbytes} B"
-
-
 def _ddp_model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024), nn.ReLU(),
                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
 
 
+@_cli.tool("mpicoll.torch.bench")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -141,7 +118,7 @@ def main(argv=None) -> int:
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"# mpicoll torch backend vs gloo: {size} ranks, float32 SUM in place, "
         f"median of the slowest rank's time; timeout {timeout}; torch {torch.__version__}, "
-        f"{MPI.Get_library_version().splitlines()[0].strip()}")
+        f"{_records.mpi_library()}")
     say(f"# {'size':>8} {'gloo':>11} {'mpicoll bk':>11} {'mpicoll':>11} {'torch':>11} "
         f"{'bk/gloo':>8} {'bk/mpicoll':>10} {'own/mpicoll':>11}")
     floor = _Floor(rank, size)
@@ -149,17 +126,16 @@ def main(argv=None) -> int:
         iters = args.iters if nbytes <= (1 << 20) else max(8, args.iters // 5)
         t = torch.zeros(nbytes // 4)  # zeros: repeated in-place sums stay finite
         arr = memory_view(t)  # the backend's array (see above)
-        # (gloo apart: right after one of its calls, the next call of any backend took
-        # 2-5x its time here, gloo's threads still on the cores)
+        # (gloo apart: its threads stay on the cores after its calls and slow the next
+        # call of any backend)
         g, = _time([functools.partial(dist.all_reduce, t, group=gloo)], iters, args.warmup, comm)
         b, m, f = _time([functools.partial(dist.all_reduce, t, group=world),
                          functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr,
                                            timeout=timeout),
                          functools.partial(dist.all_reduce, t, group=floor)],
                         iters, args.warmup, comm)
-        # (ratios to 3 significant digits: against a slow gloo call, 16 us / 3.95 ms printed
-        # as 0.00)
-        say(f"  {_label(nbytes):>8} {_fmt(g)} {_fmt(b)} {_fmt(m)} {_fmt(f)} {b / g:8.3g} "
+        # (ratios to 3 significant digits: a fast call against a slow gloo call is not 0.00)
+        say(f"  {_cli.human(nbytes):>8} {_fmt(g)} {_fmt(b)} {_fmt(m)} {_fmt(f)} {b / g:8.3g} "
             f"{b / m:10.3g} {(b - f) / m:11.3g}")
     if args.ddp_steps > 0:
         from torch.nn.parallel import DistributedDataParallel as DDP

@@ -1,7 +1,7 @@
 """Draw the ring ReduceScatter and AllGather step by step as SVG (docs/ring.svg).
 
-    python docs/make_ring_diagram.py                 # 4 ranks -> docs/ring.svg
-    python docs/make_ring_diagram.py -n 5 -o /tmp/ring5.svg
+    python benchmarks/make_ring_diagram.py                 # 4 ranks -> docs/ring.svg
+    python benchmarks/make_ring_diagram.py -n 5 -o /tmp/ring5.svg
 
 The schedule drawn is the library's own: the ring AllReduce schedule builder
 of mpicoll/algorithms/ring.py (see mpicoll/algorithms/schedule.py), built for
@@ -242,7 +242,8 @@ def draw(n: int, build=None) -> str:
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-n", "--ranks", type=int, default=4, help="ranks in the ring (2-8, default 4)")
-    p.add_argument("-o", "--output", default=str(Path(__file__).with_name("ring.svg")),
+    p.add_argument("-o", "--output",
+                   default=str(Path(__file__).resolve().parent.parent / "docs" / "ring.svg"),
                    help="SVG file to write (default docs/ring.svg)")
     args = p.parse_args()
     if not 2 <= args.ranks <= 8:

@@ -1,4 +1,4 @@
-"""The tuning issue's bands over `python -m mpicoll.bench --json` runs (docs/performance.md).
+"""The performance bands over `python -m mpicoll.bench --json` runs.
 
 Per MPI library, collective and band: the sizes whose ratio (mpicoll / built-in)
 is within the band, of the band's sizes, per run; the median and the worst ratio
@@ -7,7 +7,7 @@ over the runs.  Bands: up to 4 KiB at most 1.5x, 8 KiB to 512 KiB 1.2x, from
 Sizes between the bands' edges (above 4 KiB and below 8 KiB, above 512 KiB and
 below 1 MiB) are in none.
 
-Run: python docs/bands.py RUN.json [RUN.json ...]   (no MPI needed)
+Run: python benchmarks/bands.py RUN.json [RUN.json ...]   (no MPI needed)
 """
 
 import json

@@ -1,0 +1,88 @@
+"""Every tool reports a user's mistake in one line and an exit status, never a traceback.
+
+The mistakes are the kinds a user makes: an argument out of range, an output
+file that cannot be written, a file that cannot answer the question, a
+device that is not there.  Each tool's ``main`` runs in this process (an
+argument mistake is argparse's ``SystemExit(2)``, the others its return
+value); one case runs the command line as a user types it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.local
+
+
+def _one_rank_tuning(path):
+    """A tuning file as ``python -m mpicoll.tune`` writes it at 1 rank: no exchange curve."""
+    from mpicoll.engine import tuning as _tuning
+    ident = _tuning.mpi_identity()
+    entry = {"source": "measured", "ranks": [1, 1], "nodes": [1, 1],
+             "measured": {"date": "d", "host": "h", "ranks": 1, "nodes": 1},
+             "selection": {c: [[None, "ring"]] for c in _tuning.COLLECTIVES},
+             "p2p": {}, "model": None, "times_us": {}, "builtin_us": {}}
+    path.write_text(json.dumps({"format": _tuning.FORMAT, "version": _tuning.VERSION,
+                                "mpi": {"library": ident["library"], "version": ident["version"],
+                                        "line": "x"}, "entries": [entry]}))
+    return str(path)
+
+
+CASES = [
+    # (tool module, arguments, exit status, the message's words)
+    ("mpicoll.tools.tune", ["--predict", "8", "--file", "{one_rank}"], 1,
+     "mpicoll.tune: {one_rank}: no measured entry with an exchange curve"),
+    ("mpicoll.tools.tune", ["--check", "{missing}"], 1, "mpicoll.tune: cannot read the tuning file"),
+    ("mpicoll.tools.tune", ["--ranks-per-node", "4"], 2, "--ranks-per-node: only with --predict"),
+    ("mpicoll.tools.bench", ["-C", "allreduce", "--json", "{missing}/r.json"], 2,
+     "--json: cannot write {missing}/r.json: no directory"),
+    ("mpicoll.tools.overlap", ["--size", "lots"], 2, "argument --size: expected a size"),
+    ("mpicoll.tools.overlap", ["--json", "{missing}/o.json"], 2, "--json: cannot write"),
+    ("mpicoll.tools.latency", ["--reps", "0"], 2, "argument --reps: expected a positive integer"),
+    ("mpicoll.tools.latency", ["--json", "{missing}/l.json"], 2, "--json: cannot write"),
+]
+
+
+@pytest.mark.parametrize("module, argv, status, message", CASES,
+                         ids=[f"{c[0].split('.')[-1]} {c[1][0]}" for c in CASES])
+def test_a_mistake_is_one_line(module, argv, status, message, tmp_path, capsys):
+    names = {"one_rank": _one_rank_tuning(tmp_path / "one-rank.json"),
+             "missing": str(tmp_path / "missing")}
+    argv = [a.format(**names) for a in argv]
+    main = importlib.import_module(module).main
+    try:
+        got = main(argv)
+    except SystemExit as exc:
+        got = exc.code
+    err = capsys.readouterr().err
+    assert got == status, err
+    assert "Traceback" not in err
+    assert message.format(**names) in err.splitlines()[-1], err
+
+
+@pytest.mark.timeout(60)
+def test_the_command_line_prints_no_traceback(tmp_path):
+    """``python -m mpicoll.tune --predict 8 --file F`` on a 1-rank tuning: one line, exit 1."""
+    path = _one_rank_tuning(tmp_path / "one-rank.json")
+    run = subprocess.run([sys.executable, "-m", "mpicoll.tune", "--predict", "8", "--file", path],
+                         capture_output=True, text=True, timeout=50)
+    assert run.returncode == 1 and run.stdout == "", run
+    assert run.stderr.count("\n") == 1 and run.stderr.startswith(f"mpicoll.tune: {path}: "), run
+
+
+def test_no_gpu_is_one_line(capsys):
+    """``--device gpu`` where CuPy is missing: one line, exit status 1."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: the refusal needs a machine without it")
+    from mpicoll.tools import bench, overlap
+    for name, main in (("mpicoll.bench", bench.main), ("mpicoll.tools.overlap", overlap.main)):
+        assert main(["--device", "gpu"]) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"{name}: --device gpu: "), lines
+        assert "CuPy is not installed" in lines[0]
