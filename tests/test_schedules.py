@@ -154,6 +154,41 @@ def test_hierarchical_on_node_layouts(collective):
     assert out == [total if collective == "allreduce" else total // 2] * 2
 
 
+PIPELINED = [(c, a) for c, a in (
+    ("allreduce", "recursive_doubling"), ("allreduce", "rabenseifner"), ("allreduce", "direct"),
+    ("allreduce", "hierarchical"), ("reduce_scatter", "recursive_halving"),
+    ("reduce_scatter", "recursive_doubling"), ("reduce_scatter", "hierarchical"),
+    ("allgather", "bruck"), ("allgather", "recursive_doubling"), ("allgather", "hierarchical"))]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("collective,algorithm", PIPELINED, ids=[f"{c}-{a}" for c, a in PIPELINED])
+def test_pipelines_of_chunks(collective, algorithm):
+    """A pipeline (algorithms.pipeline) of 3 or 5 chunks, run in order by the simulator: the
+    results of the algorithm itself, every chunk's messages matched in its own tag, work
+    buffers in slots (chunk c's slot reused by chunk c + depth), node layouts; the chunks
+    name contiguous ranges of ops."""
+    from mpicoll.algorithms import pipeline
+
+    base = _select.builder(collective, algorithm)
+    for chunks in (3, 5):
+        build = pipeline.builder(collective, algorithm, base, chunks,
+                                 _select.ALGORITHMS["allreduce"].get(algorithm))
+        for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
+                _util.share(_layout_cases(collective)):
+            if in_place and collective == "reduce_scatter" or min(counts or (length,)) < chunks:
+                continue  # (not pipelined: engine.run, algorithms.pipeline.applies)
+            sim.run_case(collective, build, n, counts, displs, length, in_place, model, tuning,
+                         "sum", ring_order, nodes)
+        sh = sim.shape(collective, 4, 0, counts=(40,) * 4, displs=(0, 40, 80, 120),
+                       total=160, nodes=(0, 0, 1, 1))
+        sched = build(sh)
+        assert len(sched.parts) == chunks and sched.depth == pipeline.PIPELINE_DEPTH
+        assert [a for a, _ in sched.parts] == [0] + [b for _, b in sched.parts[:-1]]
+        for c, (a, b) in enumerate(sched.parts):
+            assert {op.chunk for op in sched.ops[a:b] if type(op) in (Send, Recv)} <= {c}
+
+
 @pytest.mark.timeout(600)
 def test_rabenseifner_on_node_layouts():
     """Across nodes Rabenseifner pairs ranks by ring position: right on every layout, and its

@@ -19,17 +19,20 @@ The cut
     at the end.  Each chunk is a schedule of the same algorithm, so results
     are bitwise what that algorithm gives, equal on every rank.
 
-The interleaving
-    A chunk's ops are cut into stages at its ``Wait`` ops.  At most
-    :data:`PIPELINE_DEPTH` chunks are open; in each round every open chunk,
-    oldest first, issues its next stage (its wait, its reductions and copies,
-    the messages of its next step), so the first stage of every open chunk
-    posts its messages before the oldest waits.  Chunk c's messages travel
-    as chunk c (a tag of their own, algorithms.schedule.Send): a chunk's
-    messages match in issue order, whatever the other chunks do.  A chunk's
-    work buffers are named by the slot it holds among the open chunks, so
-    work memory is :data:`PIPELINE_DEPTH` chunks' worth; a slot is reused
-    only by a chunk opened after its last holder's final stage.
+The chunks in flight
+    The chunks' ops lie one chunk after the other in the schedule, each
+    chunk's messages on a tag of its own (``Send.chunk``: a chunk's messages
+    match in issue order, whatever the other chunks do), and the schedule
+    names them (``Schedule.parts``).  The executor advances the first
+    :data:`PIPELINE_DEPTH` unfinished chunks together: each runs until a
+    ``Wait`` whose messages are not complete, and only when none can move does
+    the operation block, on its oldest chunk's wait.  So while one chunk's
+    data is reduced, the next chunks' messages are already posted and crossing
+    the link, and no order in which ranks finish their chunks can hang (every
+    rank blocks only on its oldest unfinished chunk, after posting all it can
+    of the others).  A chunk's work buffers are named by its slot, ``c %
+    PIPELINE_DEPTH``: chunk c opens only once chunk c - PIPELINE_DEPTH has
+    ended, so work memory is :data:`PIPELINE_DEPTH` chunks' worth.
 
 The sizes are the emulated cluster's best (docs/performance.md): deeper or
 finer gained nothing there, 2 in flight lost at 16 MiB.
@@ -125,53 +128,29 @@ def _chunk(collective, shape, build, build_allreduce, span, chunks, c):
     return build(part), {SRC: (SRC, 0 if shape.in_place else mine), DST: (DST, 0)}
 
 
-def _stages(ops) -> list:
-    """``ops`` cut before each Wait: [posts before the first wait, wait + what follows, ...]."""
-    stages, current = [], []
-    for i, op in enumerate(ops):
-        if type(op) is Wait and current:
-            stages.append(current)
-            current = []
-        current.append(i)
-    if current:
-        stages.append(current)
-    return stages
-
-
 def interleave(parts, depth: int, tail=()) -> Schedule:
     """One schedule of ``parts`` ((schedule, {buffer: (name, offset)}) per chunk, in order):
-    at most ``depth`` open at a time, one stage of each open part per round, oldest
-    first; chunk c's messages tagged as chunk c, its work buffers in the slot it holds.  ``tail``:
-    ops after the last chunk."""
-    ops, work, types = [], {}, {}
+    chunk c's ops at their place, its messages tagged as chunk c, its work buffers in
+    slot ``c % depth``; ``Schedule.parts`` names each chunk's ops (the executor advances
+    ``depth`` of them together).  ``tail``: ops after every chunk ended."""
+    ops, work, types, bounds = [], {}, {}, []
     nsteps = max((s.nsteps for s, _ in parts), default=0)
-    pending = list(enumerate(parts))
-    free = list(range(depth))
-    open_ = []  # [chunk, slot, schedule, places, stages, next stage, index map]
-    while pending or open_:
-        while pending and len(open_) < depth:
-            c, (sched, places) = pending.pop(0)
-            slot = free.pop(0)
-            places = dict(places)
-            for purpose, n in sched.work.items():
-                name = f"{purpose} [{slot}]"
-                places[purpose] = (name, 0)
-                work[name] = max(work.get(name, 0), n)
-                if purpose in sched.types:
-                    types[name] = sched.types[purpose]
-            open_.append([c, slot, sched, places, _stages(sched.ops), 0, {}])
-        for entry in list(open_):
-            c, slot, sched, places, stages, k, index = entry
-            for i in stages[k]:
-                index[i] = len(ops)
-                ops.append(_moved(sched.ops[i], places, c, index))
-            entry[5] = k + 1
-            if entry[5] == len(stages):
-                open_.remove(entry)
-                free.append(slot)
-                free.sort()
+    for c, (sched, places) in enumerate(parts):
+        places = dict(places)
+        for purpose, n in sched.work.items():
+            name = f"{purpose} [{c % depth}]"
+            places[purpose] = (name, 0)
+            work[name] = max(work.get(name, 0), n)
+            if purpose in sched.types:
+                types[name] = sched.types[purpose]
+        first = len(ops)
+        index = {}
+        for i, op in enumerate(sched.ops):
+            index[i] = len(ops)
+            ops.append(_moved(op, places, c, index))
+        bounds.append((first, len(ops)))
     ops.extend(tail)
-    return Schedule(tuple(ops), work, nsteps, types)
+    return Schedule(tuple(ops), work, nsteps, types, tuple(bounds), depth)
 
 
 def _region(r: Region, places) -> Region:

@@ -153,6 +153,12 @@ class Schedule(NamedTuple):
     work: dict       # purpose -> elements (of the call's dtype unless in ``types``)
     nsteps: int
     types: dict = {}  # purpose -> dtype of the work buffers not of the call's dtype
+    # A pipeline's chunks (algorithms.pipeline): ((first op, end), ...), each chunk's ops
+    # contiguous and independent of the others'; the executor advances the first ``depth``
+    # unfinished ones together (chunk c opens once chunk c - depth has ended); the ops
+    # after the last chunk run once every chunk has ended.  ``()``: the ops run in order.
+    parts: tuple = ()
+    depth: int = 0
 
     def sends(self) -> list:
         return [op for op in self.ops if type(op) is Send]

@@ -307,7 +307,14 @@ def _entry(ctx, key, b, blocking):
     # a channel of its own: a non-blocking entry's restart gives it the tag of its call
     ch = Channel(base.comm, base.mpitype, base.tag, base.local, base.node_bytes)
     watch = None
-    if blocking:
+    if blocking and sched.parts:
+        # a pipeline keeps its chunks in flight together (Operation.parts): its repeat is
+        # the operation's loop, not the steps in order
+        if e.timeout is not None:
+            if not one_piece(steps, ch):
+                return _unkept(e)
+            watch = Timed(e.timeout, _Expiry(b), messages(steps, ch))
+    elif blocking:
         timed = None if e.timeout is None else (e.timeout, _Expiry(b))
         program, requests = compile_bound(steps, ch, b.red, b.be, timed)
         if program is not None:
@@ -322,6 +329,7 @@ def _entry(ctx, key, b, blocking):
             return _unkept(e)
         watch = Timed(e.timeout, _Expiry(b), messages(steps, ch))
     op = Operation(steps, ch, b.red, b.be, ctx=ctx, algorithm=b.name)
+    op.parts, op.depth = sched.parts, sched.depth
     op.call = watch
     op.run = _Ended(e)
     e.operation = op

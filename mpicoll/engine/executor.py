@@ -422,8 +422,8 @@ class Operation:
     """
 
     __slots__ = ("algorithm", "done", "error", "persistent", "run", "steps", "ch", "red", "be",
-                 "call", "ctx", "progress", "_i", "_reqs", "_active", "_lock", "_since", "owner",
-                 "__weakref__")
+                 "call", "ctx", "progress", "parts", "depth", "_i", "_cur", "_reqs", "_active",
+                 "_lock", "_since", "owner", "__weakref__")
 
     def __init__(self, steps, ch, red, be, *, run=None, ctx=None, persistent=False,
                  algorithm=None):
@@ -436,7 +436,10 @@ class Operation:
         self.steps, self.ch, self.red, self.be = steps, ch, red, be
         self.call = None
         self.progress = False  # handed to the progress thread (api.requests)
+        # a pipeline's chunks (Schedule.parts, Schedule.depth): () for steps run in order
+        self.parts, self.depth = (), 0
         self._i = 0
+        self._cur = None  # (parts: the next step of each chunk)
         self._reqs = None
         self._active = False
         self._lock = threading.Lock()
@@ -452,6 +455,7 @@ class Operation:
         self.done = False
         self.error = None
         self._i = 0
+        self._cur = [first for first, _ in self.parts] if self.parts else None
         self._reqs = [None] * len(self.steps)
         self._active = True
         if self.call is not None:
@@ -493,10 +497,65 @@ class Operation:
 
     # -- the loop -------------------------------------------------------------
     def _advance(self, block: bool) -> None:
-        """Run steps until one must wait (``block``: wait there); the only loop over steps."""
-        steps, reqs, ch = self.steps, self._reqs, self.ch
-        i, n = self._i, len(steps)
+        """Run steps until one must wait (``block``: wait there), or to the end."""
         quiet = _host.quiet_enter()  # (floating-point conditions: IEEE results, no warning)
+        try:
+            if self.parts:
+                if not self._advance_parts(block):
+                    return
+            else:
+                n = len(self.steps)
+                self._i = self._run(self._i, n, block)
+                if self._i < n:
+                    return
+        except BaseException as exc:
+            if isinstance(exc, MPI.Exception) and not isinstance(exc, MpicollError):
+                exc = failure(self, self.steps[self._i], exc)
+            self._end(exc)
+            raise exc from None
+        finally:
+            _host.quiet_exit(quiet)
+        self._end(None)
+
+    def _advance_parts(self, block: bool) -> bool:
+        """:meth:`_advance` of a pipeline (Schedule.parts): every open chunk runs until it
+        must wait; when none can move, block (``block``) on the oldest chunk's wait; the
+        steps after the last chunk once all ended.  True when the operation is complete.
+        Blocking only on the oldest unfinished chunk, after every other moved as far as
+        it could, cannot hang: a peer either finished that chunk (its messages are
+        posted) or is blocked on it too, and one chunk alone is deadlock-free."""
+        parts, depth, cur, steps = self.parts, self.depth, self._cur, self.steps
+        while True:
+            oldest, moved = None, False
+            for c, (_, end) in enumerate(parts):
+                i = cur[c]
+                if i >= end:
+                    continue
+                if c >= depth and cur[c - depth] < parts[c - depth][1]:
+                    break  # (opens once chunk c - depth has ended; later ones after it)
+                if oldest is None:
+                    oldest = c
+                self._i = i
+                cur[c] = self._run(i, end, False)
+                moved = moved or cur[c] != i
+            if oldest is None:
+                n = len(steps)
+                self._i = self._run(max(self._i, parts[-1][1]), n, block)
+                return self._i >= n
+            if moved:
+                continue
+            self._i = cur[oldest]
+            if not block:
+                return False
+            self._waited(steps[self._i], True)
+            if self.call is not None:
+                self._since = perf_counter()
+            cur[oldest] += 1
+
+    def _run(self, i: int, n: int, block: bool) -> int:
+        """Run steps ``i`` up to ``n`` until one must wait (``block``: wait there); the index
+        it stopped at.  The only loop over steps."""
+        steps, reqs, ch = self.steps, self._reqs, self.ch
         try:
             while i < n:
                 step = steps[i]
@@ -509,8 +568,7 @@ class Operation:
                     step[1].Start()
                 elif k == WAIT:
                     if not self._waited(step, block):
-                        self._i = i
-                        return
+                        return i
                     if self.call is not None:
                         self._since = perf_counter()
                 elif k == REDUCE:
@@ -520,16 +578,10 @@ class Operation:
                 else:
                     step[1]()
                 i += 1
-        except BaseException as exc:
-            self._i = i
-            if isinstance(exc, MPI.Exception) and not isinstance(exc, MpicollError):
-                exc = failure(self, steps[i], exc)
-            self._end(exc)
-            raise exc from None
-        finally:
-            _host.quiet_exit(quiet)
-        self._i = i
-        self._end(None)
+        except BaseException:
+            self._i = i  # (the step that failed: executor.failure names it)
+            raise
+        return i
 
     def _waited(self, step, block: bool) -> bool:
         """Complete the requests of a Wait step; False if not complete and not ``block``."""

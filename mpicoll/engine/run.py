@@ -107,6 +107,7 @@ class Bound:
             self.stage = None
             raise
         operation.steps, operation.ch, operation.be, operation.red = self.steps, ch, run_be, red
+        operation.parts, operation.depth = self.schedule.parts, self.schedule.depth
         operation.call = call
         self.ch, self.be, self.red = ch, run_be, red
 
