@@ -1,4 +1,4 @@
-"""Pipelines across nodes: one schedule cut into chunks whose steps interleave.
+"""Pipelines across nodes: one schedule cut into chunks that run in flight together.
 
 One schedule runs its steps in turn, and the link to another node idles
 while a rank reduces, copies or (hierarchical) works inside its node.  A
@@ -6,7 +6,7 @@ while a rank reduces, copies or (hierarchical) works inside its node.  A
 for its part of the call, and interleaves their steps so that while one
 chunk's data is reduced the next chunks' messages are already posted and
 crossing the link.  It is a transform of schedules: the result is one
-schedule, run by the executor as any other.
+schedule, run by the executor as any other (its chunks named: Schedule.parts).
 
 The cut
     AllReduce: the array (chunk c: elements ``n*c//k .. n*(c+1)//k``).

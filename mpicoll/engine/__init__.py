@@ -1,2 +1,2 @@
-"""Planning and execution: communicator contexts, work memory, algorithm
-selection, cached plans and the one executor that runs any schedule."""
+"""The engine: the one run path, communicator contexts and their work memory, selection,
+the cache of bound calls and the one executor that runs any schedule."""

@@ -262,7 +262,7 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
             if timed is None:
                 out.append((WAIT, step[1], preqs))
             else:
-                # (a ready call: a timed plan runs only blocking, so its waits may poll)
+                # (a ready call: a timed entry runs only blocking, so its waits may poll)
                 out.append((CALL, functools.partial(
                     timed_waitall, preqs, [about[h] for h in step[1]], *timed)))
         elif k == REDUCE:
@@ -307,7 +307,7 @@ def one_piece(steps, ch) -> bool:
 
 
 class Timed:
-    """The timeout of an operation on the plain host channel (a timed non-blocking plan,
+    """The timeout of an operation on the plain host channel (a non-blocking entry remembered with its timeout,
     engine.cache), in the place of an observed call's (:attr:`Operation.call`): its waits
     poll (:func:`timed_waitall`) and :meth:`Operation.test` gives up after ``timeout``
     seconds without progress, raising what ``expire(pending, idle)`` makes.
@@ -334,7 +334,7 @@ class Timed:
 
 def timed_waitall(requests, about, timeout, expired) -> None:
     """Complete ``requests`` (MPI requests, persistent or not) by polling; raise
-    ``expired(left, idle)`` once nothing moved for ``timeout`` seconds (a plan's wait
+    ``expired(left, idle)`` once nothing moved for ``timeout`` seconds (a remembered call's wait
     under a timeout, engine.cache).
 
     ``about[i]``: (kind, peer, nbytes, k) of ``requests[i]``, which the entries

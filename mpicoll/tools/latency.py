@@ -10,16 +10,16 @@ For every size and collective it interleaves, in one run, rep after rep:
 ``builtin``   mpi4py's ``Allreduce`` / ``Reduce_scatter_block`` / ``Allgather``
 ``Comm``      the same call on ``mpicoll.Comm``
 ``array``     ``mpicoll.allreduce(x, out=y)`` (``reduce_scatter``, ``allgather``)
-``array+T``   the same with ``timeout=T`` (``--timeout T``: a timed plan, engine.cache)
+``array+T``   the same with ``timeout=T`` (``--timeout T``: remembered with its timeout, engine.cache)
 ``sendrecv``  the floor from Python (2 ranks only): one ``Sendrecv`` of what the
               collective exchanges plus one ``np.add`` (``np.copyto`` for AllGather)
 ``persist``   the same with persistent requests built once
               (``Recv_init``/``Send_init``; ``Start``, ``Start``, ``Wait``, ``Wait``:
-              what a plan runs, engine.cache)
+              what a remembered call runs, engine.cache)
 
 With ``--forms nonblocking`` the columns are the other forms of the same call,
 each started and waited for at once (the same buffers every time, so
-mpicoll restarts its kept operation and runs its persistent program):
+mpicoll restarts its remembered operation and runs its compiled persistent steps):
 
 ``builtin``   the blocking built-in, as above
 ``I-builtin`` ``comm.Iallreduce(x, y).Wait()`` (``Iallgather``, ``Ireduce_scatter_block``)

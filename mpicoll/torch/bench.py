@@ -10,9 +10,9 @@ gloo group of the same ranks, and ``mpicoll.allreduce`` on the tensor's memory
 with the group's timeout (the backend's own cost is the first against the third;
 ``--timeout`` sets the group's, torch's 30 minutes by default, 0: none).
 ``mpicoll.allreduce`` gets the very array the backend passes
-(``tensors.memory_view``): two arrays over the same memory would be two plans,
+(``tensors.memory_view``): two arrays over the same memory would be two remembered calls,
 and calls alternating between them miss the compiled hit, which proves the
-function's last plan. The backend and ``mpicoll.allreduce`` are timed in turn,
+function's last remembered call. The backend and ``mpicoll.allreduce`` are timed in turn,
 iteration by iteration (a burst of load falls on both), gloo in a loop of its
 own, by :mod:`mpicoll.tools.harness`: each call after an MPI barrier; its time
 is the slowest rank's, and the table shows the median over the iterations. The
