@@ -307,8 +307,9 @@ def one_piece(steps, ch) -> bool:
 
 
 class Timed:
-    """The timeout of an operation on the plain host channel (a non-blocking entry remembered with its timeout,
-    engine.cache), in the place of an observed call's (:attr:`Operation.call`): its waits
+    """The timeout of an operation on the plain host channel (a non-blocking call
+    remembered with its timeout, engine.cache), in the place of an observed call's
+    (:attr:`Operation.call`): its waits
     poll (:func:`timed_waitall`) and :meth:`Operation.test` gives up after ``timeout``
     seconds without progress, raising what ``expire(pending, idle)`` makes.
 
