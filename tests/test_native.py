@@ -19,7 +19,6 @@ import pytest
 from mpi4py import MPI
 
 import mpicoll
-from mpicoll.backends import host as _host
 from mpicoll.engine import cache as _cache
 from mpicoll.engine import context as _context
 from mpicoll.engine import native as _native
@@ -95,7 +94,7 @@ def test_what_it_cannot_prove_goes_to_python():
         python_repeat = _cache._repeat
         mod.setup(_cache._LAST, lambda *a: slow.append(a[1]) or python_repeat(*a),
                   _cache._failed, _cache.IN_FLIGHT, _cache.EPOCH, MPI.IN_PLACE, np.ndarray,
-                  MPI.Exception, _host.FP_STATE, _host.FP_QUIET)
+                  MPI.Exception)
         try:
             before = mod.hits()
             h = mc.Iallreduce(x, np.empty(6))  # in flight during the blocking repeat
@@ -125,8 +124,7 @@ def test_what_it_cannot_prove_goes_to_python():
             np.testing.assert_array_equal(y, _want(x))
         finally:
             mod.setup(_cache._LAST, python_repeat, _cache._failed, _cache.IN_FLIGHT,
-                      _cache.EPOCH, MPI.IN_PLACE, np.ndarray, MPI.Exception, _host.FP_STATE,
-                      _host.FP_QUIET)
+                      _cache.EPOCH, MPI.IN_PLACE, np.ndarray, MPI.Exception)
     finally:
         comm.Free()
 

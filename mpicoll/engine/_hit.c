@@ -59,7 +59,6 @@ typedef struct {
 /* engine.cache's objects, handed over once by setup(). */
 static struct {
     PyObject *last, *slow, *failed, *in_flight, *epoch, *in_place, *exception;
-    PyObject *fp_state, *fp_quiet;          /* the floating-point state (backends.host) */
     PyTypeObject *ndarray;
     PyObject *seq, *hit, *one;
     long long hits;
@@ -136,32 +135,11 @@ static void raise_mpi(int code)
     }
 }
 
-/* The entry's steps in order, floating-point conditions ignored (backends.host.quiet).
-   MPI's own waits block with the interpreter released (as mpi4py's do): repeat() runs
-   this only when no other operation is in flight. */
-static int run_steps(Hit *h);
-
+/* The entry's steps in order.  MPI's own waits block with the interpreter released (as
+   mpi4py's do): repeat() runs this only when no other operation is in flight.  A
+   reduction or copy that reports a floating-point condition (RuntimeWarning,
+   FloatingPointError) has written its IEEE result: it stands, as in engine.executor. */
 static int run(Hit *h)
-{
-    PyObject *token = NULL;
-    if (g.fp_state != Py_None) {
-        token = PyContextVar_Set(g.fp_state, g.fp_quiet);
-        if (token == NULL)
-            return -1;
-    }
-    int r = run_steps(h);
-    if (token != NULL) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        if (PyContextVar_Reset(g.fp_state, token) < 0)
-            PyErr_WriteUnraisable(g.fp_state);
-        Py_DECREF(token);
-        PyErr_Restore(type, value, tb);
-    }
-    return r;
-}
-
-static int run_steps(Hit *h)
 {
     Step *s = h->steps, *end = s + h->nsteps;
     h->failed_at = -1;
@@ -179,10 +157,15 @@ static int run_steps(Hit *h)
             if (err == MPI_SUCCESS && (s->kind == CALL || !done)) {
                 PyObject *r = PyObject_CallNoArgs(s->call);
                 if (r == NULL) {
-                    h->failed_at = s - h->steps;
-                    return -1;
+                    if (!(PyErr_ExceptionMatches(PyExc_RuntimeWarning)
+                          || PyErr_ExceptionMatches(PyExc_FloatingPointError))) {
+                        h->failed_at = s - h->steps;
+                        return -1;
+                    }
+                    PyErr_Clear();
+                } else {
+                    Py_DECREF(r);
                 }
-                Py_DECREF(r);
             }
             if (err == MPI_SUCCESS)
                 s++;
@@ -477,28 +460,21 @@ static PyTypeObject HitType = {
     .tp_methods = hit_methods,
 };
 
-/* setup(last, slow, failed, in_flight, epoch, in_place, ndarray, exception, fp_state,
-         fp_quiet): fp_state None where NumPy has no context variable for it */
+/* setup(last, slow, failed, in_flight, epoch, in_place, ndarray, exception) */
 static PyObject *setup(PyObject *mod, PyObject *args)
 {
     PyObject *last, *slow, *failed, *in_flight, *epoch, *in_place, *ndarray, *exception;
-    PyObject *fp_state, *fp_quiet;
-    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!OOO:setup", &PyDict_Type, &last, &slow, &failed,
+    if (!PyArg_ParseTuple(args, "O!OOO!O!OO!O:setup", &PyDict_Type, &last, &slow, &failed,
                           &PyList_Type, &in_flight, &PyList_Type, &epoch, &in_place,
-                          &PyType_Type, &ndarray, &exception, &fp_state, &fp_quiet))
+                          &PyType_Type, &ndarray, &exception))
         return NULL;
     if (PyList_GET_SIZE(epoch) != 1) {
         PyErr_SetString(PyExc_ValueError, "setup: epoch must be a list of one item");
         return NULL;
     }
-    if (fp_state != Py_None && !PyContextVar_CheckExact(fp_state)) {
-        PyErr_SetString(PyExc_TypeError, "setup: fp_state must be a ContextVar or None");
-        return NULL;
-    }
 #define SET(field, value) Py_INCREF(value); Py_XSETREF(g.field, value)
     SET(last, last); SET(slow, slow); SET(failed, failed); SET(in_flight, in_flight);
     SET(epoch, epoch); SET(in_place, in_place); SET(exception, exception);
-    SET(fp_state, fp_state); SET(fp_quiet, fp_quiet);
 #undef SET
     Py_INCREF(ndarray);
     Py_XSETREF(g.ndarray, (PyTypeObject *)ndarray);
