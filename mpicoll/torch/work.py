@@ -34,18 +34,20 @@ _EAGER_S = 200e-6
 
 
 class MpiPiece:
-    """An mpi4py request of an MPI built-in, with the timeout mpicoll's own calls have."""
+    """An mpi4py request of an MPI built-in, with the timeout mpicoll's own calls have;
+    ``status``: an ``MPI.Status`` the completion fills (a receive's sender)."""
 
-    __slots__ = ("request", "what", "deadline", "timeout")
+    __slots__ = ("request", "what", "deadline", "timeout", "status")
 
-    def __init__(self, request, what: str, timeout):
+    def __init__(self, request, what: str, timeout, status=None):
         self.request = request
         self.what = what
         self.timeout = timeout
+        self.status = status
         self.deadline = None if timeout is None else time.monotonic() + timeout
 
     def test(self) -> bool:
-        if self.request.Test():
+        if self.request.Test(self.status):
             return True
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise CollectiveTimeout(
@@ -129,6 +131,7 @@ class Work(dist._Work):
         self._done = False
         self._future = None  # made by get_future(): most blocking calls never ask for one
         self._queued = False
+        self.source = None  # a receive's sender: its group rank, or the MpiPiece that learns it
         # a blocking call (torch sets opts.asyncOp False) is waited for at once on the
         # caller's thread: neither a test now nor the completion thread would help it,
         # unless nothing is left to wait for (the group ran it already): finish it now
@@ -230,6 +233,21 @@ class Work(dist._Work):
 
     def synchronize(self) -> None:
         self.wait()
+
+    def _source_rank(self) -> int:
+        """A receive's sender (group rank): what ``dist.recv`` without ``src`` returns."""
+        source = self.source
+        if source is None:  # torch's words for a work that is not a receive
+            raise RuntimeError("sourceRank() may only be called on work objects that correspond "
+                               "to a recv or recv-from-any call.")
+        if isinstance(source, MpiPiece):
+            if not self.is_completed():
+                raise RuntimeError(f"{self._what}: the sender is known once the receive is "
+                                   f"complete (wait() first)")
+            return source.status.Get_source()
+        return source
+
+    source_rank = _source_rank
 
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "complete" if self._done else "in flight"

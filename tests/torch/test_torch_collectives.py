@@ -218,11 +218,11 @@ def test_short_path_only_for_the_call_it_fits(groups, monkeypatch):
     """dist.all_reduce of one contiguous CPU tensor, SUM, blocking, skips the general path
     (group.allreduce's short path); each other form (bool, bfloat16, another op, a strided
     view, requires_grad, async) takes the general one.  Every result exact."""
-    from mpicoll.torch import group as G
+    from mpicoll.torch import backend as B
     g = groups
     general = []
-    real = G.ProcessGroupMpicoll._allreduce
-    monkeypatch.setattr(G.ProcessGroupMpicoll, "_allreduce",
+    real = B.MpicollBackend._allreduce
+    monkeypatch.setattr(B.MpicollBackend, "_allreduce",
                         lambda self, *a: general.append(a[-1]) or real(self, *a))
     f32 = torch.float32
     cases = {  # name: (the input of rank r, op, async_op, takes the short path)

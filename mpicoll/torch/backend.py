@@ -1,0 +1,648 @@
+"""``MpicollBackend``: torch.distributed's collectives on mpicoll and MPI, for CPU and CUDA.
+
+The backend torch finds for a group of the ``"mpicoll"`` backend on either
+device (``group._get_backend(device)``): what torch's C++ side calls
+(``recv_anysource``, ``monitored_barrier``, the coalescing manager's
+``start_coalescing``/``end_coalescing``) and, through the group
+(:class:`~mpicoll.torch.group.ProcessGroupMpicoll`), every collective.
+
+mpicoll's own algorithms run AllReduce, AllGather and ReduceScatter in every
+form torch has (list, single-tensor, coalesced); broadcast, barrier, gather,
+scatter, reduce, all-to-all and send/recv use MPI's built-ins (reduce runs as
+mpicoll's AllReduce, because MPI's built-in has no float16 or bfloat16).
+Every call checks its arguments before any message (TypeError/ValueError),
+starts without blocking and returns a :class:`~mpicoll.torch.work.Work`.
+
+MPI's built-ins and the user's send/recv run on the group's communicator;
+mpicoll sends its messages on its own duplicate of it; the backend's own
+point-to-point messages (``monitored_barrier``) use the top tags of the
+group's communicator, which send/recv refuse.
+
+Failures (``MPICOLL_TORCH_ON_ERROR``, core.config): a collective that fails
+on one rank -- its arguments refused there before any message, or an error
+or ``CollectiveTimeout`` while it runs -- leaves the other ranks waiting in
+it.  By default (``abort``, as NCCL's async error handling) the failing rank
+prints the error, naming itself, and ends the job with ``MPI_Abort``, which
+ends every rank at once and cannot itself wait for anything; ``raise``
+raises the error on that rank only, the others then raise
+``CollectiveTimeout`` after the group's timeout (torch's ``timeout=``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from .. import abort, allreduce, iallgather, iallreduce, ireduce_scatter
+from .control import Control
+from .ops import reduction
+from .tensors import DTYPES, Staged, check_same, check_tensor, memory_view
+from .work import Finished, MpiPiece, Work
+
+_SUM = dist.ReduceOp.SUM
+_MPI_SUM = MPI.SUM
+_Tensor = torch.Tensor
+_STRIDED = torch.strided
+# dtypes whose SUM is MPI's SUM on the tensor's own memory (not bool: logical OR; not
+# bfloat16: an ml_dtypes view, or a float32 copy)
+_PLAIN_SUM = frozenset(DTYPES) - {torch.bool}
+_FORWARD_S = 0.5  # time for the launcher to forward a failing rank's message before its abort
+
+
+def _seconds(timeout):
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+def _collective(method):
+    """A collective of the group: an exception raised while starting it goes to
+    ``ProcessGroupMpicoll._failed`` (abort, or raise) -- the other ranks may be in it."""
+    what = method.__name__
+
+    @functools.wraps(method)
+    def start(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if self._fail is not None:
+                self._fail(what, exc)
+            raise
+
+    return start
+
+
+def _op(opts):
+    return _SUM if opts is None else opts.reduceOp
+
+
+def _bytes(array):
+    return array.view(np.uint8)
+
+
+def _shares_memory(a, b) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() and b.numel()
+
+
+def _fresh(staged: Staged) -> None:
+    """Make ``staged.array`` a copy: the input must stay as it was (PREMUL_SUM, overlaps)."""
+    if staged.direct:
+        staged.array = staged.array.copy()
+
+
+class MpicollBackend(dist._Backend):
+    """torch.distributed's backend on mpicoll (name ``"mpicoll"``), for CPU and CUDA tensors.
+
+    One per group, made by :func:`mpicoll.torch.group.create` on the group's
+    MPI communicator ``comm`` (its ranks in group-rank order); ``timeout``:
+    seconds without progress before a collective fails (None: no limit).
+    """
+
+    # torch reads these (batch_isend_irecv, splitting, ...); the binding's own properties
+    # ask back for Python overrides and recurse without them
+    supports_coalescing = False  # batch_isend_irecv: one Work per operation, as on gloo
+    supports_splitting = False
+    supports_time_estimate = False
+    supports_shrinking = False
+    supports_reconfigure = False
+    supports_window = False
+
+    def __init__(self, comm, rank: int, size: int, timeout=None, on_error: str = "abort"):
+        super().__init__(rank, size)
+        if on_error not in ("abort", "raise"):
+            raise ValueError(f"on_error: expected 'abort' or 'raise', got {on_error!r}")
+        self._comm = comm
+        self.on_error = on_error
+        # what a failed collective calls (None: the error is only raised); read per call
+        self._fail = self._abort if on_error == "abort" else None
+        self._rank = rank
+        self._size = size
+        self._timeout = _seconds(timeout)
+        self._control = Control(comm)
+        self._coalescing = None  # the works started since start_coalescing(), or None
+
+    def getBackendName(self) -> str:
+        return "mpicoll"
+
+    def set_timeout(self, timeout) -> None:
+        self._timeout = _seconds(timeout)
+
+    def _abort(self, what: str, exc: BaseException) -> None:
+        """End the job: ``exc`` made this rank's ``what`` fail, so the others would wait in it."""
+        sys.stderr.write("".join(traceback.format_exception(exc)))
+        sys.stderr.write(
+            f"mpicoll: rank {MPI.COMM_WORLD.Get_rank()}: torch backend: {what} failed on rank "
+            f"{self._rank} of the group of {self._size} ({type(exc).__name__}: {exc}); ending "
+            f"the job, as the other ranks of the group would wait for this rank "
+            f"(MPICOLL_TORCH_ON_ERROR=raise raises the error instead)\n")
+        sys.stderr.flush()
+        # the launcher forwards the ranks' output through its daemons, which MPI_Abort kills:
+        # seen with MPICH on a loaded machine, the message written just before was lost
+        time.sleep(_FORWARD_S)
+        abort()
+
+    def _work(self, pieces, finish, result, what, opts, keep=None):
+        if not pieces and finish is None:  # (a blocking call, complete)
+            work = Finished(result)
+        else:
+            work = Work(pieces, finish, result, what, opts, self._fail, keep)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    @property
+    def timeout(self):
+        """The seconds every collective of the group may go without progress (None: no limit)."""
+        return self._timeout
+
+    @property
+    def comm(self):
+        """The MPI communicator of this group (its ranks in group-rank order)."""
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"<MpicollBackend rank {self._rank} of {self._size}>"
+
+    # -- AllReduce ------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        try:
+            # dist.all_reduce's usual call: one contiguous CPU tensor, SUM, blocking.  The
+            # same steps as the general path below (check, reduction, Staged, mpicoll's
+            # blocking AllReduce on the tensor's memory), with only the tests that pick
+            # them: the backend's cost at 16 B was 2x mpicoll's own (docs/torch.md)
+            if opts is not None and len(tensors) == 1 and not opts.asyncOp:
+                t = tensors[0]
+                if (type(t) is _Tensor and t.layout is _STRIDED and t.is_cpu
+                        and not t.requires_grad and t.dtype in _PLAIN_SUM
+                        and t.is_contiguous() and opts.reduceOp == _SUM):
+                    array = memory_view(t)
+                    allreduce(array, _MPI_SUM, comm=self._comm, out=array, timeout=self._timeout)
+                    return Finished(tensors)
+            tensors = list(tensors)
+            for i, t in enumerate(tensors):
+                check_tensor(t, "tensors", i)
+            return self._allreduce(tensors, opts, "allreduce")
+        except Exception as exc:  # as _collective does
+            if self._fail is not None:
+                self._fail("allreduce", exc)
+            raise
+
+    @_collective
+    def allreduce_coalesced(self, tensors, opts=None):
+        tensors = list(tensors)
+        if tensors:
+            check_same(tensors, tensors[0].dtype, "tensors")
+        return self._allreduce(tensors, opts, "allreduce_coalesced")
+
+    def _allreduce(self, tensors, opts, what):
+        op = _op(opts)
+        reds = [reduction(op, t.dtype) for t in tensors]  # every check before any message
+        staged = [Staged(t) for t in tensors]
+        handles = []
+        # a blocking call (torch's asyncOp False) runs mpicoll's blocking AllReduce, which
+        # repeats a call on the same arrays without validating it again (engine.plan);
+        # its Work is complete when made
+        blocking = opts is not None and not opts.asyncOp
+        comm, timeout = self._comm, self._timeout
+        plain = True  # nothing to finish: every sum is already in its tensor's memory
+        for s, red in zip(staged, reds):
+            array = s.array
+            if red.factor is not None:
+                red.pre(array)
+            if blocking:
+                allreduce(array, red.mpi_op, comm=comm, out=array, timeout=timeout)
+            else:
+                handles.append(iallreduce(array, red.mpi_op, comm=comm, out=array,
+                                          timeout=timeout))
+            plain = plain and not red.avg and s._back is None
+        if plain:
+            return self._work(handles, None, tensors, what, opts)
+
+        def finish():
+            for s, red in zip(staged, reds):
+                red.post(s, self._size)
+
+        return self._work(handles, finish, tensors, what, opts)
+
+    # -- AllGather ------------------------------------------------------------------------
+    @_collective
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inputs = list(input_tensors)
+        outputs = [list(o) for o in output_tensors]
+        if len(outputs) != len(inputs):
+            raise ValueError(f"output_tensors: expected one list per input ({len(inputs)}), "
+                             f"got {len(outputs)}")
+        pieces, finishes = [], []
+        for j, (outs, inp) in enumerate(zip(outputs, inputs)):
+            self._gather_into_list(outs, inp, f"output_tensors[{j}]", pieces, finishes)
+        return self._work(pieces, _all(finishes), outputs, "allgather", opts, inputs)
+
+    @_collective
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        inputs = list(input_list)
+        outputs = [list(o) for o in output_lists]
+        if len(outputs) != self._size:
+            raise ValueError(f"output_lists: expected one list per rank ({self._size}), "
+                             f"got {len(outputs)}")
+        pieces, finishes = [], []
+        for j, inp in enumerate(inputs):
+            outs = [outputs[r][j] for r in range(self._size)]
+            self._gather_into_list(outs, inp, f"output_lists[*][{j}]", pieces, finishes)
+        return self._work(pieces, _all(finishes), outputs, "allgather_coalesced", opts, inputs)
+
+    def _gather_into_list(self, outs, inp, what, pieces, finishes):
+        check_tensor(inp, "input")
+        if len(outs) != self._size:
+            raise ValueError(f"{what}: expected {self._size} tensors (one per rank), got {len(outs)}")
+        check_same(outs, inp.dtype, what)
+        counts = [o.numel() for o in outs]
+        if counts[self._rank] != inp.numel():
+            raise ValueError(f"{what}[{self._rank}]: expected {inp.numel()} elements like the "
+                             f"input, got {counts[self._rank]}")
+        src = Staged(inp, "bits")
+        flat = np.empty(sum(counts), dtype=src.array.dtype)
+        even = len(set(counts)) == 1
+        pieces.append(iallgather(src.array, comm=self._comm, out=flat,
+                                 counts=None if even else counts, timeout=self._timeout))
+
+        def finish():
+            at = 0
+            for o, n in zip(outs, counts):
+                dst = Staged(o, "out")
+                dst.array[...] = flat[at:at + n]
+                dst.done()
+                at += n
+
+        finishes.append(finish)
+
+    @_collective
+    def all_gather_single(self, output, input, opts=None):
+        pieces, finishes = [], []
+        self._gather_single(output, input, "output", pieces, finishes)
+        return self._work(pieces, _all(finishes), [output], "all_gather_single", opts, input)
+
+
+    @_collective
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._coalesced(outputs, inputs, self._gather_single,
+                               "all_gather_single_coalesced", opts)
+
+    def _coalesced(self, outputs, inputs, one, name, opts):
+        """One Work of ``one(output, input, what, pieces, finishes)`` over the pairs."""
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"outputs: expected {len(inputs)} tensors like inputs, got {len(outputs)}")
+        pieces, finishes = [], []
+        for j, (out, inp) in enumerate(zip(outputs, inputs)):
+            one(out, inp, f"outputs[{j}]", pieces, finishes)
+        return self._work(pieces, _all(finishes), outputs, name, opts, inputs)
+
+
+    def _gather_single(self, output, input, what, pieces, finishes):
+        check_tensor(input, "input")
+        check_tensor(output, what)
+        if output.dtype != input.dtype:
+            raise TypeError(f"{what}: expected dtype {input.dtype} like the input, got {output.dtype}")
+        k = input.numel()
+        if output.numel() != self._size * k:
+            raise ValueError(f"{what}: expected {self._size} x {k} = {self._size * k} elements "
+                             f"(the group size times the input's), got {output.numel()}")
+        own = self._is_own_block(output, input)
+        dst = Staged(output, "bits" if own else "out")
+        if own and dst.direct:
+            # FSDP2's all-gather: the input is this rank's block of the output, in place
+            pieces.append(iallgather(dst.array, comm=self._comm, out=dst.array,
+                                     timeout=self._timeout))
+        else:
+            src = Staged(input, "bits")
+            if _shares_memory(input, output):
+                src.array = src.array.copy()
+            pieces.append(iallgather(src.array, comm=self._comm, out=dst.array,
+                                     timeout=self._timeout))
+        finishes.append(dst.done)
+
+    def _is_own_block(self, output, input) -> bool:
+        """Whether ``input`` is exactly block ``rank`` of a contiguous CPU ``output``."""
+        if not (output.device.type == "cpu" and input.device == output.device
+                and output.is_contiguous() and input.is_contiguous() and input.numel()):
+            return False
+        own = output.data_ptr() + self._rank * input.numel() * input.element_size()
+        return input.data_ptr() == own and _shares_memory(input, output)
+
+    # -- ReduceScatter ------------------------------------------------------------------------
+    @_collective
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        outputs = list(output_tensors)
+        inputs = [list(i) for i in input_tensors]
+        if len(outputs) != len(inputs):
+            raise ValueError(f"input_tensors: expected one list per output ({len(outputs)}), "
+                             f"got {len(inputs)}")
+        pieces, finishes = [], []
+        for j, (out, ins) in enumerate(zip(outputs, inputs)):
+            check_tensor(out, f"output_tensors[{j}]")
+            if len(ins) != self._size:
+                raise ValueError(f"input_tensors[{j}]: expected {self._size} tensors (one per "
+                                 f"rank), got {len(ins)}")
+            check_same(ins, out.dtype, f"input_tensors[{j}]")
+            counts = [i.numel() for i in ins]
+            if counts[self._rank] != out.numel():
+                raise ValueError(f"output_tensors[{j}]: expected {counts[self._rank]} elements "
+                                 f"like input_tensors[{j}][{self._rank}], got {out.numel()}")
+            red = reduction(_op(opts), out.dtype)
+            flat = np.concatenate([Staged(i).array for i in ins]) if ins else np.empty(0)
+            self._scatter_reduced(out, flat, red, counts, pieces, finishes)
+        return self._work(pieces, _all(finishes), outputs, "reduce_scatter", opts)
+
+    @_collective
+    def reduce_scatter_single(self, output, input, opts=None):
+        pieces, finishes = [], []
+        self._reduce_scatter_single(output, input, _op(opts), "output", pieces, finishes)
+        return self._work(pieces, _all(finishes), [output], "reduce_scatter_single", opts, input)
+
+
+    @_collective
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        op = _op(opts)
+        return self._coalesced(
+            outputs, inputs,
+            lambda out, inp, what, pieces, finishes: self._reduce_scatter_single(
+                out, inp, op, what, pieces, finishes),
+            "reduce_scatter_single_coalesced", opts)
+
+
+    def _reduce_scatter_single(self, output, input, op, what, pieces, finishes):
+        check_tensor(input, "input")
+        check_tensor(output, what)
+        if output.dtype != input.dtype:
+            raise TypeError(f"{what}: expected dtype {input.dtype} like the input, got {output.dtype}")
+        k = output.numel()
+        if input.numel() != self._size * k:
+            raise ValueError(f"input: expected {self._size} x {k} = {self._size * k} elements "
+                             f"(the group size times the output's), got {input.numel()}")
+        red = reduction(op, input.dtype)
+        src = Staged(input)
+        if red.factor is not None or _shares_memory(input, output):
+            _fresh(src)
+        self._scatter_reduced(output, src.array, red, None, pieces, finishes)
+
+    def _scatter_reduced(self, out, flat, red, counts, pieces, finishes):
+        red.pre(flat)
+        dst = Staged(out)
+        even = counts is None or len(set(counts)) == 1
+        pieces.append(ireduce_scatter(flat, red.mpi_op, comm=self._comm, out=dst.array,
+                                      counts=None if even else counts, timeout=self._timeout))
+        finishes.append(lambda: red.post(dst, self._size))
+
+    # -- MPI built-ins ------------------------------------------------------------------------
+    def _mpi(self, request, what):
+        return MpiPiece(request, what, self._timeout)
+
+    @_collective
+    def broadcast(self, tensors, opts=None):
+        tensors = list(tensors)
+        root = 0 if opts is None else opts.rootRank
+        self._check_root(root, "rootRank")
+        pieces, finishes = [], []
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+            s = Staged(t, "bits")
+            pieces.append(self._mpi(self._comm.Ibcast([_bytes(s.array), MPI.BYTE], root=root),
+                                    "broadcast"))
+            finishes.append(s.done)
+        return self._work(pieces, _all(finishes), tensors, "broadcast", opts)
+
+    @_collective
+    def barrier(self, opts=None):
+        return self._work([self._mpi(self._comm.Ibarrier(), "barrier")], None, [], "barrier", opts)
+
+    @_collective
+    def reduce(self, tensors, opts=None):
+        tensors = list(tensors)
+        root = 0 if opts is None else opts.rootRank
+        self._check_root(root, "rootRank")
+        reds, staged, handles = [], [], []
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+            red = reduction(_op(opts), t.dtype)
+            # only the root's tensor receives the result; the others' stay as they were
+            s = Staged(t if self._rank == root else t.detach().clone())
+            red.pre(s.array)
+            handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
+                                      timeout=self._timeout))
+            reds.append(red)
+            staged.append(s)
+
+        def finish():
+            if self._rank == root:
+                for s, red in zip(staged, reds):
+                    red.post(s, self._size)
+
+        return self._work(handles, finish, tensors, "reduce", opts)
+
+    @_collective
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = 0 if opts is None else opts.rootRank
+        self._check_root(root, "rootRank")
+        (inp,) = list(input_tensors)
+        check_tensor(inp, "input_tensors[0]")
+        src = Staged(inp, "bits")
+        nbytes = src.array.nbytes
+        outs = list(output_tensors[0]) if self._rank == root else []
+        flat = np.empty(nbytes * self._size if self._rank == root else 0, np.uint8)
+        if self._rank == root:
+            if len(outs) != self._size:
+                raise ValueError(f"output_tensors[0]: expected {self._size} tensors, got {len(outs)}")
+            check_same(outs, inp.dtype, "output_tensors[0]")
+            for o in outs:
+                if o.numel() != inp.numel():
+                    raise ValueError(f"output_tensors[0]: expected {inp.numel()} elements each "
+                                     f"like the input, got {o.numel()}")
+        req = self._comm.Igather([_bytes(src.array), MPI.BYTE], [flat, MPI.BYTE], root=root)
+
+        def finish():
+            for r, o in enumerate(outs):
+                dst = Staged(o, "out")
+                _bytes(dst.array)[...] = flat[r * nbytes:(r + 1) * nbytes]
+                dst.done()
+
+        return self._work([self._mpi(req, "gather")], finish, [outs], "gather", opts, inp)
+
+    @_collective
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = 0 if opts is None else opts.rootRank
+        self._check_root(root, "rootRank")
+        (out,) = list(output_tensors)
+        check_tensor(out, "output_tensors[0]")
+        dst = Staged(out, "out")
+        nbytes = dst.array.nbytes
+        if self._rank == root:
+            ins = list(input_tensors[0])
+            if len(ins) != self._size:
+                raise ValueError(f"input_tensors[0]: expected {self._size} tensors, got {len(ins)}")
+            check_same(ins, out.dtype, "input_tensors[0]")
+            flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
+            if flat.nbytes != nbytes * self._size:
+                raise ValueError(f"input_tensors[0]: expected {out.numel()} elements each like "
+                                 f"the output")
+        else:
+            flat = np.empty(0, np.uint8)
+        req = self._comm.Iscatter([flat, MPI.BYTE], [_bytes(dst.array), MPI.BYTE], root=root)
+        return self._work([self._mpi(req, "scatter")], dst.done, [out], "scatter", opts)
+
+    @_collective
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        check_tensor(input, "input")
+        check_tensor(output, "output")
+        if output.dtype != input.dtype:
+            raise TypeError(f"output: expected dtype {input.dtype} like the input, got {output.dtype}")
+        src = Staged(input, "bits")
+        if _shares_memory(input, output):
+            _fresh(src)
+        dst = Staged(output, "out")
+        scounts = self._split_bytes(input, list(input_split_sizes), "input_split_sizes")
+        rcounts = self._split_bytes(output, list(output_split_sizes), "output_split_sizes")
+        req = self._comm.Ialltoallv([_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
+                                    [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
+        return self._work([self._mpi(req, "all_to_all_single")], dst.done, [output],
+                          "all_to_all_single", opts, input)
+
+
+    @_collective
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        outs, ins = list(output_tensors), list(input_tensors)
+        for what, ts in (("output_tensors", outs), ("input_tensors", ins)):
+            if len(ts) != self._size:
+                raise ValueError(f"{what}: expected {self._size} tensors, got {len(ts)}")
+        check_tensor(ins[0], "input_tensors[0]")
+        check_same(ins, ins[0].dtype, "input_tensors")
+        check_same(outs, ins[0].dtype, "output_tensors")
+        flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
+        scounts = [Staged(i, "bits").array.nbytes for i in ins]
+        rcounts = [o.numel() * o.element_size() for o in outs]
+        recv = np.empty(sum(rcounts), np.uint8)
+        req = self._comm.Ialltoallv([flat, (scounts, _displs(scounts)), MPI.BYTE],
+                                    [recv, (rcounts, _displs(rcounts)), MPI.BYTE])
+
+        def finish():
+            at = 0
+            for o, n in zip(outs, rcounts):
+                dst = Staged(o, "out")
+                _bytes(dst.array)[...] = recv[at:at + n]
+                dst.done()
+                at += n
+
+        return self._work([self._mpi(req, "alltoall")], finish, outs, "alltoall", opts)
+
+    @_collective
+    def send(self, tensors, dst_rank, tag=0):
+        self._check_peer(dst_rank, "dst_rank")
+        self._control.check_tag(tag)
+        pieces = []
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+            s = Staged(t, "bits")
+            pieces.append(self._mpi(self._comm.Isend([_bytes(s.array), MPI.BYTE], dst_rank, tag),
+                                    "send"))
+        return self._work(pieces, None, list(tensors), "send", None)
+
+    @_collective
+    def recv(self, tensors, src_rank, tag=0):
+        self._check_peer(src_rank, "src_rank")
+        return self._recv(tensors, src_rank, tag, "recv")
+
+    @_collective
+    def recv_anysource(self, tensors, tag=0):
+        """``dist.recv``/``irecv`` without a source: an ``MPI.ANY_SOURCE`` receive; the Work's
+        ``_source_rank()`` (what ``dist.recv`` returns, as a global rank) is the sender's
+        group rank."""
+        if len(tensors) != 1:
+            raise ValueError(f"tensors: a receive from any source takes one tensor, "
+                             f"got {len(tensors)}")
+        return self._recv(tensors, MPI.ANY_SOURCE, tag, "recv_anysource")
+
+    def _recv(self, tensors, source, tag, what):
+        self._control.check_tag(tag)
+        pieces, finishes = [], []
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"tensors[{i}]")
+            s = Staged(t, "out")
+            status = MPI.Status()
+            pieces.append(MpiPiece(self._comm.Irecv([_bytes(s.array), MPI.BYTE], source, tag),
+                                   what, self._timeout, status))
+            finishes.append(s.done)
+        first = pieces[0] if pieces else None  # (the work drops its pieces as they complete)
+        work = self._work(pieces, _all(finishes), list(tensors), what, None)
+        work.source = first if source == MPI.ANY_SOURCE else source
+        return work
+
+    # -- torch's other calls on a backend -------------------------------------------------
+    def monitored_barrier(self, opts, wait_all_ranks=False):
+        """``dist.monitored_barrier``: gloo's protocol and messages (rank 0 names the ranks that
+        did not arrive within ``opts.timeout``); raises, never aborts (its failure is what the
+        caller asked to learn)."""
+        seconds = opts.timeout.total_seconds()
+        self._control.monitored_barrier(self._rank, self._size,
+                                        self._timeout if seconds < 0 else seconds,
+                                        self._timeout, wait_all_ranks)
+
+    def start_coalescing(self):
+        """torch's coalescing manager (``_coalescing_manager(group, device)``): the works
+        started until :meth:`end_coalescing` are completed by the one work it returns."""
+        self._coalescing = []
+
+    def end_coalescing(self):
+        works, self._coalescing = self._coalescing, None
+        if works is None:
+            raise RuntimeError("end_coalescing: no start_coalescing before it")
+        return self._work([w for w in works if not w.is_completed()], None, [], "coalesced",
+                          None)
+
+    def _check_peer(self, peer, what) -> None:
+        if not 0 <= peer < self._size:
+            raise ValueError(f"{what}: expected a rank in 0..{self._size - 1}, got {peer}")
+
+    def _check_root(self, root, what) -> None:
+        if not 0 <= root < self._size:
+            raise ValueError(f"{what}: expected a rank in 0..{self._size - 1}, got {root}")
+
+    def _split_bytes(self, t, splits, what):
+        rows = t.shape[0] if t.dim() else 1
+        row_bytes = (t.numel() // rows if rows else 0) * t.element_size()
+        if not splits:
+            if rows % self._size:
+                raise ValueError(f"{what}: empty (equal split), but {rows} rows do not split "
+                                 f"evenly over {self._size} ranks")
+            splits = [rows // self._size] * self._size
+        if len(splits) != self._size or sum(splits) != rows:
+            raise ValueError(f"{what}: expected {self._size} row counts summing to {rows}, got "
+                             f"{splits}")
+        return [int(s) * row_bytes for s in splits]
+
+
+def _displs(counts):
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def _all(finishes):
+    if not finishes:
+        return None
+    if len(finishes) == 1:
+        return finishes[0]
+
+    def finish():
+        for f in finishes:
+            f()
+
+    return finish
