@@ -10,37 +10,38 @@ mpicoll's own algorithms run AllReduce, AllGather and ReduceScatter in every
 form torch has (list, single-tensor, coalesced); broadcast, barrier, gather,
 scatter, reduce, all-to-all and send/recv use MPI's built-ins (reduce runs as
 mpicoll's AllReduce, because MPI's built-in has no float16 or bfloat16).
-Every call checks its arguments before any message (TypeError/ValueError),
-starts without blocking and returns a :class:`~mpicoll.torch.work.Work`.
+Every call runs in two phases: its checks, which build everything the call
+needs (``Staged`` tensors, reductions, buffers) and may refuse it
+(TypeError/ValueError), then its starts, run by :meth:`MpicollBackend._work`,
+the one place the call's messages begin; it returns a
+:class:`~mpicoll.torch.work.Work`.
 
 MPI's built-ins and the user's send/recv run on the group's communicator;
 mpicoll sends its messages on its own duplicate of it; the backend's own
 point-to-point messages (``monitored_barrier``) use the top tags of the
 group's communicator, which send/recv refuse.
 
-Failures (``MPICOLL_TORCH_ON_ERROR``, core.config): a collective that fails
-on one rank -- its arguments refused there before any message, or an error
-or ``CollectiveTimeout`` while it runs -- leaves the other ranks waiting in
-it.  By default (``abort``, as NCCL's async error handling) the failing rank
-prints the error, naming itself, and ends the job with ``MPI_Abort``, which
-ends every rank at once and cannot itself wait for anything; ``raise``
-raises the error on that rank only, the others then raise
-``CollectiveTimeout`` after the group's timeout (torch's ``timeout=``).
+Errors (mpicoll.torch.failures): a refusal in the checks is raised to the
+caller in every mode (nothing of the call started; the group stays usable).
+An error once the starts began (an MPI error, ``CollectiveTimeout``) leaves
+the other ranks waiting in the call: by default (``MPICOLL_TORCH_ON_ERROR=
+abort``, as NCCL's async error handling) the rank prints it, naming itself,
+and ends the job with ``MPI_Abort``; ``raise`` raises it on that rank only,
+the others then raise ``CollectiveTimeout`` after the group's timeout
+(torch's ``timeout=``).
 """
 
 from __future__ import annotations
 
 import functools
-import sys
-import time
-import traceback
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .. import abort, allreduce, iallgather, iallreduce, ireduce_scatter
+from .. import allreduce, iallgather, iallreduce, ireduce_scatter
+from . import failures
 from .control import Control
 from .ops import reduction
 from .tensors import DTYPES, Staged, check_same, check_tensor, memory_view
@@ -53,7 +54,6 @@ _STRIDED = torch.strided
 # dtypes whose SUM is MPI's SUM on the tensor's own memory (not bool: logical OR; not
 # bfloat16: an ml_dtypes view, or a float32 copy)
 _PLAIN_SUM = frozenset(DTYPES) - {torch.bool}
-_FORWARD_S = 0.5  # time for the launcher to forward a failing rank's message before its abort
 
 
 def _seconds(timeout):
@@ -63,21 +63,22 @@ def _seconds(timeout):
     return seconds if seconds > 0 else None
 
 
-def _collective(method):
-    """A collective of the group: an exception raised while starting it goes to
-    ``ProcessGroupMpicoll._failed`` (abort, or raise) -- the other ranks may be in it."""
-    what = method.__name__
+def _collective(method, what=None):
+    """A call of the backend (``what``: its name, the method's by default): an error out of
+    its checks is a refusal, raised (marked for failures' exit hook in abort mode); one out
+    of its starts was handled by ``_work`` (in abort mode the job ended there)."""
+    what = what or method.__name__
 
     @functools.wraps(method)
-    def start(self, *args, **kwargs):
+    def call(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except Exception as exc:
             if self._fail is not None:
-                self._fail(what, exc)
+                failures.note_refusal(exc, what, self._rank, self._size)
             raise
 
-    return start
+    return call
 
 
 def _op(opts):
@@ -137,19 +138,21 @@ class MpicollBackend(dist._Backend):
 
     def _abort(self, what: str, exc: BaseException) -> None:
         """End the job: ``exc`` made this rank's ``what`` fail, so the others would wait in it."""
-        sys.stderr.write("".join(traceback.format_exception(exc)))
-        sys.stderr.write(
-            f"mpicoll: rank {MPI.COMM_WORLD.Get_rank()}: torch backend: {what} failed on rank "
-            f"{self._rank} of the group of {self._size} ({type(exc).__name__}: {exc}); ending "
-            f"the job, as the other ranks of the group would wait for this rank "
-            f"(MPICOLL_TORCH_ON_ERROR=raise raises the error instead)\n")
-        sys.stderr.flush()
-        # the launcher forwards the ranks' output through its daemons, which MPI_Abort kills:
-        # seen with MPICH on a loaded machine, the message written just before was lost
-        time.sleep(_FORWARD_S)
-        abort()
+        failures.end_job(what, exc, self._rank, self._size)
 
-    def _work(self, pieces, finish, result, what, opts, keep=None):
+    def _work(self, starts, finish, result, what, opts, keep=None):
+        """Start the call (``starts``: each begins its messages and returns what completes
+        them, or None for a blocking call complete on return) and return its Work.
+
+        The one place a call's messages begin: an error from here on is a failure
+        (``self._fail``: abort, or raise), everything before it a refusal.
+        """
+        try:
+            pieces = [p for p in (start() for start in starts) if p is not None]
+        except Exception as exc:
+            if self._fail is not None:
+                self._fail(what, exc)
+            raise
         if not pieces and finish is None:  # (a blocking call, complete)
             work = Finished(result)
         else:
@@ -173,27 +176,32 @@ class MpicollBackend(dist._Backend):
 
     # -- AllReduce ------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        try:
-            # dist.all_reduce's usual call: one contiguous CPU tensor, SUM, blocking.  The
-            # same steps as the general path below (check, reduction, Staged, mpicoll's
-            # blocking AllReduce on the tensor's memory), with only the tests that pick
-            # them: the backend's cost at 16 B was 2x mpicoll's own (docs/torch.md)
-            if opts is not None and len(tensors) == 1 and not opts.asyncOp:
-                t = tensors[0]
-                if (type(t) is _Tensor and t.layout is _STRIDED and t.is_cpu
-                        and not t.requires_grad and t.dtype in _PLAIN_SUM
-                        and t.is_contiguous() and opts.reduceOp == _SUM):
-                    array = memory_view(t)
+        # dist.all_reduce's usual call: one contiguous CPU tensor, SUM, blocking.  The same
+        # steps as the general path below (check, reduction, Staged, mpicoll's blocking
+        # AllReduce on the tensor's memory), with only the tests that pick them (none can
+        # raise): the backend's cost at 16 B was 2x mpicoll's own (docs/torch.md)
+        if opts is not None and len(tensors) == 1 and not opts.asyncOp:
+            t = tensors[0]
+            if (type(t) is _Tensor and t.layout is _STRIDED and t.is_cpu
+                    and not t.requires_grad and t.dtype in _PLAIN_SUM
+                    and t.is_contiguous() and opts.reduceOp == _SUM):
+                array = memory_view(t)
+                try:
                     allreduce(array, _MPI_SUM, comm=self._comm, out=array, timeout=self._timeout)
-                    return Finished(tensors)
-            tensors = list(tensors)
-            for i, t in enumerate(tensors):
-                check_tensor(t, "tensors", i)
-            return self._allreduce(tensors, opts, "allreduce")
-        except Exception as exc:  # as _collective does
-            if self._fail is not None:
-                self._fail("allreduce", exc)
-            raise
+                except Exception as exc:  # a failure, as in _work
+                    if self._fail is not None:
+                        self._fail("allreduce", exc)
+                    raise
+                return Finished(tensors)
+        return self._allreduce_checked(tensors, opts)
+
+    def _allreduce_checked(self, tensors, opts):
+        tensors = list(tensors)
+        for i, t in enumerate(tensors):
+            check_tensor(t, "tensors", i)
+        return self._allreduce(tensors, opts, "allreduce")
+
+    _allreduce_checked = _collective(_allreduce_checked, "allreduce")
 
     @_collective
     def allreduce_coalesced(self, tensors, opts=None):
@@ -204,33 +212,30 @@ class MpicollBackend(dist._Backend):
 
     def _allreduce(self, tensors, opts, what):
         op = _op(opts)
-        reds = [reduction(op, t.dtype) for t in tensors]  # every check before any message
+        reds = [reduction(op, t.dtype) for t in tensors]
         staged = [Staged(t) for t in tensors]
-        handles = []
         # a blocking call (torch's asyncOp False) runs mpicoll's blocking AllReduce, which
         # repeats a call on the same arrays without validating it again (engine.plan);
         # its Work is complete when made
         blocking = opts is not None and not opts.asyncOp
-        comm, timeout = self._comm, self._timeout
-        plain = True  # nothing to finish: every sum is already in its tensor's memory
-        for s, red in zip(staged, reds):
-            array = s.array
-            if red.factor is not None:
-                red.pre(array)
-            if blocking:
-                allreduce(array, red.mpi_op, comm=comm, out=array, timeout=timeout)
-            else:
-                handles.append(iallreduce(array, red.mpi_op, comm=comm, out=array,
-                                          timeout=timeout))
-            plain = plain and not red.avg and s._back is None
-        if plain:
-            return self._work(handles, None, tensors, what, opts)
+        starts = [functools.partial(self._start_allreduce, s.array, red, blocking)
+                  for s, red in zip(staged, reds)]
+        # nothing to finish where every sum is already in its tensor's memory
+        if all(not red.avg and s.direct for s, red in zip(staged, reds)):
+            return self._work(starts, None, tensors, what, opts)
 
         def finish():
             for s, red in zip(staged, reds):
                 red.post(s, self._size)
 
-        return self._work(handles, finish, tensors, what, opts)
+        return self._work(starts, finish, tensors, what, opts)
+
+    def _start_allreduce(self, array, red, blocking):
+        red.pre(array)  # (PREMUL_SUM: the factor, on the array that is sent)
+        if blocking:
+            allreduce(array, red.mpi_op, comm=self._comm, out=array, timeout=self._timeout)
+            return None
+        return iallreduce(array, red.mpi_op, comm=self._comm, out=array, timeout=self._timeout)
 
     # -- AllGather ------------------------------------------------------------------------
     @_collective
@@ -240,10 +245,10 @@ class MpicollBackend(dist._Backend):
         if len(outputs) != len(inputs):
             raise ValueError(f"output_tensors: expected one list per input ({len(inputs)}), "
                              f"got {len(outputs)}")
-        pieces, finishes = [], []
+        starts, finishes = [], []
         for j, (outs, inp) in enumerate(zip(outputs, inputs)):
-            self._gather_into_list(outs, inp, f"output_tensors[{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, "allgather", opts, inputs)
+            self._gather_into_list(outs, inp, f"output_tensors[{j}]", starts, finishes)
+        return self._work(starts, _all(finishes), outputs, "allgather", opts, inputs)
 
     @_collective
     def allgather_coalesced(self, output_lists, input_list, opts=None):
@@ -252,13 +257,13 @@ class MpicollBackend(dist._Backend):
         if len(outputs) != self._size:
             raise ValueError(f"output_lists: expected one list per rank ({self._size}), "
                              f"got {len(outputs)}")
-        pieces, finishes = [], []
+        starts, finishes = [], []
         for j, inp in enumerate(inputs):
             outs = [outputs[r][j] for r in range(self._size)]
-            self._gather_into_list(outs, inp, f"output_lists[*][{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, "allgather_coalesced", opts, inputs)
+            self._gather_into_list(outs, inp, f"output_lists[*][{j}]", starts, finishes)
+        return self._work(starts, _all(finishes), outputs, "allgather_coalesced", opts, inputs)
 
-    def _gather_into_list(self, outs, inp, what, pieces, finishes):
+    def _gather_into_list(self, outs, inp, what, starts, finishes):
         check_tensor(inp, "input")
         if len(outs) != self._size:
             raise ValueError(f"{what}: expected {self._size} tensors (one per rank), got {len(outs)}")
@@ -270,8 +275,8 @@ class MpicollBackend(dist._Backend):
         src = Staged(inp, "bits")
         flat = np.empty(sum(counts), dtype=src.array.dtype)
         even = len(set(counts)) == 1
-        pieces.append(iallgather(src.array, comm=self._comm, out=flat,
-                                 counts=None if even else counts, timeout=self._timeout))
+        starts.append(functools.partial(iallgather, src.array, comm=self._comm, out=flat,
+                                        counts=None if even else counts, timeout=self._timeout))
 
         def finish():
             at = 0
@@ -285,10 +290,9 @@ class MpicollBackend(dist._Backend):
 
     @_collective
     def all_gather_single(self, output, input, opts=None):
-        pieces, finishes = [], []
-        self._gather_single(output, input, "output", pieces, finishes)
-        return self._work(pieces, _all(finishes), [output], "all_gather_single", opts, input)
-
+        starts, finishes = [], []
+        self._gather_single(output, input, "output", starts, finishes)
+        return self._work(starts, _all(finishes), [output], "all_gather_single", opts, input)
 
     @_collective
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
@@ -296,17 +300,16 @@ class MpicollBackend(dist._Backend):
                                "all_gather_single_coalesced", opts)
 
     def _coalesced(self, outputs, inputs, one, name, opts):
-        """One Work of ``one(output, input, what, pieces, finishes)`` over the pairs."""
+        """One Work of ``one(output, input, what, starts, finishes)`` over the pairs."""
         outputs, inputs = list(outputs), list(inputs)
         if len(outputs) != len(inputs):
             raise ValueError(f"outputs: expected {len(inputs)} tensors like inputs, got {len(outputs)}")
-        pieces, finishes = [], []
+        starts, finishes = [], []
         for j, (out, inp) in enumerate(zip(outputs, inputs)):
-            one(out, inp, f"outputs[{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, name, opts, inputs)
+            one(out, inp, f"outputs[{j}]", starts, finishes)
+        return self._work(starts, _all(finishes), outputs, name, opts, inputs)
 
-
-    def _gather_single(self, output, input, what, pieces, finishes):
+    def _gather_single(self, output, input, what, starts, finishes):
         check_tensor(input, "input")
         check_tensor(output, what)
         if output.dtype != input.dtype:
@@ -319,14 +322,14 @@ class MpicollBackend(dist._Backend):
         dst = Staged(output, "bits" if own else "out")
         if own and dst.direct:
             # FSDP2's all-gather: the input is this rank's block of the output, in place
-            pieces.append(iallgather(dst.array, comm=self._comm, out=dst.array,
-                                     timeout=self._timeout))
+            starts.append(functools.partial(iallgather, dst.array, comm=self._comm,
+                                            out=dst.array, timeout=self._timeout))
         else:
             src = Staged(input, "bits")
             if _shares_memory(input, output):
                 src.array = src.array.copy()
-            pieces.append(iallgather(src.array, comm=self._comm, out=dst.array,
-                                     timeout=self._timeout))
+            starts.append(functools.partial(iallgather, src.array, comm=self._comm,
+                                            out=dst.array, timeout=self._timeout))
         finishes.append(dst.done)
 
     def _is_own_block(self, output, input) -> bool:
@@ -345,7 +348,7 @@ class MpicollBackend(dist._Backend):
         if len(outputs) != len(inputs):
             raise ValueError(f"input_tensors: expected one list per output ({len(outputs)}), "
                              f"got {len(inputs)}")
-        pieces, finishes = [], []
+        starts, finishes = [], []
         for j, (out, ins) in enumerate(zip(outputs, inputs)):
             check_tensor(out, f"output_tensors[{j}]")
             if len(ins) != self._size:
@@ -358,27 +361,25 @@ class MpicollBackend(dist._Backend):
                                  f"like input_tensors[{j}][{self._rank}], got {out.numel()}")
             red = reduction(_op(opts), out.dtype)
             flat = np.concatenate([Staged(i).array for i in ins]) if ins else np.empty(0)
-            self._scatter_reduced(out, flat, red, counts, pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, "reduce_scatter", opts)
+            self._scatter_reduced(out, flat, red, counts, starts, finishes)
+        return self._work(starts, _all(finishes), outputs, "reduce_scatter", opts)
 
     @_collective
     def reduce_scatter_single(self, output, input, opts=None):
-        pieces, finishes = [], []
-        self._reduce_scatter_single(output, input, _op(opts), "output", pieces, finishes)
-        return self._work(pieces, _all(finishes), [output], "reduce_scatter_single", opts, input)
-
+        starts, finishes = [], []
+        self._reduce_scatter_single(output, input, _op(opts), "output", starts, finishes)
+        return self._work(starts, _all(finishes), [output], "reduce_scatter_single", opts, input)
 
     @_collective
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         op = _op(opts)
         return self._coalesced(
             outputs, inputs,
-            lambda out, inp, what, pieces, finishes: self._reduce_scatter_single(
-                out, inp, op, what, pieces, finishes),
+            lambda out, inp, what, starts, finishes: self._reduce_scatter_single(
+                out, inp, op, what, starts, finishes),
             "reduce_scatter_single_coalesced", opts)
 
-
-    def _reduce_scatter_single(self, output, input, op, what, pieces, finishes):
+    def _reduce_scatter_single(self, output, input, op, what, starts, finishes):
         check_tensor(input, "input")
         check_tensor(output, what)
         if output.dtype != input.dtype:
@@ -391,61 +392,65 @@ class MpicollBackend(dist._Backend):
         src = Staged(input)
         if red.factor is not None or _shares_memory(input, output):
             _fresh(src)
-        self._scatter_reduced(output, src.array, red, None, pieces, finishes)
+        self._scatter_reduced(output, src.array, red, None, starts, finishes)
 
-    def _scatter_reduced(self, out, flat, red, counts, pieces, finishes):
-        red.pre(flat)
+    def _scatter_reduced(self, out, flat, red, counts, starts, finishes):
+        """``flat``: this rank's input, the caller's copy (or the input itself when ``red``
+        has no factor and the output is elsewhere)."""
         dst = Staged(out)
         even = counts is None or len(set(counts)) == 1
-        pieces.append(ireduce_scatter(flat, red.mpi_op, comm=self._comm, out=dst.array,
-                                      counts=None if even else counts, timeout=self._timeout))
+
+        def start():
+            red.pre(flat)
+            return ireduce_scatter(flat, red.mpi_op, comm=self._comm, out=dst.array,
+                                   counts=None if even else counts, timeout=self._timeout)
+
+        starts.append(start)
         finishes.append(lambda: red.post(dst, self._size))
 
     # -- MPI built-ins ------------------------------------------------------------------------
-    def _mpi(self, request, what):
-        return MpiPiece(request, what, self._timeout)
+    def _mpi(self, what, start, *args, status=None, **kwargs):
+        """The start of an MPI built-in: ``start(*args, **kwargs)`` (an mpi4py ``I*`` call),
+        made an MpiPiece with the group's timeout."""
+        return lambda: MpiPiece(start(*args, **kwargs), what, self._timeout, status)
 
     @_collective
     def broadcast(self, tensors, opts=None):
         tensors = list(tensors)
         root = 0 if opts is None else opts.rootRank
         self._check_root(root, "rootRank")
-        pieces, finishes = [], []
+        starts, finishes = [], []
         for i, t in enumerate(tensors):
             check_tensor(t, f"tensors[{i}]")
             s = Staged(t, "bits")
-            pieces.append(self._mpi(self._comm.Ibcast([_bytes(s.array), MPI.BYTE], root=root),
-                                    "broadcast"))
+            starts.append(self._mpi("broadcast", self._comm.Ibcast, [_bytes(s.array), MPI.BYTE],
+                                    root=root))
             finishes.append(s.done)
-        return self._work(pieces, _all(finishes), tensors, "broadcast", opts)
+        return self._work(starts, _all(finishes), tensors, "broadcast", opts)
 
     @_collective
     def barrier(self, opts=None):
-        return self._work([self._mpi(self._comm.Ibarrier(), "barrier")], None, [], "barrier", opts)
+        return self._work([self._mpi("barrier", self._comm.Ibarrier)], None, [], "barrier", opts)
 
     @_collective
     def reduce(self, tensors, opts=None):
         tensors = list(tensors)
         root = 0 if opts is None else opts.rootRank
         self._check_root(root, "rootRank")
-        reds, staged, handles = [], [], []
         for i, t in enumerate(tensors):
             check_tensor(t, f"tensors[{i}]")
-            red = reduction(_op(opts), t.dtype)
-            # only the root's tensor receives the result; the others' stay as they were
-            s = Staged(t if self._rank == root else t.detach().clone())
-            red.pre(s.array)
-            handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
-                                      timeout=self._timeout))
-            reds.append(red)
-            staged.append(s)
+        reds = [reduction(_op(opts), t.dtype) for t in tensors]
+        # only the root's tensor receives the result; the others' stay as they were
+        staged = [Staged(t if self._rank == root else t.detach().clone()) for t in tensors]
+        starts = [functools.partial(self._start_allreduce, s.array, red, False)
+                  for s, red in zip(staged, reds)]
 
         def finish():
             if self._rank == root:
                 for s, red in zip(staged, reds):
                     red.post(s, self._size)
 
-        return self._work(handles, finish, tensors, "reduce", opts)
+        return self._work(starts, finish, tensors, "reduce", opts)
 
     @_collective
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -465,7 +470,8 @@ class MpicollBackend(dist._Backend):
                 if o.numel() != inp.numel():
                     raise ValueError(f"output_tensors[0]: expected {inp.numel()} elements each "
                                      f"like the input, got {o.numel()}")
-        req = self._comm.Igather([_bytes(src.array), MPI.BYTE], [flat, MPI.BYTE], root=root)
+        start = self._mpi("gather", self._comm.Igather, [_bytes(src.array), MPI.BYTE],
+                          [flat, MPI.BYTE], root=root)
 
         def finish():
             for r, o in enumerate(outs):
@@ -473,7 +479,7 @@ class MpicollBackend(dist._Backend):
                 _bytes(dst.array)[...] = flat[r * nbytes:(r + 1) * nbytes]
                 dst.done()
 
-        return self._work([self._mpi(req, "gather")], finish, [outs], "gather", opts, inp)
+        return self._work([start], finish, [outs], "gather", opts, inp)
 
     @_collective
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -494,8 +500,9 @@ class MpicollBackend(dist._Backend):
                                  f"the output")
         else:
             flat = np.empty(0, np.uint8)
-        req = self._comm.Iscatter([flat, MPI.BYTE], [_bytes(dst.array), MPI.BYTE], root=root)
-        return self._work([self._mpi(req, "scatter")], dst.done, [out], "scatter", opts)
+        start = self._mpi("scatter", self._comm.Iscatter, [flat, MPI.BYTE],
+                          [_bytes(dst.array), MPI.BYTE], root=root)
+        return self._work([start], dst.done, [out], "scatter", opts)
 
     @_collective
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -509,11 +516,10 @@ class MpicollBackend(dist._Backend):
         dst = Staged(output, "out")
         scounts = self._split_bytes(input, list(input_split_sizes), "input_split_sizes")
         rcounts = self._split_bytes(output, list(output_split_sizes), "output_split_sizes")
-        req = self._comm.Ialltoallv([_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
-                                    [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
-        return self._work([self._mpi(req, "all_to_all_single")], dst.done, [output],
-                          "all_to_all_single", opts, input)
-
+        start = self._mpi("all_to_all_single", self._comm.Ialltoallv,
+                          [_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
+                          [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
+        return self._work([start], dst.done, [output], "all_to_all_single", opts, input)
 
     @_collective
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -528,8 +534,9 @@ class MpicollBackend(dist._Backend):
         scounts = [Staged(i, "bits").array.nbytes for i in ins]
         rcounts = [o.numel() * o.element_size() for o in outs]
         recv = np.empty(sum(rcounts), np.uint8)
-        req = self._comm.Ialltoallv([flat, (scounts, _displs(scounts)), MPI.BYTE],
-                                    [recv, (rcounts, _displs(rcounts)), MPI.BYTE])
+        start = self._mpi("alltoall", self._comm.Ialltoallv,
+                          [flat, (scounts, _displs(scounts)), MPI.BYTE],
+                          [recv, (rcounts, _displs(rcounts)), MPI.BYTE])
 
         def finish():
             at = 0
@@ -539,19 +546,19 @@ class MpicollBackend(dist._Backend):
                 dst.done()
                 at += n
 
-        return self._work([self._mpi(req, "alltoall")], finish, outs, "alltoall", opts)
+        return self._work([start], finish, outs, "alltoall", opts)
 
     @_collective
     def send(self, tensors, dst_rank, tag=0):
         self._check_peer(dst_rank, "dst_rank")
         self._control.check_tag(tag)
-        pieces = []
+        starts = []
         for i, t in enumerate(tensors):
             check_tensor(t, f"tensors[{i}]")
             s = Staged(t, "bits")
-            pieces.append(self._mpi(self._comm.Isend([_bytes(s.array), MPI.BYTE], dst_rank, tag),
-                                    "send"))
-        return self._work(pieces, None, list(tensors), "send", None)
+            starts.append(self._mpi("send", self._comm.Isend, [_bytes(s.array), MPI.BYTE],
+                                    dst_rank, tag))
+        return self._work(starts, None, list(tensors), "send", None)
 
     @_collective
     def recv(self, tensors, src_rank, tag=0):
@@ -570,17 +577,17 @@ class MpicollBackend(dist._Backend):
 
     def _recv(self, tensors, source, tag, what):
         self._control.check_tag(tag)
-        pieces, finishes = [], []
+        starts, finishes, statuses = [], [], []
         for i, t in enumerate(tensors):
             check_tensor(t, f"tensors[{i}]")
             s = Staged(t, "out")
             status = MPI.Status()
-            pieces.append(MpiPiece(self._comm.Irecv([_bytes(s.array), MPI.BYTE], source, tag),
-                                   what, self._timeout, status))
+            statuses.append(status)
+            starts.append(self._mpi(what, self._comm.Irecv, [_bytes(s.array), MPI.BYTE], source,
+                                    tag, status=status))
             finishes.append(s.done)
-        first = pieces[0] if pieces else None  # (the work drops its pieces as they complete)
-        work = self._work(pieces, _all(finishes), list(tensors), what, None)
-        work.source = first if source == MPI.ANY_SOURCE else source
+        work = self._work(starts, _all(finishes), list(tensors), what, None)
+        work.source = statuses[0] if source == MPI.ANY_SOURCE else source
         return work
 
     # -- torch's other calls on a backend -------------------------------------------------
@@ -602,8 +609,9 @@ class MpicollBackend(dist._Backend):
         works, self._coalescing = self._coalescing, None
         if works is None:
             raise RuntimeError("end_coalescing: no start_coalescing before it")
-        return self._work([w for w in works if not w.is_completed()], None, [], "coalesced",
-                          None)
+        # (the works started already: each "start" hands one over)
+        return self._work([(lambda w=w: w) for w in works if not w.is_completed()], None, [],
+                          "coalesced", None)
 
     def _check_peer(self, peer, what) -> None:
         if not 0 <= peer < self._size:

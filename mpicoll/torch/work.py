@@ -131,7 +131,7 @@ class Work(dist._Work):
         self._done = False
         self._future = None  # made by get_future(): most blocking calls never ask for one
         self._queued = False
-        self.source = None  # a receive's sender: its group rank, or the MpiPiece that learns it
+        self.source = None  # a receive's sender: its group rank, or the MPI.Status that learns it
         # a blocking call (torch sets opts.asyncOp False) is waited for at once on the
         # caller's thread: neither a test now nor the completion thread would help it,
         # unless nothing is left to wait for (the group ran it already): finish it now
@@ -240,12 +240,12 @@ class Work(dist._Work):
         if source is None:  # torch's words for a work that is not a receive
             raise RuntimeError("sourceRank() may only be called on work objects that correspond "
                                "to a recv or recv-from-any call.")
-        if isinstance(source, MpiPiece):
-            if not self.is_completed():
-                raise RuntimeError(f"{self._what}: the sender is known once the receive is "
-                                   f"complete (wait() first)")
-            return source.status.Get_source()
-        return source
+        if isinstance(source, int):
+            return source
+        if not self.is_completed():
+            raise RuntimeError(f"{self._what}: the sender is known once the receive is "
+                               f"complete (wait() first)")
+        return source.Get_source()
 
     source_rank = _source_rank
 
