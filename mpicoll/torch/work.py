@@ -1,4 +1,5 @@
-"""Works: what the backend's collectives return, and the one thread that completes them.
+"""Works: what the backend's collectives return, the thread that completes them, and where
+their futures' callbacks run.
 
 A :class:`Work` holds the pieces of one collective in flight (mpicoll handles,
 mpi4py requests) and what to do once they are complete (copy staged tensors
@@ -7,18 +8,23 @@ re-raises what failed; ``get_future()`` returns a future that completes by
 itself: every asynchronous work (``async_op=True``, and any work whose
 future is asked for) not complete when it is made is handed to mpicoll's one
 progress thread (api.requests.watch), which calls ``test()`` on it (a short
-sleep between sweeps, none at all while nothing is in flight) and so
-completes each future, with its tensors or with the error, as soon as its
+sleep between sweeps, none at all while nothing is in flight) until its
 pieces are done.
+A future's ``then`` callbacks run where the future is completed: on the
+thread that waits (``wait()``, ``is_completed()``, or ``get_future()`` of a
+work already complete), or, for a work the progress thread completed, on a
+delivery thread (:func:`deliver`), never on the progress thread itself, so
+a callback may start collectives and wait for them (PowerSGD's hook does).
 One lock per work keeps the thread and a caller's ``wait()`` from finishing the
-same work twice; the engine advances every operation in flight during any
-wait, so works complete in any order.
+same work twice (futures are completed outside it); the engine advances every
+operation in flight during any wait, so works complete in any order.
 """
-
 from __future__ import annotations
 
+import collections
 import threading
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -59,6 +65,57 @@ class MpiPiece:
     def wait(self) -> None:
         while not self.test():
             time.sleep(_SPIN_S)
+
+
+class _Deliveries:
+    """The threads that complete futures for the progress thread, so that their callbacks never
+    run on it.
+
+    A future's ``then`` callbacks run inside ``set_result``.  One that waits for
+    another collective's future (PowerSGD's hook does, several layers deep)
+    would wait forever on the thread that completes operations.  Here each
+    delivery runs on an idle delivery thread, and a new thread starts whenever
+    none is idle, so a callback blocked in a wait never holds up the delivery
+    it waits for.  Threads stay (idle) once started: as many as deliveries
+    were ever blocked at once, plus one.
+    """
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.queue: collections.deque = collections.deque()
+        self.idle = 0
+        self.threads = 0
+
+    def put(self, fn, *args) -> None:
+        with self.cond:
+            self.queue.append((fn, args))
+            if self.idle > len(self.queue) - 1:
+                self.cond.notify()
+                return
+            self.threads += 1
+        threading.Thread(target=self._run, name=f"mpicoll-futures-{self.threads}",
+                         daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.idle += 1
+                    self.cond.wait()
+                    self.idle -= 1
+                fn, args = self.queue.popleft()
+            try:
+                fn(*args)  # (a callback's error goes to the future then() returned, not here)
+            except Exception:  # (never expected: keep the thread, and say what happened)
+                traceback.print_exc()
+
+
+_deliveries = _Deliveries()
+
+
+def deliver(fn, *args) -> None:
+    """Run ``fn(*args)`` (completing a future: its callbacks run inside) on a delivery thread."""
+    _deliveries.put(fn, *args)
 
 
 def _eager_wait(piece) -> None:
@@ -146,16 +203,19 @@ class Work(dist._Work):
             _requests.watch(self)  # mpicoll's one progress thread completes it
 
     def test(self) -> bool:
-        """Advance without blocking; True once complete (what the progress thread calls)."""
-        return self._done or self._advance(False)
+        """Advance without blocking; True once complete (what the progress thread calls: the
+        future it completes is handed to the delivery threads, :func:`deliver`)."""
+        return self._done or self._advance(False, later=True)
 
-    def _advance(self, block: bool, lock=True) -> bool:
-        """Test (``block``: wait for) the pieces; finish and complete the future once all are done."""
+    def _advance(self, block: bool, lock=True, later=False) -> bool:
+        """Test (``block``: wait for) the pieces; finish and complete the future once all are
+        done: here, after the lock is released, or (``later``) on a delivery thread."""
         if lock:
             if block:
                 self._lock.acquire()
             elif not self._lock.acquire(blocking=False):
                 return False  # a caller is advancing it
+        future = None
         try:
             if self._done:
                 return True
@@ -176,12 +236,16 @@ class Work(dist._Work):
                     self._fail(self._what, self._error)
             self._done = True
             self._finish = self._keep = None
-            if self._future is not None:
-                self._complete(self._future)
+            future = self._future  # (get_future() completes one made after this, itself)
             return True
         finally:
             if lock:
                 self._lock.release()
+            if future is not None:  # its callbacks run outside the lock
+                if later:
+                    deliver(self._complete, future)
+                else:
+                    self._complete(future)
 
     def wait(self, timeout=None) -> bool:
         """Block until complete and re-raise what failed; ``timeout`` (a timedelta, torch's
@@ -209,13 +273,15 @@ class Work(dist._Work):
             future.set_exception(self._error)
 
     def get_future(self):
-        with self._lock:  # the completion thread completes a future made before it finished
+        complete = False
+        with self._lock:  # a future made before the work is done is completed by _advance
             if self._future is None:
                 self._future = torch.futures.Future()
-                if self._done:
-                    self._complete(self._future)
+                complete = self._done
             if not self._done:
                 self._queue()  # the future completes by itself from now on
+        if complete:
+            self._complete(self._future)
         return self._future
 
     def is_completed(self) -> bool:
