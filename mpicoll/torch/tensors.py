@@ -125,9 +125,13 @@ class Staged:
                     host = host.cpu()
                 self._back = host
         self._host = host
+        # the int16 bits of bfloat16 are read as ml_dtypes' bfloat16 where native, in the
+        # tensor's memory or in its staging copy
         if self._back is not None:
             self.array = host.numpy().reshape(-1)
-        else:  # the int16 bits of bfloat16 read as ml_dtypes' bfloat16 where native
+            if native is not None:
+                self.array = self.array.view(native)
+        else:
             self.array = memory_view(host, native)
 
     @property
