@@ -44,7 +44,7 @@ from .. import allreduce, iallgather, iallreduce, ireduce_scatter
 from . import failures
 from .control import Control
 from .ops import reduction
-from .tensors import DTYPES, Staged, check_same, check_tensor, memory_view
+from .tensors import DTYPES, Staged, check_output, check_same, check_tensor, memory_view
 from .work import Finished, MpiPiece, Work
 
 _SUM = dist.ReduceOp.SUM
@@ -267,7 +267,7 @@ class MpicollBackend(dist._Backend):
         check_tensor(inp, "input")
         if len(outs) != self._size:
             raise ValueError(f"{what}: expected {self._size} tensors (one per rank), got {len(outs)}")
-        check_same(outs, inp.dtype, what)
+        check_same(outs, inp.dtype, what, output=True)
         counts = [o.numel() for o in outs]
         if counts[self._rank] != inp.numel():
             raise ValueError(f"{what}[{self._rank}]: expected {inp.numel()} elements like the "
@@ -311,7 +311,7 @@ class MpicollBackend(dist._Backend):
 
     def _gather_single(self, output, input, what, starts, finishes):
         check_tensor(input, "input")
-        check_tensor(output, what)
+        check_output(output, what)
         if output.dtype != input.dtype:
             raise TypeError(f"{what}: expected dtype {input.dtype} like the input, got {output.dtype}")
         k = input.numel()
@@ -350,7 +350,7 @@ class MpicollBackend(dist._Backend):
                              f"got {len(inputs)}")
         starts, finishes = [], []
         for j, (out, ins) in enumerate(zip(outputs, inputs)):
-            check_tensor(out, f"output_tensors[{j}]")
+            check_output(out, f"output_tensors[{j}]")
             if len(ins) != self._size:
                 raise ValueError(f"input_tensors[{j}]: expected {self._size} tensors (one per "
                                  f"rank), got {len(ins)}")
@@ -381,7 +381,7 @@ class MpicollBackend(dist._Backend):
 
     def _reduce_scatter_single(self, output, input, op, what, starts, finishes):
         check_tensor(input, "input")
-        check_tensor(output, what)
+        check_output(output, what)
         if output.dtype != input.dtype:
             raise TypeError(f"{what}: expected dtype {input.dtype} like the input, got {output.dtype}")
         k = output.numel()
@@ -465,7 +465,7 @@ class MpicollBackend(dist._Backend):
         if self._rank == root:
             if len(outs) != self._size:
                 raise ValueError(f"output_tensors[0]: expected {self._size} tensors, got {len(outs)}")
-            check_same(outs, inp.dtype, "output_tensors[0]")
+            check_same(outs, inp.dtype, "output_tensors[0]", output=True)
             for o in outs:
                 if o.numel() != inp.numel():
                     raise ValueError(f"output_tensors[0]: expected {inp.numel()} elements each "
@@ -486,7 +486,7 @@ class MpicollBackend(dist._Backend):
         root = 0 if opts is None else opts.rootRank
         self._check_root(root, "rootRank")
         (out,) = list(output_tensors)
-        check_tensor(out, "output_tensors[0]")
+        check_output(out, "output_tensors[0]")
         dst = Staged(out, "out")
         nbytes = dst.array.nbytes
         if self._rank == root:
@@ -507,7 +507,7 @@ class MpicollBackend(dist._Backend):
     @_collective
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         check_tensor(input, "input")
-        check_tensor(output, "output")
+        check_output(output, "output")
         if output.dtype != input.dtype:
             raise TypeError(f"output: expected dtype {input.dtype} like the input, got {output.dtype}")
         src = Staged(input, "bits")
@@ -529,7 +529,7 @@ class MpicollBackend(dist._Backend):
                 raise ValueError(f"{what}: expected {self._size} tensors, got {len(ts)}")
         check_tensor(ins[0], "input_tensors[0]")
         check_same(ins, ins[0].dtype, "input_tensors")
-        check_same(outs, ins[0].dtype, "output_tensors")
+        check_same(outs, ins[0].dtype, "output_tensors", output=True)
         flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
         scounts = [Staged(i, "bits").array.nbytes for i in ins]
         rcounts = [o.numel() * o.element_size() for o in outs]
@@ -579,7 +579,7 @@ class MpicollBackend(dist._Backend):
         self._control.check_tag(tag)
         starts, finishes, statuses = [], [], []
         for i, t in enumerate(tensors):
-            check_tensor(t, f"tensors[{i}]")
+            check_output(t, f"tensors[{i}]")
             s = Staged(t, "out")
             status = MPI.Status()
             statuses.append(status)

@@ -3,7 +3,18 @@
 A CPU tensor that is contiguous is moved where it lies (``Tensor.numpy()``
 shares its memory); any other tensor -- a strided view, a CUDA tensor -- is
 moved through a contiguous host copy that is copied back when the collective
-is complete (:class:`Staged`).  Tensors that require grad are ``detach()``-ed
+is complete (:class:`Staged`).
+
+Some views have elements that share memory (``expand()``, ``unfold()``,
+``as_strided`` with overlapping strides: :func:`shares_memory`).  As an input
+such a view is read element by element into the copy.  Written back, each
+memory location takes the value of the first element (row-major) that
+refers to it (:func:`write_shared`; ``copy_`` refuses such a destination):
+when every rank passes the same view, the elements that share a location
+reduce equal values, so an all_reduce leaves each location the reduction of
+its values (gloo's result).  A collective whose output holds a different
+value per element (a gather, scatter, reduce_scatter, all_to_all, recv)
+refuses such an output (:func:`check_output`).  Tensors that require grad are ``detach()``-ed
 first: NumPy refuses them, and a collective is not part of autograd anyway.
 A tensor's own memory is seen through :func:`memory_view`, one NumPy array
 per address, size and dtype, made once: mpicoll runs a call again without
@@ -80,12 +91,60 @@ def check_tensor(t, what: str, index=None) -> None:
         raise TypeError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
 
 
-def check_same(tensors, dtype, what: str) -> None:
-    """TypeError unless every tensor of ``tensors`` has ``dtype`` (torch's backends refuse a mix)."""
+def check_same(tensors, dtype, what: str, output: bool = False) -> None:
+    """TypeError unless every tensor of ``tensors`` has ``dtype`` (torch's backends refuse a mix);
+    ``output``: each is also checked as :func:`check_output` does."""
     for i, t in enumerate(tensors):
         check_tensor(t, f"{what}[{i}]")
         if t.dtype != dtype:
             raise TypeError(f"{what}[{i}]: expected dtype {dtype} like the input, got {t.dtype}")
+        if output:
+            check_output(t, f"{what}[{i}]")
+
+
+def check_output(t, what: str) -> None:
+    """Also ValueError if elements of ``t`` share memory: an output that must hold a value per
+    element (a gather's, a scatter's, a receive's)."""
+    check_tensor(t, what)
+    if not t.is_contiguous() and shares_memory(t):
+        raise ValueError(f"{what}: elements of this tensor share memory (an expanded or "
+                         f"overlapping view, shape {tuple(t.shape)}, strides {t.stride()}), but "
+                         f"the collective writes a different value to each element; pass a "
+                         f"tensor with its own memory per element (e.g. t.clone())")
+
+
+def shares_memory(t) -> bool:
+    """Whether two elements of ``t`` refer to one memory location (``expand()``, ``unfold()``)."""
+    # the dimensions by stride: none overlaps where each stride is beyond every offset the
+    # smaller ones reach (a transposed or sliced view); otherwise count the offsets
+    reach = 0
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride <= reach:
+            return _offsets(t).unique().numel() < t.numel()
+        reach += (size - 1) * stride
+    return False
+
+
+def _offsets(t):
+    """The storage offset of each element of ``t``, in row-major order (an int64 CPU tensor)."""
+    offsets = torch.tensor(t.storage_offset(), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    return offsets.reshape(-1)
+
+
+def write_shared(t, values) -> None:
+    """``t[...] = values`` (a contiguous tensor of ``t``'s element count) for a ``t`` whose
+    elements share memory: each location takes the value of its first element (row-major)."""
+    offsets = _offsets(t)
+    unique, inverse = offsets.unique(return_inverse=True)
+    n = offsets.numel()
+    first = torch.full((unique.numel(),), n, dtype=torch.int64).scatter_reduce_(
+        0, inverse, torch.arange(n, dtype=torch.int64), "amin")
+    low = int(unique[0])
+    region = t.as_strided((int(unique[-1]) - low + 1,), (1,), low)  # every location, once
+    region[(unique - low).to(t.device)] = values.reshape(-1)[first].to(device=t.device,
+                                                                        dtype=t.dtype)
 
 
 class Staged:
@@ -98,12 +157,13 @@ class Staged:
     staging copy need not be filled: the tensor's old contents are overwritten).
     """
 
-    __slots__ = ("tensor", "array", "_host", "_back")
+    __slots__ = ("tensor", "array", "_host", "_back", "_shared")
 
     def __init__(self, tensor, mode: str = "reduce"):
         t = tensor.detach() if tensor.requires_grad else tensor
         self.tensor = t
         self._back = None
+        self._shared = False
         if t.dtype is not torch.bfloat16 and t.is_cpu and t.is_contiguous():
             self._host = t  # most calls: the tensor's own memory, in any mode
             self.array = memory_view(t)
@@ -124,6 +184,7 @@ class Staged:
                 if not view.is_cpu:
                     host = host.cpu()
                 self._back = host
+                self._shared = not view.is_contiguous() and shares_memory(view)
         self._host = host
         # the int16 bits of bfloat16 are read as ml_dtypes' bfloat16 where native, in the
         # tensor's memory or in its staging copy
@@ -139,17 +200,26 @@ class Staged:
         """Whether ``array`` is the tensor's own memory (no staging copy)."""
         return self._back is None
 
+    @property
+    def host(self):
+        """The torch tensor ``array`` is a view of (the tensor itself where direct)."""
+        return self._host
+
     def done(self) -> None:
         """Copy the staged result back into the tensor (nothing when moved in place)."""
         if self._back is None:
             return
-        back = self._back
-        if self.tensor.dtype is torch.bfloat16 and back.dtype is not torch.int16:
-            from_reducible(self.tensor, back)
-        elif self.tensor.dtype in _BITS:
-            self.tensor.view(_BITS[self.tensor.dtype]).copy_(back)
+        back, t = self._back, self.tensor
+        if t.dtype is torch.bfloat16 and back.dtype is not torch.int16:
+            if not self._shared:
+                from_reducible(t, back)
+                return
+        elif t.dtype in _BITS:
+            t = t.view(_BITS[t.dtype])
+        if self._shared:
+            write_shared(t, back)
         else:
-            self.tensor.copy_(back)
+            t.copy_(back)
 
 
 _VIEWS: dict = {}  # (address, elements, torch dtype, NumPy dtype) -> memory_view's array
