@@ -171,8 +171,14 @@ def test_shared_views_as_inputs(groups, view):
     assert torch.equal(storage(x), before)
 
 
+def _refuse():
+    """(gather: only the root has outputs; the others refuse the same way for the test)"""
+    raise ValueError("no output here to share memory")
+
+
 @pytest.mark.parametrize("form", ["all_gather_into_tensor", "all_gather", "reduce_scatter_tensor",
-                                  "scatter", "all_to_all_single", "recv"])
+                                  "reduce_scatter", "scatter", "gather", "all_to_all_single",
+                                  "all_to_all", "recv"])
 def test_a_shared_output_is_refused(groups, form):
     g = groups
     shared = torch.zeros(1).expand(2 * g.size)
@@ -183,6 +189,12 @@ def test_a_shared_output_is_refused(groups, form):
                                               group=g.mpicoll),
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
             shared[:2], torch.ones(2 * g.size), group=g.mpicoll),
+        "reduce_scatter": lambda: dist.reduce_scatter(shared[:2], [torch.ones(2)] * g.size,
+                                                      group=g.mpicoll),
+        "gather": lambda: dist.gather(torch.ones(2), [shared[:2]] * g.size, dst=0,
+                                      group=g.mpicoll) if g.rank == 0 else _refuse(),
+        "all_to_all": lambda: dist.all_to_all([shared[:2]] * g.size, [torch.ones(2)] * g.size,
+                                              group=g.mpicoll),
         "scatter": lambda: dist.scatter(shared[:2], [torch.ones(2)] * g.size if g.rank == 0
                                         else None, src=0, group=g.mpicoll),
         "all_to_all_single": lambda: dist.all_to_all_single(shared, torch.ones(2 * g.size),
