@@ -41,6 +41,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from .. import allreduce, iallgather, iallreduce, ireduce_scatter
+from . import devices as _devices
 from . import failures
 from .control import Control
 from .ops import reduction
@@ -93,12 +94,6 @@ def _shares_memory(a, b) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() and b.numel()
 
 
-def _fresh(staged: Staged) -> None:
-    """Make ``staged.array`` a copy: the input must stay as it was (PREMUL_SUM, overlaps)."""
-    if staged.direct:
-        staged.array = staged.array.copy()
-
-
 class MpicollBackend(dist._Backend):
     """torch.distributed's backend on mpicoll (name ``"mpicoll"``), for CPU and CUDA tensors.
 
@@ -140,23 +135,31 @@ class MpicollBackend(dist._Backend):
         """End the job: ``exc`` made this rank's ``what`` fail, so the others would wait in it."""
         failures.end_job(what, exc, self._rank, self._size)
 
-    def _work(self, starts, finish, result, what, opts, keep=None):
+    def _work(self, starts, finish, result, what, opts, keep=None, scope=None, sync=False):
         """Start the call (``starts``: each begins its messages and returns what completes
         them, or None for a blocking call complete on return) and return its Work.
 
         The one place a call's messages begin: an error from here on is a failure
-        (``self._fail``: abort, or raise), everything before it a refusal.
+        (``self._fail``: abort, or raise), everything before it a refusal.  ``scope``
+        (devices.Scope): the stream of a call on device tensors, current while it starts,
+        advances and finishes; ``sync``: synchronise it first (MPI reads device memory).
         """
         try:
-            pieces = [p for p in (start() for start in starts) if p is not None]
+            if scope is None:
+                pieces = [p for p in (start() for start in starts) if p is not None]
+            else:
+                with scope:
+                    if sync:
+                        scope.synchronize()
+                    pieces = [p for p in (start() for start in starts) if p is not None]
         except Exception as exc:
             if self._fail is not None:
                 self._fail(what, exc)
             raise
         if not pieces and finish is None:  # (a blocking call, complete)
-            work = Finished(result)
+            work = Finished(result, scope)
         else:
-            work = Work(pieces, finish, result, what, opts, self._fail, keep)
+            work = Work(pieces, finish, result, what, opts, self._fail, keep, scope)
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
@@ -173,6 +176,32 @@ class MpicollBackend(dist._Backend):
 
     def __repr__(self) -> str:
         return f"<MpicollBackend rank {self._rank} of {self._size}>"
+
+    # -- where a call's tensors live --------------------------------------------------------
+    def _device(self, tensors, what):
+        """``(layer, scope)`` for a call on ``tensors`` (mpicoll.torch.devices): (None, None) on
+        the CPU, or where the tensors go through host copies.  Items that are not tensors are
+        left to the call's checks; tensors on different devices are refused."""
+        device = None
+        for t in tensors:
+            d = getattr(t, "device", None)
+            if d is None:
+                continue
+            if device is None:
+                device = d
+            elif d != device:
+                raise TypeError(f"{what}: expected every tensor on one device, got {device} "
+                                f"and {d}")
+        if device is None:
+            return None, None
+        layer = _devices.layer_of(device)  # (None on the CPU)
+        return (None, None) if layer is None else (layer, layer.scope(device))
+
+    @staticmethod
+    def _mpi_layer(layer):
+        """The layer MPI's own collectives take device memory through: ``layer`` where MPI is
+        CUDA-aware, else None (host copies)."""
+        return layer if layer is not None and layer.direct_mpi() else None
 
     # -- AllReduce ------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -211,27 +240,29 @@ class MpicollBackend(dist._Backend):
         return self._allreduce(tensors, opts, "allreduce_coalesced")
 
     def _allreduce(self, tensors, opts, what):
+        layer, scope = self._device(tensors, "tensors")
         op = _op(opts)
         reds = [reduction(op, t.dtype) for t in tensors]
-        staged = [Staged(t) for t in tensors]
+        staged = [Staged(t, layer=layer) for t in tensors]
         # a blocking call (torch's asyncOp False) runs mpicoll's blocking AllReduce, which
         # repeats a call on the same arrays without validating it again (engine.plan);
         # its Work is complete when made
         blocking = opts is not None and not opts.asyncOp
-        starts = [functools.partial(self._start_allreduce, s.array, red, blocking)
+        starts = [functools.partial(self._start_allreduce, s, red, blocking)
                   for s, red in zip(staged, reds)]
         # nothing to finish where every sum is already in its tensor's memory
         if all(not red.avg and s.direct for s, red in zip(staged, reds)):
-            return self._work(starts, None, tensors, what, opts)
+            return self._work(starts, None, tensors, what, opts, scope=scope)
 
         def finish():
             for s, red in zip(staged, reds):
                 red.post(s, self._size)
 
-        return self._work(starts, finish, tensors, what, opts)
+        return self._work(starts, finish, tensors, what, opts, scope=scope)
 
-    def _start_allreduce(self, array, red, blocking):
-        red.pre(array)  # (PREMUL_SUM: the factor, on the array that is sent)
+    def _start_allreduce(self, staged, red, blocking):
+        red.pre(staged)  # (PREMUL_SUM: the factor, on the array that is sent)
+        array = staged.array
         if blocking:
             allreduce(array, red.mpi_op, comm=self._comm, out=array, timeout=self._timeout)
             return None
@@ -245,10 +276,11 @@ class MpicollBackend(dist._Backend):
         if len(outputs) != len(inputs):
             raise ValueError(f"output_tensors: expected one list per input ({len(inputs)}), "
                              f"got {len(outputs)}")
+        layer, scope = self._device(inputs + [o for outs in outputs for o in outs], "tensors")
         starts, finishes = [], []
         for j, (outs, inp) in enumerate(zip(outputs, inputs)):
-            self._gather_into_list(outs, inp, f"output_tensors[{j}]", starts, finishes)
-        return self._work(starts, _all(finishes), outputs, "allgather", opts, inputs)
+            self._gather_into_list(outs, inp, f"output_tensors[{j}]", starts, finishes, layer)
+        return self._work(starts, _all(finishes), outputs, "allgather", opts, inputs, scope)
 
     @_collective
     def allgather_coalesced(self, output_lists, input_list, opts=None):
@@ -257,13 +289,15 @@ class MpicollBackend(dist._Backend):
         if len(outputs) != self._size:
             raise ValueError(f"output_lists: expected one list per rank ({self._size}), "
                              f"got {len(outputs)}")
+        layer, scope = self._device(inputs + [o for outs in outputs for o in outs], "tensors")
         starts, finishes = [], []
         for j, inp in enumerate(inputs):
             outs = [outputs[r][j] for r in range(self._size)]
-            self._gather_into_list(outs, inp, f"output_lists[*][{j}]", starts, finishes)
-        return self._work(starts, _all(finishes), outputs, "allgather_coalesced", opts, inputs)
+            self._gather_into_list(outs, inp, f"output_lists[*][{j}]", starts, finishes, layer)
+        return self._work(starts, _all(finishes), outputs, "allgather_coalesced", opts, inputs,
+                          scope)
 
-    def _gather_into_list(self, outs, inp, what, starts, finishes):
+    def _gather_into_list(self, outs, inp, what, starts, finishes, layer):
         check_tensor(inp, "input")
         if len(outs) != self._size:
             raise ValueError(f"{what}: expected {self._size} tensors (one per rank), got {len(outs)}")
@@ -272,17 +306,21 @@ class MpicollBackend(dist._Backend):
         if counts[self._rank] != inp.numel():
             raise ValueError(f"{what}[{self._rank}]: expected {inp.numel()} elements like the "
                              f"input, got {counts[self._rank]}")
-        src = Staged(inp, "bits")
-        flat = np.empty(sum(counts), dtype=src.array.dtype)
+        src = Staged(inp, "bits", layer)
+        if layer is None:
+            flat = received = np.empty(sum(counts), dtype=src.array.dtype)
+        else:  # (kept as a tensor: the copies out are torch's, on the device)
+            flat = torch.empty(sum(counts), dtype=src.host.dtype, device=inp.device)
+            received = layer.array(flat)
         even = len(set(counts)) == 1
-        starts.append(functools.partial(iallgather, src.array, comm=self._comm, out=flat,
+        starts.append(functools.partial(iallgather, src.array, comm=self._comm, out=received,
                                         counts=None if even else counts, timeout=self._timeout))
 
         def finish():
             at = 0
             for o, n in zip(outs, counts):
-                dst = Staged(o, "out")
-                dst.array[...] = flat[at:at + n]
+                dst = Staged(o, "out", layer)
+                dst.fill(flat[at:at + n])
                 dst.done()
                 at += n
 
@@ -290,9 +328,11 @@ class MpicollBackend(dist._Backend):
 
     @_collective
     def all_gather_single(self, output, input, opts=None):
+        layer, scope = self._device([output, input], "output")
         starts, finishes = [], []
-        self._gather_single(output, input, "output", starts, finishes)
-        return self._work(starts, _all(finishes), [output], "all_gather_single", opts, input)
+        self._gather_single(output, input, "output", starts, finishes, layer)
+        return self._work(starts, _all(finishes), [output], "all_gather_single", opts, input,
+                          scope)
 
     @_collective
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
@@ -300,16 +340,17 @@ class MpicollBackend(dist._Backend):
                                "all_gather_single_coalesced", opts)
 
     def _coalesced(self, outputs, inputs, one, name, opts):
-        """One Work of ``one(output, input, what, starts, finishes)`` over the pairs."""
+        """One Work of ``one(output, input, what, starts, finishes, layer)`` over the pairs."""
         outputs, inputs = list(outputs), list(inputs)
         if len(outputs) != len(inputs):
             raise ValueError(f"outputs: expected {len(inputs)} tensors like inputs, got {len(outputs)}")
+        layer, scope = self._device(outputs + inputs, "outputs")
         starts, finishes = [], []
         for j, (out, inp) in enumerate(zip(outputs, inputs)):
-            one(out, inp, f"outputs[{j}]", starts, finishes)
-        return self._work(starts, _all(finishes), outputs, name, opts, inputs)
+            one(out, inp, f"outputs[{j}]", starts, finishes, layer)
+        return self._work(starts, _all(finishes), outputs, name, opts, inputs, scope)
 
-    def _gather_single(self, output, input, what, starts, finishes):
+    def _gather_single(self, output, input, what, starts, finishes, layer):
         check_tensor(input, "input")
         check_output(output, what)
         if output.dtype != input.dtype:
@@ -319,23 +360,23 @@ class MpicollBackend(dist._Backend):
             raise ValueError(f"{what}: expected {self._size} x {k} = {self._size * k} elements "
                              f"(the group size times the input's), got {output.numel()}")
         own = self._is_own_block(output, input)
-        dst = Staged(output, "bits" if own else "out")
+        dst = Staged(output, "bits" if own else "out", layer)
         if own and dst.direct:
             # FSDP2's all-gather: the input is this rank's block of the output, in place
             starts.append(functools.partial(iallgather, dst.array, comm=self._comm,
                                             out=dst.array, timeout=self._timeout))
         else:
-            src = Staged(input, "bits")
+            src = Staged(input, "bits", layer)
             if _shares_memory(input, output):
-                src.array = src.array.copy()
+                src.fresh()
             starts.append(functools.partial(iallgather, src.array, comm=self._comm,
                                             out=dst.array, timeout=self._timeout))
         finishes.append(dst.done)
 
     def _is_own_block(self, output, input) -> bool:
-        """Whether ``input`` is exactly block ``rank`` of a contiguous CPU ``output``."""
-        if not (output.device.type == "cpu" and input.device == output.device
-                and output.is_contiguous() and input.is_contiguous() and input.numel()):
+        """Whether ``input`` is exactly block ``rank`` of a contiguous ``output``."""
+        if not (input.device == output.device and output.is_contiguous()
+                and input.is_contiguous() and input.numel()):
             return False
         own = output.data_ptr() + self._rank * input.numel() * input.element_size()
         return input.data_ptr() == own and _shares_memory(input, output)
@@ -348,7 +389,9 @@ class MpicollBackend(dist._Backend):
         if len(outputs) != len(inputs):
             raise ValueError(f"input_tensors: expected one list per output ({len(outputs)}), "
                              f"got {len(inputs)}")
+        layer, scope = self._device(outputs + [i for ins in inputs for i in ins], "tensors")
         starts, finishes = [], []
+        inputs_joined = []  # (their arrays hold no reference: the work keeps them)
         for j, (out, ins) in enumerate(zip(outputs, inputs)):
             check_output(out, f"output_tensors[{j}]")
             if len(ins) != self._size:
@@ -360,26 +403,30 @@ class MpicollBackend(dist._Backend):
                 raise ValueError(f"output_tensors[{j}]: expected {counts[self._rank]} elements "
                                  f"like input_tensors[{j}][{self._rank}], got {out.numel()}")
             red = reduction(_op(opts), out.dtype)
-            flat = np.concatenate([Staged(i).array for i in ins]) if ins else np.empty(0)
-            self._scatter_reduced(out, flat, red, counts, starts, finishes)
-        return self._work(starts, _all(finishes), outputs, "reduce_scatter", opts)
+            src = Staged(torch.cat([i.detach().reshape(-1) for i in ins]), layer=layer)
+            inputs_joined.append(src.tensor)
+            self._scatter_reduced(out, src, red, counts, starts, finishes, layer)
+        return self._work(starts, _all(finishes), outputs, "reduce_scatter", opts, inputs_joined,
+                          scope)
 
     @_collective
     def reduce_scatter_single(self, output, input, opts=None):
+        layer, scope = self._device([output, input], "output")
         starts, finishes = [], []
-        self._reduce_scatter_single(output, input, _op(opts), "output", starts, finishes)
-        return self._work(starts, _all(finishes), [output], "reduce_scatter_single", opts, input)
+        self._reduce_scatter_single(output, input, _op(opts), "output", starts, finishes, layer)
+        return self._work(starts, _all(finishes), [output], "reduce_scatter_single", opts, input,
+                          scope)
 
     @_collective
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         op = _op(opts)
         return self._coalesced(
             outputs, inputs,
-            lambda out, inp, what, starts, finishes: self._reduce_scatter_single(
-                out, inp, op, what, starts, finishes),
+            lambda out, inp, what, starts, finishes, layer: self._reduce_scatter_single(
+                out, inp, op, what, starts, finishes, layer),
             "reduce_scatter_single_coalesced", opts)
 
-    def _reduce_scatter_single(self, output, input, op, what, starts, finishes):
+    def _reduce_scatter_single(self, output, input, op, what, starts, finishes, layer):
         check_tensor(input, "input")
         check_output(output, what)
         if output.dtype != input.dtype:
@@ -389,44 +436,67 @@ class MpicollBackend(dist._Backend):
             raise ValueError(f"input: expected {self._size} x {k} = {self._size * k} elements "
                              f"(the group size times the output's), got {input.numel()}")
         red = reduction(op, input.dtype)
-        src = Staged(input)
+        src = Staged(input, layer=layer)
         if red.factor is not None or _shares_memory(input, output):
-            _fresh(src)
-        self._scatter_reduced(output, src.array, red, None, starts, finishes)
+            src.fresh()
+        self._scatter_reduced(output, src, red, None, starts, finishes, layer)
 
-    def _scatter_reduced(self, out, flat, red, counts, starts, finishes):
-        """``flat``: this rank's input, the caller's copy (or the input itself when ``red``
+    def _scatter_reduced(self, out, src, red, counts, starts, finishes, layer):
+        """``src``: this rank's input (a Staged), a copy (or the input itself when ``red``
         has no factor and the output is elsewhere)."""
-        dst = Staged(out)
+        dst = Staged(out, layer=layer)
         even = counts is None or len(set(counts)) == 1
 
         def start():
-            red.pre(flat)
-            return ireduce_scatter(flat, red.mpi_op, comm=self._comm, out=dst.array,
+            red.pre(src)
+            return ireduce_scatter(src.array, red.mpi_op, comm=self._comm, out=dst.array,
                                    counts=None if even else counts, timeout=self._timeout)
 
         starts.append(start)
         finishes.append(lambda: red.post(dst, self._size))
 
     # -- MPI built-ins ------------------------------------------------------------------------
+    # On device memory only where MPI is CUDA-aware (_mpi_layer); the call's stream is then
+    # synchronised before the first message (_work's ``sync``): MPI gets pointers, not streams.
     def _mpi(self, what, start, *args, status=None, **kwargs):
         """The start of an MPI built-in: ``start(*args, **kwargs)`` (an mpi4py ``I*`` call),
         made an MpiPiece with the group's timeout."""
         return lambda: MpiPiece(start(*args, **kwargs), what, self._timeout, status)
+
+    @staticmethod
+    def _byte_buffer(layer, nbytes, device):
+        """Bytes for a built-in to receive into, ``(data, array)``: a host NumPy array (both),
+        or a uint8 tensor on ``device`` and its array through ``layer``."""
+        if layer is None:
+            flat = np.empty(nbytes, np.uint8)
+            return flat, flat
+        flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return flat, layer.array(flat)
+
+    @staticmethod
+    def _concat_bytes(layer, tensors):
+        """The bytes of ``tensors`` one after the other: host, or on their device."""
+        if layer is None:
+            return np.concatenate([_bytes(Staged(t, "bits").array) for t in tensors])
+        return layer.array(torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8)
+                                      for t in tensors]))
 
     @_collective
     def broadcast(self, tensors, opts=None):
         tensors = list(tensors)
         root = 0 if opts is None else opts.rootRank
         self._check_root(root, "rootRank")
+        layer, scope = self._device(tensors, "tensors")
+        mlayer = self._mpi_layer(layer)
         starts, finishes = [], []
         for i, t in enumerate(tensors):
             check_tensor(t, f"tensors[{i}]")
-            s = Staged(t, "bits")
+            s = Staged(t, "bits", mlayer)
             starts.append(self._mpi("broadcast", self._comm.Ibcast, [_bytes(s.array), MPI.BYTE],
                                     root=root))
             finishes.append(s.done)
-        return self._work(starts, _all(finishes), tensors, "broadcast", opts)
+        return self._work(starts, _all(finishes), tensors, "broadcast", opts, scope=scope,
+                          sync=mlayer is not None)
 
     @_collective
     def barrier(self, opts=None):
@@ -439,10 +509,12 @@ class MpicollBackend(dist._Backend):
         self._check_root(root, "rootRank")
         for i, t in enumerate(tensors):
             check_tensor(t, f"tensors[{i}]")
+        layer, scope = self._device(tensors, "tensors")
         reds = [reduction(_op(opts), t.dtype) for t in tensors]
         # only the root's tensor receives the result; the others' stay as they were
-        staged = [Staged(t if self._rank == root else t.detach().clone()) for t in tensors]
-        starts = [functools.partial(self._start_allreduce, s.array, red, False)
+        staged = [Staged(t if self._rank == root else t.detach().clone(), layer=layer)
+                  for t in tensors]
+        starts = [functools.partial(self._start_allreduce, s, red, False)
                   for s, red in zip(staged, reds)]
 
         def finish():
@@ -450,7 +522,7 @@ class MpicollBackend(dist._Backend):
                 for s, red in zip(staged, reds):
                     red.post(s, self._size)
 
-        return self._work(starts, finish, tensors, "reduce", opts)
+        return self._work(starts, finish, tensors, "reduce", opts, scope=scope)
 
     @_collective
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -458,10 +530,11 @@ class MpicollBackend(dist._Backend):
         self._check_root(root, "rootRank")
         (inp,) = list(input_tensors)
         check_tensor(inp, "input_tensors[0]")
-        src = Staged(inp, "bits")
-        nbytes = src.array.nbytes
         outs = list(output_tensors[0]) if self._rank == root else []
-        flat = np.empty(nbytes * self._size if self._rank == root else 0, np.uint8)
+        layer, scope = self._device([inp] + outs, "tensors")
+        mlayer = self._mpi_layer(layer)
+        src = Staged(inp, "bits", mlayer)
+        nbytes = src.array.nbytes
         if self._rank == root:
             if len(outs) != self._size:
                 raise ValueError(f"output_tensors[0]: expected {self._size} tensors, got {len(outs)}")
@@ -470,16 +543,19 @@ class MpicollBackend(dist._Backend):
                 if o.numel() != inp.numel():
                     raise ValueError(f"output_tensors[0]: expected {inp.numel()} elements each "
                                      f"like the input, got {o.numel()}")
+        flat, received = self._byte_buffer(mlayer, nbytes * self._size if self._rank == root
+                                           else 0, inp.device)
         start = self._mpi("gather", self._comm.Igather, [_bytes(src.array), MPI.BYTE],
-                          [flat, MPI.BYTE], root=root)
+                          [received, MPI.BYTE], root=root)
 
         def finish():
             for r, o in enumerate(outs):
-                dst = Staged(o, "out")
-                _bytes(dst.array)[...] = flat[r * nbytes:(r + 1) * nbytes]
+                dst = Staged(o, "out", mlayer)
+                dst.bytes_from(flat[r * nbytes:(r + 1) * nbytes])
                 dst.done()
 
-        return self._work([start], finish, [outs], "gather", opts, inp)
+        return self._work([start], finish, [outs], "gather", opts, inp, scope,
+                          sync=mlayer is not None)
 
     @_collective
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -487,22 +563,24 @@ class MpicollBackend(dist._Backend):
         self._check_root(root, "rootRank")
         (out,) = list(output_tensors)
         check_output(out, "output_tensors[0]")
-        dst = Staged(out, "out")
-        nbytes = dst.array.nbytes
+        ins = list(input_tensors[0]) if self._rank == root else []
+        layer, scope = self._device([out] + ins, "tensors")
+        mlayer = self._mpi_layer(layer)
+        dst = Staged(out, "out", mlayer)
         if self._rank == root:
-            ins = list(input_tensors[0])
             if len(ins) != self._size:
                 raise ValueError(f"input_tensors[0]: expected {self._size} tensors, got {len(ins)}")
             check_same(ins, out.dtype, "input_tensors[0]")
-            flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
-            if flat.nbytes != nbytes * self._size:
+            if any(i.numel() != out.numel() for i in ins):
                 raise ValueError(f"input_tensors[0]: expected {out.numel()} elements each like "
                                  f"the output")
-        else:
+            flat = self._concat_bytes(mlayer, ins)
+        else:  # (ignored by MPI off the root)
             flat = np.empty(0, np.uint8)
         start = self._mpi("scatter", self._comm.Iscatter, [flat, MPI.BYTE],
                           [_bytes(dst.array), MPI.BYTE], root=root)
-        return self._work([start], dst.done, [out], "scatter", opts)
+        return self._work([start], dst.done, [out], "scatter", opts, scope=scope,
+                          sync=mlayer is not None)
 
     @_collective
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
@@ -510,16 +588,19 @@ class MpicollBackend(dist._Backend):
         check_output(output, "output")
         if output.dtype != input.dtype:
             raise TypeError(f"output: expected dtype {input.dtype} like the input, got {output.dtype}")
-        src = Staged(input, "bits")
-        if _shares_memory(input, output):
-            _fresh(src)
-        dst = Staged(output, "out")
+        layer, scope = self._device([output, input], "output")
+        mlayer = self._mpi_layer(layer)
         scounts = self._split_bytes(input, list(input_split_sizes), "input_split_sizes")
         rcounts = self._split_bytes(output, list(output_split_sizes), "output_split_sizes")
+        src = Staged(input, "bits", mlayer)
+        if _shares_memory(input, output):
+            src.fresh()
+        dst = Staged(output, "out", mlayer)
         start = self._mpi("all_to_all_single", self._comm.Ialltoallv,
                           [_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
                           [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
-        return self._work([start], dst.done, [output], "all_to_all_single", opts, input)
+        return self._work([start], dst.done, [output], "all_to_all_single", opts, input, scope,
+                          sync=mlayer is not None)
 
     @_collective
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -530,35 +611,42 @@ class MpicollBackend(dist._Backend):
         check_tensor(ins[0], "input_tensors[0]")
         check_same(ins, ins[0].dtype, "input_tensors")
         check_same(outs, ins[0].dtype, "output_tensors", output=True)
-        flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
-        scounts = [Staged(i, "bits").array.nbytes for i in ins]
+        layer, scope = self._device(ins + outs, "tensors")
+        mlayer = self._mpi_layer(layer)
+        flat = self._concat_bytes(mlayer, ins)
+        scounts = [i.numel() * i.element_size() for i in ins]
         rcounts = [o.numel() * o.element_size() for o in outs]
-        recv = np.empty(sum(rcounts), np.uint8)
+        recv, received = self._byte_buffer(mlayer, sum(rcounts), ins[0].device)
         start = self._mpi("alltoall", self._comm.Ialltoallv,
                           [flat, (scounts, _displs(scounts)), MPI.BYTE],
-                          [recv, (rcounts, _displs(rcounts)), MPI.BYTE])
+                          [received, (rcounts, _displs(rcounts)), MPI.BYTE])
 
         def finish():
             at = 0
             for o, n in zip(outs, rcounts):
-                dst = Staged(o, "out")
-                _bytes(dst.array)[...] = recv[at:at + n]
+                dst = Staged(o, "out", mlayer)
+                dst.bytes_from(recv[at:at + n])
                 dst.done()
                 at += n
 
-        return self._work([start], finish, outs, "alltoall", opts)
+        return self._work([start], finish, outs, "alltoall", opts, scope=scope,
+                          sync=mlayer is not None)
 
     @_collective
     def send(self, tensors, dst_rank, tag=0):
         self._check_peer(dst_rank, "dst_rank")
         self._control.check_tag(tag)
-        starts = []
         for i, t in enumerate(tensors):
             check_tensor(t, f"tensors[{i}]")
-            s = Staged(t, "bits")
+        layer, scope = self._device(tensors, "tensors")
+        mlayer = self._mpi_layer(layer)
+        starts = []
+        for t in tensors:
+            s = Staged(t, "bits", mlayer)
             starts.append(self._mpi("send", self._comm.Isend, [_bytes(s.array), MPI.BYTE],
                                     dst_rank, tag))
-        return self._work(starts, None, list(tensors), "send", None)
+        return self._work(starts, None, list(tensors), "send", None, scope=scope,
+                          sync=mlayer is not None)
 
     @_collective
     def recv(self, tensors, src_rank, tag=0):
@@ -577,16 +665,20 @@ class MpicollBackend(dist._Backend):
 
     def _recv(self, tensors, source, tag, what):
         self._control.check_tag(tag)
-        starts, finishes, statuses = [], [], []
         for i, t in enumerate(tensors):
             check_output(t, f"tensors[{i}]")
-            s = Staged(t, "out")
+        layer, scope = self._device(tensors, "tensors")
+        mlayer = self._mpi_layer(layer)
+        starts, finishes, statuses = [], [], []
+        for t in tensors:
+            s = Staged(t, "out", mlayer)
             status = MPI.Status()
             statuses.append(status)
             starts.append(self._mpi(what, self._comm.Irecv, [_bytes(s.array), MPI.BYTE], source,
                                     tag, status=status))
             finishes.append(s.done)
-        work = self._work(starts, _all(finishes), list(tensors), what, None)
+        work = self._work(starts, _all(finishes), list(tensors), what, None, scope=scope,
+                          sync=mlayer is not None)
         work.source = statuses[0] if source == MPI.ANY_SOURCE else source
         return work
 

@@ -43,10 +43,10 @@ class Reduction:
     def __init__(self, mpi_op, factor, avg, name):
         self.mpi_op, self.factor, self.avg, self.name = mpi_op, factor, avg, name
 
-    def pre(self, array) -> None:
-        """Scale a rank's contribution (PREMUL_SUM) in place."""
+    def pre(self, staged) -> None:
+        """Scale a rank's contribution (PREMUL_SUM) in place (a tensors.Staged: its array)."""
         if self.factor is not None:
-            array *= array.dtype.type(self.factor)
+            staged.scale(self.factor)
 
     def post(self, staged, size: int) -> None:
         """Finish a staged result and copy it back (tensors.Staged): AVG divides by ``size``.
@@ -58,7 +58,7 @@ class Reduction:
         """
         if self.avg:
             if staged.tensor.is_floating_point():  # ml_dtypes' bfloat16 is NumPy kind "V"
-                staged.array /= staged.array.dtype.type(size)
+                staged.divide(size)
             else:
                 h = staged.host
                 h.copy_(torch.div(h, size, rounding_mode="trunc"))

@@ -148,22 +148,31 @@ def write_shared(t, values) -> None:
 
 
 class Staged:
-    """A tensor's data as a flat C-ordered host NumPy array, copied back by :meth:`done`.
+    """A tensor's data as a flat C-ordered array mpicoll takes, copied back by :meth:`done`.
 
     ``mode``: ``"reduce"`` (an array mpicoll can reduce: bfloat16 as an
-    ``ml_dtypes`` bfloat16 array over the same bytes, or, without ``ml_dtypes``,
-    a float32 copy),
+    ``ml_dtypes`` bfloat16 array over the same bytes, or, without ``ml_dtypes``
+    and on a device, a float32 copy),
     ``"bits"`` (bfloat16 as int16: moving bytes), ``"out"`` (like bits, but the
     staging copy need not be filled: the tensor's old contents are overwritten).
+
+    ``layer`` (mpicoll.torch.devices): the tensor's device layer; the array is
+    then a device array (CuPy) over the tensor's memory, or over a copy on the
+    device (strided views, bfloat16's float32).  Without one, a host NumPy
+    array: over the tensor's memory (a contiguous CPU tensor) or a host copy.
     """
 
-    __slots__ = ("tensor", "array", "_host", "_back", "_shared")
+    __slots__ = ("tensor", "array", "_host", "_back", "_shared", "_layer")
 
-    def __init__(self, tensor, mode: str = "reduce"):
+    def __init__(self, tensor, mode: str = "reduce", layer=None):
         t = tensor.detach() if tensor.requires_grad else tensor
         self.tensor = t
         self._back = None
         self._shared = False
+        self._layer = layer
+        if layer is not None:
+            self._on_device(t, mode, layer)
+            return
         if t.dtype is not torch.bfloat16 and t.is_cpu and t.is_contiguous():
             self._host = t  # most calls: the tensor's own memory, in any mode
             self.array = memory_view(t)
@@ -174,6 +183,7 @@ class Staged:
         if mode == "reduce" and t.dtype is torch.bfloat16 and native is None:
             host = to_reducible(t)
             self._back = host
+            self._shared = not t.is_contiguous() and shares_memory(t)
         else:
             view = t.view(_BITS[t.dtype]) if t.dtype in _BITS else t
             if view.is_cpu and view.is_contiguous():
@@ -195,10 +205,73 @@ class Staged:
         else:
             self.array = memory_view(host, native)
 
+    def _on_device(self, t, mode, layer):
+        """The array on the tensor's device: its memory, or a copy there (no host copy)."""
+        if mode == "reduce" and t.dtype is torch.bfloat16:
+            # no bfloat16 on mpicoll's device path: a float32 copy, reduced, rounded back once
+            # (the CPU's float32 stand-in: float32 accumulation, one rounding)
+            host = t.to(dtype=torch.float32, memory_format=torch.contiguous_format)
+            self._back = host
+            self._shared = not t.is_contiguous() and shares_memory(t)
+        else:
+            view = t.view(_BITS[t.dtype]) if t.dtype in _BITS else t
+            if view.is_contiguous():
+                host = view
+            else:
+                host = view.contiguous() if mode != "out" else torch.empty(
+                    view.shape, dtype=view.dtype, device=view.device)
+                self._back = host
+                self._shared = shares_memory(view)
+        self._host = host
+        self.array = layer.array(host.reshape(-1))
+
     @property
     def direct(self) -> bool:
         """Whether ``array`` is the tensor's own memory (no staging copy)."""
         return self._back is None
+
+    def scale(self, factor) -> None:
+        """Multiply the data by ``factor`` (rounded to its dtype first), in place."""
+        if self._layer is None:
+            self.array *= self.array.dtype.type(factor)
+        else:  # (a kernel on the device, on torch's current stream: the call's)
+            h = self._host
+            h.mul_(torch.full((), factor, dtype=h.dtype, device=h.device))
+
+    def divide(self, size) -> None:
+        """Divide the (floating-point) data by ``size``, in place (AVG)."""
+        if self._layer is None:
+            self.array /= self.array.dtype.type(size)
+        else:
+            h = self._host
+            h.div_(torch.full((), size, dtype=h.dtype, device=h.device))
+
+    def fill(self, source) -> None:
+        """Write ``source`` (elements of the array's dtype: a NumPy array on the host, a torch
+        tensor on a device) into the array."""
+        if self._layer is None:
+            self.array[...] = source
+        else:
+            self._host.reshape(-1).copy_(source)
+
+    def bytes_from(self, source) -> None:
+        """Write the bytes ``source`` (a uint8 NumPy array on the host, a uint8 tensor on a
+        device) into the array."""
+        if self._layer is None:
+            self.array.view(np.uint8)[...] = source
+        else:
+            self._host.reshape(-1).view(torch.uint8).copy_(source)
+
+    def fresh(self) -> None:
+        """Make ``array`` a copy of the tensor's data where it is the tensor's own memory (an
+        input that must stay as it was: PREMUL_SUM scales it, an output overlaps it)."""
+        if self._back is not None:
+            return
+        if self._layer is None:
+            self.array = self.array.copy()
+        else:  # (a copy on the device, on torch's current stream)
+            self._host = self._host.clone(memory_format=torch.contiguous_format)
+            self.array = self._layer.array(self._host.reshape(-1))
 
     @property
     def host(self):

@@ -130,23 +130,37 @@ def _eager_wait(piece) -> None:
 class Finished(dist._Work):
     """The Work of a collective that completed before its call returned, without error (a
     blocking call's): nothing to advance, lock or finish, so it costs a fraction of a
-    :class:`Work` (docs/torch.md)."""
+    :class:`Work` (docs/torch.md).  ``scope``: a call on device tensors (mpicoll.torch.
+    devices), whose result is queued on its stream."""
 
-    __slots__ = ("_result",)
+    __slots__ = ("_result", "_scope", "_event")
 
-    def __init__(self, result):
+    def __init__(self, result, scope=None):
         super().__init__()
         self._result = result
+        self._scope = scope
+        self._event = None if scope is None else scope.record()
 
     def wait(self, timeout=None) -> bool:
+        if self._event is not None:
+            self._scope.after(self._event)
         return True
 
     def get_future(self):
-        future = torch.futures.Future()
-        future.set_result(self._result)
+        scope = self._scope
+        if scope is None:
+            future = torch.futures.Future()
+            future.set_result(self._result)
+        else:
+            future = scope.future()
+            with scope:
+                future.set_result(self._result)
         return future
 
     def is_completed(self) -> bool:
+        return self._event is None or self._scope.done(self._event)
+
+    def test(self) -> bool:  # (as Work.test: complete on the host)
         return True
 
     def is_success(self) -> bool:
@@ -159,7 +173,7 @@ class Finished(dist._Work):
         return self._result
 
     def synchronize(self) -> None:
-        pass
+        self.wait()
 
     def __repr__(self) -> str:
         return "<mpicoll.torch.Work: complete>"
@@ -173,8 +187,13 @@ class Work(dist._Work):
     waiting, with the output tensors or the error.
     """
 
-    def __init__(self, pieces, finish, result, what: str, opts=None, fail=None, keep=None):
+    def __init__(self, pieces, finish, result, what: str, opts=None, fail=None, keep=None,
+                 scope=None):
         super().__init__()
+        # a call on device tensors (mpicoll.torch.devices.Scope): its stream is current while
+        # it advances and finishes; an event on it marks the end of its device work
+        self._scope = scope
+        self._event = None
         self._fail = fail  # fail(what, error): told of an error before wait() raises it
         self._pieces = pieces
         self._finish = finish
@@ -219,21 +238,15 @@ class Work(dist._Work):
         try:
             if self._done:
                 return True
-            try:
-                while self._pieces:
-                    piece = self._pieces[0]
-                    if block:
-                        _eager_wait(piece)
-                    elif not piece.test():
+            scope = self._scope
+            if scope is None:
+                if not self._step(block):
+                    return False
+            else:
+                with scope:
+                    if not self._step(block):
                         return False
-                    self._pieces.pop(0)
-                if self._finish is not None:
-                    self._finish()
-            except BaseException as exc:  # kept for wait() and the future, never lost
-                self._error = exc if isinstance(exc, Exception) else MpicollError(repr(exc))
-                self._pieces.clear()
-                if self._fail is not None:  # the group aborts the job (group._collective)
-                    self._fail(self._what, self._error)
+                    self._event = scope.record()
             self._done = True
             self._finish = self._keep = None
             future = self._future  # (get_future() completes one made after this, itself)
@@ -247,10 +260,30 @@ class Work(dist._Work):
                 else:
                     self._complete(future)
 
+    def _step(self, block: bool) -> bool:
+        """Test (wait for) the pieces, then finish; False while a piece is incomplete."""
+        try:
+            while self._pieces:
+                piece = self._pieces[0]
+                if block:
+                    _eager_wait(piece)
+                elif not piece.test():
+                    return False
+                self._pieces.pop(0)
+            if self._finish is not None:
+                self._finish()
+        except BaseException as exc:  # kept for wait() and the future, never lost
+            self._error = exc if isinstance(exc, Exception) else MpicollError(repr(exc))
+            self._pieces.clear()
+            if self._fail is not None:  # the group aborts the job (failures.end_job)
+                self._fail(self._what, self._error)
+        return True
+
     def wait(self, timeout=None) -> bool:
         """Block until complete and re-raise what failed; ``timeout`` (a timedelta, torch's
         argument; 0 or None: none): raise CollectiveTimeout if not complete by then, the
-        collective staying in flight (its future still completes)."""
+        collective staying in flight (its future still completes).  On device tensors the
+        current stream is then made to wait for the call's (its result is queued there)."""
         seconds = timeout.total_seconds() if timeout is not None else 0.0
         if seconds > 0 and not self._done:
             end = time.monotonic() + seconds
@@ -264,9 +297,18 @@ class Work(dist._Work):
             self._advance(True)
         if self._error is not None:
             raise self._error
+        if self._event is not None:
+            self._scope.after(self._event)
         return True
 
     def _complete(self, future) -> None:
+        if self._scope is None:
+            self._set(future)
+        else:  # (a CUDA future records its event on the current stream: the call's)
+            with self._scope:
+                self._set(future)
+
+    def _set(self, future) -> None:
         if self._error is None:
             future.set_result(self._result)
         else:
@@ -276,7 +318,8 @@ class Work(dist._Work):
         complete = False
         with self._lock:  # a future made before the work is done is completed by _advance
             if self._future is None:
-                self._future = torch.futures.Future()
+                self._future = (torch.futures.Future() if self._scope is None
+                                else self._scope.future())
                 complete = self._done
             if not self._done:
                 self._queue()  # the future completes by itself from now on
@@ -285,7 +328,10 @@ class Work(dist._Work):
         return self._future
 
     def is_completed(self) -> bool:
-        return self._done or self._advance(False)
+        """Complete, and on device tensors its work on the call's stream done too."""
+        if not (self._done or self._advance(False)):
+            return False
+        return self._event is None or self._scope.done(self._event)
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
