@@ -14,7 +14,8 @@ Every call runs in two phases: its checks, which build everything the call
 needs (``Staged`` tensors, reductions, buffers) and may refuse it
 (TypeError/ValueError), then its starts, run by :meth:`MpicollBackend._work`,
 the one place the call's messages begin; it returns a
-:class:`~mpicoll.torch.work.Work`.
+:class:`~mpicoll.torch.work.Work`.  Tensors on a CUDA device go to mpicoll as
+device arrays on torch's current stream (mpicoll.torch.devices).
 
 MPI's built-ins and the user's send/recv run on the group's communicator;
 mpicoll sends its messages on its own duplicate of it; the backend's own

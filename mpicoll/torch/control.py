@@ -20,6 +20,7 @@ from ..core.errors import CollectiveTimeout
 
 RESERVED = 1 << 16  # tags kept for the backend's own messages (fewer where MPI_TAG_UB is small)
 _PAUSE_S = 0.5e-3  # between tests of a monitored_barrier's requests (a debugging call)
+_PASSED, _FAILED = 0, 1  # rank 0's reply
 
 
 class Control:
@@ -45,8 +46,9 @@ class Control:
 
         Rank 0 waits ``timeout`` seconds (None: no limit) for the others, then
         raises CollectiveTimeout naming the first rank missing (``wait_all``:
-        every rank missing), and replies to all only once all arrived, so the
-        barrier passes on every rank or on none.  The others wait up to
+        every rank missing).  Its reply says whether all arrived, so the
+        barrier passes on every rank or on none: on a failure the ranks that
+        did arrive raise at once (as on gloo).  They wait up to
         ``peer_timeout`` (the group's timeout) for the reply.  The messages
         are gloo's, which torch's tests match.
         """
@@ -60,13 +62,16 @@ class Control:
             recv = self.comm.Irecv(back, 0, from_zero)
             if not _wait([send, recv], _deadline(peer_timeout)):
                 self._give_up([recv], [(send, out)])
-                raise CollectiveTimeout(
-                    f"Rank {rank} successfully reached monitoredBarrier, but received errors "
-                    f"while waiting for send/recv from rank 0. Please check rank 0 logs for "
-                    f"faulty rank.\n Original exception: \nno reply from rank 0 after "
-                    f"{peer_timeout:g} s (the group's timeout)",
-                    collective="monitored_barrier", rank=rank, peer=0, timeout=peer_timeout)
-            return
+                why = f"no reply from rank 0 after {peer_timeout:g} s (the group's timeout)"
+            elif back[0] != _PASSED:
+                why = "rank 0 reports that not every rank arrived in time"
+            else:
+                return
+            raise CollectiveTimeout(
+                f"Rank {rank} successfully reached monitoredBarrier, but received errors "
+                f"while waiting for send/recv from rank 0. Please check rank 0 logs for "
+                f"faulty rank.\n Original exception: \n{why}",
+                collective="monitored_barrier", rank=rank, peer=0, timeout=peer_timeout)
         ms = "inf" if timeout is None else int(timeout * 1000)
         deadline = _deadline(timeout)
         peers = range(1, size)
@@ -96,10 +101,14 @@ class Control:
                             collective="monitored_barrier", rank=0, peer=p, timeout=timeout)
                     arrived.append(p)
         except CollectiveTimeout:
+            arrived = [p for p, r in recvs.items() if r.Test()]
             self._give_up(list(recvs.values()), [])
+            # the ranks that arrived learn at once that the barrier failed
+            failed = np.full(1, _FAILED, np.int64)
+            self._give_up([], [(self.comm.Isend(failed, p, from_zero), failed) for p in arrived])
             raise
         # every rank arrived: release them all
-        token = np.zeros(1, np.int64)
+        token = np.full(1, _PASSED, np.int64)
         sends = {p: self.comm.Isend(token, p, from_zero) for p in peers}
         if not _wait(list(sends.values()), deadline):
             late = [p for p, s in sends.items() if not s.Test()]
