@@ -19,12 +19,14 @@ import torch
 import torch.distributed as dist
 
 import mpicoll.torch  # noqa: F401 -- registers the "mpicoll" backend
+from mpicoll.torch.devices import describe
 
 
 def main():
     args = ex.parser(__doc__.splitlines()[0]).parse_args()
     device = ex.torch_device(args.device)
     dist.init_process_group(backend="mpicoll")
+    ex.print0(describe(device))  # how the backend moves these tensors
     rank, size = dist.get_rank(), dist.get_world_size()
 
     # the tutorial's snippet

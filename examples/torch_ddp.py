@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mpicoll.torch  # noqa: F401 -- registers the "mpicoll" backend
+from mpicoll.torch.devices import describe
 
 
 def make_model(device):
@@ -34,6 +35,7 @@ def main():
     args = p.parse_args()
     device = ex.torch_device(args.device)
     dist.init_process_group(backend="mpicoll")
+    ex.print0(describe(device))  # how the backend moves these tensors
     rank, size = dist.get_rank(), dist.get_world_size()
 
     counts = [3 + 2 * r for r in range(size)]  # uneven shards

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import mpicoll.torch  # noqa: F401 -- registers the "mpicoll" backend
+from mpicoll.torch.devices import describe
 
 # the tutorial's names (all_gather_into_tensor, reduce_scatter_tensor), which torch 2.14 deprecates
 warnings.filterwarnings("ignore", r"`torch\.distributed\..*` is deprecated", FutureWarning)
@@ -27,6 +28,7 @@ def main():
     args = ex.parser(__doc__.splitlines()[0]).parse_args()
     device = ex.torch_device(args.device)
     dist.init_process_group(backend="mpicoll")
+    ex.print0(describe(device))  # how the backend moves these tensors
     rank, size = dist.get_rank(), dist.get_world_size()
     total = size * (size + 1) / 2
     expected = torch.full((2,), total)

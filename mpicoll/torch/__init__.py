@@ -2,7 +2,8 @@
 
 Importing this package registers the backend ``"mpicoll"`` for CPU and CUDA
 tensors (``torch.distributed.Backend.register_backend`` with the extended API,
-so new groups know their global ranks) and lets ``init_process_group`` run
+so new groups know their global ranks; each group has one
+:class:`MpicollBackend` for both devices) and lets ``init_process_group`` run
 with nothing set under ``mpirun``/``srun`` (rank and world size from MPI)::
 
     import torch, torch.distributed as dist
@@ -21,13 +22,14 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from .backend import MpicollBackend
 from .group import ProcessGroupMpicoll, create
 from .rendezvous import install as _install_rendezvous
 from .work import Work
 
 BACKEND = "mpicoll"
 
-__all__ = ["BACKEND", "ProcessGroupMpicoll", "Work", "register"]
+__all__ = ["BACKEND", "MpicollBackend", "ProcessGroupMpicoll", "Work", "register"]
 
 
 def register() -> None:

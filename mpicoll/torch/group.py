@@ -1,35 +1,32 @@
-"""``ProcessGroupMpicoll``: torch.distributed's collectives on mpicoll and MPI.
+"""The group of the ``"mpicoll"`` backend: the creator torch calls, and the ``ProcessGroup`` it returns.
 
-mpicoll's own algorithms run AllReduce, AllGather and ReduceScatter in every
-form torch has (list, single-tensor, coalesced); broadcast, barrier, gather,
-scatter, reduce, all-to-all and send/recv use MPI's built-ins (reduce runs as
-mpicoll's AllReduce, because MPI's built-in has no float16 or bfloat16).
-Every call checks its arguments before any message (TypeError/ValueError),
-starts without blocking and returns a :class:`~mpicoll.torch.work.Work`.
+:func:`create` makes a group's MPI communicator and its
+:class:`~mpicoll.torch.backend.MpicollBackend`, and returns a
+:class:`ProcessGroupMpicoll` with that backend registered for ``cpu`` and
+``cuda``, so torch finds it as any third-party backend
+(``group._get_backend(device)``: ``batch_isend_irecv``, ``monitored_barrier``,
+the coalescing manager, any call torch's C++ side dispatches to a device's
+backend).
+
+Why a ``ProcessGroup`` subclass around the backend, not torch's own
+``ProcessGroup``: torch 2.14 hands a Python backend's works back wrapped in a
+C++ holder that forwards only ``wait()`` and ``get_future()``, so through it
+``is_completed()`` stays False, ``result()`` and ``_source_rank()`` raise.
+torch.distributed's Python functions call the group's methods from Python;
+on this subclass they reach the backend's methods directly and return its
+:class:`~mpicoll.torch.work.Work` itself, with all of its methods
+(``dist.recv`` without ``src`` returns the sender, ``is_completed()``
+answers).
 
 Communicators: the default group runs on ``MPI.COMM_WORLD`` ordered by torch
 rank; a group of ``new_group(ranks)`` or a ``DeviceMesh`` dimension on the
 MPI communicator of exactly those global ranks, in group-rank order
 (``MPI_Comm_create_group``, which only the members call, as torch only
-creates the backend on members).  MPI's built-ins run on that communicator;
-mpicoll sends its messages on its own duplicate of it.
-
-Failures (``MPICOLL_TORCH_ON_ERROR``, core.config): a collective that fails
-on one rank -- its arguments refused there before any message, or an error
-or ``CollectiveTimeout`` while it runs -- leaves the other ranks waiting in
-it.  By default (``abort``, as NCCL's async error handling) the failing rank
-prints the error, naming itself, and ends the job with ``MPI_Abort``, which
-ends every rank at once and cannot itself wait for anything; ``raise``
-raises the error on that rank only, the others then raise
-``CollectiveTimeout`` after the group's timeout (torch's ``timeout=``).
+creates the backend on members).
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-import time
-import traceback
 import zlib
 
 import numpy as np
@@ -37,21 +34,28 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .. import abort, allreduce, iallgather, iallreduce, ireduce_scatter
+from .. import allreduce
 from ..core import config as _config
-from .ops import reduction
-from .tensors import DTYPES, Staged, check_same, check_tensor, memory_view
-from .work import Finished, MpiPiece, Work
+from .backend import MpicollBackend, _seconds
 
-_SUM = dist.ReduceOp.SUM
-_MPI_SUM = MPI.SUM
-_Tensor = torch.Tensor
-_STRIDED = torch.strided
-# dtypes whose SUM is MPI's SUM on the tensor's own memory (not bool: logical OR; not
-# bfloat16: an ml_dtypes view, or a float32 copy)
-_PLAIN_SUM = frozenset(DTYPES) - {torch.bool}
-_FORWARD_S = 0.5  # time for the launcher to forward a failing rank's message before its abort
+DEVICES = ("cpu", "cuda")
+_CUSTOM = dist.ProcessGroup.BackendType.CUSTOM
 _world: list = [None]  # the default group's communicator (COMM_WORLD in torch-rank order)
+
+# the group's method -> the backend's: every name torch 2.14's Python functions call on a
+# group, the older names included
+_FORWARDED = {name: name for name in (
+    "allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "all_gather_single",
+    "all_gather_single_coalesced", "reduce_scatter", "reduce_scatter_single",
+    "reduce_scatter_single_coalesced", "broadcast", "barrier", "reduce", "gather", "scatter",
+    "all_to_all_single", "alltoall", "send", "recv", "recv_anysource")}
+_FORWARDED.update({
+    "_allgather_base": "all_gather_single",
+    "allgather_into_tensor_coalesced": "all_gather_single_coalesced",
+    "_reduce_scatter_base": "reduce_scatter_single",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_single_coalesced",
+    "alltoall_base": "all_to_all_single",
+})
 
 
 def create(dist_opts, backend_opts=None):
@@ -84,76 +88,28 @@ def create(dist_opts, backend_opts=None):
     # collective's work, not in a set-up inside the call
     allreduce(np.zeros(1), comm=comm, timeout=_seconds(dist_opts.timeout))
     # that first call read mpicoll's options for the communicator (core.config)
-    return ProcessGroupMpicoll(comm, rank, size, dist_opts.timeout,
-                               on_error=_config.get("torch_on_error"))
-
-
-def _seconds(timeout):
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-    return seconds if seconds > 0 else None
-
-
-def _collective(method):
-    """A collective of the group: an exception raised while starting it goes to
-    ``ProcessGroupMpicoll._failed`` (abort, or raise) -- the other ranks may be in it."""
-    what = method.__name__
-
-    @functools.wraps(method)
-    def start(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            if self._fail is not None:
-                self._fail(what, exc)
-            raise
-
-    return start
-
-
-def _op(opts):
-    return _SUM if opts is None else opts.reduceOp
-
-
-def _bytes(array):
-    return array.view(np.uint8)
-
-
-def _shares_memory(a, b) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.numel() and b.numel()
-
-
-def _fresh(staged: Staged) -> None:
-    """Make ``staged.array`` a copy: the input must stay as it was (PREMUL_SUM, overlaps)."""
-    if staged.direct:
-        staged.array = staged.array.copy()
+    backend = MpicollBackend(comm, rank, size, dist_opts.timeout,
+                             on_error=_config.get("torch_on_error"))
+    return ProcessGroupMpicoll(backend)
 
 
 class ProcessGroupMpicoll(dist.ProcessGroup):
-    """torch.distributed's process group on mpicoll (backend name ``"mpicoll"``)."""
+    """A group of the ``"mpicoll"`` backend: its :class:`MpicollBackend`, for ``cpu`` and ``cuda``.
 
-    def __init__(self, comm, rank: int, size: int, timeout=None, on_error: str = "abort"):
-        super().__init__(rank, size)
-        if on_error not in ("abort", "raise"):
-            raise ValueError(f"on_error: expected 'abort' or 'raise', got {on_error!r}")
-        self._comm = comm
-        self.on_error = on_error
-        # what a failed collective calls (None: the error is only raised); read per call
-        self._fail = self._abort if on_error == "abort" else None
-        self._rank = rank
-        self._size = size
-        self._timeout = _seconds(timeout)
+    Every collective is the backend's method of that name (the older names
+    too); ``backend``, ``comm``, ``timeout`` and ``on_error`` are the backend's.
+    """
+
+    def __init__(self, backend: MpicollBackend):
+        super().__init__(backend.rank(), backend.size())
+        self.backend = backend
         self._group_name = ""
         self._group_desc = ""
+        self._set_default_backend(_CUSTOM)
+        for device in DEVICES:
+            self._register_backend(torch.device(device), _CUSTOM, backend)
 
     # -- identity (DeviceMesh and FSDP2 name groups through these) -------------------------
-    def getRank(self) -> int:
-        return self._rank
-
-    def getSize(self) -> int:
-        return self._size
-
     def getBackendName(self) -> str:
         return "mpicoll"
 
@@ -170,470 +126,35 @@ class ProcessGroupMpicoll(dist.ProcessGroup):
         self._group_desc = desc
 
     def set_timeout(self, timeout) -> None:
-        self._timeout = _seconds(timeout)
-
-    def _abort(self, what: str, exc: BaseException) -> None:
-        """End the job: ``exc`` made this rank's ``what`` fail, so the others would wait in it."""
-        sys.stderr.write("".join(traceback.format_exception(exc)))
-        sys.stderr.write(
-            f"mpicoll: rank {MPI.COMM_WORLD.Get_rank()}: torch backend: {what} failed on rank "
-            f"{self._rank} of the group of {self._size} ({type(exc).__name__}: {exc}); ending "
-            f"the job, as the other ranks of the group would wait for this rank "
-            f"(MPICOLL_TORCH_ON_ERROR=raise raises the error instead)\n")
-        sys.stderr.flush()
-        # the launcher forwards the ranks' output through its daemons, which MPI_Abort kills:
-        # seen with MPICH on a loaded machine, the message written just before was lost
-        time.sleep(_FORWARD_S)
-        abort()
-
-    def _work(self, pieces, finish, result, what, opts, keep=None):
-        if not pieces and finish is None:  # (a blocking call, complete)
-            return Finished(result)
-        return Work(pieces, finish, result, what, opts, self._fail, keep)
+        self.backend.set_timeout(timeout)
 
     @property
     def timeout(self):
         """The seconds every collective of the group may go without progress (None: no limit)."""
-        return self._timeout
+        return self.backend.timeout
 
     @property
     def comm(self):
         """The MPI communicator of this group (its ranks in group-rank order)."""
-        return self._comm
+        return self.backend.comm
+
+    @property
+    def on_error(self) -> str:
+        """``"abort"`` or ``"raise"``: what a failed collective does (MPICOLL_TORCH_ON_ERROR)."""
+        return self.backend.on_error
 
     def __repr__(self) -> str:
-        return f"<ProcessGroupMpicoll rank {self._rank} of {self._size}>"
-
-    # -- AllReduce ------------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
-        try:
-            # dist.all_reduce's usual call: one contiguous CPU tensor, SUM, blocking.  The
-            # same steps as the general path below (check, reduction, Staged, mpicoll's
-            # blocking AllReduce on the tensor's memory), with only the tests that pick
-            # them: the backend's cost at 16 B was 2x mpicoll's own (docs/torch.md)
-            if opts is not None and len(tensors) == 1 and not opts.asyncOp:
-                t = tensors[0]
-                if (type(t) is _Tensor and t.layout is _STRIDED and t.is_cpu
-                        and not t.requires_grad and t.dtype in _PLAIN_SUM
-                        and t.is_contiguous() and opts.reduceOp == _SUM):
-                    array = memory_view(t)
-                    allreduce(array, _MPI_SUM, comm=self._comm, out=array, timeout=self._timeout)
-                    return Finished(tensors)
-            tensors = list(tensors)
-            for i, t in enumerate(tensors):
-                check_tensor(t, "tensors", i)
-            return self._allreduce(tensors, opts, "allreduce")
-        except Exception as exc:  # as _collective does
-            if self._fail is not None:
-                self._fail("allreduce", exc)
-            raise
-
-    @_collective
-    def allreduce_coalesced(self, tensors, opts=None):
-        tensors = list(tensors)
-        if tensors:
-            check_same(tensors, tensors[0].dtype, "tensors")
-        return self._allreduce(tensors, opts, "allreduce_coalesced")
-
-    def _allreduce(self, tensors, opts, what):
-        op = _op(opts)
-        reds = [reduction(op, t.dtype) for t in tensors]  # every check before any message
-        staged = [Staged(t) for t in tensors]
-        handles = []
-        # a blocking call (torch's asyncOp False) runs mpicoll's blocking AllReduce, which
-        # repeats a call on the same arrays without validating it again (engine.cache);
-        # its Work is complete when made
-        blocking = opts is not None and not opts.asyncOp
-        comm, timeout = self._comm, self._timeout
-        plain = True  # nothing to finish: every sum is already in its tensor's memory
-        for s, red in zip(staged, reds):
-            array = s.array
-            if red.factor is not None:
-                red.pre(array)
-            if blocking:
-                allreduce(array, red.mpi_op, comm=comm, out=array, timeout=timeout)
-            else:
-                handles.append(iallreduce(array, red.mpi_op, comm=comm, out=array,
-                                          timeout=timeout))
-            plain = plain and not red.avg and s._back is None
-        if plain:
-            return self._work(handles, None, tensors, what, opts)
-
-        def finish():
-            for s, red in zip(staged, reds):
-                red.post(s, self._size)
-
-        return self._work(handles, finish, tensors, what, opts)
-
-    # -- AllGather ------------------------------------------------------------------------
-    @_collective
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        inputs = list(input_tensors)
-        outputs = [list(o) for o in output_tensors]
-        if len(outputs) != len(inputs):
-            raise ValueError(f"output_tensors: expected one list per input ({len(inputs)}), "
-                             f"got {len(outputs)}")
-        pieces, finishes = [], []
-        for j, (outs, inp) in enumerate(zip(outputs, inputs)):
-            self._gather_into_list(outs, inp, f"output_tensors[{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, "allgather", opts, inputs)
-
-    @_collective
-    def allgather_coalesced(self, output_lists, input_list, opts=None):
-        inputs = list(input_list)
-        outputs = [list(o) for o in output_lists]
-        if len(outputs) != self._size:
-            raise ValueError(f"output_lists: expected one list per rank ({self._size}), "
-                             f"got {len(outputs)}")
-        pieces, finishes = [], []
-        for j, inp in enumerate(inputs):
-            outs = [outputs[r][j] for r in range(self._size)]
-            self._gather_into_list(outs, inp, f"output_lists[*][{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, "allgather_coalesced", opts, inputs)
-
-    def _gather_into_list(self, outs, inp, what, pieces, finishes):
-        check_tensor(inp, "input")
-        if len(outs) != self._size:
-            raise ValueError(f"{what}: expected {self._size} tensors (one per rank), got {len(outs)}")
-        check_same(outs, inp.dtype, what)
-        counts = [o.numel() for o in outs]
-        if counts[self._rank] != inp.numel():
-            raise ValueError(f"{what}[{self._rank}]: expected {inp.numel()} elements like the "
-                             f"input, got {counts[self._rank]}")
-        src = Staged(inp, "bits")
-        flat = np.empty(sum(counts), dtype=src.array.dtype)
-        even = len(set(counts)) == 1
-        pieces.append(iallgather(src.array, comm=self._comm, out=flat,
-                                 counts=None if even else counts, timeout=self._timeout))
-
-        def finish():
-            at = 0
-            for o, n in zip(outs, counts):
-                dst = Staged(o, "out")
-                dst.array[...] = flat[at:at + n]
-                dst.done()
-                at += n
-
-        finishes.append(finish)
-
-    @_collective
-    def all_gather_single(self, output, input, opts=None):
-        pieces, finishes = [], []
-        self._gather_single(output, input, "output", pieces, finishes)
-        return self._work(pieces, _all(finishes), [output], "all_gather_single", opts, input)
-
-    _allgather_base = all_gather_single
-
-    @_collective
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return self._coalesced(outputs, inputs, self._gather_single,
-                               "all_gather_single_coalesced", opts)
-
-    def _coalesced(self, outputs, inputs, one, name, opts):
-        """One Work of ``one(output, input, what, pieces, finishes)`` over the pairs."""
-        outputs, inputs = list(outputs), list(inputs)
-        if len(outputs) != len(inputs):
-            raise ValueError(f"outputs: expected {len(inputs)} tensors like inputs, got {len(outputs)}")
-        pieces, finishes = [], []
-        for j, (out, inp) in enumerate(zip(outputs, inputs)):
-            one(out, inp, f"outputs[{j}]", pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, name, opts, inputs)
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-
-    def _gather_single(self, output, input, what, pieces, finishes):
-        check_tensor(input, "input")
-        check_tensor(output, what)
-        if output.dtype != input.dtype:
-            raise TypeError(f"{what}: expected dtype {input.dtype} like the input, got {output.dtype}")
-        k = input.numel()
-        if output.numel() != self._size * k:
-            raise ValueError(f"{what}: expected {self._size} x {k} = {self._size * k} elements "
-                             f"(the group size times the input's), got {output.numel()}")
-        own = self._is_own_block(output, input)
-        dst = Staged(output, "bits" if own else "out")
-        if own and dst.direct:
-            # FSDP2's all-gather: the input is this rank's block of the output, in place
-            pieces.append(iallgather(dst.array, comm=self._comm, out=dst.array,
-                                     timeout=self._timeout))
-        else:
-            src = Staged(input, "bits")
-            if _shares_memory(input, output):
-                src.array = src.array.copy()
-            pieces.append(iallgather(src.array, comm=self._comm, out=dst.array,
-                                     timeout=self._timeout))
-        finishes.append(dst.done)
-
-    def _is_own_block(self, output, input) -> bool:
-        """Whether ``input`` is exactly block ``rank`` of a contiguous CPU ``output``."""
-        if not (output.device.type == "cpu" and input.device == output.device
-                and output.is_contiguous() and input.is_contiguous() and input.numel()):
-            return False
-        own = output.data_ptr() + self._rank * input.numel() * input.element_size()
-        return input.data_ptr() == own and _shares_memory(input, output)
-
-    # -- ReduceScatter ------------------------------------------------------------------------
-    @_collective
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        outputs = list(output_tensors)
-        inputs = [list(i) for i in input_tensors]
-        if len(outputs) != len(inputs):
-            raise ValueError(f"input_tensors: expected one list per output ({len(outputs)}), "
-                             f"got {len(inputs)}")
-        pieces, finishes = [], []
-        for j, (out, ins) in enumerate(zip(outputs, inputs)):
-            check_tensor(out, f"output_tensors[{j}]")
-            if len(ins) != self._size:
-                raise ValueError(f"input_tensors[{j}]: expected {self._size} tensors (one per "
-                                 f"rank), got {len(ins)}")
-            check_same(ins, out.dtype, f"input_tensors[{j}]")
-            counts = [i.numel() for i in ins]
-            if counts[self._rank] != out.numel():
-                raise ValueError(f"output_tensors[{j}]: expected {counts[self._rank]} elements "
-                                 f"like input_tensors[{j}][{self._rank}], got {out.numel()}")
-            red = reduction(_op(opts), out.dtype)
-            flat = np.concatenate([Staged(i).array for i in ins]) if ins else np.empty(0)
-            self._scatter_reduced(out, flat, red, counts, pieces, finishes)
-        return self._work(pieces, _all(finishes), outputs, "reduce_scatter", opts)
-
-    @_collective
-    def reduce_scatter_single(self, output, input, opts=None):
-        pieces, finishes = [], []
-        self._reduce_scatter_single(output, input, _op(opts), "output", pieces, finishes)
-        return self._work(pieces, _all(finishes), [output], "reduce_scatter_single", opts, input)
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    @_collective
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        op = _op(opts)
-        return self._coalesced(
-            outputs, inputs,
-            lambda out, inp, what, pieces, finishes: self._reduce_scatter_single(
-                out, inp, op, what, pieces, finishes),
-            "reduce_scatter_single_coalesced", opts)
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
-    def _reduce_scatter_single(self, output, input, op, what, pieces, finishes):
-        check_tensor(input, "input")
-        check_tensor(output, what)
-        if output.dtype != input.dtype:
-            raise TypeError(f"{what}: expected dtype {input.dtype} like the input, got {output.dtype}")
-        k = output.numel()
-        if input.numel() != self._size * k:
-            raise ValueError(f"input: expected {self._size} x {k} = {self._size * k} elements "
-                             f"(the group size times the output's), got {input.numel()}")
-        red = reduction(op, input.dtype)
-        src = Staged(input)
-        if red.factor is not None or _shares_memory(input, output):
-            _fresh(src)
-        self._scatter_reduced(output, src.array, red, None, pieces, finishes)
-
-    def _scatter_reduced(self, out, flat, red, counts, pieces, finishes):
-        red.pre(flat)
-        dst = Staged(out)
-        even = counts is None or len(set(counts)) == 1
-        pieces.append(ireduce_scatter(flat, red.mpi_op, comm=self._comm, out=dst.array,
-                                      counts=None if even else counts, timeout=self._timeout))
-        finishes.append(lambda: red.post(dst, self._size))
-
-    # -- MPI built-ins ------------------------------------------------------------------------
-    def _mpi(self, request, what):
-        return MpiPiece(request, what, self._timeout)
-
-    @_collective
-    def broadcast(self, tensors, opts=None):
-        tensors = list(tensors)
-        root = 0 if opts is None else opts.rootRank
-        self._check_root(root, "rootRank")
-        pieces, finishes = [], []
-        for i, t in enumerate(tensors):
-            check_tensor(t, f"tensors[{i}]")
-            s = Staged(t, "bits")
-            pieces.append(self._mpi(self._comm.Ibcast([_bytes(s.array), MPI.BYTE], root=root),
-                                    "broadcast"))
-            finishes.append(s.done)
-        return self._work(pieces, _all(finishes), tensors, "broadcast", opts)
-
-    @_collective
-    def barrier(self, opts=None):
-        return self._work([self._mpi(self._comm.Ibarrier(), "barrier")], None, [], "barrier", opts)
-
-    @_collective
-    def reduce(self, tensors, opts=None):
-        tensors = list(tensors)
-        root = 0 if opts is None else opts.rootRank
-        self._check_root(root, "rootRank")
-        reds, staged, handles = [], [], []
-        for i, t in enumerate(tensors):
-            check_tensor(t, f"tensors[{i}]")
-            red = reduction(_op(opts), t.dtype)
-            # only the root's tensor receives the result; the others' stay as they were
-            s = Staged(t if self._rank == root else t.detach().clone())
-            red.pre(s.array)
-            handles.append(iallreduce(s.array, red.mpi_op, comm=self._comm, out=s.array,
-                                      timeout=self._timeout))
-            reds.append(red)
-            staged.append(s)
-
-        def finish():
-            if self._rank == root:
-                for s, red in zip(staged, reds):
-                    red.post(s, self._size)
-
-        return self._work(handles, finish, tensors, "reduce", opts)
-
-    @_collective
-    def gather(self, output_tensors, input_tensors, opts=None):
-        root = 0 if opts is None else opts.rootRank
-        self._check_root(root, "rootRank")
-        (inp,) = list(input_tensors)
-        check_tensor(inp, "input_tensors[0]")
-        src = Staged(inp, "bits")
-        nbytes = src.array.nbytes
-        outs = list(output_tensors[0]) if self._rank == root else []
-        flat = np.empty(nbytes * self._size if self._rank == root else 0, np.uint8)
-        if self._rank == root:
-            if len(outs) != self._size:
-                raise ValueError(f"output_tensors[0]: expected {self._size} tensors, got {len(outs)}")
-            check_same(outs, inp.dtype, "output_tensors[0]")
-            for o in outs:
-                if o.numel() != inp.numel():
-                    raise ValueError(f"output_tensors[0]: expected {inp.numel()} elements each "
-                                     f"like the input, got {o.numel()}")
-        req = self._comm.Igather([_bytes(src.array), MPI.BYTE], [flat, MPI.BYTE], root=root)
-
-        def finish():
-            for r, o in enumerate(outs):
-                dst = Staged(o, "out")
-                _bytes(dst.array)[...] = flat[r * nbytes:(r + 1) * nbytes]
-                dst.done()
-
-        return self._work([self._mpi(req, "gather")], finish, [outs], "gather", opts, inp)
-
-    @_collective
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        root = 0 if opts is None else opts.rootRank
-        self._check_root(root, "rootRank")
-        (out,) = list(output_tensors)
-        check_tensor(out, "output_tensors[0]")
-        dst = Staged(out, "out")
-        nbytes = dst.array.nbytes
-        if self._rank == root:
-            ins = list(input_tensors[0])
-            if len(ins) != self._size:
-                raise ValueError(f"input_tensors[0]: expected {self._size} tensors, got {len(ins)}")
-            check_same(ins, out.dtype, "input_tensors[0]")
-            flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
-            if flat.nbytes != nbytes * self._size:
-                raise ValueError(f"input_tensors[0]: expected {out.numel()} elements each like "
-                                 f"the output")
-        else:
-            flat = np.empty(0, np.uint8)
-        req = self._comm.Iscatter([flat, MPI.BYTE], [_bytes(dst.array), MPI.BYTE], root=root)
-        return self._work([self._mpi(req, "scatter")], dst.done, [out], "scatter", opts)
-
-    @_collective
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        check_tensor(input, "input")
-        check_tensor(output, "output")
-        if output.dtype != input.dtype:
-            raise TypeError(f"output: expected dtype {input.dtype} like the input, got {output.dtype}")
-        src = Staged(input, "bits")
-        if _shares_memory(input, output):
-            _fresh(src)
-        dst = Staged(output, "out")
-        scounts = self._split_bytes(input, list(input_split_sizes), "input_split_sizes")
-        rcounts = self._split_bytes(output, list(output_split_sizes), "output_split_sizes")
-        req = self._comm.Ialltoallv([_bytes(src.array), (scounts, _displs(scounts)), MPI.BYTE],
-                                    [_bytes(dst.array), (rcounts, _displs(rcounts)), MPI.BYTE])
-        return self._work([self._mpi(req, "all_to_all_single")], dst.done, [output],
-                          "all_to_all_single", opts, input)
-
-    alltoall_base = all_to_all_single
-
-    @_collective
-    def alltoall(self, output_tensors, input_tensors, opts=None):
-        outs, ins = list(output_tensors), list(input_tensors)
-        for what, ts in (("output_tensors", outs), ("input_tensors", ins)):
-            if len(ts) != self._size:
-                raise ValueError(f"{what}: expected {self._size} tensors, got {len(ts)}")
-        check_tensor(ins[0], "input_tensors[0]")
-        check_same(ins, ins[0].dtype, "input_tensors")
-        check_same(outs, ins[0].dtype, "output_tensors")
-        flat = np.concatenate([_bytes(Staged(i, "bits").array) for i in ins])
-        scounts = [Staged(i, "bits").array.nbytes for i in ins]
-        rcounts = [o.numel() * o.element_size() for o in outs]
-        recv = np.empty(sum(rcounts), np.uint8)
-        req = self._comm.Ialltoallv([flat, (scounts, _displs(scounts)), MPI.BYTE],
-                                    [recv, (rcounts, _displs(rcounts)), MPI.BYTE])
-
-        def finish():
-            at = 0
-            for o, n in zip(outs, rcounts):
-                dst = Staged(o, "out")
-                _bytes(dst.array)[...] = recv[at:at + n]
-                dst.done()
-                at += n
-
-        return self._work([self._mpi(req, "alltoall")], finish, outs, "alltoall", opts)
-
-    @_collective
-    def send(self, tensors, dst_rank, tag=0):
-        pieces = []
-        for i, t in enumerate(tensors):
-            check_tensor(t, f"tensors[{i}]")
-            s = Staged(t, "bits")
-            pieces.append(self._mpi(self._comm.Isend([_bytes(s.array), MPI.BYTE], dst_rank, tag),
-                                    "send"))
-        return self._work(pieces, None, list(tensors), "send", None)
-
-    @_collective
-    def recv(self, tensors, src_rank, tag=0):
-        pieces, finishes = [], []
-        for i, t in enumerate(tensors):
-            check_tensor(t, f"tensors[{i}]")
-            s = Staged(t, "out")
-            pieces.append(self._mpi(self._comm.Irecv([_bytes(s.array), MPI.BYTE], src_rank, tag),
-                                    "recv"))
-            finishes.append(s.done)
-        return self._work(pieces, _all(finishes), list(tensors), "recv", None)
-
-    def _check_root(self, root, what) -> None:
-        if not 0 <= root < self._size:
-            raise ValueError(f"{what}: expected a rank in 0..{self._size - 1}, got {root}")
-
-    def _split_bytes(self, t, splits, what):
-        rows = t.shape[0] if t.dim() else 1
-        row_bytes = (t.numel() // rows if rows else 0) * t.element_size()
-        if not splits:
-            if rows % self._size:
-                raise ValueError(f"{what}: empty (equal split), but {rows} rows do not split "
-                                 f"evenly over {self._size} ranks")
-            splits = [rows // self._size] * self._size
-        if len(splits) != self._size or sum(splits) != rows:
-            raise ValueError(f"{what}: expected {self._size} row counts summing to {rows}, got "
-                             f"{splits}")
-        return [int(s) * row_bytes for s in splits]
+        return f"<ProcessGroupMpicoll rank {self.rank()} of {self.size()}>"
 
 
-def _displs(counts):
-    out, at = [], 0
-    for c in counts:
-        out.append(at)
-        at += c
-    return out
+def _forward(name: str, to: str):
+    def method(self, *args, **kwargs):
+        return getattr(self.backend, to)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"The backend's ``{to}``."
+    return method
 
 
-def _all(finishes):
-    if not finishes:
-        return None
-    if len(finishes) == 1:
-        return finishes[0]
-
-    def finish():
-        for f in finishes:
-            f()
-
-    return finish
+for _name, _to in _FORWARDED.items():
+    setattr(ProcessGroupMpicoll, _name, _forward(_name, _to))

@@ -43,10 +43,10 @@ class Reduction:
     def __init__(self, mpi_op, factor, avg, name):
         self.mpi_op, self.factor, self.avg, self.name = mpi_op, factor, avg, name
 
-    def pre(self, array) -> None:
-        """Scale a rank's contribution (PREMUL_SUM) in place."""
+    def pre(self, staged) -> None:
+        """Scale a rank's contribution (PREMUL_SUM) in place (a tensors.Staged: its array)."""
         if self.factor is not None:
-            array *= array.dtype.type(self.factor)
+            staged.scale(self.factor)
 
     def post(self, staged, size: int) -> None:
         """Finish a staged result and copy it back (tensors.Staged): AVG divides by ``size``.
@@ -54,15 +54,15 @@ class Reduction:
         Floating point divides the reduced array (bfloat16: the ml_dtypes array,
         so the sum and the quotient are each rounded, as NCCL's AVG; without
         ml_dtypes the float32 stand-in, rounded once); integers divide the
-        tensor, truncating.
+        reduced tensor (the staging copy, where there is one), truncating.
         """
-        floating = staged.tensor.is_floating_point()  # ml_dtypes' bfloat16 is NumPy kind "V"
-        if self.avg and floating:
-            staged.array /= staged.array.dtype.type(size)
+        if self.avg:
+            if staged.tensor.is_floating_point():  # ml_dtypes' bfloat16 is NumPy kind "V"
+                staged.divide(size)
+            else:
+                h = staged.host
+                h.copy_(torch.div(h, size, rounding_mode="trunc"))
         staged.done()
-        if self.avg and not floating:
-            t = staged.tensor
-            t.copy_(torch.div(t, size, rounding_mode="trunc"))
 
 
 _MADE: dict = {}  # (RedOpType, dtype) -> Reduction, for every op but PREMUL_SUM (its factor varies)

@@ -3,7 +3,18 @@
 A CPU tensor that is contiguous is moved where it lies (``Tensor.numpy()``
 shares its memory); any other tensor -- a strided view, a CUDA tensor -- is
 moved through a contiguous host copy that is copied back when the collective
-is complete (:class:`Staged`).  Tensors that require grad are ``detach()``-ed
+is complete (:class:`Staged`).
+
+Some views have elements that share memory (``expand()``, ``unfold()``,
+``as_strided`` with overlapping strides: :func:`shares_memory`).  As an input
+such a view is read element by element into the copy.  Written back, each
+memory location takes the value of the first element (row-major) that
+refers to it (:func:`write_shared`; ``copy_`` refuses such a destination):
+when every rank passes the same view, the elements that share a location
+reduce equal values, so an all_reduce leaves each location the reduction of
+its values (gloo's result).  A collective whose output holds a different
+value per element (a gather, scatter, reduce_scatter, all_to_all, recv)
+refuses such an output (:func:`check_output`).  Tensors that require grad are ``detach()``-ed
 first: NumPy refuses them, and a collective is not part of autograd anyway.
 A tensor's own memory is seen through :func:`memory_view`, one NumPy array
 per address, size and dtype, made once: mpicoll runs a call again without
@@ -80,30 +91,88 @@ def check_tensor(t, what: str, index=None) -> None:
         raise TypeError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
 
 
-def check_same(tensors, dtype, what: str) -> None:
-    """TypeError unless every tensor of ``tensors`` has ``dtype`` (torch's backends refuse a mix)."""
+def check_same(tensors, dtype, what: str, output: bool = False) -> None:
+    """TypeError unless every tensor of ``tensors`` has ``dtype`` (torch's backends refuse a mix);
+    ``output``: each is also checked as :func:`check_output` does."""
     for i, t in enumerate(tensors):
         check_tensor(t, f"{what}[{i}]")
         if t.dtype != dtype:
             raise TypeError(f"{what}[{i}]: expected dtype {dtype} like the input, got {t.dtype}")
+        if output:
+            check_output(t, f"{what}[{i}]")
+
+
+def check_output(t, what: str) -> None:
+    """Also ValueError if elements of ``t`` share memory: an output that must hold a value per
+    element (a gather's, a scatter's, a receive's)."""
+    check_tensor(t, what)
+    if not t.is_contiguous() and shares_memory(t):
+        raise ValueError(f"{what}: elements of this tensor share memory (an expanded or "
+                         f"overlapping view, shape {tuple(t.shape)}, strides {t.stride()}), but "
+                         f"the collective writes a different value to each element; pass a "
+                         f"tensor with its own memory per element (e.g. t.clone())")
+
+
+def shares_memory(t) -> bool:
+    """Whether two elements of ``t`` refer to one memory location (``expand()``, ``unfold()``)."""
+    # the dimensions by stride: none overlaps where each stride is beyond every offset the
+    # smaller ones reach (a transposed or sliced view); otherwise count the offsets
+    reach = 0
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride <= reach:
+            return _offsets(t).unique().numel() < t.numel()
+        reach += (size - 1) * stride
+    return False
+
+
+def _offsets(t):
+    """The storage offset of each element of ``t``, in row-major order (an int64 CPU tensor)."""
+    offsets = torch.tensor(t.storage_offset(), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    return offsets.reshape(-1)
+
+
+def write_shared(t, values) -> None:
+    """``t[...] = values`` (a contiguous tensor of ``t``'s element count) for a ``t`` whose
+    elements share memory: each location takes the value of its first element (row-major)."""
+    offsets = _offsets(t)
+    unique, inverse = offsets.unique(return_inverse=True)
+    n = offsets.numel()
+    first = torch.full((unique.numel(),), n, dtype=torch.int64).scatter_reduce_(
+        0, inverse, torch.arange(n, dtype=torch.int64), "amin")
+    low = int(unique[0])
+    region = t.as_strided((int(unique[-1]) - low + 1,), (1,), low)  # every location, once
+    region[(unique - low).to(t.device)] = values.reshape(-1)[first].to(device=t.device,
+                                                                        dtype=t.dtype)
 
 
 class Staged:
-    """A tensor's data as a flat C-ordered host NumPy array, copied back by :meth:`done`.
+    """A tensor's data as a flat C-ordered array mpicoll takes, copied back by :meth:`done`.
 
     ``mode``: ``"reduce"`` (an array mpicoll can reduce: bfloat16 as an
-    ``ml_dtypes`` bfloat16 array over the same bytes, or, without ``ml_dtypes``,
-    a float32 copy),
+    ``ml_dtypes`` bfloat16 array over the same bytes, or, without ``ml_dtypes``
+    and on a device, a float32 copy),
     ``"bits"`` (bfloat16 as int16: moving bytes), ``"out"`` (like bits, but the
     staging copy need not be filled: the tensor's old contents are overwritten).
+
+    ``layer`` (mpicoll.torch.devices): the tensor's device layer; the array is
+    then a device array (CuPy) over the tensor's memory, or over a copy on the
+    device (strided views, bfloat16's float32).  Without one, a host NumPy
+    array: over the tensor's memory (a contiguous CPU tensor) or a host copy.
     """
 
-    __slots__ = ("tensor", "array", "_host", "_back")
+    __slots__ = ("tensor", "array", "_host", "_back", "_shared", "_layer")
 
-    def __init__(self, tensor, mode: str = "reduce"):
+    def __init__(self, tensor, mode: str = "reduce", layer=None):
         t = tensor.detach() if tensor.requires_grad else tensor
         self.tensor = t
         self._back = None
+        self._shared = False
+        self._layer = layer
+        if layer is not None:
+            self._on_device(t, mode, layer)
+            return
         if t.dtype is not torch.bfloat16 and t.is_cpu and t.is_contiguous():
             self._host = t  # most calls: the tensor's own memory, in any mode
             self.array = memory_view(t)
@@ -114,6 +183,7 @@ class Staged:
         if mode == "reduce" and t.dtype is torch.bfloat16 and native is None:
             host = to_reducible(t)
             self._back = host
+            self._shared = not t.is_contiguous() and shares_memory(t)
         else:
             view = t.view(_BITS[t.dtype]) if t.dtype in _BITS else t
             if view.is_cpu and view.is_contiguous():
@@ -124,28 +194,105 @@ class Staged:
                 if not view.is_cpu:
                     host = host.cpu()
                 self._back = host
+                self._shared = not view.is_contiguous() and shares_memory(view)
         self._host = host
+        # the int16 bits of bfloat16 are read as ml_dtypes' bfloat16 where native, in the
+        # tensor's memory or in its staging copy
         if self._back is not None:
             self.array = host.numpy().reshape(-1)
-        else:  # the int16 bits of bfloat16 read as ml_dtypes' bfloat16 where native
+            if native is not None:
+                self.array = self.array.view(native)
+        else:
             self.array = memory_view(host, native)
+
+    def _on_device(self, t, mode, layer):
+        """The array on the tensor's device: its memory, or a copy there (no host copy)."""
+        if mode == "reduce" and t.dtype is torch.bfloat16:
+            # no bfloat16 on mpicoll's device path: a float32 copy, reduced, rounded back once
+            # (the CPU's float32 stand-in: float32 accumulation, one rounding)
+            host = t.to(dtype=torch.float32, memory_format=torch.contiguous_format)
+            self._back = host
+            self._shared = not t.is_contiguous() and shares_memory(t)
+        else:
+            view = t.view(_BITS[t.dtype]) if t.dtype in _BITS else t
+            if view.is_contiguous():
+                host = view
+            else:
+                host = view.contiguous() if mode != "out" else torch.empty(
+                    view.shape, dtype=view.dtype, device=view.device)
+                self._back = host
+                self._shared = shares_memory(view)
+        self._host = host
+        self.array = layer.array(host.reshape(-1))
 
     @property
     def direct(self) -> bool:
         """Whether ``array`` is the tensor's own memory (no staging copy)."""
         return self._back is None
 
+    def scale(self, factor) -> None:
+        """Multiply the data by ``factor`` (rounded to its dtype first), in place."""
+        if self._layer is None:
+            self.array *= self.array.dtype.type(factor)
+        else:  # (a kernel on the device, on torch's current stream: the call's)
+            h = self._host
+            h.mul_(torch.full((), factor, dtype=h.dtype, device=h.device))
+
+    def divide(self, size) -> None:
+        """Divide the (floating-point) data by ``size``, in place (AVG)."""
+        if self._layer is None:
+            self.array /= self.array.dtype.type(size)
+        else:
+            h = self._host
+            h.div_(torch.full((), size, dtype=h.dtype, device=h.device))
+
+    def fill(self, source) -> None:
+        """Write ``source`` (elements of the array's dtype: a NumPy array on the host, a torch
+        tensor on a device) into the array."""
+        if self._layer is None:
+            self.array[...] = source
+        else:
+            self._host.reshape(-1).copy_(source)
+
+    def bytes_from(self, source) -> None:
+        """Write the bytes ``source`` (a uint8 NumPy array on the host, a uint8 tensor on a
+        device) into the array."""
+        if self._layer is None:
+            self.array.view(np.uint8)[...] = source
+        else:
+            self._host.reshape(-1).view(torch.uint8).copy_(source)
+
+    def fresh(self) -> None:
+        """Make ``array`` a copy of the tensor's data where it is the tensor's own memory (an
+        input that must stay as it was: PREMUL_SUM scales it, an output overlaps it)."""
+        if self._back is not None:
+            return
+        if self._layer is None:
+            self.array = self.array.copy()
+        else:  # (a copy on the device, on torch's current stream)
+            self._host = self._host.clone(memory_format=torch.contiguous_format)
+            self.array = self._layer.array(self._host.reshape(-1))
+
+    @property
+    def host(self):
+        """The torch tensor ``array`` is a view of (the tensor itself where direct)."""
+        return self._host
+
     def done(self) -> None:
         """Copy the staged result back into the tensor (nothing when moved in place)."""
         if self._back is None:
             return
-        back = self._back
-        if self.tensor.dtype is torch.bfloat16 and back.dtype is not torch.int16:
-            from_reducible(self.tensor, back)
-        elif self.tensor.dtype in _BITS:
-            self.tensor.view(_BITS[self.tensor.dtype]).copy_(back)
+        back, t = self._back, self.tensor
+        if t.dtype is torch.bfloat16 and back.dtype is not torch.int16:
+            if not self._shared:
+                from_reducible(t, back)
+                return
+        elif t.dtype in _BITS:
+            t = t.view(_BITS[t.dtype])
+        if self._shared:
+            write_shared(t, back)
         else:
-            self.tensor.copy_(back)
+            t.copy_(back)
 
 
 _VIEWS: dict = {}  # (address, elements, torch dtype, NumPy dtype) -> memory_view's array

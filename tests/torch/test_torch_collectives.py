@@ -218,11 +218,11 @@ def test_short_path_only_for_the_call_it_fits(groups, monkeypatch):
     """dist.all_reduce of one contiguous CPU tensor, SUM, blocking, skips the general path
     (group.allreduce's short path); each other form (bool, bfloat16, another op, a strided
     view, requires_grad, async) takes the general one.  Every result exact."""
-    from mpicoll.torch import group as G
+    from mpicoll.torch import backend as B
     g = groups
     general = []
-    real = G.ProcessGroupMpicoll._allreduce
-    monkeypatch.setattr(G.ProcessGroupMpicoll, "_allreduce",
+    real = B.MpicollBackend._allreduce
+    monkeypatch.setattr(B.MpicollBackend, "_allreduce",
                         lambda self, *a: general.append(a[-1]) or real(self, *a))
     f32 = torch.float32
     cases = {  # name: (the input of rank r, op, async_op, takes the short path)
@@ -359,6 +359,34 @@ def test_bfloat16_sums_accumulate_in_float32(groups, monkeypatch, path):
     out = torch.empty(1, dtype=torch.bfloat16)
     dist.reduce_scatter_tensor(out, x[:g.size].clone(), group=g.mpicoll)
     same(out, total[g.rank:g.rank + 1].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("path", ["ml_dtypes", "float32-stand-in"])
+@pytest.mark.parametrize("op", ["SUM", "AVG", "MAX"])
+def test_strided_bfloat16_reduces_as_bfloat16(groups, monkeypatch, path, op):
+    """A bfloat16 view that is not contiguous goes through a staging copy: reduced as bfloat16
+    (its bits as ml_dtypes' bfloat16, or the float32 stand-in), not as the int16 it is moved
+    as; the elements between the view's stay as they were."""
+    from mpicoll.torch import tensors
+
+    g = groups
+    if path == "ml_dtypes" and tensors.bfloat16() is None:
+        pytest.skip("ml_dtypes is not installed")
+    if path != "ml_dtypes":
+        monkeypatch.setattr(tensors, "_ML_BF16", [None])
+    base = data(g.rank, 14, torch.bfloat16)
+    got = base.clone()
+    dist.all_reduce(got[::2], op=getattr(R, op), group=g.mpicoll)
+    want = base.clone()
+    want[::2] = reference(op, [data(r, 14, torch.bfloat16)[::2] for r in range(g.size)], g.size)
+    same(got, want)
+    out = torch.zeros(4, dtype=torch.bfloat16)
+    dist.reduce_scatter_tensor(out[::2], data(g.rank, 2 * g.size, torch.bfloat16) * 2,
+                               group=g.mpicoll)
+    full = reference("SUM", [data(r, 2 * g.size, torch.bfloat16) * 2 for r in range(g.size)],
+                     g.size)
+    same(out[::2], full[2 * g.rank:2 * g.rank + 2])
+    same(out[1::2], torch.zeros(2, dtype=torch.bfloat16))
 
 
 def test_bad_input_raises_before_any_message(groups, raising_group):

@@ -6,8 +6,9 @@ and at 2 with MPICH, so both counts and both MPIs are covered, one nested job pe
 ``init_process_group(backend="mpicoll", timeout=...)``, run one healthy
 all_reduce, print a READY stamp, then:
 
-bad_input      rank 1 passes a uint32 tensor (TypeError there, before any message);
-               the others are in the all_reduce; the group's timeout is long
+bad_input      rank 1 passes a uint32 tensor (TypeError there, before any message,
+               raised to the script, which does not catch it); the others are in
+               the all_reduce; the group's timeout is long
 timeout        rank 1 sleeps instead of the all_reduce the others are in; the
                others' wait() times out after the group's short timeout
 timeout_async  the same, but the others start the all_reduce with
@@ -97,9 +98,9 @@ def _problems(res, ended, case, n, seconds) -> str:
         return f"{len(ready)} READY stamps, expected {n}\n{report}"
     if res.returncode == 0 or "NOT REACHED" in out:
         return f"the job did not fail\n{report}"
-    if case == "bad_input":
-        wanted = [r"mpicoll: rank 1: torch backend: allreduce failed on rank 1 of the group of "
-                  rf"{n} \(TypeError: .*uint32", r"MPICOLL_TORCH_ON_ERROR=raise"]
+    if case == "bad_input":  # refused (raised), uncaught: the exit hook ends the job
+        wanted = [r"mpicoll: rank 1: torch backend: allreduce was refused on rank 1 of the group "
+                  rf"of {n} \(TypeError: .*uint32.*uncaught", r"MPICOLL_TORCH_ON_ERROR=raise"]
         latest = max(ready)
     else:  # a waiting rank (not 1) reports its timeout: torch's timeout= is mpicoll's
         wanted = [r"mpicoll: rank [02]: torch backend: allreduce failed on rank [02] of the group "

@@ -66,7 +66,7 @@ def test_tcp_init_method_and_timeout():
     dist.init_process_group(backend="mpicoll", init_method=f"tcp://127.0.0.1:{port}",
                             rank=WORLD.Get_rank(), world_size=WORLD.Get_size(),
                             timeout=timedelta(seconds=42))
-    assert dist.group.WORLD._timeout == 42.0  # torch's timeout is mpicoll's timeout
+    assert dist.group.WORLD.timeout == 42.0  # torch's timeout is mpicoll's timeout
     check_group(WORLD.Get_rank(), WORLD.Get_size())
 
 

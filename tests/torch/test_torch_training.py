@@ -1,5 +1,5 @@
 """Training on the mpicoll backend equals single-process training: DDP (its variants and
-compress hooks), FSDP2 fully_shard, FSDP1 on CPU, ZeroRedundancyOptimizer, DTensor, and
+compress hooks, PowerSGD), FSDP2 fully_shard, FSDP1 on CPU, ZeroRedundancyOptimizer, DTensor, and
 torch.compile of a functional all_reduce.
 
 Every rank trains on its own slice of one global batch (uneven slices: rank r
@@ -11,6 +11,8 @@ must match the reference to float32 rounding.
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -130,6 +132,40 @@ def test_ddp_compress_hooks(groups, hook):
     for name, p in net.named_parameters():  # gradients rounded to 8 (11) bits on the way
         torch.testing.assert_close(p.detach(), ref[name.replace("module.", "")].detach(),
                                    rtol=2e-2, atol=2e-3)
+
+
+def late_rank_0(net, x, y, scale):
+    """The backward, rank 0 starting it late: the others' bucket all-reduce cannot complete
+    when it starts, so its future completes later, with the hook's callbacks in it."""
+    if dist.get_rank() == 0:
+        time.sleep(0.2)
+    (((net(x) - y) ** 2).sum() * scale).backward()
+
+
+@pytest.mark.timeout(120)
+def test_ddp_powersgd_hook(groups):
+    """torch's PowerSGD hook (start_powerSGD_iter=2: two plain steps, then compressed ones,
+    whose future callbacks start collectives and wait for them): the weights are identical on
+    every rank and close to the same training on gloo (the sums differ in rounding only)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    g = groups
+    trained = {}
+    for name, group in (("mpicoll", g.mpicoll), ("gloo", g.gloo)):
+        net = DDP(model(), process_group=group)
+        # min_compression_rate 2: the biases go uncompressed, so the hook's first all-reduce
+        # is not empty (one of no elements completes at once, and with it every callback
+        # would run on this thread)
+        state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=1,
+                                       start_powerSGD_iter=2, min_compression_rate=2)
+        net.register_comm_hook(state, powersgd.powerSGD_hook)
+        train(net, torch.optim.SGD(net.parameters(), lr=0.1), g, accumulate=late_rank_0)
+        trained[name] = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    every = [torch.empty_like(trained["mpicoll"]) for _ in range(g.size)]
+    dist.all_gather(every, trained["mpicoll"], group=g.gloo)
+    assert all(torch.equal(w, every[0]) for w in every), "ranks trained to different weights"
+    torch.testing.assert_close(trained["mpicoll"], trained["gloo"], rtol=1e-4, atol=1e-5)
 
 
 def test_fsdp2_fully_shard(groups):
