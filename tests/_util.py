@@ -312,10 +312,14 @@ def as_function(collective: str, build):
 
 
 def algorithm_functions(collective: str) -> dict:
-    """{name: :func:`as_function` of its builder} for every algorithm of ``collective``."""
+    """{name: :func:`as_function` of its builder} for every algorithm of ``collective`` that
+    runs on messages alone (the shared algorithms read node memory, which only the engine's
+    calls map: tests/test_shared.py runs them through the API)."""
     from mpicoll.engine import select
+    from mpicoll.transport import shared
     return {name: as_function(collective, build)
-            for name, build in select.BUILDERS[collective].items()}
+            for name, build in select.BUILDERS[collective].items()
+            if name not in shared.ALGORITHMS}
 
 
 class env_options:

@@ -22,6 +22,7 @@ from ..core import types as _types
 from ..core.message import Msg
 from ..observe import calls as _observe
 from ..observe import check as _check
+from ..transport import shared as _shared
 from . import context as _context
 from . import executor as _executor
 from . import plan as _plan
@@ -37,7 +38,7 @@ class _Run:
                  "counts", "displs", "op", "red0", "timeout", "check", "blocking", "tag",
                  "src", "dst", "in_place", "schedule", "lease", "steps", "ch", "be", "red",
                  "stage", "program", "observed", "timed", "operation", "accumulate", "auto",
-                 "staged", "__weakref__")
+                 "staged", "region", "__weakref__")
 
     def begin(self, operation) -> None:
         """Set ``operation`` up for one start (it has not sent anything yet)."""
@@ -49,12 +50,16 @@ class _Run:
         # small device calls on the staging path run the host algorithm on one
         # pinned copy (see backends.devices.WholeStage)
         whole = getattr(be, "whole_stage", None)
+        if self.region is not None and _shared.uses(self.schedule):  # (node memory: on the device)
+            whole = None
         stage = self.stage = None if whole is None else whole(
             ctx, nbytes, msg, self.op if self.red0 is not None else None)
         if stage is not None:
             ch, run_be, red = stage.channel, stage.backend, stage.reducer
         else:
-            ch, run_be, red = be.channel(ctx, msg.mpitype), be, self.red0
+            ch = None if self.region is None else \
+                _shared.channel(ctx, be, msg.mpitype, self.schedule)  # (node memory)
+            ch, run_be, red = ch or be.channel(ctx, msg.mpitype), be, self.red0
         if self.tag != _executor.TAG:
             _set_tag(ch, self.tag)
         call = _observe.begin(ctx, self.label, self.collective, self.name, msg, self.total,
@@ -102,6 +107,8 @@ class _Run:
             self.lease = self.ctx.work.lease(self.msg.backend if self.stage is None
                                              else self.stage.backend)
         views = _executor.work_views(sched, self.lease, dst.dtype) if sched.work else {}
+        if self.region is not None:  # node memory (transport.shared)
+            views.update(_shared.views(self.ctx, self.msg.backend, self.region, sched, dst.dtype))
         views[DST] = dst
         views[SRC] = dst if src is None else src
         self.steps = _executor.bind(sched, views)
@@ -179,6 +186,12 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     _observe.check_usable(ctx)
     if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
+    # node memory (transport.shared): a shared algorithm, its region set up
+    name, region = _shared.choose(
+        ctx, collective, algorithm, name, nbytes, msg.backend, commutative,
+        blocking or msg.backend.name != "numpy", persistent, timeout,
+        lambda: (f"{label} #{ctx.seq + 1} ({name}, {total} x {_check.dtype_label(msg)})",
+                 label, name), accumulate)
     if blocking and name != "ring" and not (in_place and collective == "reduce_scatter") \
             and nbytes >= PIPELINE_BYTES and msg.backend.name == "numpy" \
             and len(set(ctx.nodes)) > 1 and (counts is None or min(counts) >= 2):
@@ -201,6 +214,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.src, run.dst, run.in_place = src, dst, in_place
     run.lease = run.steps = run.stage = run.program = None
     run.timed = False
+    run.region = region
     run.schedule = _schedule(run, ctx, msg)
     if run.blocking:
         run.tag = _executor.TAG
@@ -220,6 +234,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.operation = operation if persistent else None
     if not persistent:
         run.begin(operation)
+        _shared.claim(ctx, region, operation)  # (its region's previous operation done)
         operation.go(run.blocking)
         if memo is not None and _plain(run, operation):
             if blocking:
@@ -329,6 +344,8 @@ def _plain(run, operation, timed=True) -> bool:
     unobserved or (``timed``) observed for a timeout alone (engine.plan)."""
     if operation.error is not None or run.msg.backend.name != "numpy":
         return False
+    if run.region and not run.blocking:  # (node memory: a region per start, transport.shared)
+        return False
     if not run.observed:
         return type(run.ch) is _executor.Channel
     return timed and run.timed and type(run.ch.inner) is _executor.Channel
@@ -339,12 +356,14 @@ def start_persistent(operation) -> None:
     run = operation.run
     _observe.check_usable(run.ctx)
     if run.program is not None and not _observe.observing():
+        _shared.claim(run.ctx, run.region, operation)  # (node memory)
         run.ctx.seq += 1  # every start is a call
         operation.steps, operation.ch, operation.red, operation.be = run.program
         operation.call = None
         operation.go(False)
         return
     run.begin(operation)
+    _shared.claim(run.ctx, run.region, operation)  # (node memory)
     operation.go(False)
     if run.program is None and _plain(run, operation, timed=False):
         # its later starts run on persistent requests (bound once: the buffers are fixed)
@@ -388,6 +407,8 @@ def _schedule(run, ctx, msg):
                                commutative, run.accumulate,
                                ctx.segment_window(run.collective, run.name,
                                                   run.total * itemsize, run.auto), run.staged)
+    if run.region is not None:  # node memory: its slot (transport.shared)
+        shape = _shared.shape(ctx, shape, msg.backend, run.region, itemsize)
     return ctx.schedule(run.collective, run.name, run.build, shape)
 
 

@@ -40,6 +40,7 @@ from mpi4py import MPI
 from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from ..transport import channel as _channel
+from ..transport import shared as _shared
 from ..transport import timeout as _timeout
 from .workmem import WorkMemory
 
@@ -135,19 +136,24 @@ class Context:
             self._wait(pending, "duplicating the communicator (MPI_Comm_idup)")
             dup.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
             # 3. the ring order
-            labels = np.zeros(self.size, dtype=np.int64)
+            # per rank: its node label and (transport.shared) its intranode option
+            labels = np.zeros((self.size, 2), dtype=np.int64)
+            labels[self.rank, 1] = _shared.option_code(self.env)
             if self.size > 1:
                 if fake is None:
                     pending = [dup.Ibarrier()]
                     self._wait(pending, "waiting for every rank to reach the set-up (MPI_Ibarrier)")
-                mine = np.array([_topology.node_label(dup, fake)], dtype=np.int64)
+                mine = np.array([_topology.node_label(dup, fake), labels[self.rank, 1]],
+                                dtype=np.int64)
                 # MPI's own method: the duplicate of an mpicoll.Comm is an mpicoll.Comm
                 pending = [MPI.Intracomm.Iallgather(dup, mine, labels)]
                 self._wait(pending, "exchanging node labels (MPI_Iallgather)")
+            # --- node memory (transport.shared): the ranks' agreed intranode option
+            self.intranode = _shared.agree_option(labels[:, 1])
             # 4. what "auto" picks on this communicator (its rank and node counts choose the
             # tuning), and the piece to another node: the option, else the tuning's, the
             # ranks' least (both ends of a message must cut it alike)
-            nodes = tuple(labels.tolist())
+            nodes = tuple(labels[:, 0].tolist())
             self.selection = _select.selection(self.size, len(set(nodes)))
             piece = np.array([self._node_piece_wanted()], dtype=np.int64)
             if len(set(nodes)) > 1:  # (on one node no message goes to another: nothing to agree)
@@ -268,6 +274,7 @@ class Context:
             self._release()
 
     def _release(self) -> None:
+        _shared.release(self)  # node memory (transport.shared), before the duplicate goes
         self.freeing = False
         self.work = WorkMemory()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():

@@ -92,6 +92,7 @@ from ..algorithms.schedule import DST, SRC
 from ..core.config import EPOCH, resolve
 from ..core.message import Msg
 from ..observe import calls as _observe
+from ..transport import shared as _shared
 from . import context as _context
 from . import native as _native
 from .executor import (
@@ -233,6 +234,8 @@ def _new(ctx, comm, memo, run, blocking):
     plan.lease = ctx.work.lease(run.be) if sched.work else None
     views = work_views(sched, plan.lease, run.dst.dtype) if sched.work else {}
     plan.work = sum(int(v.nbytes) for v in views.values())
+    if run.region is not None:  # node memory (transport.shared): region 0, blocking calls'
+        views.update(_shared.views(ctx, run.be, run.region, sched, run.dst.dtype))
     dst = _raw(run.dst)
     views[DST] = dst
     views[SRC] = dst if run.src is None or run.src is run.dst else _raw(run.src)
