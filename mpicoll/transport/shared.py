@@ -10,11 +10,11 @@ one place to ask about them (engine.collectives calls the functions marked
 Host arrays: POSIX shared memory
     Each rank creates a file under ``/dev/shm`` (``O_CREAT | O_EXCL |
     O_NOFOLLOW``, mode 0600, a random name) holding a random token and its
-    buffer, and maps it; the names go to every rank in one ``Iallgather``; each
-    rank opens the files of the ranks of its node (refusing one that is not a
-    regular file of this user, or whose token differs: another machine's
+    buffer, and maps it; the names go to every rank (one message to each);
+    each rank opens the files of the ranks of its node (refusing one that is
+    not a regular file of this user, or whose token differs: another machine's
     file of the same name), maps them, and every rank learns in a second
-    ``Iallgather`` whether all ranks could.  Then each rank removes its file:
+    exchange whether all ranks could.  Then each rank removes its file:
     the mappings stay, the kernel frees the memory with the last one, and no
     file is left behind even if a rank dies later.  Freeing is local (a
     mapping goes when nothing refers to it), which MPI's shared windows do not
@@ -194,7 +194,10 @@ class _Host:
     """Node memory of host arrays (the runtime interface :class:`_Device` has too)."""
 
     key = "host"
-    slot_bytes = HOST_SLOT_BYTES
+
+    @property
+    def slot_bytes(self) -> int:
+        return HOST_SLOT_BYTES
 
     def identity(self) -> bytes:
         return b""
@@ -221,12 +224,11 @@ class _Host:
 class _Device:
     """Node memory of device arrays: CUDA IPC through the backend's runtime."""
 
-    slot_bytes = DEVICE_SLOT_BYTES
-
     def __init__(self, be):
         self.be = be
         self.rt = be.rt
         self.key = (be.name, self.rt.current_device())
+        self.slot_bytes = DEVICE_SLOT_BYTES
 
     def identity(self) -> bytes:
         return self.rt.ipc_device().encode()[:_DEVICE.stop - _DEVICE.start]
@@ -318,41 +320,57 @@ def _reap() -> None:
             MPI.Comm.Free(comm)
 
 
-def _wait(ctx, reqs, timeout, what, describe) -> None:
-    """Complete the set-up requests ``reqs`` (advancing the operations in flight); under a
-    timeout, CollectiveTimeout after that long without progress (the context is then
-    unusable: a collective of its duplicate is pending)."""
-    from ..engine.executor import wait_for
+class _Message:
+    """A set-up message as transport.timeout.wait polls it."""
+
+    __slots__ = ("req", "kind", "peer", "done")
+
+    def __init__(self, req, kind, peer):
+        self.req, self.kind, self.peer, self.done = req, kind, peer, None
+
+
+def _allgather(ctx, mine, timeout, what, describe):
+    """Every rank's ``mine`` (uint8, the same length on every rank), by rank.
+
+    Point-to-point messages on the context's duplicate with the blocking calls'
+    tag (the set-up runs at the start of a call, before its own messages): a
+    rank that never joins leaves receives that a timeout cancels, never a
+    collective pending on the duplicate.  The operations in flight advance
+    while it waits; under a timeout, CollectiveTimeout after that long without
+    progress (the context is then unusable).
+    """
+    from ..engine.executor import TAG, wait_for
+    out = np.zeros((ctx.size, len(mine)), np.uint8)
+    out[ctx.rank] = mine
+    comm, peers = ctx.comm, [q for q in range(ctx.size) if q != ctx.rank]
+    msgs = [_Message(MPI.Comm.Irecv(comm, out[q], q, TAG), "recv", q) for q in peers]
+    msgs += [_Message(MPI.Comm.Isend(comm, mine, q, TAG), "send", q) for q in peers]
+    reqs = [m.req for m in msgs]
     if wait_for(lambda: MPI.Request.Testall(reqs), timeout=timeout):
-        return
+        return out
     if timeout is None:
         MPI.Request.Waitall(reqs)
-        return
-
-    class _Step:
-        __slots__ = ("req", "kind", "done")
-
-        def __init__(self, req):
-            self.req, self.kind, self.done = req, "setup", None
-
-    steps = [_Step(r) for r in reqs]
+        return out
 
     def expired(left, idle):
         call, collective, algorithm = describe()
-        why = f"{call} timed out on rank {ctx.rank} setting up node memory"
-        ctx.mpicoll_unusable = why  # (observe.calls' mark)
+        late = next((m for m in left if m.kind == "recv"), left[0])
+        # (observe.calls' mark, in its words)
+        ctx.mpicoll_unusable = f"{collective} #{ctx.seq + 1} timed out on rank {ctx.rank}"
         drop = getattr(ctx, "drop_plans", None)
         if drop is not None:
             drop()
         return CollectiveTimeout(
             f"{call} on rank {ctx.rank}: no progress for {idle:.3g} s (timeout {timeout:g} s) "
-            f"while setting up node memory, {what}. Some rank has not joined this call: it "
-            f"may have skipped it, called a collective on another communicator, or be stuck "
-            f"or dead. This communicator cannot be used again; end the job with "
-            f"mpicoll.abort()", collective=collective, seq=ctx.seq + 1, algorithm=algorithm,
-            rank=ctx.rank, peer=None, phase="setup", step=None, timeout=timeout)
+            f"before step 0, setting up node memory ({what}): waiting for rank {late.peer}. "
+            f"Some rank has not joined this call: it may have skipped it, called a collective "
+            f"on another communicator, or be stuck or dead. This communicator cannot be used "
+            f"again; end the job with mpicoll.abort()", collective=collective,
+            seq=ctx.seq + 1, algorithm=algorithm, rank=ctx.rank, peer=late.peer,
+            phase=late.kind, step=None, timeout=timeout)
 
-    _timeout.wait(steps, timeout, expired, _timeout.tester(steps))
+    _timeout.wait(msgs, timeout, expired, _timeout.tester(msgs))
+    return out
 
 
 def _set_up(ctx, nm, memory, region, timeout, describe) -> str | None:
@@ -376,17 +394,16 @@ def _set_up(ctx, nm, memory, region, timeout, describe) -> str | None:
         except Exception as exc:
             why = f"cannot allocate {nbytes} bytes to share ({type(exc).__name__}: {exc})"
             record[0] = _FAILED
-    records = np.zeros((ctx.size, _REC), np.uint8)
     try:
-        _wait(ctx, [MPI.Intracomm.Iallgather(ctx.comm, record, records)], timeout,
-              "exchanging the buffers' names (MPI_Iallgather)", describe)
+        records = _allgather(ctx, record, timeout, "exchanging the buffers' names", describe)
         if why is None:
             for q in nm.local:
                 if q == ctx.rank:
                     continue
                 rec = records[q]
                 if rec[0] != _EXPORTED:
-                    why = f"rank {q} of this node has no buffer to share"
+                    why = f"rank {q} of this node could not allocate its buffer (its python " \
+                          f"-m mpicoll.info says why)"
                     break
                 try:
                     arr, keep = memory.open(rec[_HANDLE].tobytes(), rec[_TOKEN].tobytes(),
@@ -396,10 +413,8 @@ def _set_up(ctx, nm, memory, region, timeout, describe) -> str | None:
                     break
                 mapped.opened.append(keep)
                 mapped.arrays[q] = arr
-        ok = np.array([why is None], np.uint8)
-        oks = np.zeros(ctx.size, np.uint8)
-        _wait(ctx, [MPI.Intracomm.Iallgather(ctx.comm, ok, oks)], timeout,
-              "agreeing whether every rank mapped its node's buffers (MPI_Iallgather)", describe)
+        oks = _allgather(ctx, np.array([why is None], np.uint8), timeout,
+                         "agreeing whether every rank mapped its node's buffers", describe)[:, 0]
     except BaseException:
         _undo(memory, mapped, settled=False)
         raise
@@ -582,7 +597,8 @@ def views(ctx, backend, region, schedule, dtype) -> dict:
     nm = node_memory(ctx)
     mapped = nm.mapped.get((_memory_of(backend).key, region))
     if mapped is None:
-        raise MpicollError("node memory not mapped: the communicator was freed")
+        raise MpicollError("communicator freed: its node memory is gone; start operations "
+                           "only on a communicator not yet freed")
     itemsize = np.dtype(dtype).itemsize
     out = {}
     for name, (q, n) in schedule.shared.items():
