@@ -58,9 +58,9 @@ def small(monkeypatch):
 
 
 def _cases(comm, collective, info, opname, counts, algorithms):
-    for k, count in enumerate(counts):
+    for count in counts:
         prepared = V.prepare_case(comm, collective, info, opname, count)
-        for j, algo in enumerate(algorithms):
+        for algo in algorithms:
             for ip in (False, True):
                 label = f"{info.name} {opname} count={count} in_place={ip} {algo}"
                 yield label, V.run_case(comm, collective, info, opname, count, ip, algo,
