@@ -210,21 +210,26 @@ HIERARCHICAL_ABOVE = {collective: rows[-2][0] for collective, rows in THRESHOLDS
 # whose ranks share one node, the first row of the collective whose size limit holds
 # (max bytes, inclusive; None: no limit) gives the shared algorithm, or None: the table
 # above.  Host rows: measured at 2 ranks with both MPIs (docs/performance.md, "Shared
-# memory inside a node"); device rows: every size (staging moves each byte through
-# host memory and PCIe, node memory through the GPU's own).  ``intranode=shared`` takes
-# SHARED_FORCED at every size, and on a communicator spanning nodes the hierarchical
-# composition (algorithms.shared, commutative ops only); ``intranode=mpi`` none.
+# memory inside a node").  Device rows: none until measured on a GPU (docs/gpu.md says
+# how); ``intranode=shared`` takes SHARED_FORCED at every size, and on a communicator
+# spanning nodes the hierarchical composition (algorithms.shared, commutative ops only);
+# ``intranode=mpi`` never a shared one.
 SHARED_HOST = {
     "allreduce": ((None, None),),
     "reduce_scatter": ((None, None),),
     "allgather": ((None, None),),
 }
 SHARED_DEVICE = {
+    "allreduce": ((None, None),),
+    "reduce_scatter": ((None, None),),
+    "allgather": ((None, None),),
+}
+# one shot up to this size: a rank reads every rank's chunk, with one sync per chunk
+SHARED_FORCED = {
     "allreduce": ((256 << 10, _shared.ONESHOT), (None, _shared.TWOSHOT)),
     "reduce_scatter": ((None, _shared.NAME),),
     "allgather": ((None, _shared.NAME),),
 }
-SHARED_FORCED = SHARED_DEVICE
 
 
 def shared_choice(collective: str, nbytes: int, mode: str, device: bool, spans: bool,
