@@ -499,3 +499,19 @@ def test_no_file_is_left_behind():
     finally:
         comm.Free()
     _util.assert_all(WORLD, not left, str(left))
+
+
+def test_info_says_whether_node_memory_maps(capsys, monkeypatch):
+    """``python -m mpicoll.info``: the option, and whether host memory maps (here it does;
+    with one rank there is nobody to share with); then refused on rank 0, why."""
+    from mpicoll.tools import info
+    assert info.main([], comm=WORLD) in (0, 1)
+    out = capsys.readouterr().out
+    want = "host memory: yes (" if SIZE > 1 else "host memory: not used (no rank"
+    ok = RANK != 0 or ("intranode: auto (MPICOLL_INTRANODE)" in out and want in out)
+    if RANK == 0:
+        monkeypatch.setattr(_shared, "SHM_DIR", "/nonexistent-mpicoll-test")
+    info.main([], comm=WORLD)
+    out = capsys.readouterr().out
+    ok = ok and (RANK != 0 or SIZE == 1 or "host memory: no (cannot allocate" in out)
+    _util.assert_all(WORLD, ok, out)
