@@ -26,6 +26,7 @@ from support.data import rank_data
 import mpicoll
 from mpicoll.algorithms import shared as _algorithms
 from mpicoll.engine import context as _context
+from mpicoll.engine import intranode as _intranode
 from mpicoll.tools import verify as V
 from mpicoll.transport import shared as _shared
 
@@ -147,7 +148,7 @@ def _start(collective, x, comm, algorithm, counts):
     return mpicoll.iallgather(x, comm=comm, counts=counts, algorithm=algorithm)
 
 
-def _in_flight(comm, nops=2 * _shared.NONBLOCKING + 1):
+def _in_flight(comm, nops=2 * _intranode.NONBLOCKING + 1):
     """``nops`` non-blocking calls (every shared algorithm, more than there are regions, a
     ring among them), a blocking call in the middle, waited in an order that depends on the
     rank; [(what, got, expected)]."""
@@ -463,6 +464,17 @@ def test_fake_nodes_compose_with_the_hierarchical_algorithms(layout, monkeypatch
                                    "SUM" if V.COLLECTIVES[collective][2] else None,
                                    [0, 1, SIZE + 1, 7 * SIZE + 3], NAMES[collective]))
         _util.check_cases(comm, results)
+        # a large blocking call across nodes runs as a pipeline of non-blocking chunks (each
+        # on a region of its own); across nodes travel exactly the lanes' rings: 2(k-1) N
+        x = rank_data(300_000, RANK, np.float64, salt=4)
+        with mpicoll.traffic() as t:
+            y = mpicoll.allreduce(x, comm=comm, algorithm=_algorithms.TWOSHOT)
+        k = len(set(_context.context(comm).nodes))
+        sent = WORLD.allreduce(t.bytes_sent)
+        bad = _problems([("pipelined", y, _builtin("allreduce", x))])
+        if len(t.calls) < 2 or sent != 2 * (k - 1) * x.nbytes:
+            bad += f" {len(t.calls)} chunks, {sent} bytes across nodes"
+        _util.assert_all(comm, not bad, bad)
         with mpicoll.options(intranode="shared"):
             other = WORLD.Dup()
             mpicoll.allgather(np.ones(1), comm=other)  # its set-up reads the option

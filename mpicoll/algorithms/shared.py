@@ -332,13 +332,13 @@ def _ring_across(b, node, s, lay, sub, bufs) -> None:
     """Embed the lane's ring ``sub`` across nodes (algorithms.hierarchical), after the syncs
     so far; its steps follow theirs."""
     peers = [lay.owner(lay.index, j) for j in range(lay.k)]
-    _hier._embed(b, sub, peers, bufs, "across nodes", node.step)
+    _hier.embed(b, sub, peers, bufs, "across nodes", node.step)
     node.step += sub.nsteps + 1
 
 
 def _allreduce_nodes(s: Shape) -> Schedule:
     """Lanes reduced in the node, one ring AllReduce per lane across nodes, lanes shared."""
-    lay = _hier._Layout(s)
+    lay = _hier.Layout(s)
     b = Builder()
     node = _Node(b, s)
     lens = [c for _, c in lay.spans]
@@ -365,7 +365,7 @@ def _node_parts(lay, lane: int) -> list:
     """[(rank, logical lo, hi, offset)] of the parts of ``lane`` on this rank's node, offsets
     counted in that order (the node's part of the lane, as the ring across nodes leaves it)."""
     out, at = [], 0
-    for r, x, y, _ in _hier._lane_parts(lay, lane):
+    for r, x, y, _ in _hier.lane_parts(lay, lane):
         if r in lay.local:
             out.append((r, x, y, at))
             at += y - x
@@ -375,11 +375,11 @@ def _node_parts(lay, lane: int) -> list:
 def _reduce_scatter_nodes(s: Shape) -> Schedule:
     """Lanes reduced in the node (ordered by node), one ring ReduceScatter per lane across
     nodes (each node its part), parts copied to their ranks."""
-    lay = _hier._Layout(s)
+    lay = _hier.Layout(s)
     b = Builder()
     node = _Node(b, s)
     blocks = lay.blocks
-    parts = [_hier._lane_parts(lay, j) for j in range(lay.lanes)]
+    parts = [_hier.lane_parts(lay, j) for j in range(lay.lanes)]
     lens = [c for _, c in lay.spans]
     owner = node.index < lay.lanes
     lane_buf = b.buffer("shared: lane (by node)", lens[node.index]) \
@@ -396,7 +396,7 @@ def _reduce_scatter_nodes(s: Shape) -> Schedule:
     if owner and parts[node.index]:
         counts = [0] * lay.k
         for r, x, y, _ in parts[node.index]:
-            counts[_hier._node_of(lay, r)] += y - x
+            counts[_hier.node_of(lay, r)] += y - x
         displs = [sum(counts[:j]) for j in range(lay.k)]
         mine = counts[lay.node]
         out_buf = b.buffer("shared: node's part of the lane", mine) if mine else None
@@ -418,11 +418,11 @@ def _reduce_scatter_nodes(s: Shape) -> Schedule:
 
 def _allgather_nodes(s: Shape) -> Schedule:
     """Lanes collected in the node, one ring AllGather per lane across nodes, lanes shared."""
-    lay = _hier._Layout(s)
+    lay = _hier.Layout(s)
     b = Builder()
     node = _Node(b, s)
     blocks = lay.blocks
-    parts = [_hier._lane_parts(lay, j) for j in range(lay.lanes)]
+    parts = [_hier.lane_parts(lay, j) for j in range(lay.lanes)]
     lens = [c for _, c in lay.spans]
     owner = node.index < lay.lanes
     lane_buf = b.buffer("shared: lane (by node)", lens[node.index]) \
@@ -432,7 +432,7 @@ def _allgather_nodes(s: Shape) -> Schedule:
         b.copy(Region(DST, lo, lo + cnt), Region(SRC, 0, cnt))
 
     def parts_of(q, j):
-        pieces = _hier._parts_of(lay, q, j)
+        pieces = _hier.parts_of(lay, q, j)
         if q == s.rank and s.in_place:  # this rank's block, where it lies in DST
             return [(Region(DST, lo + r.start, lo + r.stop), off) for r, off in pieces]
         return pieces
@@ -442,7 +442,7 @@ def _allgather_nodes(s: Shape) -> Schedule:
     if owner and lane_buf is not None and lay.k > 1:
         counts = [0] * lay.k
         for r, x, y, _ in parts[node.index]:
-            counts[_hier._node_of(lay, r)] += y - x
+            counts[_hier.node_of(lay, r)] += y - x
         displs = [sum(counts[:j]) for j in range(lay.k)]
         sub = _ring.allgather_schedule(lay.ring_shape(s, lens[node.index], counts, displs, True))
         _ring_across(b, node, s, lay, sub,

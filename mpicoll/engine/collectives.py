@@ -22,9 +22,9 @@ from ..core import types as _types
 from ..core.message import Msg
 from ..observe import calls as _observe
 from ..observe import check as _check
-from ..transport import shared as _shared
 from . import context as _context
 from . import executor as _executor
+from . import intranode as _intranode
 from . import plan as _plan
 from . import select as _select
 from .executor import Operation
@@ -50,7 +50,7 @@ class _Run:
         # small device calls on the staging path run the host algorithm on one
         # pinned copy (see backends.devices.WholeStage)
         whole = getattr(be, "whole_stage", None)
-        if self.region is not None and _shared.uses(self.schedule):  # (node memory: on the device)
+        if self.region is not None and _intranode.uses(self.schedule):  # (node memory: on the device)
             whole = None
         stage = self.stage = None if whole is None else whole(
             ctx, nbytes, msg, self.op if self.red0 is not None else None)
@@ -58,7 +58,7 @@ class _Run:
             ch, run_be, red = stage.channel, stage.backend, stage.reducer
         else:
             ch = None if self.region is None else \
-                _shared.channel(ctx, be, msg.mpitype, self.schedule)  # (node memory)
+                _intranode.channel(ctx, be, msg.mpitype, self.schedule)  # (node memory)
             ch, run_be, red = ch or be.channel(ctx, msg.mpitype), be, self.red0
         if self.tag != _executor.TAG:
             _set_tag(ch, self.tag)
@@ -108,7 +108,7 @@ class _Run:
                                              else self.stage.backend)
         views = _executor.work_views(sched, self.lease, dst.dtype) if sched.work else {}
         if self.region is not None:  # node memory (transport.shared)
-            views.update(_shared.views(self.ctx, self.msg.backend, self.region, sched, dst.dtype))
+            views.update(_intranode.views(self.ctx, self.msg.backend, self.region, sched, dst.dtype))
         views[DST] = dst
         views[SRC] = dst if src is None else src
         self.steps = _executor.bind(sched, views)
@@ -187,7 +187,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose_on(ctx, collective, algorithm, nbytes, commutative, staged)
     # node memory (transport.shared): a shared algorithm, its region set up
-    name, region = _shared.choose(
+    name, region = _intranode.choose(
         ctx, collective, algorithm, name, nbytes, msg.backend, commutative,
         blocking or msg.backend.name != "numpy", persistent, timeout,
         lambda: (f"{label} #{ctx.seq + 1} ({name}, {total} x {_check.dtype_label(msg)})",
@@ -234,7 +234,7 @@ def _start(comm, collective, algorithm, msg, total, *, src, dst, in_place, red=N
     run.operation = operation if persistent else None
     if not persistent:
         run.begin(operation)
-        _shared.claim(ctx, region, operation)  # (its region's previous operation done)
+        _intranode.claim(ctx, region, operation)  # (its region's previous operation done)
         operation.go(run.blocking)
         if memo is not None and _plain(run, operation):
             if blocking:
@@ -344,7 +344,7 @@ def _plain(run, operation, timed=True) -> bool:
     unobserved or (``timed``) observed for a timeout alone (engine.plan)."""
     if operation.error is not None or run.msg.backend.name != "numpy":
         return False
-    if run.region and not run.blocking:  # (node memory: a region per start, transport.shared)
+    if not _intranode.plain(run):  # (node memory: engine.intranode)
         return False
     if not run.observed:
         return type(run.ch) is _executor.Channel
@@ -356,14 +356,14 @@ def start_persistent(operation) -> None:
     run = operation.run
     _observe.check_usable(run.ctx)
     if run.program is not None and not _observe.observing():
-        _shared.claim(run.ctx, run.region, operation)  # (node memory)
+        _intranode.claim(run.ctx, run.region, operation)  # (node memory)
         run.ctx.seq += 1  # every start is a call
         operation.steps, operation.ch, operation.red, operation.be = run.program
         operation.call = None
         operation.go(False)
         return
     run.begin(operation)
-    _shared.claim(run.ctx, run.region, operation)  # (node memory)
+    _intranode.claim(run.ctx, run.region, operation)  # (node memory)
     operation.go(False)
     if run.program is None and _plain(run, operation, timed=False):
         # its later starts run on persistent requests (bound once: the buffers are fixed)
@@ -408,7 +408,7 @@ def _schedule(run, ctx, msg):
                                ctx.segment_window(run.collective, run.name,
                                                   run.total * itemsize, run.auto), run.staged)
     if run.region is not None:  # node memory: its slot (transport.shared)
-        shape = _shared.shape(ctx, shape, msg.backend, run.region, itemsize)
+        shape = _intranode.shape(ctx, shape, msg.backend, run.region, itemsize)
     return ctx.schedule(run.collective, run.name, run.build, shape)
 
 

@@ -40,7 +40,6 @@ from mpi4py import MPI
 from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from ..transport import channel as _channel
-from ..transport import shared as _shared
 from ..transport import timeout as _timeout
 from .workmem import WorkMemory
 
@@ -103,6 +102,7 @@ class Context:
     def __init__(self, comm: MPI.Intracomm, timeout: float | None = None, describe=None,
                  env: dict | None = None):
         from ..transport import topology as _topology
+        from . import intranode as _intranode
         # 1. every option first, read once for this communicator (core.config): a bad
         # value raises before any MPI call
         self.env = _config.read_environment() if env is None else env
@@ -138,7 +138,7 @@ class Context:
             # 3. the ring order
             # per rank: its node label and (transport.shared) its intranode option
             labels = np.zeros((self.size, 2), dtype=np.int64)
-            labels[self.rank, 1] = _shared.option_code(self.env)
+            labels[self.rank, 1] = _intranode.option_code(self.env)
             if self.size > 1:
                 if fake is None:
                     pending = [dup.Ibarrier()]
@@ -149,7 +149,7 @@ class Context:
                 pending = [MPI.Intracomm.Iallgather(dup, mine, labels)]
                 self._wait(pending, "exchanging node labels (MPI_Iallgather)")
             # --- node memory (transport.shared): the ranks' agreed intranode option
-            self.intranode = _shared.agree_option(labels[:, 1])
+            self.intranode = _intranode.agree_option(labels[:, 1])
             # 4. what "auto" picks on this communicator (its rank and node counts choose the
             # tuning), and the piece to another node: the option, else the tuning's, the
             # ranks' least (both ends of a message must cut it alike)
@@ -274,7 +274,8 @@ class Context:
             self._release()
 
     def _release(self) -> None:
-        _shared.release(self)  # node memory (transport.shared), before the duplicate goes
+        from . import intranode as _intranode
+        _intranode.release(self)  # node memory (engine.intranode), before the duplicate goes
         self.freeing = False
         self.work = WorkMemory()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():

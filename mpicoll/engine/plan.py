@@ -92,8 +92,8 @@ from ..algorithms.schedule import DST, SRC
 from ..core.config import EPOCH, resolve
 from ..core.message import Msg
 from ..observe import calls as _observe
-from ..transport import shared as _shared
 from . import context as _context
+from . import intranode as _intranode
 from . import native as _native
 from .executor import (
     CALL,
@@ -235,7 +235,7 @@ def _new(ctx, comm, memo, run, blocking):
     views = work_views(sched, plan.lease, run.dst.dtype) if sched.work else {}
     plan.work = sum(int(v.nbytes) for v in views.values())
     if run.region is not None:  # node memory (transport.shared): region 0, blocking calls'
-        views.update(_shared.views(ctx, run.be, run.region, sched, run.dst.dtype))
+        views.update(_intranode.views(ctx, run.be, run.region, sched, run.dst.dtype))
     dst = _raw(run.dst)
     views[DST] = dst
     views[SRC] = dst if run.src is None or run.src is run.dst else _raw(run.src)

@@ -106,7 +106,7 @@ def _intranode(comm) -> list[str]:
     duplicate of ``comm`` for host arrays and, where every rank has a GPU, device arrays."""
     from ..backends.host import NUMPY
     from ..engine import context as _context
-    from ..transport import shared as _shared
+    from ..engine import intranode as _intranode
     dup = comm.Dup()
     try:
         try:
@@ -114,7 +114,7 @@ def _intranode(comm) -> list[str]:
         except ValueError as exc:  # a bad MPICOLL_* variable, or ranks that disagree
             return [f"intranode: unknown ({exc})"]
         lines = [("intranode", f"{ctx.intranode} (MPICOLL_INTRANODE)"),
-                 ("  host memory", _shared.probe(ctx, NUMPY))]
+                 ("  host memory", _intranode.probe(ctx, NUMPY))]
         device = None
         try:
             from ..backends.devices import CUPY
@@ -123,7 +123,7 @@ def _intranode(comm) -> list[str]:
         except Exception:  # no CuPy, no driver
             device = None
         if comm.allreduce(device is not None, op=MPI.LAND):
-            lines.append(("  device memory", _shared.probe(ctx, device)))
+            lines.append(("  device memory", _intranode.probe(ctx, device)))
         else:
             lines.append(("  device memory", "not tried (not every rank sees a GPU with CuPy)"))
     finally:

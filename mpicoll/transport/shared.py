@@ -2,10 +2,16 @@
 
 The shared-memory algorithms (mpicoll/algorithms/shared.py) read and write
 the buffers of the ranks of their node directly; MPI carries only their
-0-byte synchronisation messages.  This module gives each communicator's
-context those buffers, for host and for device arrays, and is the engine's
-one place to ask about them (engine.collectives calls the functions marked
-*engine* below).
+0-byte synchronisation messages.  This module maps those buffers for a
+communicator's context, for host and for device arrays, in *regions*
+(engine.intranode says which call uses which, and asks for each on first
+use): each rank's buffer in a region is two slots of :data:`HOST_SLOT_BYTES`
+(device :data:`DEVICE_SLOT_BYTES`), so the memory stays bounded whatever the
+array size.  A set-up is an exchange among every rank of the communicator
+(point-to-point messages with the blocking calls' tag, under the call's
+timeout) and succeeds only if every rank's does; otherwise no rank uses
+that backend's node memory on this communicator again, and the reason is
+kept (``python -m mpicoll.info`` prints it).
 
 Host arrays: POSIX shared memory
     Each rank creates a file under ``/dev/shm`` (``O_CREAT | O_EXCL |
@@ -32,27 +38,6 @@ Device arrays: CUDA IPC
     completes, checked at later set-ups and frees).  All of it goes through
     the device runtime (backends.devices.CupyRuntime, or the test suite's
     fake one), so it runs without a GPU in CI.
-
-Regions
-    A context holds one *region* per use that may be in flight at once:
-    region 0 for blocking calls (they never overlap on a communicator, and
-    device calls always run to the end), :data:`NONBLOCKING` for
-    non-blocking calls (call number modulo that), :data:`PERSISTENT` for
-    persistent operations (creation number modulo that).  Every rank numbers
-    calls alike, so every rank picks the same region.  A region is set up on
-    the first call that needs it (a collective exchange: all ranks run the
-    same call), and an operation starting on a region another operation of
-    the context still holds first waits for that one (:func:`claim`).  Each
-    rank's buffer in a region is two slots of :data:`HOST_SLOT_BYTES` (device
-    :data:`DEVICE_SLOT_BYTES`): the work memory stays bounded whatever the
-    array size.
-
-Agreement
-    What shapes a schedule is the same on every rank: the ``intranode``
-    option is exchanged with the node labels when the context is made (ranks
-    that differ raise ``ValueError``), and a set-up succeeds only if every
-    rank's does; otherwise no rank uses that backend's node memory on this
-    communicator again, and the reason is kept (``python -m mpicoll.info``).
 """
 
 from __future__ import annotations
@@ -68,10 +53,9 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import shared as _algorithms
-from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from . import timeout as _timeout
+from .channel import TAG
 
 # Bytes of one slot (each rank's buffer in a region holds two).  Host: a chunk of this
 # size is one sync of two ranks apart (docs/performance.md, "Shared memory inside a node");
@@ -79,11 +63,6 @@ from . import timeout as _timeout
 # against the same order for a stream synchronisation and a 0-byte message.
 HOST_SLOT_BYTES = 1 << 20
 DEVICE_SLOT_BYTES = 32 << 20
-NONBLOCKING = 4  # regions for non-blocking calls (a pipeline keeps 4 chunks in flight)
-PERSISTENT = 2   # regions for persistent operations
-
-MODES = _config.INTRANODE_MODES
-ALGORITHMS = frozenset(name for _, name in _algorithms.SCHEDULES)
 
 _REC = 128  # bytes of one rank's record in the set-up exchange
 _HANDLE, _TOKEN, _DEVICE = slice(8, 72), slice(72, 88), slice(88, 120)
@@ -92,23 +71,6 @@ _EMPTY = np.empty(0, np.uint8)  # what a 0-byte message of a device schedule han
 
 SHM_DIR = "/dev/shm"
 _HEADER = 64  # bytes before a host segment's buffer: its token, padded
-
-
-# --- the option ------------------------------------------------------------------------
-
-def option_code(env: dict) -> int:
-    """This rank's ``intranode`` option as a number (context set-up exchanges it)."""
-    return MODES.index(_config.resolve(env)["intranode"])
-
-
-def agree_option(codes) -> str:
-    """The ``intranode`` option every rank has (``codes``: per rank); ValueError on every
-    rank when they differ."""
-    codes = [int(c) for c in codes]
-    if len(set(codes)) > 1:
-        ranks = ", ".join(f"rank {r}: {MODES[c]}" for r, c in enumerate(codes))
-        raise ValueError(f"MPICOLL_INTRANODE: the ranks of a communicator must agree, got {ranks}")
-    return MODES[codes[0]]
 
 
 # --- host memory: POSIX shared memory ---------------------------------------------------
@@ -329,7 +291,7 @@ class _Message:
         self.req, self.kind, self.peer, self.done = req, kind, peer, None
 
 
-def _allgather(ctx, mine, timeout, what, describe):
+def _allgather(ctx, mine, timeout, what, describe, wait_for):
     """Every rank's ``mine`` (uint8, the same length on every rank), by rank.
 
     Point-to-point messages on the context's duplicate with the blocking calls'
@@ -337,9 +299,9 @@ def _allgather(ctx, mine, timeout, what, describe):
     rank that never joins leaves receives that a timeout cancels, never a
     collective pending on the duplicate.  The operations in flight advance
     while it waits; under a timeout, CollectiveTimeout after that long without
-    progress (the context is then unusable).
+    progress (the context is then unusable).  ``wait_for``: the engine's wait
+    (engine.executor.wait_for), which advances the operations in flight.
     """
-    from ..engine.executor import TAG, wait_for
     out = np.zeros((ctx.size, len(mine)), np.uint8)
     out[ctx.rank] = mine
     comm, peers = ctx.comm, [q for q in range(ctx.size) if q != ctx.rank]
@@ -373,7 +335,7 @@ def _allgather(ctx, mine, timeout, what, describe):
     return out
 
 
-def _set_up(ctx, nm, memory, region, timeout, describe) -> str | None:
+def _set_up(ctx, nm, memory, region, timeout, describe, wait_for) -> str | None:
     """Map ``region`` of ``memory`` (host or a device) among the ranks of each node; every
     rank of the communicator takes part.  None when every rank succeeded, else why not
     (the same verdict on every rank)."""
@@ -395,7 +357,8 @@ def _set_up(ctx, nm, memory, region, timeout, describe) -> str | None:
             why = f"cannot allocate {nbytes} bytes to share ({type(exc).__name__}: {exc})"
             record[0] = _FAILED
     try:
-        records = _allgather(ctx, record, timeout, "exchanging the buffers' names", describe)
+        records = _allgather(ctx, record, timeout, "exchanging the buffers' names", describe,
+                             wait_for)
         if why is None:
             for q in nm.local:
                 if q == ctx.rank:
@@ -414,7 +377,8 @@ def _set_up(ctx, nm, memory, region, timeout, describe) -> str | None:
                 mapped.opened.append(keep)
                 mapped.arrays[q] = arr
         oks = _allgather(ctx, np.array([why is None], np.uint8), timeout,
-                         "agreeing whether every rank mapped its node's buffers", describe)[:, 0]
+                         "agreeing whether every rank mapped its node's buffers", describe,
+                         wait_for)[:, 0]
     except BaseException:
         _undo(memory, mapped, settled=False)
         raise
@@ -506,62 +470,12 @@ def at_exit() -> None:
         nm.closed = True
 
 
-# --- what the engine asks ---------------------------------------------------------------
+# --- what the engine asks (engine.intranode) ----------------------------------------------
 
-def spans_nodes(ctx) -> bool:
-    return len(set(ctx.nodes)) > 1
-
-
-def region_of(ctx, blocking: bool, persistent: bool) -> int:
-    """The region a call about to start uses (the same on every rank, see the module
-    docstring): the call number and the persistent count are the ones it will take."""
-    if blocking:
-        return 0
-    if persistent:
-        return 1 + NONBLOCKING + (ctx.persistent_made + 1) % PERSISTENT
-    return 1 + (ctx.seq + 1) % NONBLOCKING
-
-
-def choose(ctx, collective, algorithm, name, nbytes, backend, commutative, blocking,
-           persistent, timeout, describe, accumulate=None):
-    """*engine*, collectives._start: (the algorithm to run, the region it maps or None).
-
-    A shared algorithm the call names (or ``MPICOLL_ALGORITHM``, or a tuning
-    file) sets its region up here, or raises MpicollError where it cannot run;
-    ``"auto"`` takes one where engine.select's table says so for this layout
-    and option, set up here (a failed set-up keeps ``name``).
-    """
-    if name in ALGORITHMS:
-        if spans_nodes(ctx) and not commutative:
-            raise ValueError(f"algorithm: {name!r} reorders operands across nodes and cannot "
-                             f"run a non-commutative op on a communicator that spans nodes; "
-                             f"use 'auto' or 'direct'")
-        region = region_of(ctx, blocking, persistent)
-        why = _ready(ctx, backend, region, timeout, describe)
-        if why is not None:
-            raise MpicollError(f"algorithm {name!r}: node memory unavailable on this "
-                               f"communicator: {why}")
-        return name, region
-    if algorithm != "auto" or accumulate is not None or ctx.size == 1:
-        return name, None
-    from ..engine import select as _select
-    sel = getattr(ctx, "selection", None)
-    if sel is not None and sel.entry is not None and collective in sel.entry.selection \
-            and ctx.intranode != "shared":
-        return name, None  # (a tuning file measured this collective: it decides)
-    want = _select.shared_choice(collective, nbytes, ctx.intranode, backend.name != "numpy",
-                                 spans_nodes(ctx), commutative)
-    nm = node_memory(ctx)
-    if want is None or not nm.shares:
-        return name, None
-    region = region_of(ctx, blocking, persistent)
-    if _ready(ctx, backend, region, timeout, describe) is not None:
-        return name, None
-    return want, region
-
-
-def _ready(ctx, backend, region, timeout, describe) -> str | None:
-    """Set ``region`` up on ``backend``'s memory unless it is; None if mapped, else why not."""
+def ready(ctx, backend, region, timeout, describe, wait_for) -> str | None:
+    """Map ``region`` of ``backend``'s memory unless it is (a collective exchange on the first
+    call that needs it); None if mapped or nothing to map, else why not (the same on every
+    rank; a backend that failed is not tried again on this context)."""
     nm = node_memory(ctx)
     if nm.closed:
         return "the communicator was freed"
@@ -575,23 +489,21 @@ def _ready(ctx, backend, region, timeout, describe) -> str | None:
     if memory is not _HOST and not hasattr(memory.rt, "ipc_export"):
         why = f"the {backend.name} runtime has no CUDA IPC"
     else:
-        why = _set_up(ctx, nm, memory, region, timeout, describe)
+        why = _set_up(ctx, nm, memory, region, timeout, describe, wait_for)
     if why is not None:
         nm.failed[memory.key] = why
     return why
 
 
-def shape(ctx, shape, backend, region, itemsize: int):
-    """*engine*, collectives._schedule: a shared algorithm's shape with the slot of the
-    region it maps (elements; 0 where no rank shares a node: no node memory is used)."""
+def slot_elements(ctx, backend, region, itemsize: int) -> int:
+    """Elements of ``itemsize`` bytes in one slot of ``region`` (0: nothing mapped there)."""
     mapped = node_memory(ctx).mapped.get((_memory_of(backend).key, region))
-    slot = 0 if mapped is None else mapped.nbytes // 2 // max(itemsize, 1)
-    return shape._replace(shared=slot)
+    return 0 if mapped is None else mapped.nbytes // 2 // max(itemsize, 1)
 
 
 def views(ctx, backend, region, schedule, dtype) -> dict:
-    """*engine*, binding: {name: 1-D array of ``dtype``} of every node buffer ``schedule``
-    names, from ``region`` of ``backend``'s node memory."""
+    """{name: 1-D array of ``dtype``} of every node buffer ``schedule`` names, from ``region``
+    of ``backend``'s node memory."""
     if not schedule.shared:
         return {}
     nm = node_memory(ctx)
@@ -606,44 +518,6 @@ def views(ctx, backend, region, schedule, dtype) -> dict:
             raise ValueError(f"{name}: {n} elements exceed the {mapped.nbytes} bytes mapped")
         out[name] = mapped.arrays[q][: n * itemsize].view(dtype)
     return out
-
-
-def claim(ctx, region, operation) -> None:
-    """*engine*, before an operation on ``region`` starts: wait for the operation of the
-    context that still holds it (its error stays its own); MpicollError after a free."""
-    if region is None:
-        return
-    nm = node_memory(ctx)
-    if nm.closed:
-        raise MpicollError("communicator freed: its node memory is gone; start operations "
-                           "only on a communicator not yet freed")
-    if region == 0:
-        return
-    ref = nm.holders.get(region)
-    prev = ref() if ref is not None else None
-    if prev is not None and prev is not operation and prev._active:
-        from ..engine.executor import wait_for
-
-        def done():
-            try:
-                return prev.test()
-            except BaseException:  # (raised again to its own caller)
-                return True
-        wait_for(done, me=operation)  # (False only once nothing else is in flight: done)
-    nm.holders[region] = weakref.ref(operation)
-
-
-def uses(schedule) -> bool:
-    """*engine*: whether ``schedule`` maps node memory (device calls then stage nothing)."""
-    return bool(schedule.shared)
-
-
-def channel(ctx, backend, mpitype, schedule):
-    """*engine*, collectives._Run.begin: the channel of a device schedule on one node (its
-    messages are all 0-byte syncs), else None (the backend's own)."""
-    if backend.name == "numpy" or not schedule.shared or spans_nodes(ctx):
-        return None
-    return SyncChannel(backend.host_channel(ctx, mpitype), backend, backend._begin(ctx))
 
 
 class SyncChannel:
@@ -685,7 +559,7 @@ class SyncChannel:
 
 def status(ctx, backend) -> str:
     """A line for ``python -m mpicoll.info``: whether ``backend``'s node memory is mapped on
-    this context (after :func:`probe`)."""
+    this context (after engine.intranode.probe)."""
     nm = node_memory(ctx)
     key = _memory_of(backend).key
     if not nm.shares:
@@ -695,9 +569,3 @@ def status(ctx, backend) -> str:
     if any(k == key for k, _ in nm.mapped):
         return f"yes ({len(nm.local)} ranks on this rank's node map each other's buffers)"
     return "not set up"
-
-
-def probe(ctx, backend, timeout=None) -> str:
-    """Set up region 0 of ``backend`` on ``ctx`` (collective) and say how it went."""
-    _ready(ctx, backend, 0, timeout, lambda: ("python -m mpicoll.info", None, None))
-    return status(ctx, backend)
