@@ -312,10 +312,13 @@ def as_function(collective: str, build):
 
 
 def algorithm_functions(collective: str) -> dict:
-    """{name: :func:`as_function` of its builder} for every algorithm of ``collective``."""
-    from mpicoll.engine import select
+    """{name: :func:`as_function` of its builder} for every algorithm of ``collective`` that
+    runs on messages alone (the shared algorithms read node memory, which only the engine's
+    calls map: tests/test_shared.py runs them through the API)."""
+    from mpicoll.engine import intranode, select
     return {name: as_function(collective, build)
-            for name, build in select.BUILDERS[collective].items()}
+            for name, build in select.BUILDERS[collective].items()
+            if name not in intranode.ALGORITHMS}
 
 
 class env_options:

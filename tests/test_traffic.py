@@ -27,6 +27,7 @@ from support import schedsim as sim
 import mpicoll
 from mpicoll.core import types as _types
 from mpicoll.engine import context as _context
+from mpicoll.engine import intranode
 from mpicoll.engine import select as _select
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,6 +63,10 @@ def expect(ctx, collective, algorithm, itemsize, total=None, counts=None, in_pla
     shape = sim.shape(collective, ctx.size, ctx.rank, counts=counts, total=total,
                       ring=ctx.ring, segment=max(1, SEG_BYTES // itemsize), window=ctx.window,
                       in_place=in_place, nodes=getattr(ctx, "nodes", ()))
+    if algorithm in intranode.ALGORITHMS:  # the slot of the node memory its call mapped
+        from mpicoll.backends.host import NUMPY
+        from mpicoll.transport import shared
+        shape = shape._replace(shared=shared.slot_elements(ctx, NUMPY, 0, itemsize))
     return tuple(sim.traffic(build(shape), itemsize)[:5])
 
 

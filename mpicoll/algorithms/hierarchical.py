@@ -441,6 +441,9 @@ def allgather_schedule(s: Shape) -> Schedule:
     return b.build(nring + 2)
 
 
+# What algorithms.shared composes with (these steps across nodes, node memory inside them).
+Layout, embed, lane_parts, parts_of, node_of = _Layout, _embed, _lane_parts, _parts_of, _node_of
+
 SCHEDULES = {
     ("allreduce", "hierarchical"): allreduce_schedule,
     ("reduce_scatter", "hierarchical"): reduce_scatter_schedule,

@@ -57,10 +57,12 @@ SPAN = frozenset({("reduce_scatter", "recursive_doubling")})
 def applies(collective: str, name: str, shape, nbytes: int) -> bool:
     """Whether a blocking call of algorithm ``name`` with ``shape`` moving ``nbytes`` runs as
     a pipeline: across nodes, from :data:`PIPELINE_BYTES`, every algorithm but the ring
-    (which pipelines its own segments), not a ReduceScatter in place (its result overwrites
+    (which pipelines its own segments) and the shared algorithms (one region of node
+    memory per call), not a ReduceScatter in place (its result overwrites
     the start of the input, part c of block 0, which another chunk still reads), and
     blocks of at least two elements."""
-    return (name != "ring" and nbytes >= PIPELINE_BYTES and len(set(shape.nodes)) > 1
+    return (name != "ring" and not shape.shared and nbytes >= PIPELINE_BYTES
+            and len(set(shape.nodes)) > 1
             and not (shape.in_place and collective == "reduce_scatter")
             and (collective == "allreduce" or min(shape.counts) >= 2))
 
@@ -150,7 +152,7 @@ def interleave(parts, depth: int, tail=()) -> Schedule:
             ops.append(_moved(op, places, c, index))
         bounds.append((first, len(ops)))
     ops.extend(tail)
-    return Schedule(tuple(ops), work, nsteps, types, tuple(bounds), depth)
+    return Schedule(tuple(ops), work, nsteps, types, parts=tuple(bounds), depth=depth)
 
 
 def _region(r: Region, places) -> Region:

@@ -146,6 +146,9 @@ class Shape(NamedTuple):
     # dtype; None: the call's own), for the schedules that fold at the owner (direct)
     accumulate: object = None
     staged: bool = False  # every message through a host copy: none longer than a segment
+    # elements of one slot of node memory (algorithms.shared: each rank's buffer holds two);
+    # 0: not set by the engine (a builder then takes a slot of its own choosing)
+    shared: int = 0
 
 
 class Schedule(NamedTuple):
@@ -153,6 +156,7 @@ class Schedule(NamedTuple):
     work: dict       # purpose -> elements (of the call's dtype unless in ``types``)
     nsteps: int
     types: dict = {}  # purpose -> dtype of the work buffers not of the call's dtype
+    shared: dict = {}  # name -> (rank, elements): node memory of a rank of this rank's node
     # A pipeline's chunks (algorithms.pipeline): ((first op, end), ...), each chunk's ops
     # contiguous and independent of the others'; the executor advances the first ``depth``
     # unfinished ones together (chunk c opens once chunk c - depth has ended); the ops
@@ -170,12 +174,13 @@ class Schedule(NamedTuple):
 class Builder:
     """Collects a schedule's operations in issue order."""
 
-    __slots__ = ("ops", "work", "types", "_open")
+    __slots__ = ("ops", "work", "types", "shared", "_open")
 
     def __init__(self):
         self.ops: list = []
         self.work: dict = {}
         self.types: dict = {}
+        self.shared: dict = {}
         self._open: set = set()  # Send/Recv handles not waited for yet
 
     def buffer(self, purpose: str, n: int, dtype=None) -> str:
@@ -183,12 +188,19 @@ class Builder:
 
         ``dtype``: the buffer's element type where it is not the call's (None).
         """
-        if purpose in self.work or purpose in (SRC, DST):
+        if purpose in self.work or purpose in (SRC, DST) or purpose.startswith(_NODE_PREFIX):
             raise ValueError(f"work buffer {purpose!r} declared twice")
         self.work[purpose] = n
         if dtype is not None:
             self.types[purpose] = dtype
         return purpose
+
+    def node_buffer(self, rank: int, n: int) -> str:
+        """The node memory of ``rank`` (of this rank's node, this rank included), ``n``
+        elements of the call's type; its name (see the module docstring)."""
+        name = node_buffer_name(rank)
+        self.shared[name] = (rank, max(n, self.shared.get(name, (rank, 0))[1]))
+        return name
 
     def send(self, peer: int, region: Region, label: Label | None = None) -> int:
         self.ops.append(Send(peer, region, label))
@@ -217,10 +229,19 @@ class Builder:
         if self._open:
             self.ops.append(Wait(tuple(sorted(self._open))))
             self._open.clear()
-        return Schedule(tuple(self.ops), dict(self.work), nsteps, dict(self.types))
+        return Schedule(tuple(self.ops), dict(self.work), nsteps, dict(self.types),
+                        dict(self.shared))
 
 
 EMPTY = Schedule((), {}, 0)
+
+
+_NODE_PREFIX = "node memory of rank "
+
+
+def node_buffer_name(rank: int) -> str:
+    """The name a schedule gives the node memory of ``rank`` (never a work purpose's)."""
+    return f"{_NODE_PREFIX}{rank}"
 
 
 def own_block(b: Builder, shape: Shape) -> Region:

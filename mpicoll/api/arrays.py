@@ -46,7 +46,8 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
             any object over exactly ``x``'s memory, reduces in place.
         algorithm: ``"auto"`` (chosen by size, rank count, op and node layout) or one of
             ``"ring"``, ``"recursive_doubling"``, ``"rabenseifner"``, ``"direct"``,
-            ``"hierarchical"`` (docs/algorithms.md).
+            ``"hierarchical"``, ``"shared_oneshot"``, ``"shared_twoshot"``
+            (docs/algorithms.md).
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
         deterministic: True: a floating SUM/PROD is the rank-order fold, bitwise the same
@@ -104,8 +105,8 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         counts: rows contributed by each rank (an allgatherv); default: every
             rank contributes ``len(x)`` rows.
         algorithm: ``"auto"`` (chosen by size, rank count and node layout) or one of
-            ``"ring"``, ``"recursive_doubling"``, ``"bruck"``, ``"hierarchical"``
-            (docs/algorithms.md).
+            ``"ring"``, ``"recursive_doubling"``, ``"bruck"``, ``"hierarchical"``,
+            ``"shared"`` (docs/algorithms.md).
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
 
@@ -145,7 +146,7 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
             does (the first ``len(x) % size`` ranks get one row more).
         algorithm: ``"auto"`` (chosen by size, rank count, op and node layout) or one of
             ``"ring"``, ``"recursive_doubling"``, ``"recursive_halving"``, ``"direct"``,
-            ``"hierarchical"`` (docs/algorithms.md).
+            ``"hierarchical"``, ``"shared"`` (docs/algorithms.md).
         timeout: seconds without progress before raising ``mpicoll.CollectiveTimeout``
             (default: the ``timeout`` option / ``MPICOLL_TIMEOUT``; None there: wait forever).
         deterministic, accumulate: as for :func:`allreduce`.

@@ -26,8 +26,8 @@ class Comm(MPI.Intracomm):
         comm: the intra-communicator to wrap (default ``MPI.COMM_WORLD``).
         algorithm: ``"auto"``, or an algorithm forced for every call of the collectives
             that have it: ``"ring"``, ``"recursive_doubling"``, ``"rabenseifner"``,
-            ``"recursive_halving"``, ``"bruck"``, ``"direct"``, ``"hierarchical"``
-            (docs/algorithms.md).
+            ``"recursive_halving"``, ``"bruck"``, ``"direct"``, ``"hierarchical"``,
+            ``"shared_oneshot"``, ``"shared_twoshot"``, ``"shared"`` (docs/algorithms.md).
         deterministic: True: floating SUM/PROD reductions are the rank-order fold,
             bitwise the same for every algorithm and setting (default:
             ``MPICOLL_DETERMINISTIC``); see docs/numerics.md.

@@ -143,6 +143,36 @@ class CupyRuntime:
         """``dev[...] = host`` on the current stream."""
         dev.set(host)
 
+    # node memory (transport.shared): CUDA IPC
+    def ipc_export(self, nbytes: int):
+        """(handle, uint8 array, owner) of a dedicated device buffer other processes may
+        open: its own allocation, not a pool block (a handle names a whole allocation)."""
+        xp = self.xp
+        mem = xp.cuda.Memory(nbytes)
+        handle = bytes(self._rt.ipcGetMemHandle(mem.ptr))
+        arr = xp.ndarray(nbytes, dtype=np.uint8, memptr=xp.cuda.MemoryPointer(mem, 0))
+        return handle, arr, mem
+
+    def ipc_open(self, handle: bytes, nbytes: int):
+        """(uint8 array, pointer) of another process's buffer (:meth:`ipc_export`)."""
+        xp = self.xp
+        ptr = self._rt.ipcOpenMemHandle(handle, self._rt.cudaIpcMemLazyEnablePeerAccess)
+        mem = xp.cuda.UnownedMemory(ptr, nbytes, self)
+        return xp.ndarray(nbytes, dtype=np.uint8, memptr=xp.cuda.MemoryPointer(mem, 0)), ptr
+
+    def ipc_close(self, ptr) -> None:
+        self._rt.ipcCloseMemHandle(ptr)
+
+    def ipc_settled(self, owner) -> None:
+        """Every peer opened the buffer or gave up (nothing to do: the handle stays valid)."""
+
+    def ipc_free(self, owner) -> None:
+        """Nothing: the buffer goes with its last reference."""
+
+    def ipc_device(self) -> str:
+        """The current device's PCI bus id (which GPU a rank's buffer is on)."""
+        return str(self._rt.deviceGetPCIBusId(self.current_device()))
+
     # devices
     def device_count(self) -> int:
         return int(self._rt.getDeviceCount())

@@ -19,6 +19,7 @@ deterministic     MPICOLL_DETERMINISTIC     off        floating reductions: the 
 torch_on_error    MPICOLL_TORCH_ON_ERROR    abort      torch backend: a failed collective aborts the job
 native            MPICOLL_NATIVE            on         repeated blocking calls' hits run compiled
 mpicc             MPICOLL_MPICC             found      the compiler wrapper that builds it
+intranode         MPICOLL_INTRANODE         auto       ranks of one node: auto, mpi or shared memory
 ================  ========================  =========  =================================================
 
 When the environment is read
@@ -103,6 +104,17 @@ def parse_text(text: str, name: str) -> str:
     return text.strip()
 
 
+INTRANODE_MODES = ("auto", "mpi", "shared")
+
+
+def parse_intranode(text: str, name: str) -> str:
+    """auto, mpi or shared (any case); ValueError naming ``name``."""
+    value = text.strip().lower()
+    if value not in INTRANODE_MODES:
+        raise ValueError(f"{name}: expected auto, mpi or shared, got {text!r}")
+    return value
+
+
 def parse_path_or_off(text: str, name: str) -> str:
     """A path (``~`` expanded), or "off" for off/none/0."""
     text = text.strip()
@@ -173,6 +185,11 @@ OPTIONS = (
     Option("mpicc", "MPICOLL_MPICC", parse_text, None, False,
            "the MPI compiler wrapper that builds the compiled hit (default: the mpicc beside "
            "this Python, else on PATH)"),
+    Option("intranode", "MPICOLL_INTRANODE", parse_intranode, "auto", True,
+           "ranks of one node: auto (node memory where measured faster), mpi (messages "
+           "only) or shared (node memory at every size; across nodes inside each node); "
+           "read when a communicator is first used, the same on every rank "
+           "(transport.shared)"),
 )
 TABLE = {opt.name: opt for opt in OPTIONS}
 _API = tuple(opt.name for opt in OPTIONS if opt.api)
@@ -238,6 +255,12 @@ def check_value(name, value):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool or None, got {type(value).__name__}")
         return value
+    if name == "intranode":
+        if not isinstance(value, str):
+            raise TypeError(f"{name}: expected a str or None, got {type(value).__name__}")
+        if value not in INTRANODE_MODES:
+            raise ValueError(f"{name}: expected auto, mpi or shared, got {value!r}")
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a number of seconds or None, got {type(value).__name__}")
     if not value > 0:
@@ -255,6 +278,8 @@ def configure(**kwargs) -> dict:
         progress: advance non-blocking collectives in a background thread (bool).
         deterministic: floating reductions are the rank-order fold (bool).
         native: a repeated blocking call's hit runs compiled (bool; engine.native).
+        intranode: "auto", "mpi" or "shared" (str): how ranks of one node exchange
+            data; read when a communicator is first used (transport.shared).
         Each accepts None to fall back to its environment variable.
     """
     for name in kwargs:

@@ -103,6 +103,7 @@ from ..core.types import Msg
 from ..observe import calls as _observe
 from ..observe import check as _check
 from . import context as _context
+from . import intranode as _intranode
 from . import native as _native
 from .executor import (
     CALL,
@@ -298,6 +299,8 @@ def _entry(ctx, key, b, blocking):
     e.lease = ctx.work.lease(b.be) if sched.work else None
     views = work_views(sched, e.lease, b.dst.dtype) if sched.work else {}
     e.work = sum(int(v.nbytes) for v in views.values())
+    if b.region is not None:  # node memory (engine.intranode): region 0, blocking calls'
+        views.update(_intranode.views(ctx, b.be, b.region, sched, b.dst.dtype))
     dst = _raw(b.dst)
     views[DST] = dst
     views[SRC] = dst if b.src is None or b.src is b.dst else _raw(b.src)

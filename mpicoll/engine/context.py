@@ -62,6 +62,7 @@ from ..observe import calls as _observe
 from ..transport import channel as _channel
 from ..transport import timeout as _timeout
 from ..transport import topology as _topology
+from . import intranode as _intranode
 from . import select as _select
 from .executor import wait_for
 
@@ -71,7 +72,7 @@ SCHEDULES = 64  # schedules (call shapes) kept per context
 # "auto" runs, segments, windows, the check's extra messages, the dtype policy): agreed
 # at set-up with the tuning file's selection (see "Ranks agree by construction").
 SHAPING = ("check", "algorithm", "segment_bytes", "window", "node_piece_bytes",
-           "deterministic")
+           "deterministic", "intranode")
 
 # (duplicate, [requests]) of set-ups that timed out: freed once the requests complete
 _ABANDONED: list = []
@@ -137,6 +138,9 @@ class Context:
         # value raises before any MPI call
         self.env = dict(_config.read_environment() if env is None else env)
         self._given_env = env is not None  # (its values win over a tuning file's)
+        # intranode is read once, here: the program's setting (mpicoll.configure) joins the
+        # values the ranks agree on
+        self.env["intranode"] = _config.resolve(self.env)["intranode"]
         fake = _topology.fake_labels(self.env["fake_nodes"])
         self.active = 0  # its operations in flight (its duplicate is freed after the last)
         self.freeing = False  # the user's communicator was freed with operations in flight
@@ -181,6 +185,8 @@ class Context:
             if len(set(table[:, 1].tolist())) > 1:
                 self._adopt_rank0(dup, len(set(nodes)), pending)
             self.segment_bytes, self.window = self.env["segment_bytes"], self.env["window"]
+            # how the ranks of a node move data (engine.intranode): the agreed option
+            self.intranode = self.env["intranode"]
             # the piece to another node: the option, else the tuning's, the ranks' least
             # (both ends of a message must cut it alike)
             piece = np.array([self._node_piece_wanted()], dtype=np.int64)
@@ -224,7 +230,8 @@ class Context:
 
     def _shaping_options(self) -> dict:
         return {"options": {n: self.env[n] for n in SHAPING},
-                "set": {n: bool(_config.text(n)) or self._given_env for n in SHAPING}}
+                "set": {n: bool(_config.text(n)) or _config.configured(n) or self._given_env
+                        for n in SHAPING}}
 
     def _shaping(self) -> str:
         """What this rank would shape schedules with, as text: the options of
@@ -352,6 +359,7 @@ class Context:
             self._release()
 
     def _release(self) -> None:
+        _intranode.release(self)  # node memory (engine.intranode), before the duplicate goes
         self.freeing = False
         self.work = WorkMemory()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():

@@ -41,6 +41,7 @@ from ..observe import check as _check
 from . import cache as _cache
 from . import context as _context
 from . import executor as _executor
+from . import intranode as _intranode
 from . import select as _select
 from .executor import Operation
 
@@ -56,7 +57,7 @@ class Bound:
     __slots__ = ("call", "ctx", "name", "auto", "msg", "red0", "src", "dst", "in_place",
                  "widen", "accumulate", "staged", "schedule", "timeout", "check", "blocking",
                  "tag", "lease", "steps", "ch", "be", "red", "stage", "observed", "timed",
-                 "program", "operation", "seq", "__weakref__")
+                 "program", "operation", "seq", "region", "__weakref__")
 
     def begin(self, operation) -> None:
         """Set ``operation`` up for one start (it has not sent anything yet)."""
@@ -69,12 +70,16 @@ class Bound:
         # small device calls on the staging path run the host algorithm on one
         # pinned copy (see backends.devices.WholeStage)
         whole = getattr(be, "whole_stage", None)
+        if self.region is not None and _intranode.uses(self.schedule):  # (node memory: device)
+            whole = None
         stage = self.stage = None if whole is None else whole(
             ctx, nbytes, msg, self.call.op if self.red0 is not None else None)
         if stage is not None:
             ch, run_be, red = stage.channel, stage.backend, stage.reducer
         else:
-            ch, run_be, red = be.channel(ctx, msg.mpitype), be, self.red0
+            ch = None if self.region is None else \
+                _intranode.channel(ctx, be, msg.mpitype, self.schedule)  # (node memory)
+            ch, run_be, red = ch or be.channel(ctx, msg.mpitype), be, self.red0
         if self.tag != _executor.TAG:
             _set_tag(ch, self.tag)
         ctx.options()  # (observers switched on or off since: ctx.observing)
@@ -143,6 +148,9 @@ class Bound:
         if sched.work or self.widen is not None:
             self.lease = self.ctx.work.lease(self.msg.backend if self.stage is None else be)
         views = _executor.work_views(sched, self.lease, self.msg.dtype) if sched.work else {}
+        if self.region is not None:  # node memory (engine.intranode)
+            views.update(_intranode.views(self.ctx, self.msg.backend, self.region, sched,
+                                          self.msg.dtype))
         if self.widen is None:
             views[DST] = dst
             views[SRC] = dst if src is None else src
@@ -232,6 +240,15 @@ def start(call: Call, *, block: bool = False, persistent: bool = False,
     _observe.check_usable(ctx)
     if algorithm == "auto":  # with what the context knows: its selection and node layout
         name = _select.choose_on(ctx, call.collective, algorithm, nbytes, commutative, staged)
+    device = msg.backend.name != "numpy"
+    region = None
+    if name in _intranode.ALGORITHMS or _select.shared_possible(ctx.intranode, device):
+        # node memory (engine.intranode): a shared algorithm, its region set up
+        name, region = _intranode.choose(
+            ctx, call.collective, algorithm, name, nbytes, msg.backend, commutative,
+            block or device, persistent, timeout,
+            lambda: (f"{label} #{ctx.seq + 1} ({name}, {call.total} x "
+                     f"{_check.dtype_label(msg)})", label, name), accumulate)
     src, dst = call.arrays(ctx.rank)
     b = Bound()
     b.call, b.ctx, b.name, b.auto = call, ctx, name, algorithm == "auto"
@@ -242,7 +259,7 @@ def start(call: Call, *, block: bool = False, persistent: bool = False,
     # transport (staging pool, pinned whole-call copy, the compute stream's
     # ordering of one call after the other; backends.devices) serves one call
     # at a time per context, so operations on them never overlap.
-    device = msg.backend.name != "numpy"
+    b.region = region
     b.timeout, b.check = timeout, bool(opts["check"])
     b.blocking = block or device
     b.lease = b.steps = b.stage = b.program = None
@@ -266,6 +283,7 @@ def start(call: Call, *, block: bool = False, persistent: bool = False,
     b.operation = operation if persistent else None
     if not persistent:
         b.begin(operation)
+        _intranode.claim(ctx, region, operation)  # (its region's previous operation done)
         operation.go(b.blocking)
         if remember is not None and pol is None and plain(b, operation):
             _cache.remember(ctx, remember, b, blocking=block)
@@ -335,6 +353,8 @@ def plain(b, operation, timed=True) -> bool:
     host channel, unobserved or (``timed``) observed for a timeout alone."""
     if operation.error is not None or b.msg.backend.name != "numpy":
         return False
+    if not _intranode.plain(b):  # (node memory: engine.intranode)
+        return False
     if not b.observed:
         return type(b.ch) is _executor.Channel
     return timed and b.timed and type(b.ch.inner) is _executor.Channel
@@ -345,12 +365,14 @@ def start_persistent(operation) -> None:
     b = operation.run
     _observe.check_usable(b.ctx)
     if b.program is not None and not _observe.observing():
+        _intranode.claim(b.ctx, b.region, operation)  # (node memory)
         b.ctx.seq += 1  # every start is a call
         operation.steps, operation.ch, operation.red, operation.be = b.program
         operation.call = None
         operation.go(False)
         return
     b.begin(operation)
+    _intranode.claim(b.ctx, b.region, operation)  # (node memory)
     operation.go(False)
     if b.program is None and plain(b, operation, timed=False):
         # its later starts run on persistent requests (bound once: the buffers are fixed)
@@ -382,6 +404,8 @@ def _schedule(b, ctx, pipelined):
                                commutative, b.accumulate,
                                ctx.segment_window(call.collective, b.name, nbytes, b.auto),
                                b.staged)
+    if b.region is not None:  # node memory: its slot (engine.intranode)
+        shape = _intranode.shape(ctx, shape, b.msg.backend, b.region, itemsize)
     name = b.name
     build, key = _select.builder(call.collective, name), name
     if pipelined and _pipeline.applies(call.collective, name, shape, nbytes):

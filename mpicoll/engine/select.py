@@ -35,6 +35,7 @@ from ..algorithms import halving as _halving
 from ..algorithms import hierarchical as _hierarchical
 from ..algorithms import recursive as _recursive
 from ..algorithms import ring as _ring
+from ..algorithms import shared as _shared
 from ..core import config as _config
 from ..core import types as _types
 from . import tuning as _tuning
@@ -42,7 +43,7 @@ from . import tuning as _tuning
 # Schedule builders ``build(shape) -> Schedule`` (algorithms.schedule), run by the
 # executor (engine.executor), from each algorithm module's SCHEDULES table.
 BUILDERS: dict = {"allreduce": {}, "reduce_scatter": {}, "allgather": {}}
-for _module in (_ring, _recursive, _halving, _bruck, _direct, _hierarchical):
+for _module in (_ring, _recursive, _halving, _bruck, _direct, _hierarchical, _shared):
     for (_collective, _name), _build in _module.SCHEDULES.items():
         BUILDERS[_collective][_name] = _build
 
@@ -56,8 +57,10 @@ def builder(collective: str, name: str):
 
 
 # Algorithms that keep rank order and so accept non-commutative ops ("direct" folds
-# in rank order from the left: also deterministic mode's, see engine.select).
-ORDER_PRESERVING = {"recursive_doubling", "direct"}
+# in rank order from the left: also deterministic mode's; the shared ones inside one
+# node, where they run unless the communicator spans nodes: engine.intranode refuses
+# them there).
+ORDER_PRESERVING = {"recursive_doubling", "direct", _shared.ONESHOT, _shared.TWOSHOT, _shared.NAME}
 
 # "auto": the first row of the collective whose size limit holds (max bytes,
 # inclusive; None: no limit) gives the algorithm, one for power-of-two rank
@@ -221,6 +224,59 @@ def adopted(raw, nranks: int, nodes: int, source: str) -> Selection:
 # layout is the context's (transport.topology: Split_type(COMM_TYPE_SHARED),
 # or MPICOLL_FAKE_NODES); docs/performance.md "Across nodes".
 HIERARCHICAL_ABOVE = {collective: rows[-2][0] for collective, rows in THRESHOLDS.items()}
+
+
+# "auto" and node memory (the ``intranode`` option, transport.shared): on a communicator
+# whose ranks share one node, the first row of the collective whose size limit holds
+# (max bytes, inclusive; None: no limit) gives the shared algorithm, or None: the table
+# above.  Host rows: measured at 2 ranks with both MPIs (docs/performance.md, "Shared
+# memory inside a node").  Device rows: none until measured on a GPU (docs/gpu.md says
+# how); ``intranode=shared`` takes SHARED_FORCED at every size, and on a communicator
+# spanning nodes the hierarchical composition (algorithms.shared, commutative ops only);
+# ``intranode=mpi`` never a shared one.
+SHARED_HOST = {
+    "allreduce": ((None, None),),
+    "reduce_scatter": ((None, None),),
+    "allgather": ((None, None),),
+}
+SHARED_DEVICE = {
+    "allreduce": ((None, None),),
+    "reduce_scatter": ((None, None),),
+    "allgather": ((None, None),),
+}
+# one shot up to this size: a rank reads every rank's chunk, with one sync per chunk
+SHARED_FORCED = {
+    "allreduce": ((256 << 10, _shared.ONESHOT), (None, _shared.TWOSHOT)),
+    "reduce_scatter": ((None, _shared.NAME),),
+    "allgather": ((None, _shared.NAME),),
+}
+
+
+def shared_possible(mode: str, device: bool) -> bool:
+    """Whether "auto" may take a shared algorithm under the ``intranode`` option ``mode`` for
+    device or host arrays (some row of the table names one)."""
+    if mode == "mpi":
+        return False
+    rows = SHARED_FORCED if mode == "shared" else SHARED_DEVICE if device else SHARED_HOST
+    return any(name is not None for table in rows.values() for _, name in table)
+
+
+def shared_choice(collective: str, nbytes: int, mode: str, device: bool, spans: bool,
+                  commutative: bool = True) -> str | None:
+    """The shared algorithm "auto" runs for a call of ``nbytes`` under the ``intranode``
+    option ``mode`` (device arrays or host; ``spans``: the communicator spans nodes), or
+    None (an algorithm of :func:`choose`)."""
+    if mode == "mpi":
+        return None
+    if spans:
+        if mode != "shared" or not commutative:
+            return None
+        return _shared.TWOSHOT if collective == "allreduce" else _shared.NAME
+    rows = SHARED_FORCED if mode == "shared" else SHARED_DEVICE if device else SHARED_HOST
+    for limit, name in rows[collective]:
+        if limit is None or nbytes <= limit:
+            return name
+    return None
 
 
 def spans_nodes(nodes) -> bool:

@@ -21,6 +21,12 @@ CUDA transports are loaded and ``UCX_TLS``: a UCX with CUDA transports under
 the MPI is what makes it CUDA-aware where it reports no CUDA support itself
 (the PyPI Open MPI and MPICH with ``libucx-cu13``, docs/gpu.md).
 
+``intranode:`` lines say whether the ranks of a node can map each other's
+memory (the shared-memory algorithms, mpicoll/transport/shared.py): for host
+arrays and, where every rank sees a GPU, for device arrays (CUDA IPC), each
+``yes`` or ``no (why not)``, found by setting it up on a duplicate of the
+communicator as a collective would (the ``intranode`` option's value first).
+
 ``--probe`` adds one line, ``probe: passed|failed (...)``: one device
 ``Sendrecv`` tried in a child process (see :func:`mpicoll.backends.cuda.probe_transfer`),
 on rank 0 only; it exits 1 when the probe contradicts a "yes".
@@ -105,6 +111,43 @@ def report() -> list[tuple[str, str]]:
     ]
 
 
+def _intranode(comm) -> list[str]:
+    """The ``intranode:`` lines (rank 0's, and ranks whose differ): node memory set up on a
+    duplicate of ``comm`` for host arrays and, where every rank has a GPU, device arrays."""
+    from ..backends.host import NUMPY
+    from ..engine import context as _context
+    from ..engine import intranode as _intranode
+    dup = comm.Dup()
+    try:
+        try:
+            ctx = _context.context(dup)
+        except ValueError as exc:  # a bad MPICOLL_* variable, or ranks that disagree
+            return [f"intranode: unknown ({exc})"]
+        lines = [("intranode", f"{ctx.intranode} (MPICOLL_INTRANODE)"),
+                 ("  host memory", _intranode.probe(ctx, NUMPY))]
+        device = None
+        try:
+            from ..backends.devices import CUPY
+            if CUPY.available() and CUPY.rt.device_count() > 0:
+                device = CUPY
+        except Exception:  # no CuPy, no driver
+            device = None
+        if comm.allreduce(device is not None, op=MPI.LAND):
+            lines.append(("  device memory", _intranode.probe(ctx, device)))
+        else:
+            lines.append(("  device memory", "not tried (not every rank sees a GPU with CuPy)"))
+    finally:
+        dup.Free()
+    everyone = comm.gather(lines, root=0)
+    if comm.Get_rank() != 0:
+        return []
+    out = [f"{label}: {value}" for label, value in lines]
+    for rank, theirs in enumerate(everyone):
+        out += [f"  rank {rank} differs: {label.strip()} {value}"
+                for (label, value), (_, mine) in zip(theirs, lines) if value != mine]
+    return out
+
+
 def _version(module: str) -> str:
     return importlib.import_module(module).__version__
 
@@ -128,6 +171,7 @@ def main(argv=None, comm=None) -> int:
     mine = report()
     everyone = comm.gather(mine, root=0)
     nodes = len(set(_topology.node_ids(comm)))  # collective: every rank runs main
+    intranode = _intranode(comm)  # collective too
     try:
         sel_lines = _select.selection(comm.Get_size(), nodes).describe()
     except ValueError as exc:  # a bad MPICOLL_TUNING
@@ -145,6 +189,7 @@ def main(argv=None, comm=None) -> int:
         for (label, value), (_, mine_value) in zip(theirs, mine):
             if value != mine_value:
                 lines.append(f"  rank {rank} differs: {label} {value}")
+    lines += intranode
     lines.append(f"selection: {comm.Get_size()} ranks on {nodes} node(s)")
     lines += [f"  {line}" for line in sel_lines]
     status = 1 if dict(mine)["cuda-aware"].startswith("unknown") else 0

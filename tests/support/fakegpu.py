@@ -17,8 +17,10 @@ CUDA, as a *runtime* object that replaces :class:`mpicoll.backends.devices.CupyR
   synchronisation leaves stale bytes in host memory where MPI reads them, and
   the test sees wrong data instead of passing by luck.
 * :class:`FakeRuntime`: the runtime interface (array module ``xp``, streams,
-  events, pinned buffers, async copies, device count/names/selection) plus a
-  ``log`` of what happened, in order, for tests of the stream contract.
+  events, pinned buffers, async copies, device count/names/selection, CUDA IPC
+  over POSIX shared memory, so that ranks map each other's buffers as with
+  real IPC) plus a ``log`` of what happened, in order, for tests of the
+  stream contract.
 
 :func:`fake_backend` wraps a runtime in mpicoll's real
 :class:`~mpicoll.backends.devices.DeviceBackend`, so the staging channel, the
@@ -36,6 +38,7 @@ from mpi4py import MPI
 
 from mpicoll.backends import devices as _devices
 from mpicoll.backends import registry as _registry
+from mpicoll.transport import shared as _shared
 
 POISON = 0xA7
 _names = itertools.count()
@@ -231,7 +234,7 @@ class FakeRuntime:
     version = "0.0-fake"
 
     def __init__(self, compute="lazy", copies="lazy", slow_queries=True, devices=1,
-                 context_error=None, query_lag=None):
+                 context_error=None, query_lag=None, ipc_error=None):
         self.log = []
         self.copies_eager = copies == "eager"
         self.slow_queries = slow_queries
@@ -244,6 +247,8 @@ class FakeRuntime:
         self.context_error = context_error
         self.device = 0
         self._streams = 0
+        self.ipc_error = ipc_error  # ipc_export raises RuntimeError with it (IPC refused)
+        self.ipc_opened = 0  # peers' buffers open now
         self.xp = FakeXp(self)
 
     # arrays
@@ -329,6 +334,39 @@ class FakeRuntime:
         snapshot = np.array(host, copy=True)
         dh = dev._h
         self.launch(lambda: np.copyto(dh, snapshot), "to_device")
+
+    # node memory (mpicoll.transport.shared): CUDA IPC over POSIX shared memory, so ranks
+    # in other processes map each other's fake device buffers as they would real ones
+    def ipc_export(self, nbytes):
+        if self.ipc_error is not None:
+            raise RuntimeError(self.ipc_error)
+        seg = _shared.HostSegment.create(nbytes)
+        self.log.append(("ipc export", seg.name))
+        return seg.name.encode() + b"/" + seg.token, FakeArray(self, seg.array()), seg
+
+    def ipc_open(self, handle, nbytes):
+        name, _, token = handle.rstrip(b"\0").partition(b"/")
+        token = (token + b"\0" * 16)[:16]  # (a token ending in zero bytes lost them above)
+        seg = _shared.HostSegment.open(name.decode(), token, nbytes)
+        self.log.append(("ipc open", seg.name))
+        self.ipc_opened += 1
+        return FakeArray(self, seg.array()), seg
+
+    def ipc_close(self, seg):
+        self.log.append(("ipc close", seg.name))
+        self.ipc_opened -= 1
+        seg.close()
+
+    def ipc_settled(self, seg):
+        seg.unlink()
+
+    def ipc_free(self, seg):
+        self.log.append(("ipc free", seg.name))
+        seg.unlink()
+        seg.close()
+
+    def ipc_device(self):
+        return f"fake:{self.device}"
 
     # devices
     def device_count(self):

@@ -32,6 +32,18 @@ hazards (each a :class:`ScheduleError` naming the rank and op)
     a Copy whose ends partially overlap; Wait on a handle that is not a
     Send/Recv of this schedule; ops left outstanding at the end; messages
     sent and never received, or the other way round.
+node memory (``Schedule.shared``, algorithms.shared)
+    The node memory of rank q is one array, the same in every schedule that
+    names it, and only ranks of q's node may name it (``nodes``).  Accesses
+    to it are checked for every interleaving, not only the simulated one:
+    each rank keeps a vector clock, a Send carries its sender's clock and the
+    Wait that completes the matching Recv joins it, so one access *happens
+    before* another exactly when a chain of messages orders them.  Two
+    accesses by different ranks to the same element, one of them a write,
+    must be so ordered (a rank reads a peer's element only after the write
+    it reads was synchronised; it overwrites one only after every reader
+    before was done); and every access a peer makes to rank q's node memory
+    must happen before q's schedule ends (q's next call may write it).
 
 Memory is compared by address, not by buffer name, so aliases (in place)
 are seen for what they are.
@@ -173,13 +185,72 @@ def traffic(schedule: Schedule, itemsize: int = 1) -> Counts:
 # --- the simulator ----------------------------------------------------------------
 
 class _Msg:
-    __slots__ = ("rank", "index", "view", "data", "done", "partner")
+    __slots__ = ("rank", "index", "view", "data", "done", "partner", "clock")
 
     def __init__(self, rank, index, view):
         self.rank, self.index, self.view = rank, index, view
         self.data = None      # eager sends: the data at posting
         self.done = False
         self.partner = None
+        self.clock = None     # sends: the sender's vector clock when posted
+
+
+class _NodeMemory:
+    """One rank's node memory as the simulator tracks it: per element the last write
+    (rank, time) and each rank's last read since (0: none), for the happens-before check."""
+
+    def __init__(self, owner, arr, n):
+        self.owner = owner
+        self.arr = arr
+        self.w_rank = np.full(len(arr), -1, np.int64)
+        self.w_time = np.zeros(len(arr), np.int64)
+        self.r_time = np.zeros((n, len(arr)), np.int64)
+
+    def access(self, rk, start, stop, write, what):
+        """Rank ``rk`` reads (writes) elements start:stop now; ScheduleError if an access by
+        another rank to them does not happen before (see the module docstring)."""
+        if stop <= start:
+            return
+        me, clock, now = rk.rank, rk.clock_arr(), rk.clock[rk.rank]
+        w_rank, w_time = self.w_rank[start:stop], self.w_time[start:stop]
+        other = (w_rank >= 0) & (w_rank != me)
+        if other.any():
+            late = other & (w_time > clock[np.maximum(w_rank, 0)])
+            if late.any():
+                at = start + int(np.argmax(late))
+                raise ScheduleError(
+                    f"{rk.where()}: {'overwrites' if write else 'reads'} element {at} of rank "
+                    f"{self.owner}'s node memory before rank {int(self.w_rank[at])}'s write of it "
+                    f"was synchronised ({what})")
+        if write:
+            reads = self.r_time[:, start:stop]
+            for p in range(len(reads)):
+                if p != me:
+                    late = reads[p] > clock[p]
+                    if late.any():
+                        at = start + int(np.argmax(late))
+                        raise ScheduleError(
+                            f"{rk.where()}: overwrites element {at} of rank {self.owner}'s node "
+                            f"memory before rank {p} was done reading it ({what})")
+            self.w_rank[start:stop] = me
+            self.w_time[start:stop] = now
+            self.r_time[:, start:stop] = 0
+        else:
+            self.r_time[me, start:stop] = now
+
+    def check_end(self, rk):
+        """At the end of the owner's schedule: every peer's access happened before it."""
+        clock = rk.clock_arr()
+        other = (self.w_rank >= 0) & (self.w_rank != self.owner)
+        late = other & (self.w_time > clock[np.maximum(self.w_rank, 0)])
+        for p in range(len(self.r_time)):
+            if p != self.owner:
+                late = late | (self.r_time[p] > clock[p])
+        if late.any():
+            at = int(np.argmax(late))
+            raise ScheduleError(f"rank {self.owner}: its schedule ends while another rank's "
+                                f"access to element {at} of its node memory is not synchronised "
+                                f"with it (the next call would overwrite it)")
 
 
 def _span(arr):
@@ -193,10 +264,12 @@ def _overlap(a, b):
 
 
 class _Rank:
-    def __init__(self, rank, schedule, buffers):
+    def __init__(self, rank, schedule, buffers, n=1, node=None):
         self.rank = rank
         self.ops = schedule.ops
         self.buffers = buffers
+        self.clock = [0] * n   # vector clock (node memory's happens-before check)
+        self.node = node or {}  # buffer name -> _NodeMemory
         # each buffer's (first byte address, itemsize): a region's span is computed from
         # it (a view's __array_interface__ costs a dict per call: a fifth of the
         # simulator's time went there)
@@ -208,6 +281,18 @@ class _Rank:
         self.pc = 0
         self.msgs = {}     # op index -> _Msg of a posted Send/Recv
         self.pending = {}  # op index -> (kind, lo, hi) of posted, not yet waited Send/Recv
+
+    def clock_arr(self):
+        return np.asarray(self.clock, np.int64)
+
+    def join(self, other):
+        self.clock = [max(a, b) for a, b in zip(self.clock, other)]
+
+    def touch(self, region, write, what):
+        """Record an access to ``region`` if it is node memory."""
+        mem = self.node.get(region.buf)
+        if mem is not None:
+            mem.access(self, region.start, region.stop, write, what)
 
     def where(self, i=None):
         i = self.pc if i is None else i
@@ -249,18 +334,30 @@ class _Rank:
                                         f"posted at op {h} before it was waited")
 
 
-def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
+def simulate(schedules, buffers, op=None, model="rendezvous", nodes=()) -> Result:
     """Run ``schedules[r]`` on ``buffers[r]`` ({SRC, DST} arrays, see :func:`bind`) for all ranks.
 
     ``op(a, b, out)`` computes ``out = a op b`` elementwise (a NumPy ufunc
     such as ``np.add`` works); work buffers are allocated here, of the dtype
     of ``DST`` unless the schedule declares another (``Schedule.types``), filled
-    with :func:`garbage`.  Raises :class:`ScheduleError`
-    (:class:`Deadlock`) on any broken rule.
+    with :func:`garbage`, and so is node memory (one array per rank, shared by
+    every schedule naming it; ``nodes``: the node label of each rank, () for
+    one node).  Raises :class:`ScheduleError` (:class:`Deadlock`) on any broken
+    rule.
     """
     if model not in MODELS:
         raise ValueError(f"model: expected one of {MODELS}, got {model!r}")
     n = len(schedules)
+    labels = tuple(nodes) if len(nodes) == n else (0,) * n
+    sizes: dict = {}  # owner rank -> elements of its node memory (the largest any names)
+    for r in range(n):
+        for name, (q, count) in schedules[r].shared.items():
+            if not 0 <= q < n or labels[q] != labels[r]:
+                raise ScheduleError(f"rank {r}: names {name!r}, node memory of rank {q}, which "
+                                    f"is not on its node (nodes {labels})")
+            sizes[q] = max(sizes.get(q, 0), count)
+    memory = {q: _NodeMemory(q, garbage(buffers[q][DST].dtype, count), n)
+              for q, count in sizes.items()}
     ranks = []
     for r in range(n):
         bufs = dict(buffers[r])
@@ -268,7 +365,11 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
         types = schedules[r].types
         for purpose, count in schedules[r].work.items():
             bufs[purpose] = garbage(types.get(purpose, dtype), count)
-        ranks.append(_Rank(r, schedules[r], bufs))
+        node = {}
+        for name, (q, _) in schedules[r].shared.items():
+            bufs[name] = memory[q].arr
+            node[name] = memory[q]
+        ranks.append(_Rank(r, schedules[r], bufs, n, node))
     sends = {}  # (source, dest) -> deque of unmatched send _Msg
     recvs = {}  # (source, dest) -> deque of unmatched recv _Msg
 
@@ -279,6 +380,7 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
                                 f"receives {rv.view.size}")
         rv.view[...] = s.data if s.data is not None else s.view
         s.done = rv.done = True
+        rv.partner = s
 
     def post(rk, i, o):
         is_send = type(o) is Send
@@ -290,6 +392,8 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
         else:
             rk.check_access(writes=(span,))
         m = _Msg(rk.rank, i, v)
+        if is_send:
+            m.clock = list(rk.clock)
         rk.msgs[i] = m
         rk.pending[i] = ("send" if is_send else "recv", *span)
         # (each chunk is a tag of its own: messages match within their chunk only)
@@ -311,6 +415,7 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
             return False
         i, o = rk.pc, rk.ops[rk.pc]
         t = type(o)
+        rk.clock[rk.rank] += 1
         if t is Send or t is Recv:
             post(rk, i, o)
         elif t is Wait:
@@ -320,9 +425,13 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
                 if h not in rk.pending:
                     raise ScheduleError(f"{rk.where()}: handle {h} waited twice")
             if not all(rk.msgs[h].done for h in o.handles):
+                rk.clock[rk.rank] -= 1  # (blocked: nothing happened)
                 return False
             for h in o.handles:
                 del rk.pending[h]
+                m = rk.msgs[h]
+                if m.clock is None and m.partner is not None:  # a receive: the send's clock
+                    rk.join(m.partner.clock)
         elif t is Reduce:
             (a, sa), (b, sb), (out, so) = rk.view(o.a), rk.view(o.b), rk.view(o.out)
             if not (a.size == b.size == out.size):
@@ -331,6 +440,9 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
                 if x.size and _overlap(sx, so) and sx != so:
                     raise ScheduleError(f"{rk.where()}: output partially overlaps an operand")
             rk.check_access(reads=(sa, sb), writes=(so,))
+            rk.touch(o.a, False, "Reduce")
+            rk.touch(o.b, False, "Reduce")
+            rk.touch(o.out, True, "Reduce")
             if a.size:
                 op(a, b, out)
         elif t is Copy:
@@ -340,6 +452,8 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
             if d.size and _overlap(sd, ss) and sd != ss:
                 raise ScheduleError(f"{rk.where()}: source and destination partially overlap")
             rk.check_access(reads=(ss,), writes=(sd,))
+            rk.touch(o.src, False, "Copy")
+            rk.touch(o.dst, True, "Copy")
             d[...] = s
         else:
             raise ScheduleError(f"{rk.where()}: unknown op type {t.__name__}")
@@ -362,6 +476,8 @@ def simulate(schedules, buffers, op=None, model="rendezvous") -> Result:
     for rk in ranks:
         if rk.pending:
             raise ScheduleError(f"rank {rk.rank}: ops {sorted(rk.pending)} left outstanding at the end")
+    for q, mem in memory.items():
+        mem.check_end(ranks[q])
     left = [m for q in (*sends.values(), *recvs.values()) for m in q]
     if left:
         raise ScheduleError("unmatched messages: " + "; ".join(ranks[m.rank].where(m.index) for m in left))
@@ -458,7 +574,7 @@ def run_case(collective, build, n, counts, displs, length, in_place, model, tuni
             else:
                 bufs.append(bind(collective, shapes[r], x,
                                  None if in_place else np.full(counts[r], 7, x.dtype)))
-    res = simulate(schedules, bufs, np.add if op == "sum" else affine, model)
+    res = simulate(schedules, bufs, np.add if op == "sum" else affine, model, nodes)
     for r in range(n):
         got = res.dst(r)
         if collective == "allreduce":

@@ -1,0 +1,571 @@
+"""Node memory: each rank's buffer mapped into the other ranks of its node.
+
+The shared-memory algorithms (mpicoll/algorithms/shared.py) read and write
+the buffers of the ranks of their node directly; MPI carries only their
+0-byte synchronisation messages.  This module maps those buffers for a
+communicator's context, for host and for device arrays, in *regions*
+(engine.intranode says which call uses which, and asks for each on first
+use): each rank's buffer in a region is two slots of :data:`HOST_SLOT_BYTES`
+(device :data:`DEVICE_SLOT_BYTES`), so the memory stays bounded whatever the
+array size.  A set-up is an exchange among every rank of the communicator
+(point-to-point messages with the blocking calls' tag, under the call's
+timeout) and succeeds only if every rank's does; otherwise no rank uses
+that backend's node memory on this communicator again, and the reason is
+kept (``python -m mpicoll.info`` prints it).
+
+Host arrays: POSIX shared memory
+    Each rank creates a file under ``/dev/shm`` (``O_CREAT | O_EXCL |
+    O_NOFOLLOW``, mode 0600, a random name) holding a random token and its
+    buffer, and maps it; the names go to every rank (one message to each);
+    each rank opens the files of the ranks of its node (refusing one that is
+    not a regular file of this user, or whose token differs: another machine's
+    file of the same name), maps them, and every rank learns in a second
+    exchange whether all ranks could.  Then each rank removes its file:
+    the mappings stay, the kernel frees the memory with the last one, and no
+    file is left behind even if a rank dies later.  Freeing is local (a
+    mapping goes when nothing refers to it), which MPI's shared windows do not
+    allow: ``MPI_Win_free`` is a blocking collective, which at a
+    communicator's free could wait for a rank that first waits for this one.
+
+Device arrays: CUDA IPC
+    Each rank allocates a dedicated device buffer (not from a pool: a handle
+    names a whole allocation) and exports its ``cudaIpcGetMemHandle``; the
+    ranks of a node open each other's handles once
+    (``cudaIpcMemLazyEnablePeerAccess``) and keep them until the
+    communicator is freed.  An exporter must outlive its importers: at the
+    communicator's free each rank closes what it opened, then an ``Ibarrier``
+    tells each exporter when its buffer may go (it is freed once that
+    completes, checked at later set-ups and frees).  All of it goes through
+    the device runtime (backends.devices.CupyRuntime, or the test suite's
+    fake one), so it runs without a GPU in CI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import mmap
+import os
+import secrets
+import stat
+import time
+import weakref
+
+import numpy as np
+from mpi4py import MPI
+
+from ..core.errors import CollectiveTimeout, MpicollError
+from . import timeout as _timeout
+from .channel import TAG
+
+# Bytes of one slot (each rank's buffer in a region holds two).  Host: a chunk of this
+# size is one sync of two ranks apart (docs/performance.md, "Shared memory inside a node");
+# device: a chunk of this size takes tens of microseconds of the GPU's memory bandwidth,
+# against the same order for a stream synchronisation and a 0-byte message.
+HOST_SLOT_BYTES = 1 << 20
+DEVICE_SLOT_BYTES = 32 << 20
+
+_REC = 128  # bytes of one rank's record in the set-up exchange
+_HANDLE, _TOKEN, _DEVICE = slice(8, 72), slice(72, 88), slice(88, 120)
+_NONE, _EXPORTED, _FAILED = 0, 1, 2
+_EMPTY = np.empty(0, np.uint8)  # what a 0-byte message of a device schedule hands MPI
+
+SHM_DIR = "/dev/shm"
+_HEADER = 64  # bytes before a host segment's buffer: its token, padded
+
+
+# --- host memory: POSIX shared memory ---------------------------------------------------
+
+class HostSegment:
+    """A file of POSIX shared memory, mapped: a token, then ``nbytes`` of buffer."""
+
+    def __init__(self, name: str, mm, token: bytes, nbytes: int):
+        self.name, self.token, self.nbytes = name, token, nbytes
+        self._mm = mm
+
+    @property
+    def path(self) -> str:
+        return os.path.join(SHM_DIR, self.name)
+
+    @classmethod
+    def create(cls, nbytes: int) -> HostSegment:
+        """A new segment of this user only (mode 0600), never an existing file or link."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
+            | getattr(os, "O_CLOEXEC", 0)
+        for _ in range(8):
+            name = f"mpicoll-{os.getpid()}-{secrets.token_hex(8)}"
+            try:
+                fd = os.open(os.path.join(SHM_DIR, name), flags, 0o600)
+                break
+            except FileExistsError:
+                continue
+        else:  # pragma: no cover - 8 random names all taken
+            raise OSError(f"no free name for a shared memory file in {SHM_DIR}")
+        try:
+            os.ftruncate(fd, _HEADER + nbytes)
+            mm = mmap.mmap(fd, _HEADER + nbytes)
+        except BaseException:
+            os.close(fd)
+            _unlink(os.path.join(SHM_DIR, name))
+            raise
+        os.close(fd)
+        token = secrets.token_bytes(16)
+        mm[:16] = token
+        return cls(name, mm, token, nbytes)
+
+    @classmethod
+    def open(cls, name: str, token: bytes, nbytes: int) -> HostSegment:
+        """The segment another rank created; OSError unless it is a regular file of this
+        user, private to it, of the right size and token."""
+        if "/" in name or not name.startswith("mpicoll-"):
+            raise OSError(f"not a segment name: {name!r}")
+        fd = os.open(os.path.join(SHM_DIR, name),
+                     os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() \
+                    or st.st_mode & 0o077 or st.st_size != _HEADER + nbytes:
+                raise OSError(f"{name}: not a private segment of this user of "
+                              f"{_HEADER + nbytes} bytes")
+            mm = mmap.mmap(fd, _HEADER + nbytes)
+        finally:
+            os.close(fd)
+        if mm[:16] != token:
+            raise OSError(f"{name}: another segment of that name (not on this rank's machine?)")
+        return cls(name, mm, token, nbytes)
+
+    def array(self):
+        """The buffer as a uint8 array (it keeps the mapping alive)."""
+        return np.frombuffer(self._mm, np.uint8, self.nbytes, _HEADER)
+
+    def unlink(self) -> None:
+        _unlink(self.path)
+
+    def close(self) -> None:
+        """Drop this reference to the mapping: it goes once no array of it is left."""
+        self._mm = None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class _Host:
+    """Node memory of host arrays (the runtime interface :class:`_Device` has too)."""
+
+    key = "host"
+
+    @property
+    def slot_bytes(self) -> int:
+        return HOST_SLOT_BYTES
+
+    def identity(self) -> bytes:
+        return b""
+
+    def export(self, nbytes):
+        seg = HostSegment.create(nbytes)
+        return seg.name.encode(), seg.token, seg.array(), seg
+
+    def open(self, handle: bytes, token: bytes, nbytes: int, identity: bytes):
+        seg = HostSegment.open(handle.rstrip(b"\0").decode(), token, nbytes)
+        return seg.array(), seg
+
+    def settled(self, seg) -> None:
+        seg.unlink()
+
+    def close(self, seg) -> None:
+        seg.close()
+
+    def free(self, seg) -> None:
+        seg.unlink()
+        seg.close()
+
+
+class _Device:
+    """Node memory of device arrays: CUDA IPC through the backend's runtime."""
+
+    def __init__(self, be):
+        self.be = be
+        self.rt = be.rt
+        self.key = (be.name, self.rt.current_device())
+        self.slot_bytes = DEVICE_SLOT_BYTES
+
+    def identity(self) -> bytes:
+        return self.rt.ipc_device().encode()[:_DEVICE.stop - _DEVICE.start]
+
+    def export(self, nbytes):
+        handle, arr, keep = self.rt.ipc_export(nbytes)
+        return handle, b"", arr, keep
+
+    def open(self, handle: bytes, token: bytes, nbytes: int, identity: bytes):
+        try:
+            return self.rt.ipc_open(handle, nbytes)
+        except Exception as exc:
+            mine = self.identity().rstrip(b"\0").decode(errors="replace")
+            theirs = identity.rstrip(b"\0").decode(errors="replace")
+            where = f"the same GPU ({mine})" if mine == theirs else f"GPU {theirs} from GPU {mine}"
+            raise OSError(f"cudaIpcOpenMemHandle on {where}: {type(exc).__name__}: {exc}") from exc
+
+    def settled(self, keep) -> None:
+        self.rt.ipc_settled(keep)
+
+    def close(self, keep) -> None:
+        self.rt.ipc_close(keep)
+
+    def free(self, keep) -> None:
+        self.rt.ipc_free(keep)
+
+
+def _memory_of(be):
+    return _HOST if be.name == "numpy" else _Device(be)
+
+
+_HOST = _Host()
+
+
+# --- per context -----------------------------------------------------------------------
+
+class _Mapped:
+    """One region on one backend: this rank's buffer and its node peers' (uint8 arrays)."""
+
+    __slots__ = ("memory", "arrays", "exported", "opened", "nbytes")
+
+    def __init__(self, memory, nbytes):
+        self.memory, self.nbytes = memory, nbytes
+        self.arrays: dict = {}   # rank -> uint8 array of its buffer
+        self.exported = None     # what keeps this rank's buffer
+        self.opened: list = []   # what keeps the peers' buffers open here
+
+
+class NodeMemory:
+    """The node memory of one context: mapped regions per backend, failures, holders."""
+
+    def __init__(self, ctx):
+        self.mapped: dict = {}    # (backend key, region) -> _Mapped
+        self.failed: dict = {}    # backend key -> why its set-up failed (never tried again)
+        self.holders: dict = {}   # region -> weak reference to the operation holding it
+        self.closed = False
+        labels = ctx.nodes if len(ctx.nodes) == ctx.size else (0,) * ctx.size
+        self.labels = labels
+        self.local = [r for r in range(ctx.size) if labels[r] == labels[ctx.rank]]
+        # a node with more than one rank of the communicator (else nothing to share)
+        self.shares = any(labels.count(x) > 1 for x in set(labels))
+        _LIVE.add(self)
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+# (Ibarrier request, [(memory, exported)], its communicator): the buffers and the
+# communicator are freed once the request completes (MPI must not free a communicator
+# with a non-blocking collective pending: Open MPI crashed in MPI_Finalize)
+_RETIRED: list = []
+
+
+def node_memory(ctx) -> NodeMemory:
+    nm = getattr(ctx, "node_memory", None)
+    if nm is None:
+        nm = ctx.node_memory = NodeMemory(ctx)
+    return nm
+
+
+def _reap() -> None:
+    """Free the exported device buffers whose importers all closed them."""
+    if MPI.Is_finalized():
+        return
+    for entry in list(_RETIRED):
+        req, exports, comm = entry
+        if req.Test():
+            _RETIRED.remove(entry)
+            for memory, keep in exports:
+                memory.free(keep)
+            MPI.Comm.Free(comm)
+
+
+class _Message:
+    """A set-up message as transport.timeout.wait polls it."""
+
+    __slots__ = ("req", "kind", "peer", "done")
+
+    def __init__(self, req, kind, peer):
+        self.req, self.kind, self.peer, self.done = req, kind, peer, None
+
+
+def _allgather(ctx, mine, timeout, what, describe, wait_for):
+    """Every rank's ``mine`` (uint8, the same length on every rank), by rank.
+
+    Point-to-point messages on the context's duplicate with the blocking calls'
+    tag (the set-up runs at the start of a call, before its own messages): a
+    rank that never joins leaves receives that a timeout cancels, never a
+    collective pending on the duplicate.  The operations in flight advance
+    while it waits; under a timeout, CollectiveTimeout after that long without
+    progress (the context is then unusable).  ``wait_for``: the engine's wait
+    (engine.executor.wait_for), which advances the operations in flight.
+    """
+    out = np.zeros((ctx.size, len(mine)), np.uint8)
+    out[ctx.rank] = mine
+    comm, peers = ctx.comm, [q for q in range(ctx.size) if q != ctx.rank]
+    msgs = [_Message(MPI.Comm.Irecv(comm, out[q], q, TAG), "recv", q) for q in peers]
+    msgs += [_Message(MPI.Comm.Isend(comm, mine, q, TAG), "send", q) for q in peers]
+    reqs = [m.req for m in msgs]
+    if wait_for(lambda: MPI.Request.Testall(reqs), timeout=timeout):
+        return out
+    if timeout is None:
+        MPI.Request.Waitall(reqs)
+        return out
+
+    def expired(left, idle):
+        call, collective, algorithm = describe()
+        late = next((m for m in left if m.kind == "recv"), left[0])
+        # (observe.calls' mark, in its words)
+        ctx.mpicoll_unusable = f"{collective} #{ctx.seq + 1} timed out on rank {ctx.rank}"
+        drop = getattr(ctx, "drop_plans", None)
+        if drop is not None:
+            drop()
+        return CollectiveTimeout(
+            f"{call} on rank {ctx.rank}: no progress for {idle:.3g} s (timeout {timeout:g} s) "
+            f"before step 0, setting up node memory ({what}): waiting for rank {late.peer}. "
+            f"Some rank has not joined this call: it may have skipped it, called a collective "
+            f"on another communicator, or be stuck or dead. This communicator cannot be used "
+            f"again; end the job with mpicoll.abort()", collective=collective,
+            seq=ctx.seq + 1, algorithm=algorithm, rank=ctx.rank, peer=late.peer,
+            phase=late.kind, step=None, timeout=timeout)
+
+    _timeout.wait(msgs, timeout, expired, _timeout.tester(msgs))
+    return out
+
+
+def _set_up(ctx, nm, memory, region, timeout, describe, wait_for) -> str | None:
+    """Map ``region`` of ``memory`` (host or a device) among the ranks of each node; every
+    rank of the communicator takes part.  None when every rank succeeded, else why not
+    (the same verdict on every rank)."""
+    _reap()
+    nbytes = 2 * memory.slot_bytes
+    mapped = _Mapped(memory, nbytes)
+    record = np.zeros(_REC, np.uint8)
+    why = None
+    if len(nm.local) > 1:
+        try:
+            handle, token, arr, keep = memory.export(nbytes)
+            mapped.exported, mapped.arrays[ctx.rank] = keep, arr
+            record[0] = _EXPORTED
+            record[_HANDLE][:len(handle)] = np.frombuffer(handle, np.uint8)
+            record[_TOKEN][:len(token)] = np.frombuffer(token, np.uint8)
+            ident = memory.identity()
+            record[_DEVICE][:len(ident)] = np.frombuffer(ident, np.uint8)
+        except Exception as exc:
+            why = f"cannot allocate {nbytes} bytes to share ({type(exc).__name__}: {exc})"
+            record[0] = _FAILED
+    try:
+        records = _allgather(ctx, record, timeout, "exchanging the buffers' names", describe,
+                             wait_for)
+        if why is None:
+            for q in nm.local:
+                if q == ctx.rank:
+                    continue
+                rec = records[q]
+                if rec[0] != _EXPORTED:
+                    why = f"rank {q} of this node could not allocate its buffer (its python " \
+                          f"-m mpicoll.info says why)"
+                    break
+                try:
+                    arr, keep = memory.open(rec[_HANDLE].tobytes(), rec[_TOKEN].tobytes(),
+                                            nbytes, rec[_DEVICE].tobytes())
+                except Exception as exc:
+                    why = f"cannot map rank {q}'s buffer ({type(exc).__name__}: {exc})"
+                    break
+                mapped.opened.append(keep)
+                mapped.arrays[q] = arr
+        oks = _allgather(ctx, np.array([why is None], np.uint8), timeout,
+                         "agreeing whether every rank mapped its node's buffers", describe,
+                         wait_for)[:, 0]
+    except BaseException:
+        _undo(memory, mapped, settled=False)
+        raise
+    if mapped.exported is not None:
+        memory.settled(mapped.exported)  # (every peer opened it or gave up: host files go)
+    if oks.all():
+        nm.mapped[(memory.key, region)] = mapped
+        return None
+    if why is None:
+        first = int(np.argmin(oks))
+        why = f"rank {first} could not map its node's buffers (its python -m mpicoll.info says why)"
+    _undo(memory, mapped, settled=True)
+    return why
+
+
+def _undo(memory, mapped, settled) -> None:
+    """Give back what a failed set-up mapped.  An exported device buffer may be open in a
+    peer: it is kept until exit (exporters outlive importers)."""
+    for keep in mapped.opened:
+        memory.close(keep)
+    mapped.opened = []
+    mapped.arrays = {}
+    if mapped.exported is not None:
+        if memory is _HOST:
+            memory.free(mapped.exported)
+        else:
+            _KEPT.append(mapped.exported)
+        mapped.exported = None
+
+
+_KEPT: list = []  # exported device buffers of failed set-ups, kept until exit
+
+
+def release(ctx) -> None:
+    """*engine*, Context._release (before its duplicate is freed): close what this rank
+    opened; exported device buffers go once every peer closed them: an Ibarrier on the
+    context's duplicate, which this module then frees (``ctx.comm`` becomes
+    COMM_NULL) once the barrier completes."""
+    nm = getattr(ctx, "node_memory", None)
+    if nm is None:
+        return
+    nm.closed = True
+    _LIVE.discard(nm)
+    exports, device = [], False
+    for (key, _), mapped in nm.mapped.items():
+        for keep in mapped.opened:
+            mapped.memory.close(keep)
+        mapped.opened = []
+        mapped.arrays = {}
+        if key != "host":
+            device = True
+        if mapped.exported is not None:
+            if key == "host":
+                mapped.memory.close(mapped.exported)
+            else:
+                exports.append((mapped.memory, mapped.exported))
+            mapped.exported = None
+    nm.mapped.clear()
+    if device and ctx.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm, ctx.comm = ctx.comm, MPI.COMM_NULL
+        _RETIRED.append((MPI.Intracomm.Ibarrier(comm), exports, comm))
+    _reap()
+
+
+EXIT_WAIT_S = 2.0  # how long the exit handler waits for retired buffers' barriers
+
+
+@atexit.register
+def at_exit() -> None:
+    """Close every opened device handle of the contexts still alive (device calls never
+    stay in flight; buffers go with the process), and complete the barriers of freed
+    contexts for a moment (peers exiting together complete them; a rank that never
+    freed its communicator leaves them to MPI_Finalize)."""
+    end = time.perf_counter() + EXIT_WAIT_S
+    while _RETIRED and time.perf_counter() < end and not MPI.Is_finalized():
+        _reap()
+        if _RETIRED:
+            time.sleep(_timeout.MIN_SLEEP_S)
+    for nm in list(_LIVE):
+        for mapped in nm.mapped.values():
+            if mapped.memory is not _HOST:
+                for keep in mapped.opened:
+                    try:
+                        mapped.memory.close(keep)
+                    except Exception:  # (a CUDA context already torn down)
+                        pass
+                mapped.opened = []
+                mapped.arrays = {}
+        nm.closed = True
+
+
+# --- what the engine asks (engine.intranode) ----------------------------------------------
+
+def ready(ctx, backend, region, timeout, describe, wait_for) -> str | None:
+    """Map ``region`` of ``backend``'s memory unless it is (a collective exchange on the first
+    call that needs it); None if mapped or nothing to map, else why not (the same on every
+    rank; a backend that failed is not tried again on this context)."""
+    nm = node_memory(ctx)
+    if nm.closed:
+        return "the communicator was freed"
+    if not nm.shares:
+        return None  # (no rank has a node peer: the schedules use no node memory)
+    memory = _memory_of(backend)
+    if memory.key in nm.failed:
+        return nm.failed[memory.key]
+    if (memory.key, region) in nm.mapped:
+        return None
+    if memory is not _HOST and not hasattr(memory.rt, "ipc_export"):
+        why = f"the {backend.name} runtime has no CUDA IPC"
+    else:
+        why = _set_up(ctx, nm, memory, region, timeout, describe, wait_for)
+    if why is not None:
+        nm.failed[memory.key] = why
+    return why
+
+
+def slot_elements(ctx, backend, region, itemsize: int) -> int:
+    """Elements of ``itemsize`` bytes in one slot of ``region`` (0: nothing mapped there)."""
+    mapped = node_memory(ctx).mapped.get((_memory_of(backend).key, region))
+    return 0 if mapped is None else mapped.nbytes // 2 // max(itemsize, 1)
+
+
+def views(ctx, backend, region, schedule, dtype) -> dict:
+    """{name: 1-D array of ``dtype``} of every node buffer ``schedule`` names, from ``region``
+    of ``backend``'s node memory."""
+    if not schedule.shared:
+        return {}
+    nm = node_memory(ctx)
+    mapped = nm.mapped.get((_memory_of(backend).key, region))
+    if mapped is None:
+        raise MpicollError("communicator freed: its node memory is gone; start operations "
+                           "only on a communicator not yet freed")
+    itemsize = np.dtype(dtype).itemsize
+    out = {}
+    for name, (q, n) in schedule.shared.items():
+        if n * itemsize > mapped.nbytes:  # pragma: no cover - slots come from the same constants
+            raise ValueError(f"{name}: {n} elements exceed the {mapped.nbytes} bytes mapped")
+        out[name] = mapped.arrays[q][: n * itemsize].view(dtype)
+    return out
+
+
+class SyncChannel:
+    """The 0-byte messages of a device schedule on one node, on the host channel.
+
+    A send is a flag: what the rank's device work wrote before it must be
+    complete first, so the compute stream is synchronised whenever mpicoll
+    queued work on it since the last time (the caller's, at the first send).
+    The messages carry nothing, so MPI never sees a device pointer: it works
+    whether or not MPI is CUDA-aware.
+    """
+
+    __slots__ = ("inner", "backend", "stream", "_synced")
+
+    def __init__(self, inner, backend, stream):
+        self.inner, self.backend, self.stream = inner, backend, stream
+        self._synced = None  # backend.launches at the last synchronisation
+
+    def isend(self, arr, dest, chunk=0):
+        launches = self.backend.launches
+        if launches != self._synced:
+            self.backend.rt.synchronize(self.stream)
+            self._synced = launches
+        return self.inner.isend(_EMPTY, dest, chunk)
+
+    def irecv(self, arr, source, chunk=0):
+        return self.inner.irecv(_EMPTY, source, chunk)
+
+    def wait(self, req):
+        self.inner.wait(req)
+
+    def waitall(self, reqs):
+        self.inner.waitall(reqs)
+
+    def testall(self, reqs) -> bool:
+        test = getattr(self.inner, "testall", None)
+        return test(reqs) if test is not None else MPI.Request.Testall(reqs)
+
+
+def status(ctx, backend) -> str:
+    """A line for ``python -m mpicoll.info``: whether ``backend``'s node memory is mapped on
+    this context (after engine.intranode.probe)."""
+    nm = node_memory(ctx)
+    key = _memory_of(backend).key
+    if not nm.shares:
+        return "not used (no rank of this communicator has another on its node)"
+    if key in nm.failed:
+        return f"no ({nm.failed[key]})"
+    if any(k == key for k, _ in nm.mapped):
+        return f"yes ({len(nm.local)} ranks on this rank's node map each other's buffers)"
+    return "not set up"
