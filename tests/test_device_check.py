@@ -52,6 +52,29 @@ def test_every_table_section_can_be_named(tmp_path):
     assert rc == 2 and "wheels missing" in summary, summary
 
 
+def test_every_default_section_has_lines_and_names_files_that_exist():
+    """A default section without lines reports "not configured" on the device, and a moved
+    test file fails its line there: both are found here, before a device run is spent."""
+    import re
+    import shlex
+
+    section, lines = None, {}
+    for text in (DEVICE / "checks.txt").read_text().splitlines():
+        if text.startswith("["):
+            section = text.split("]")[0][1:]
+            lines[section] = [] if " default " in text else None
+        elif text.strip() and not text.startswith("#") and lines.get(section) is not None:
+            lines[section].append(text)
+    assert lines and all(lines[s] for s in lines if lines[s] is not None), \
+        [s for s in lines if lines[s] == []]
+    missing = [word for body in (line.split("|", 1)[1] for group in lines.values() if group
+                                 for line in group)
+               for word in shlex.split(body)
+               if re.fullmatch(r"(tests|examples)/[\w/.-]+\.(py|sh)", word)
+               and not (ROOT / word).exists()]
+    assert not missing, missing
+
+
 @pytest.mark.parametrize("table, says", [
     ("ompi 2 10 a line before its section | -c 1\n", "before any [section] line"),
     ("[x] 10 default a section\nompi two 5 ranks not a number | -c 1\n", "checks.txt:2: not '[section]"),
@@ -164,7 +187,25 @@ def test_floor_rows_beside_both_ceilings(tmp_path):
     rows = [r for r in _rows(results) if r["section"] == "routea"]
     assert [r["d2d_gbps"] for r in rows] == [600.0, 720.0]  # as many processes as ranks, largest size
     assert [r["d2d_fraction"] for r in rows] == [0.1, 0.1]
+    # AllReduce: 2(n-1)/n bus bytes over n inputs and n outputs copied once
+    assert [r["d2d_bound"] for r in rows] == [0.5, 0.375]
+    assert [r["d2d_of_bound"] for r in rows] == [0.2, 0.267]
     assert all(r["floor_gbps"] == 10.0 and r["label"] == "bench direct, 2 ranks" for r in rows)
+
+
+def test_floor_keeps_a_records_own_fields(tmp_path):
+    """The torch benchmark's records (no built-in bandwidth) become rows with their fields."""
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(_ceiling("d2d", 2, 16 << 20, 300.0, 600.0)) + "\n")
+    record = {"collective": "allreduce", "nranks": 2, "dtype": "float32", "bytes": 1 << 20,
+              "time_us": 50.0, "busbw_gbps": 21.0, "gloo_time_us": 400.0, "gloo_ratio": 0.125}
+    _floor(results, [record], "label=torch bench, CUDA, 2 ranks", section="torchcuda")
+    row, = (r for r in _rows(results) if r["section"] == "torchcuda")
+    assert row["gloo_ratio"] == 0.125 and row["d2d_fraction"] == 0.035
+    assert "builtin_fraction" not in row
+    ok = _judge(results, "torchcuda", "value", "torch bench", "gloo_ratio", "--at-most", "0.25",
+                "--min-bytes", "1M")
+    assert ok.returncode == 0, ok.stdout
 
 
 def test_judge_pair_meets_and_misses(tmp_path):
@@ -188,9 +229,11 @@ def test_judge_value_within_sizes(tmp_path):
     results.write_text(json.dumps(_ceiling("d2d", 2, 16 << 20, 300.0, 600.0)) + "\n")
     _floor(results, [_bench(30.0, 1.8, 2, 1 << 20), _bench(330.0, 0.2, 2, 64 << 20)],
            "label=shared bench", section="shared")
-    big = _judge(results, "shared", "value", "shared bench", "d2d_fraction", "--at-least", "0.5",
+    big = _judge(results, "shared", "value", "shared bench", "d2d_of_bound", "--at-least", "0.5",
                  "--min-bytes", "64M")
-    assert big.returncode == 0, big.stdout  # 0.55 at 64 MiB; the 1 MiB row is outside the range
+    # 0.55 of the copy ceiling at 64 MiB, 1.1 of the one-kernel bound (0.5 at 2 ranks);
+    # the 1 MiB row is outside the range
+    assert big.returncode == 0, big.stdout
     small = _judge(results, "shared", "value", "shared bench", "ratio", "--at-most", "1.0",
                    "--max-bytes", "1M")
     assert small.returncode == 1 and "1.8 MISSES <= 1" in small.stdout

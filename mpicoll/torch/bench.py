@@ -3,6 +3,7 @@
     mpirun -n 2 python -m mpicoll.torch.bench                  # float32 SUM, 16 B .. 64 MiB, DDP
     mpirun -n 2 python -m mpicoll.torch.bench --sizes 4K,1M --ddp-steps 0
     mpirun -n 2 python -m mpicoll.torch.bench --timeout 0      # the group without a timeout
+    mpirun -n 2 python -m mpicoll.torch.bench --device cuda --json out.json
 
 For each size, the same float32 tensor is all-reduced (SUM, in place) three ways
 in one run: ``dist.all_reduce`` on the mpicoll backend, ``dist.all_reduce`` on a
@@ -22,12 +23,20 @@ once (no message); "own" is the backend's time less that floor, against
 ``mpicoll.allreduce``. Then a DDP training step (forward, backward with the
 gradient AllReduce, SGD step) of a 10.5 M-parameter MLP on each backend, median
 over ``--ddp-steps`` steps. Rank 0 prints.
+
+``--device cuda`` runs it all on CUDA tensors (each rank on the GPU of its node-local
+rank, modulo the GPUs it sees): the backend hands them to mpicoll as device arrays,
+gloo copies them through host memory, and every timed call ends with
+``torch.cuda.synchronize()`` so a time includes the device work it queued.
+``--json FILE`` writes one record per size (rank 0): the times in microseconds, the
+backend's bus bandwidth and ``gloo_ratio``, the backend's time over gloo's.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import sys
 from datetime import timedelta
 
@@ -67,7 +76,19 @@ def build_parser():
                    "seconds, also passed to mpicoll.allreduce (0: none; default: torch's, 30 min)")
     p.add_argument("--ddp-steps", type=_cli.nonnegative_int, default=10,
                    help="timed DDP steps per backend (0: none; default 10)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the tensors live (default cpu)")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="write one JSON record per size to FILE (rank 0)")
     return p
+
+
+def _synchronized(fn):
+    """``fn`` then ``torch.cuda.synchronize()``: a call's time includes the device work it queued."""
+    def call():
+        fn()
+        torch.cuda.synchronize()
+    return call
 
 
 def _time(fns, iters, warmup, comm):
@@ -108,6 +129,16 @@ def _ddp_model():
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     comm = MPI.COMM_WORLD
+    cuda = args.device == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            raise SystemExit("mpicoll.torch.bench: --device cuda: torch sees no CUDA device")
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        torch.cuda.set_device(local.Get_rank() % torch.cuda.device_count())
+        local.Free()
+        from .devices import layer_of
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    sync = _synchronized if cuda else (lambda fn: fn)
     dist.init_process_group(backend="mpicoll")
     rank, size = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
@@ -116,35 +147,46 @@ def main(argv=None) -> int:
         world.set_timeout(timedelta(seconds=args.timeout))
     timeout = world.timeout  # what the backend passes to mpicoll (None: no timeout)
     say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"# mpicoll torch backend vs gloo: {size} ranks, float32 SUM in place, "
+    say(f"# mpicoll torch backend vs gloo: {size} ranks, float32 SUM in place on {device.type}, "
         f"median of the slowest rank's time; timeout {timeout}; torch {torch.__version__}, "
         f"{_records.mpi_library()}")
     say(f"# {'size':>8} {'gloo':>11} {'mpicoll bk':>11} {'mpicoll':>11} {'torch':>11} "
         f"{'bk/gloo':>8} {'bk/mpicoll':>10} {'own/mpicoll':>11}")
     floor = _Floor(rank, size)
+    records = []
     for nbytes in args.sizes:
         iters = args.iters if nbytes <= (1 << 20) else max(8, args.iters // 5)
-        t = torch.zeros(nbytes // 4)  # zeros: repeated in-place sums stay finite
-        arr = memory_view(t)  # the backend's array (see above)
+        t = torch.zeros(nbytes // 4, device=device)  # zeros: repeated in-place sums stay finite
+        # the backend's array (see above)
+        arr = layer_of(device).array(t) if cuda else memory_view(t)
         # (gloo apart: its threads stay on the cores after its calls and slow the next
         # call of any backend)
-        g, = _time([functools.partial(dist.all_reduce, t, group=gloo)], iters, args.warmup, comm)
-        b, m, f = _time([functools.partial(dist.all_reduce, t, group=world),
-                         functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr,
-                                           timeout=timeout),
-                         functools.partial(dist.all_reduce, t, group=floor)],
+        g, = _time([sync(functools.partial(dist.all_reduce, t, group=gloo))],
+                   iters, args.warmup, comm)
+        b, m, f = _time([sync(functools.partial(dist.all_reduce, t, group=world)),
+                         sync(functools.partial(mpicoll.allreduce, arr, comm=world.comm, out=arr,
+                                                timeout=timeout)),
+                         sync(functools.partial(dist.all_reduce, t, group=floor))],
                         iters, args.warmup, comm)
         # (ratios to 3 significant digits: a fast call against a slow gloo call is not 0.00)
         say(f"  {_cli.human(nbytes):>8} {_fmt(g)} {_fmt(b)} {_fmt(m)} {_fmt(f)} {b / g:8.3g} "
             f"{b / m:10.3g} {(b - f) / m:11.3g}")
+        records.append({"collective": "allreduce", "nranks": size, "dtype": "float32",
+                        "bytes": nbytes, "device": device.type, "time_us": b * 1e6,
+                        "busbw_gbps": 2 * (size - 1) / size * nbytes / b / 1e9,
+                        "gloo_time_us": g * 1e6, "mpicoll_time_us": m * 1e6,
+                        "torch_time_us": f * 1e6, "gloo_ratio": b / g})
+    if args.json and rank == 0:
+        with open(args.json, "w") as out:
+            json.dump(records, out, indent=1)
     if args.ddp_steps > 0:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         nparams = sum(p.numel() for p in _ddp_model().parameters())
-        x = torch.randn(8, 1024)
+        x = torch.randn(8, 1024, device=device)
         steps = {}
         for name, group in (("gloo", gloo), ("mpicoll", world)):
-            model = DDP(_ddp_model(), process_group=group)
+            model = DDP(_ddp_model().to(device), process_group=group)
             opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
             def step(model=model, opt=opt):
@@ -152,7 +194,7 @@ def main(argv=None) -> int:
                 model(x).square().mean().backward()
                 opt.step()
 
-            steps[name] = step
+            steps[name] = sync(step)
         results = dict(zip(steps, _time(list(steps.values()), args.ddp_steps, 2, comm)))
         say(f"# DDP step, {nparams / 1e6:.1f} M parameters (float32, 25 MiB buckets), batch 8: "
             f"gloo {_fmt(results['gloo']).strip()}, mpicoll {_fmt(results['mpicoll']).strip()}, "

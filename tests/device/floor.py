@@ -22,6 +22,17 @@ record, with the tags given.  Two yardsticks:
       d2d_gbps     = d2d gbps_total at the largest size, measured with as many
                      processes as the record's ranks (else the most measured)
       d2d_fraction = busbw_gbps / d2d_gbps
+
+    A copy moves its bytes twice (read and write); a collective's bus bytes
+    need every rank's input read and its output written at least once, so
+    even one kernel doing the whole collective on the GPU the ranks share
+    stays below ``d2d_bound`` of this ceiling (AllReduce ``2(n-1)/n / n``:
+    0.5 at 2 ranks, 0.375 at 4; ReduceScatter ``(n-1)/n / ((n+1)/2)``;
+    AllGather ``(n-1)/n / n``), and ``d2d_of_bound = d2d_fraction /
+    d2d_bound`` says how near a path comes to it.
+
+A record's other fields are kept (the torch benchmark's ``gloo_ratio``); the
+fractions are added where the record has the bandwidths they divide.
 """
 
 from __future__ import annotations
@@ -58,6 +69,16 @@ def d2d_gbps(rows, nranks):
     return (None, None) if best is None else (best[1], best[2])
 
 
+def d2d_bound(collective, n):
+    """Bus bandwidth over the copy bandwidth of one kernel reading every input and writing
+    every output once (memory bytes / 2 per copied byte), all ranks on one GPU."""
+    if collective == "allreduce":  # bus 2(n-1)/n N; memory: n inputs + n outputs of N
+        return (2 * (n - 1) / n) / n
+    if collective == "reduce_scatter":  # bus (n-1)/n N; memory: n inputs of N, n outputs of N/n
+        return ((n - 1) / n) / ((n + 1) / 2)
+    return ((n - 1) / n) / n  # allgather, N gathered: every rank reads N and writes N
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("results")
@@ -73,22 +94,26 @@ def main(argv=None) -> int:
     tags = dict(t.split("=", 1) for t in args.tag)
     with open(args.results, "a") as out:
         for rec in records:
-            row = {"section": args.section, **tags,
-                   **{k: rec.get(k) for k in ("collective", "algorithm", "selected", "nranks", "dtype",
-                                              "bytes", "time_us", "busbw_gbps", "wrong",
-                                              "builtin_time_us", "builtin_busbw_gbps", "ratio")},
-                   "floor_gbps": floor, "floor_parts": parts}
-            if floor:
-                row["fraction"] = round(rec["busbw_gbps"] / floor, 3)
-                row["builtin_fraction"] = round(rec["builtin_busbw_gbps"] / floor, 3)
-            d2d, procs = d2d_gbps(rows, rec.get("nranks"))
-            if d2d:
-                row.update(d2d_gbps=d2d, d2d_procs=procs, d2d_fraction=round(rec["busbw_gbps"] / d2d, 4))
+            row = {"section": args.section, **tags, **rec, "floor_gbps": floor, "floor_parts": parts}
+            busbw, builtin = rec.get("busbw_gbps"), rec.get("builtin_busbw_gbps")
+            if floor and busbw is not None:
+                row["fraction"] = round(busbw / floor, 3)
+            if floor and builtin is not None:
+                row["builtin_fraction"] = round(builtin / floor, 3)
+            n = rec.get("nranks")
+            d2d, procs = d2d_gbps(rows, n)
+            if d2d and busbw is not None:
+                row.update(d2d_gbps=d2d, d2d_procs=procs, d2d_fraction=round(busbw / d2d, 4))
+                if n and n > 1 and rec.get("collective"):
+                    bound = d2d_bound(rec["collective"], n)
+                    row.update(d2d_bound=round(bound, 3),
+                               d2d_of_bound=round(row["d2d_fraction"] / bound, 3))
             out.write(json.dumps(row) + "\n")
-            print(f"{row['section']:8} {row['collective']:15} n={row['nranks']} {row['bytes']:>11} B "
-                  f"mpicoll {row['busbw_gbps']:8.2f} GB/s builtin {row['builtin_busbw_gbps']:8.2f} GB/s "
-                  f"ratio {row['ratio']:.3f} fraction {row.get('fraction')} "
-                  f"d2d_fraction {row.get('d2d_fraction')} {tags or ''}")
+            extra = "".join(f" {k} {row[k]:.3g}" for k in ("ratio", "gloo_ratio") if k in row)
+            print(f"{row['section']:8} {row.get('collective')} {row.get('algorithm', '')} "
+                  f"n={n} {row.get('bytes')} B busbw {busbw} GB/s{extra} "
+                  f"fraction {row.get('fraction')} d2d_fraction {row.get('d2d_fraction')} "
+                  f"d2d_of_bound {row.get('d2d_of_bound')} {tags or ''}")
     return 0
 
 

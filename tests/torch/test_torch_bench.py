@@ -25,3 +25,35 @@ def test_bench_prints_a_row_per_size(capsys):
         # all positive (the backend's time includes the floor's)
         assert all(len(r) == 13 for r in rows), out
         assert all(float(v) > 0 for r in rows for v in (r[2], r[4], r[6], r[8], r[10], r[11])), out
+
+
+def test_bench_json_records(tmp_path):
+    """``--json``: one record per size on rank 0, the backend's time over gloo's beside the times."""
+    import json
+
+    from mpi4py import MPI
+
+    from mpicoll.torch import bench
+    comm = MPI.COMM_WORLD
+    path = comm.bcast(str(tmp_path / "bench.json"), root=0)
+    assert bench.main(["--sizes", "4K", "-n", "2", "-w", "1", "--ddp-steps", "0",
+                       "--json", path]) == 0
+    if comm.rank == 0:
+        with open(path) as f:
+            records = json.load(f)
+        assert [(r["collective"], r["bytes"], r["nranks"], r["device"]) for r in records] == \
+            [("allreduce", 4096, comm.size, "cpu")]
+        r = records[0]
+        assert r["time_us"] > 0 and r["gloo_time_us"] > 0
+        assert r["gloo_ratio"] == pytest.approx(r["time_us"] / r["gloo_time_us"])
+    comm.Barrier()
+
+
+def test_bench_cuda_without_a_gpu_says_so():
+    import torch
+
+    from mpicoll.torch import bench
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        bench.main(["--device", "cuda", "--sizes", "16", "--ddp-steps", "0"])
