@@ -36,7 +36,7 @@ import render
 TOOLS = {"mpicoll.bench": "bench", "mpicoll.tools.latency": "latency",
          "mpicoll.tools.overlap": "overlap"}
 KEEP = {
-    "bench": ("collective", "bytes", "count", "selected", "time_us", "inplace_time_us",
+    "bench": ("collective", "algorithm", "bytes", "count", "selected", "time_us", "inplace_time_us",
               "builtin_time_us", "ratio", "busbw_gbps", "inplace_busbw_gbps",
               "builtin_busbw_gbps", "wrong", "inplace_wrong", "builtin_wrong"),
     "latency": ("collective", "bytes", "variant", "time_us", "ratio", "wrong"),

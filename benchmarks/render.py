@@ -69,7 +69,27 @@ def caption(data: dict) -> str:
             + (f"; `auto` from the {env['selection']}" if env.get("selection") else "") + ".")
 
 
+def algorithms_table(data: dict) -> list[str]:
+    """Several algorithms in one run: a row per collective and size, mpicoll's time over the
+    built-in's for each algorithm (``auto`` with what it ran)."""
+    names, cells = [], {}
+    for r in data["records"]:
+        if r["algorithm"] not in names:
+            names.append(r["algorithm"])
+        cells.setdefault((r["collective"], r["bytes"]), {})[r["algorithm"]] = r
+    rows = ["| collective | size | built-in (µs) | " + " | ".join(f"`{a}`" for a in names) + " |",
+            "|---|---:|---:|" + "---:|" * len(names)]
+    for (collective, nbytes), v in cells.items():
+        builtin = sorted(r["builtin_time_us"] for r in v.values())[len(v) // 2]
+        rows.append(f"| {collective} | {_size(nbytes)} | {_num(builtin)} | " + " | ".join(
+            "-" if a not in v else f"{v[a]['ratio']:.2f}"
+            + (f" (`{v[a]['selected']}`)" if a == "auto" else "") for a in names) + " |")
+    return rows
+
+
 def bench_table(data: dict) -> list[str]:
+    if len({r.get("algorithm", "auto") for r in data["records"]}) > 1:
+        return algorithms_table(data)
     rows = ["| collective | size | `auto` ran | mpicoll (µs) | in place (µs) | built-in (µs) "
             "| mpicoll / built-in | busbw mpicoll (GB/s) | busbw built-in (GB/s) |",
             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]

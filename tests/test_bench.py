@@ -350,8 +350,25 @@ def test_op_in_any_case(shared_dir):
                 for r in json.load(open(jpath))] == [("prod", 0, 0, 0)] * 2
 
 
+@pytest.mark.timeout(120)
+def test_an_algorithm_list_runs_each_name_where_it_applies(shared_dir):
+    """-C all -a auto,ring,shared_oneshot,shared: every collective runs auto and the ring, the
+    AllReduce the one-shot, ReduceScatter and AllGather `shared` (the names they have)."""
+    jpath = os.path.join(shared_dir, "mixed.json")
+    status, text = _run(["-C", "all", "-a", "auto,ring,shared_oneshot,shared", "-b", "64",
+                         "-e", "64", "-n", "1", "-w", "0", "-q", "--json", jpath])
+    assert status == 0, text
+    if WORLD.rank == 0:
+        ran = sorted((r["collective"], r["algorithm"]) for r in json.load(open(jpath)))
+        assert ran == sorted([(c, a) for c in ("allreduce", "reduce_scatter", "allgather")
+                              for a in ("auto", "ring")]
+                             + [("allreduce", "shared_oneshot"), ("reduce_scatter", "shared"),
+                                ("allgather", "shared")]), ran
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-C", "bogus"], "-C/--collective"),
+    (["-C", "allgather", "-a", "auto,shared_oneshot"], "not an algorithm of allgather"),
     (["-b", "1M", "-e", "1K"], "larger than"),
     (["-b", "0"], "positive"),
     (["-f", "1"], "expected a number > 1"),

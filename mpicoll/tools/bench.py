@@ -117,7 +117,8 @@ def build_parser():
                    help="check results (default: 1)")
     p.add_argument("-a", "--algorithm", default="auto",
                    help="auto, an algorithm name, a comma-separated list of those (e.g. "
-                        "auto,direct: both in the same run), or all (default: auto)")
+                        "auto,direct: both in the same run; each runs for the collectives "
+                        "that have it), or all (default: auto)")
     p.add_argument("--api", choices=("comm", "array"), default="comm",
                    help="time mpicoll.Comm methods (comm, the drop-in for mpi4py) or the array "
                         "functions mpicoll.allreduce & co. (array) (default: comm)")
@@ -153,12 +154,14 @@ def check_args(comm, parser, args):
     if args.minbytes > args.maxbytes:
         parser.error(f"-b/--minbytes ({args.minbytes}) is larger than -e/--maxbytes ({args.maxbytes})")
     args.algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()] or ["auto"]
-    for c in args.collectives:
-        names = _select.ALGORITHMS[c]
-        for a in args.algorithms:
-            if a not in ("auto", "all") and a not in names:
-                parser.error(f"--algorithm: {a!r} is not an algorithm of {c} "
-                             f"(expected auto, all or one of {', '.join(names)})")
+    # (a name runs for the collectives that have it: -C all -a auto,ring,shared_oneshot,shared)
+    for a in args.algorithms:
+        if a not in ("auto", "all") and not any(a in _select.ALGORITHMS[c]
+                                                 for c in args.collectives):
+            names = sorted({n for c in args.collectives for n in _select.ALGORITHMS[c]})
+            parser.error(f"--algorithm: {a!r} is not an algorithm of "
+                         f"{' or '.join(args.collectives)} "
+                         f"(expected auto, all or one of {', '.join(names)})")
     args.dtype = np.dtype(DTYPES[args.datatype])
     category = _types.category_of_dtype(args.dtype)
     if any(c != "allgather" for c in args.collectives):
@@ -385,7 +388,8 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
     plan = []
     for collective in args.collectives:
         algos = [x for a in args.algorithms
-                 for x in (_select.ALGORITHMS[collective] if a == "all" else [a])]
+                 for x in (_select.ALGORITHMS[collective] if a == "all" else [a])
+                 if x == "auto" or x in _select.ALGORITHMS[collective]]
         for algo in algos:
             plan.append((collective, algo, sizes(args.minbytes, args.maxbytes, args.stepfactor)))
     progress = _cli.Progress("mpicoll.bench", sum(len(s) for _, _, s in plan),
