@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import random
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
 from support import schedsim as sim
+from support import util
 from support.data import rank_data
 
 from mpicoll.algorithms.ring import split
@@ -46,7 +46,7 @@ def _rings(n, rng):
 def _simulate(collective, cases):
     """Run this rank's share of ``cases`` ((algorithm, n, counts, displs, length, in place,
     ring, tuning, op)) on the schedule simulator, rendezvous transport."""
-    for name, n, counts, displs, length, in_place, ring, tuning, op in _util.share(cases):
+    for name, n, counts, displs, length, in_place, ring, tuning, op in util.share(cases):
         sim.run_case(collective, _select.BUILDERS[collective][name], n, counts, displs, length,
                      in_place, "rendezvous", tuning, op, ring)
 
@@ -222,7 +222,7 @@ def test_every_algorithm_matches_mpi(tiny_comm, collective):
     comm = tiny_comm
     n, rank = comm.size, comm.rank
     ctx = _context.context(comm)
-    for name, fn in _util.algorithm_functions(collective).items():
+    for name, fn in util.algorithm_functions(collective).items():
         for N in (0, 1, n + 1, 50, 1001):
             for dtype in (np.int64, np.float32):
                 counts = split(N, n)[0]

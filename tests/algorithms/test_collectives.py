@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import math
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 import mpicoll
 from mpicoll.engine import context as _context
@@ -90,7 +90,7 @@ def _first_and_last_op(info):
 @pytest.mark.parametrize("collective, info, opname", _params(COMM_REDUCTIONS, TYPES))
 def test_comm_reduction_every_type_and_op(collective, info, opname):
     """Comm.Allreduce / Reduce_scatter_block / Reduce_scatter, all types incl. MINLOC/MAXLOC pairs."""
-    _util.check_cases(WORLD, run_cases(WORLD, collective, info, opname, ONE,
+    util.check_cases(WORLD, run_cases(WORLD, collective, info, opname, ONE,
                                        V.algorithms_for(collective)))
 
 
@@ -98,14 +98,14 @@ def test_comm_reduction_every_type_and_op(collective, info, opname):
                          _params(ARRAY_REDUCTIONS, PLAIN_TYPES, _first_and_last_op))
 def test_array_reduction_every_type(collective, info, opname):
     """mpicoll.allreduce / reduce_scatter on every plain dtype (first and last op that applies)."""
-    _util.check_cases(WORLD, run_cases(WORLD, collective, info, opname, ONE,
+    util.check_cases(WORLD, run_cases(WORLD, collective, info, opname, ONE,
                                        V.algorithms_for(collective)))
 
 
 @pytest.mark.parametrize("collective, info, opname", _params(GATHERS, TYPES))
 def test_gather_every_type(collective, info, opname):
     """Allgather / Allgatherv (gapped, reversed displacements) / allgather(v) on every type."""
-    _util.check_cases(WORLD, run_cases(WORLD, collective, info, opname, ONE,
+    util.check_cases(WORLD, run_cases(WORLD, collective, info, opname, ONE,
                                        V.algorithms_for(collective)))
 
 
@@ -130,7 +130,7 @@ def _count_params():
 
 @pytest.mark.parametrize("collective, info, opname", _count_params())
 def test_every_count(collective, info, opname):
-    _util.check_cases(WORLD, run_cases(WORLD, collective, info, opname, ALL_COUNTS,
+    util.check_cases(WORLD, run_cases(WORLD, collective, info, opname, ALL_COUNTS,
                                        V.algorithms_for(collective, auto=True)))
 
 
@@ -142,7 +142,7 @@ def test_large_count(collective, tname, op):
     """About 2**18 elements in all (several pipeline segments per block on the ring)."""
     reduces = COLLECTIVES[collective][2]
     count = LARGE if collective in ("Allreduce", "allreduce", "reduce_scatter") else LARGE // SIZE
-    _util.check_cases(WORLD, run_cases(WORLD, collective, BY_NAME[tname], op if reduces else None,
+    util.check_cases(WORLD, run_cases(WORLD, collective, BY_NAME[tname], op if reduces else None,
                                        [count], V.algorithms_for(collective, auto=True)))
 
 
@@ -151,7 +151,7 @@ def test_large_count(collective, tname, op):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", _util.COMM_KINDS)
+@pytest.mark.parametrize("kind", util.COMM_KINDS)
 @pytest.mark.parametrize("collective", list(COLLECTIVES))
 def test_communicators(comms, kind, collective):
     """COMM_WORLD, a Dup, Split into two halves by parity, Split with the rank order reversed."""
@@ -164,7 +164,7 @@ def test_communicators(comms, kind, collective):
         results += [(f"{tname} {op} {label}", res) for label, res in
                     run_cases(comm, collective, BY_NAME[tname], op, counts,
                               V.algorithms_for(collective, auto=True))]
-    _util.check_cases(comm, results)
+    util.check_cases(comm, results)
 
 
 @pytest.mark.parametrize("collective", ["Allreduce", "Reduce_scatter", "Allgatherv"])
@@ -181,7 +181,7 @@ def test_ring_with_many_small_segments(collective):
                 results += [(f"window={window} {tname} {label}", res) for label, res in
                             run_cases(comm, collective, BY_NAME[tname], op, [7 * SIZE + 3],
                                       ["ring"], both=True)]
-        _util.check_cases(comm, results)
+        util.check_cases(comm, results)
     finally:
         comm.Free()
 
@@ -215,7 +215,7 @@ def test_closed_form_allreduce(comms, kind, dtype):
         p = mpicoll.allreduce(x[:1].copy(), MPI.PROD, comm=comm, algorithm=algo)
         if p[0] != np.prod(np.arange(1, n + 1)):
             bad.append(f"PROD {algo}: {p}")
-    _util.assert_all(comm, not bad, "; ".join(bad))
+    util.assert_all(comm, not bad, "; ".join(bad))
 
 
 @pytest.mark.parametrize("kind", ["world", "split_parity"])
@@ -238,7 +238,7 @@ def test_closed_form_reduce_scatter(comms, kind):
             x, y, [len(b) for b in np.array_split(np.arange(total), n)])
         if not np.array_equal(y, want):
             bad.append(f"Comm.Reduce_scatter {algo}: got {y}, want {want}")
-    _util.assert_all(comm, not bad, "; ".join(bad))
+    util.assert_all(comm, not bad, "; ".join(bad))
 
 
 @pytest.mark.parametrize("kind", ["world", "split_reversed"])
@@ -254,7 +254,7 @@ def test_closed_form_allgatherv(comms, kind):
         got = mpicoll.allgather(x, comm=comm, counts=counts, algorithm=algo)
         if not np.array_equal(got, want):
             bad.append(f"{algo}: got {got}, want {want}")
-    _util.assert_all(comm, not bad, "; ".join(bad))
+    util.assert_all(comm, not bad, "; ".join(bad))
 
 
 def test_closed_form_float16_sum_is_exact_for_small_integers():
@@ -266,7 +266,7 @@ def test_closed_form_float16_sum_is_exact_for_small_integers():
         got = mpicoll.allreduce(x, comm=WORLD, algorithm=algo)
         if got.dtype != np.float16 or not np.all(got == n * (n + 1) / 2):
             bad.append(f"{algo}: {got!r}")
-    _util.assert_all(WORLD, not bad, "; ".join(bad))
+    util.assert_all(WORLD, not bad, "; ".join(bad))
 
 
 # ---------------------------------------------------------------------------
@@ -340,5 +340,5 @@ def test_reference_is_exact_and_mpi_is_within_the_rule():
     builtin = np.empty_like(x)
     WORLD.Allreduce(x, builtin, MPI.SUM)
     res = V.compare(builtin, ref, "SUM", n)
-    _util.assert_all(WORLD, res.ok and np.array_equal(ref.value, exact),
+    util.assert_all(WORLD, res.ok and np.array_equal(ref.value, exact),
                      f"{res.worst}; reference {ref.source}")

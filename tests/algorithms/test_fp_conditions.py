@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import warnings
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 import mpicoll
 from mpicoll.engine import select as _select
@@ -70,10 +70,10 @@ def test_allreduce_overflow_and_nan_match_the_builtin_under_strict_warnings(algo
         for kw in ({}, {"out": np.empty_like(x)}):
             try:
                 got = mpicoll.allreduce(x, algorithm=algorithm, timeout=TIMEOUT, **kw)
-                errors.append(None if _util.same_bytes(got, want) else f"{got} != {want}")
+                errors.append(None if util.same_bytes(got, want) else f"{got} != {want}")
             except Exception as exc:  # (every rank goes on: the next call must not hang)
                 errors.append(f"{type(exc).__name__}: {exc}")
-    _util.assert_all(WORLD, errors == [None, None], f"{algorithm}: {errors}")
+    util.assert_all(WORLD, errors == [None, None], f"{algorithm}: {errors}")
 
 
 @pytest.mark.timeout(120)
@@ -86,10 +86,10 @@ def test_reduce_scatter_overflow_matches_the_builtin_under_strict_warnings(algor
     with _strict():
         try:
             got = mpicoll.reduce_scatter(x, algorithm=algorithm, timeout=TIMEOUT)
-            error = None if _util.same_bytes(got, want) else f"{got} != {want}"
+            error = None if util.same_bytes(got, want) else f"{got} != {want}"
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    _util.assert_all(WORLD, error is None, f"{algorithm}: {error}")
+    util.assert_all(WORLD, error is None, f"{algorithm}: {error}")
 
 
 @pytest.mark.timeout(120)
@@ -104,10 +104,10 @@ def test_comm_and_non_blocking_forms_under_strict_warnings():
             mc.Allreduce(x, outs[0])
             mc.Iallreduce(x, outs[1]).Wait()
             mpicoll.iallreduce(x, out=outs[2], timeout=TIMEOUT).wait()
-            errors = [i for i, o in enumerate(outs) if not _util.same_bytes(o, want)]
+            errors = [i for i, o in enumerate(outs) if not util.same_bytes(o, want)]
         except Exception as exc:
             errors = [f"{type(exc).__name__}: {exc}"]
-    _util.assert_all(WORLD, not errors, f"{errors}")
+    util.assert_all(WORLD, not errors, f"{errors}")
 
 
 @pytest.mark.timeout(120)
@@ -125,4 +125,4 @@ def test_float16_sum_past_its_range_is_inf_on_every_rank(accumulate):
                 error = f"{got}"
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    _util.assert_all(WORLD, error is None, f"{error}")
+    util.assert_all(WORLD, error is None, f"{error}")

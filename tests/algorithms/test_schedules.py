@@ -25,10 +25,10 @@ from __future__ import annotations
 import random
 import zlib
 
-import _util
 import pytest
 from mpi4py import MPI
 from support import schedsim as sim
+from support import util
 
 from mpicoll.algorithms import bruck, direct, halving, hierarchical, recursive, ring, schedule
 from mpicoll.algorithms.schedule import DST, SRC, Builder, Label, Recv, Reduce, Region, Send, Wait
@@ -96,7 +96,7 @@ def _cases(collective, algorithm):
                          ids=[f"{c}-{a}" for c, a, _ in BUILDERS])
 def test_schedule_matches_reference(collective, algorithm, build):
     for n, counts, displs, length, in_place, model, tuning, op, ring_order in \
-            _util.share(_cases(collective, algorithm)):
+            util.share(_cases(collective, algorithm)):
         sim.run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op, ring_order)
 
 
@@ -134,7 +134,7 @@ def test_hierarchical_on_node_layouts(collective):
     """The hierarchical builders on simulated node layouts; across nodes only the model's bytes."""
     build = hierarchical.SCHEDULES[(collective, "hierarchical")]
     for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
-            _util.share(_layout_cases(collective)):
+            util.share(_layout_cases(collective)):
         sim.run_case(collective, build, n, counts, displs, length, in_place, model, tuning, "sum",
                  ring_order, nodes)
     # bytes each node sends to other nodes, 2 nodes x 2 ranks, 1200 elements: half the ring's
@@ -161,7 +161,7 @@ def test_rabenseifner_on_node_layouts():
     link at 2 nodes x 2 ranks, block or round-robin, where pairing by rank puts 2.0 N under block)."""
     build = halving.SCHEDULES[("allreduce", "rabenseifner")]
     for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
-            _util.share(_layout_cases("allreduce")):
+            util.share(_layout_cases("allreduce")):
         sim.run_case("allreduce", build, n, counts, displs, length, in_place, model, tuning, "sum",
                  ring_order, nodes)
     from mpicoll.transport import topology
@@ -200,7 +200,7 @@ def test_recursive_on_node_layouts(collective, build):
         else ("sum", "affine")
     for op in ops:
         for n, counts, displs, length, in_place, model, tuning, ring_order, nodes in \
-                _util.share(_layout_cases(collective)):
+                util.share(_layout_cases(collective)):
             sim.run_case(collective, build, n, counts, displs, length, in_place, model, tuning, op,
                      ring_order, nodes)
     if collective != "allreduce":
@@ -380,7 +380,7 @@ def _diagram_module():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "docs" / "make_ring_diagram.py"
+    path = Path(__file__).resolve().parents[2] / "docs" / "make_ring_diagram.py"
     spec = importlib.util.spec_from_file_location("make_ring_diagram", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

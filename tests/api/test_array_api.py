@@ -7,10 +7,10 @@ functions of rank and size.
 
 from __future__ import annotations
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.buffers import DLPackOnly
 from support.data import rank_data, rank_sum
 
@@ -41,7 +41,7 @@ def test_allreduce_shapes(shape, algorithm):
     ok = (isinstance(y, np.ndarray) and y.shape == x.shape and y.dtype == x.dtype
           and y is not x and np.array_equal(y, rank_sum(shape, SIZE, np.int64))
           and np.array_equal(x, before))
-    _util.assert_all(WORLD, ok, f"shape {shape}: got {y!r}")
+    util.assert_all(WORLD, ok, f"shape {shape}: got {y!r}")
 
 
 @pytest.mark.parametrize("algorithm", AR_ALGOS)
@@ -54,7 +54,7 @@ def test_allreduce_out_and_in_place(algorithm):
     r2 = mpicoll.allreduce(z, MPI.MIN, out=z, algorithm=algorithm)
     ok = r1 is out and np.array_equal(out, np.max(every, axis=0)) and r2 is z and \
         np.array_equal(z, np.min(every, axis=0))
-    _util.assert_all(WORLD, ok, f"{out} {z}")
+    util.assert_all(WORLD, ok, f"{out} {z}")
 
 
 @pytest.mark.parametrize("order", ["F", "C"])
@@ -69,13 +69,13 @@ def test_allreduce_fortran_order(order):
     ok = y.shape == (4, 3) and np.array_equal(y, rank_sum((4, 3), SIZE, np.int64))
     want = rank_sum((4, 3), SIZE, np.int64)
     ok = ok and np.array_equal(out, want) and np.array_equal(z, want)
-    _util.assert_all(WORLD, ok, f"{order}: {y}")
+    util.assert_all(WORLD, ok, f"{order}: {y}")
 
 
 def test_allreduce_dlpack_object():
     x = rank_data((6,), RANK, np.int64).astype(np.float64)
     y = mpicoll.allreduce(DLPackOnly(x))
-    _util.assert_all(WORLD, np.array_equal(y, rank_sum((6,), SIZE, np.int64).astype(np.float64)), f"{y}")
+    util.assert_all(WORLD, np.array_equal(y, rank_sum((6,), SIZE, np.int64).astype(np.float64)), f"{y}")
 
 
 @pytest.mark.parametrize("algorithm", AG_ALGOS)
@@ -88,7 +88,7 @@ def test_allgather_shapes(shape, algorithm):
              rank_data(shape, r, np.int16).reshape(1) for r in range(SIZE)]
     want = np.concatenate(parts)
     ok = y.dtype == np.int16 and y.shape == want.shape and np.array_equal(y, want)
-    _util.assert_all(WORLD, ok, f"{shape}: {y.shape} {y}")
+    util.assert_all(WORLD, ok, f"{shape}: {y.shape} {y}")
 
 
 @pytest.mark.parametrize("algorithm", AG_ALGOS)
@@ -109,7 +109,7 @@ def test_allgather_counts_out_and_in_place(algorithm):
     want3 = np.array([v for r in range(SIZE) for v in (r, -r)], np.int32)
     ok = r1 is out and np.array_equal(out, want) and r2 is buf and np.array_equal(buf, want) \
         and r3 is per and np.array_equal(per, want3)
-    _util.assert_all(WORLD, ok, f"{out} {buf} {per}")
+    util.assert_all(WORLD, ok, f"{out} {buf} {per}")
 
 
 @pytest.mark.parametrize("algorithm", RS_ALGOS)
@@ -120,7 +120,7 @@ def test_reduce_scatter_default_split(rows, algorithm):
     y = mpicoll.reduce_scatter(x, algorithm=algorithm)
     want = np.array_split(rank_sum((rows, 2), SIZE, np.int64), SIZE)[RANK]
     ok = y.shape == want.shape and np.array_equal(y, want)
-    _util.assert_all(WORLD, ok, f"rows {rows}: {y} want {want}")
+    util.assert_all(WORLD, ok, f"rows {rows}: {y} want {want}")
 
 
 @pytest.mark.parametrize("algorithm", RS_ALGOS)
@@ -138,7 +138,7 @@ def test_reduce_scatter_counts_out_and_in_place(algorithm):
     ok = ok and r2.shape == (n, 2) and np.array_equal(r2, want)
     ok = ok and (n == 0 or np.shares_memory(r2, z))  # in place: a view of z's first rows
     ok = ok and np.array_equal(z[n:], x[n:])  # rows past the result stay as they were
-    _util.assert_all(WORLD, ok, f"{out} {r2} {z}")
+    util.assert_all(WORLD, ok, f"{out} {r2} {z}")
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int8", "uint64", "float16", "float32", "complex64",
@@ -155,4 +155,4 @@ def test_dtype_preserved(dtype):
     s = mpicoll.reduce_scatter(x, getattr(MPI, op))
     ref = V.reference_allreduce(WORLD, x, getattr(MPI, op))
     ok = y.dtype == g.dtype == s.dtype == info.dtype and V.compare(y, ref, op, SIZE).ok
-    _util.assert_all(WORLD, ok, f"{dtype}: {y.dtype} {g.dtype} {s.dtype}")
+    util.assert_all(WORLD, ok, f"{dtype}: {y.dtype} {g.dtype} {s.dtype}")

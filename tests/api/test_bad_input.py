@@ -7,7 +7,7 @@ argument, the bad values a user can pass with the error each must give
 case passes the same bad input on every rank and must raise the stated
 exception type with a message naming the argument, on every rank, before
 mpicoll sends anything or starts a collective, with every buffer bitwise
-untouched (:func:`_util.raises_everywhere`).  Its size is quoted in
+untouched (:func:`util.raises_everywhere`).  Its size is quoted in
 docs/reliability.md (``python tests/test_bad_input.py`` prints it).
 
 TypeError for a wrong type, ValueError for a wrong value.  The hand-written
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 import mpicoll
 from mpicoll.core import types as _types
@@ -637,7 +637,7 @@ def test_bad_input(name, fixtures, monkeypatch):
     for var in ("MPICOLL_CHECK", "MPICOLL_TIMEOUT", "MPICOLL_ALGORITHM"):
         monkeypatch.delenv(var, raising=False)
     thunk, buffers = case.build(fixtures)
-    _util.raises_everywhere(WORLD, case.exc, case.match, thunk, *buffers)
+    util.raises_everywhere(WORLD, case.exc, case.match, thunk, *buffers)
 
 
 def test_communicator_works_after_the_catalogue(fixtures):
@@ -645,7 +645,7 @@ def test_communicator_works_after_the_catalogue(fixtures):
     y = mpicoll.allreduce(x)
     want = np.empty(5)
     WORLD.Allreduce(x, want)
-    _util.assert_all(WORLD, np.array_equal(y, want), "allreduce after the bad inputs is wrong")
+    util.assert_all(WORLD, np.array_equal(y, want), "allreduce after the bad inputs is wrong")
 
 
 if __name__ == "__main__":

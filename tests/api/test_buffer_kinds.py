@@ -7,12 +7,11 @@ exact reference, be identical on every rank, and leave the input untouched.
 
 from __future__ import annotations
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
 from mpi4py.util import dtlib
-from support import buffers
+from support import buffers, util
 from support.data import rank_data
 
 import mpicoll
@@ -58,7 +57,7 @@ def test_allreduce_and_allgather_on_every_buffer_kind(kind, dtype):
             problems.append("Allgather: wrong result")
     except Exception as exc:  # decided together below
         problems.append(f"{type(exc).__name__}: {exc}")
-    _util.assert_all(WORLD, not problems, "; ".join(problems))
+    util.assert_all(WORLD, not problems, "; ".join(problems))
 
 
 def test_to_host_reads_every_kind():

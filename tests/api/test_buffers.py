@@ -11,10 +11,10 @@ message_vector (``[buf, count, displ, T]`` with parts left out or None,
 
 from __future__ import annotations
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -210,7 +210,7 @@ def test_spec_like_mpi4py(method, label, make):
     getattr(MPI.Intracomm, method)(WORLD, *ref_args)
     bad = [f"buffer {i}: mpicoll {a} != mpi4py {b}" for i, (a, b) in enumerate(zip(mine, theirs))
            if a.tobytes() != b.tobytes()]
-    _util.assert_all(WORLD, err is None and not bad, err or "; ".join(bad))
+    util.assert_all(WORLD, err is None and not bad, err or "; ".join(bad))
 
 
 # Specs mpi4py itself refuses (before any message): mpicoll refuses them too, clearly.

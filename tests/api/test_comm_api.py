@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
 from mpi4py.util import dtlib
+from support import util
 from support.buffers import DLPackOnly
 from support.data import rank_data, rank_sum
 
@@ -68,7 +68,7 @@ def test_allreduce_spec_forms(form, algorithm):
     mpicoll.Comm(WORLD, algorithm=algorithm).Allreduce(send_spec(x), recv_spec(y), MPI.SUM)
     want = np.full(6, SENTINEL, np.int32)
     want[rsl] = rank_sum(6, SIZE, np.int32)[ssl]
-    _util.assert_all(WORLD, np.array_equal(y, want) and np.array_equal(x, rank_data(6, RANK, np.int32)),
+    util.assert_all(WORLD, np.array_equal(y, want) and np.array_equal(x, rank_data(6, RANK, np.int32)),
                      f"{form}: got {y}, want {want}")
 
 
@@ -77,7 +77,7 @@ def test_allreduce_spec_forms(form, algorithm):
 def test_allreduce_in_place_spellings(inplace, algorithm):
     y = rank_data(7, RANK, np.float64)
     mpicoll.Comm(WORLD, algorithm=algorithm).Allreduce(inplace, y, MPI.SUM)
-    _util.assert_all(WORLD, np.array_equal(y, rank_sum(7, SIZE, np.float64)), f"got {y}")
+    util.assert_all(WORLD, np.array_equal(y, rank_sum(7, SIZE, np.float64)), f"got {y}")
 
 
 def test_float_typecode_and_datatype_reinterpretation():
@@ -90,7 +90,7 @@ def test_float_typecode_and_datatype_reinterpretation():
     COMM.Allreduce([raw_x, MPI.FLOAT], [raw_y, MPI.FLOAT], MPI.SUM)
     ok = np.array_equal(y, rank_sum(4, SIZE, np.float64)) and \
         np.array_equal(raw_y.view(np.float32), rank_sum(6, SIZE, np.float32))
-    _util.assert_all(WORLD, ok, f"{y} {raw_y.view(np.float32)}")
+    util.assert_all(WORLD, ok, f"{y} {raw_y.view(np.float32)}")
 
 
 def test_empty_messages():
@@ -103,7 +103,7 @@ def test_empty_messages():
     COMM.Reduce_scatter(e, [None, MPI.INT], None, MPI.SUM)
     COMM.Allgather(e, [None, MPI.INT])
     COMM.Allgatherv(e, [None, [0] * SIZE, [0] * SIZE, MPI.INT])
-    _util.assert_all(WORLD, True)
+    util.assert_all(WORLD, True)
 
 
 def test_bytearray_buffers():
@@ -120,7 +120,7 @@ def test_bytearray_buffers():
         want_bits ^= np.array([(r * 37 + i) % 256 for i in range(9)], np.uint8)
     ok = np.array_equal(got_sum, rank_sum(5, SIZE, np.int32)) and bytes(out) == want_bits.tobytes() \
         and bytes(ba_x) == xs.tobytes()
-    _util.assert_all(WORLD, ok, f"{got_sum} {bytes(out)!r}")
+    util.assert_all(WORLD, ok, f"{got_sum} {bytes(out)!r}")
 
 
 @pytest.mark.parametrize("algorithm", AR_ALGOS)
@@ -134,7 +134,7 @@ def test_dlpack_only_objects(algorithm):
     c.Allgather(DLPackOnly(x), DLPackOnly(g))
     want_g = np.concatenate([rank_data(9, r, np.float64) for r in range(SIZE)])
     ok = np.array_equal(y, rank_sum(9, SIZE, np.float64)) and np.array_equal(g, want_g)
-    _util.assert_all(WORLD, ok, f"{y} {g}")
+    util.assert_all(WORLD, ok, f"{y} {g}")
 
 
 @pytest.mark.parametrize("order_x, order_y", [("C", "C"), ("F", "F"), ("C", "F"), ("F", "C")])
@@ -151,7 +151,7 @@ def test_multidimensional_and_fortran_buffers(order_x, order_y):
     ok &= all(np.array_equal(g[r].ravel(), np.array(rank_data(12, r, np.int32).reshape(3, 4),
                                                      order=order_x).ravel(order="K"))
               for r in range(SIZE))
-    _util.assert_all(WORLD, ok, f"{y}")
+    util.assert_all(WORLD, ok, f"{y}")
 
 
 # ---------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_allgather_count_is_per_rank(algorithm):
     mpicoll.Comm(WORLD, algorithm=algorithm).Allgather([x, 2, MPI.INT], [y, 2, MPI.INT])
     want = np.full(2 * SIZE + 3, SENTINEL, np.int32)
     want[: 2 * SIZE] = np.concatenate([rank_data(2, r, np.int32) for r in range(SIZE)])
-    _util.assert_all(WORLD, np.array_equal(y, want), f"got {y}, want {want}")
+    util.assert_all(WORLD, np.array_equal(y, want), f"got {y}, want {want}")
 
 
 @pytest.mark.parametrize("algorithm", RS_ALGOS)
@@ -186,7 +186,7 @@ def test_reduce_scatter_block_forms(algorithm):
     buf = x.copy()  # in place: result in the first block, the rest untouched
     c.Reduce_scatter_block(MPI.IN_PLACE, buf, MPI.SUM)
     ok &= np.array_equal(buf[:per], mine) and np.array_equal(buf[per:], x[per:])
-    _util.assert_all(WORLD, ok, f"{y} {y2} {buf}")
+    util.assert_all(WORLD, ok, f"{y} {y2} {buf}")
 
 
 @pytest.mark.parametrize("algorithm", RS_ALGOS)
@@ -201,7 +201,7 @@ def test_reduce_scatter_without_recvcounts(algorithm):
     ref = np.empty(counts[RANK], np.int32)
     MPI.Comm.Reduce_scatter(WORLD, x, ref, counts, MPI.SUM)
     ok = np.array_equal(y, want) and np.array_equal(ref, want)
-    _util.assert_all(WORLD, ok, f"got {y}, want {want}, MPI {ref}")
+    util.assert_all(WORLD, ok, f"got {y}, want {want}, MPI {ref}")
 
 
 @pytest.mark.parametrize("algorithm", RS_ALGOS)
@@ -218,7 +218,7 @@ def test_reduce_scatter_uneven_recvcounts(algorithm):
     n = counts[RANK]
     ok = np.array_equal(y, want) and np.array_equal(buf[:n], want) and \
         np.array_equal(buf[n:], x[n:])
-    _util.assert_all(WORLD, ok, f"{y} {buf}")
+    util.assert_all(WORLD, ok, f"{y} {buf}")
 
 
 VECTOR_FORMS = {
@@ -254,7 +254,7 @@ def test_allgatherv_forms(form, algorithm):
     mpicoll.Comm(WORLD, algorithm=algorithm).Allgatherv(
         MPI.IN_PLACE, VECTOR_FORMS[form](z, counts, displs))
     ok &= np.array_equal(z, want)
-    _util.assert_all(WORLD, ok, f"got {y} / {z}, want {want}")
+    util.assert_all(WORLD, ok, f"got {y} / {z}, want {want}")
 
 
 # ---------------------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_minloc_maxloc_pairs(pair, algorithm):
         c.Allreduce(MPI.IN_PLACE, [inplace, T], op)
         if not V.same_values(inplace, ref):
             bad.append(f"{opname} in place: {inplace}")
-    _util.assert_all(WORLD, not bad, "; ".join(bad))
+    util.assert_all(WORLD, not bad, "; ".join(bad))
 
 
 # ---------------------------------------------------------------------------
@@ -375,7 +375,7 @@ def test_commutative_user_op(user_ops, algorithm):
     want_rs = rank_sum(per * SIZE, SIZE, np.int64)[RANK * per:(RANK + 1) * per]
     ok = np.array_equal(y, rank_sum(len(x), SIZE, np.int64)) and np.array_equal(y, ref) \
         and np.array_equal(rs, want_rs)
-    _util.assert_all(WORLD, ok, f"{y} vs {ref}; {rs} vs {want_rs}")
+    util.assert_all(WORLD, ok, f"{y} vs {ref}; {rs} vs {want_rs}")
 
 
 ORDERED_AR = [a for a in AR_ALGOS if a == "auto" or a in mpicoll.engine.select.ORDER_PRESERVING]
@@ -406,7 +406,7 @@ def test_noncommutative_user_op_allreduce(user_ops, algorithm):
     g = mpicoll.allreduce(f, user_ops["left"], algorithm=algorithm)
     if not np.array_equal(g, rank_data(5, 0, np.float64)):
         bad.append(f"left projection: got {g}")
-    _util.assert_all(WORLD, not bad, "; ".join(bad))
+    util.assert_all(WORLD, not bad, "; ".join(bad))
 
 
 @pytest.mark.parametrize("algorithm", ORDERED_RS)
@@ -422,7 +422,7 @@ def test_noncommutative_user_op_reduce_scatter(user_ops, algorithm):
     MPI.Comm.Reduce_scatter(WORLD, [x, T], [ref, T], counts, user_ops["affine"])
     lo = sum(counts[:RANK])
     ok = V.same_values(y, ref) and V.same_values(y, _affine_expected(sum(counts))[lo:lo + len(y)])
-    _util.assert_all(WORLD, ok, f"got {y}, MPI {ref}")
+    util.assert_all(WORLD, ok, f"got {y}, MPI {ref}")
 
 
 @pytest.mark.parametrize("collective, algorithm",
@@ -434,12 +434,12 @@ def test_noncommutative_op_refused_by_reordering_algorithms(user_ops, collective
     y = x.copy()
     op = user_ops["left"]
     fn = getattr(mpicoll, collective)
-    _util.raises_everywhere(WORLD, ValueError, f"{algorithm}.*non-commutative",
+    util.raises_everywhere(WORLD, ValueError, f"{algorithm}.*non-commutative",
                             lambda: fn(x, op, algorithm=algorithm), x, y)
     c = mpicoll.Comm(WORLD, algorithm=algorithm)
     call = (lambda: c.Allreduce(x, y, op)) if collective == "allreduce" else \
         (lambda: c.Reduce_scatter_block(x, y[:2], op))
-    _util.raises_everywhere(WORLD, ValueError, "non-commutative", call, x, y)
+    util.raises_everywhere(WORLD, ValueError, "non-commutative", call, x, y)
 
 
 def test_noncommutative_op_ignores_env_override(user_ops, monkeypatch):
@@ -447,7 +447,7 @@ def test_noncommutative_op_ignores_env_override(user_ops, monkeypatch):
     monkeypatch.setenv("MPICOLL_ALGORITHM", "ring")
     f = rank_data(SIZE + 2, RANK, np.float64)
     g = mpicoll.allreduce(f, user_ops["left"])
-    _util.assert_all(WORLD, np.array_equal(g, rank_data(SIZE + 2, 0, np.float64)), f"{g}")
+    util.assert_all(WORLD, np.array_equal(g, rank_data(SIZE + 2, 0, np.float64)), f"{g}")
 
 
 # ---------------------------------------------------------------------------
@@ -488,4 +488,4 @@ def test_reduce_scatter_exchange_refuses_on_every_rank(kind):
     x, y = rank_data(2 * SIZE, RANK, np.float64), np.zeros(2)
     COMM.Reduce_scatter(x, y)
     ok = ok and np.array_equal(y, rank_sum(2 * SIZE, SIZE, np.float64)[2 * RANK:2 * RANK + 2])
-    _util.assert_all(WORLD, ok, f"raised {raised!r}, want {want!r}; then {y}")
+    util.assert_all(WORLD, ok, f"raised {raised!r}, want {want!r}; then {y}")

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -96,7 +96,7 @@ def test_dlpack_like_mpi4py(producer, code):
             bad.append(err)
         elif mine.tobytes() != theirs.tobytes():
             bad.append(f"{method}: mpicoll {mine} != mpi4py {theirs}")
-    _util.assert_all(WORLD, not bad, "; ".join(bad))
+    util.assert_all(WORLD, not bad, "; ".join(bad))
 
 
 @pytest.mark.parametrize("producer", list(PRODUCERS))
@@ -107,7 +107,7 @@ def test_dlpack_in_place(producer):
     mine, theirs = x.copy(), x.copy()
     COMM.Allreduce(MPI.IN_PLACE, wrap(mine))
     WORLD.Allreduce(MPI.IN_PLACE, wrap(theirs))
-    _util.assert_all(WORLD, np.array_equal(mine, theirs), f"{mine} != {theirs}")
+    util.assert_all(WORLD, np.array_equal(mine, theirs), f"{mine} != {theirs}")
 
 
 def test_dlpack_read_only_flag():
@@ -121,7 +121,7 @@ def test_dlpack_read_only_flag():
         COMM.Allreduce(Versioned(y.copy()), Versioned(x))
     with pytest.raises(BufferError):
         WORLD.Allreduce(Versioned(y.copy()), Versioned(x))
-    _util.assert_all(WORLD, ok, f"{y}")
+    util.assert_all(WORLD, ok, f"{y}")
 
 
 def test_dlpack_array_functions_write_legacy_out():
@@ -130,7 +130,7 @@ def test_dlpack_array_functions_write_legacy_out():
     out = np.zeros(6, np.float32)
     mpicoll.allreduce(x, out=Legacy(out))
     want = sum(rank_data(6, r, "f") for r in range(SIZE))
-    _util.assert_all(WORLD, np.array_equal(out, want), f"{out} != {want}")
+    util.assert_all(WORLD, np.array_equal(out, want), f"{out} != {want}")
 
 
 def test_dlpack_tensor_outlives_the_producer():
@@ -142,7 +142,7 @@ def test_dlpack_tensor_outlives_the_producer():
     views = [_dlpack.asarray(Legacy(np.full(1000, float(k)))) for k in range(20)]
     gc.collect()
     ok = all(np.array_equal(v, np.full(1000, float(k))) for k, v in enumerate(views))
-    _util.assert_all(WORLD, ok, "a DLPack view lost its memory")
+    util.assert_all(WORLD, ok, "a DLPack view lost its memory")
 
 
 # --- a DLPack producer of any (code, bits, lanes), as real producers behave ------------------
@@ -215,7 +215,7 @@ def test_dlpack_bool_tensor():
     COMM.Allgather(RawTensor(x, 6, 8), RawTensor(g_mine, 6, 8))
     WORLD.Allgather(RawTensor(x, 6, 8), RawTensor(g_theirs, 6, 8))
     ok = np.array_equal(mine, theirs) and np.array_equal(g_mine, g_theirs)
-    _util.assert_all(WORLD, ok, f"{mine} {theirs} {g_mine} {g_theirs}")
+    util.assert_all(WORLD, ok, f"{mine} {theirs} {g_mine} {g_theirs}")
 
 
 # With ml_dtypes installed, a DLPack bfloat16 (code 4) tensor is an ml_dtypes bfloat16
@@ -240,7 +240,7 @@ def test_dlpack_types_moved_as_bytes(dltype):
     COMM.Allgatherv(RawTensor(x, *dltype), [RawTensor(v_mine, *dltype), counts])
     WORLD.Allgatherv(RawTensor(x, *dltype), [RawTensor(v_theirs, *dltype), counts])
     ok = np.array_equal(mine, theirs) and np.array_equal(v_mine, v_theirs)
-    _util.assert_all(WORLD, ok, f"{mine} != {theirs} or {v_mine} != {v_theirs}")
+    util.assert_all(WORLD, ok, f"{mine} != {theirs} or {v_mine} != {v_theirs}")
 
 
 def test_dlpack_deleter_runs_once_when_done():
@@ -254,7 +254,7 @@ def test_dlpack_deleter_runs_once_when_done():
     gc.collect()
     ok = len(DELETED) == 2 and not _LIVE  # the send and the receive tensor, once each
     ok = ok and np.array_equal(y, sum(rank_data(4, r, "d") for r in range(SIZE)))
-    _util.assert_all(WORLD, ok, f"deleted {len(DELETED)}, live {len(_LIVE)}, {y}")
+    util.assert_all(WORLD, ok, f"deleted {len(DELETED)}, live {len(_LIVE)}, {y}")
 
 
 @_BYTES_BF16
@@ -266,7 +266,7 @@ def test_dlpack_bytes_type_with_an_empty_rank():
     theirs = mine.copy()
     COMM.Allgatherv(RawTensor(x, 4, 16), [RawTensor(mine, 4, 16), counts])
     WORLD.Allgatherv(RawTensor(x, 4, 16), [RawTensor(theirs, 4, 16), counts])
-    _util.assert_all(WORLD, np.array_equal(mine, theirs), f"{mine} != {theirs}")
+    util.assert_all(WORLD, np.array_equal(mine, theirs), f"{mine} != {theirs}")
 
 
 @_BYTES_BF16

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import array
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -78,7 +78,7 @@ def test_issue_2x3_c_on_one_rank_fortran_on_another():
     x = np.asfortranarray(x) if RANK % 2 else np.ascontiguousarray(x)
     y = mpicoll.allreduce(x)
     want = np.arange(6).reshape(2, 3) * (SIZE * (SIZE + 1) // 2)
-    _util.assert_all(WORLD, np.array_equal(y, want) and y.shape == (2, 3), f"got {y.tolist()}")
+    util.assert_all(WORLD, np.array_equal(y, want) and y.shape == (2, 3), f"got {y.tolist()}")
 
 
 def test_fortran_x_with_out_empty_like():
@@ -89,7 +89,7 @@ def test_fortran_x_with_out_empty_like():
     ok = got is out and out.flags.f_contiguous and np.array_equal(out, _builtin_allreduce(xf))
     y = mpicoll.allreduce(xf)
     ok = ok and y.flags.f_contiguous and np.array_equal(y, out)
-    _util.assert_all(WORLD, ok, f"got {out.tolist()}")
+    util.assert_all(WORLD, ok, f"got {out.tolist()}")
 
 
 # --- item 2: every combination of layouts, every algorithm ----------------------------
@@ -109,7 +109,7 @@ def test_allreduce_mixed_layouts(algorithm, out_layout):
         got = mpicoll.allreduce(x, out=out, algorithm=algorithm)
         ok = np.array_equal(got, want) and np.array_equal(x, before)
         ok = ok and (out is None or got is out)
-    _util.assert_all(WORLD, ok, f"x {_my_layout()}, out {out_layout}: {np.asarray(got).tolist()}")
+    util.assert_all(WORLD, ok, f"x {_my_layout()}, out {out_layout}: {np.asarray(got).tolist()}")
 
 
 @pytest.mark.parametrize("algorithm", RS_ALGOS)
@@ -132,7 +132,7 @@ def test_reduce_scatter_mixed_layouts(algorithm, out_layout):
         got = mpicoll.reduce_scatter(x, out=out, algorithm=algorithm)
         ok = np.array_equal(got, want) and np.array_equal(x, before)
         ok = ok and (out is None or got is out)
-    _util.assert_all(WORLD, ok, f"x {_my_layout(1)}, out {out_layout}: {np.asarray(got).tolist()}")
+    util.assert_all(WORLD, ok, f"x {_my_layout(1)}, out {out_layout}: {np.asarray(got).tolist()}")
 
 
 @pytest.mark.parametrize("algorithm", AG_ALGOS)
@@ -153,7 +153,7 @@ def test_allgather_mixed_layouts(algorithm, out_layout):
         got = mpicoll.allgather(x, out=out, algorithm=algorithm)
         ok = np.array_equal(got, want) and np.array_equal(x, before)
         ok = ok and (out is None or got is out)
-    _util.assert_all(WORLD, ok, f"x {_my_layout(2)}, out {out_layout}: {np.asarray(got).tolist()}")
+    util.assert_all(WORLD, ok, f"x {_my_layout(2)}, out {out_layout}: {np.asarray(got).tolist()}")
 
 
 # --- item 2: mpicoll.Comm moves raw memory, as mpi4py does ------------------------------
@@ -172,9 +172,9 @@ def test_comm_methods_fortran_buffers_match_the_builtin():
         want = got.copy(order="F")
         call(comm, got.reshape(-1, order="A"))
         call(WORLD, want.reshape(-1, order="A"))
-        results.append((name, _util.same_bytes(got, want)))
+        results.append((name, util.same_bytes(got, want)))
     bad = [name for name, ok in results if not ok]
-    _util.assert_all(WORLD, not bad, f"differ from the built-in: {bad}")
+    util.assert_all(WORLD, not bad, f"differ from the built-in: {bad}")
 
 
 # --- item 6: in place by memory, whatever the buffer object ---------------------------
@@ -212,7 +212,7 @@ def test_in_place_allreduce_by_memory(kind):
     got = mpicoll.allreduce(x, _op(is_bytes), out=other)
     now = np.frombuffer(bytes(x), want.dtype)
     ok = np.array_equal(now, want) and np.shares_memory(np.asarray(got), np.frombuffer(x, np.uint8))
-    _util.assert_all(WORLD, ok, f"{name}: {now.tolist()} want {want.tolist()}")
+    util.assert_all(WORLD, ok, f"{name}: {now.tolist()} want {want.tolist()}")
 
 
 @pytest.mark.parametrize("kind", range(6))
@@ -228,7 +228,7 @@ def test_in_place_reduce_scatter_by_memory(kind):
     now = np.frombuffer(bytes(x), src.dtype)
     ok = np.array_equal(np.asarray(got), want) and np.array_equal(now[: counts[RANK]], want)
     ok = ok and np.array_equal(now[counts[RANK]:], src[counts[RANK]:])
-    _util.assert_all(WORLD, ok, f"{name}: {now.tolist()} want {want.tolist()} first")
+    util.assert_all(WORLD, ok, f"{name}: {now.tolist()} want {want.tolist()} first")
 
 
 @pytest.mark.parametrize("kind", range(6))
@@ -244,7 +244,7 @@ def test_in_place_allgather_by_memory(kind):
     got = mpicoll.allgather(x, out=other)
     now = np.frombuffer(bytes(x), dtype)
     ok = np.array_equal(now, want) and np.array_equal(np.asarray(got), want)
-    _util.assert_all(WORLD, ok, f"{name}: {now.tolist()} want {want.tolist()}")
+    util.assert_all(WORLD, ok, f"{name}: {now.tolist()} want {want.tolist()}")
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
@@ -264,7 +264,7 @@ def test_partial_overlap_is_a_value_error(collective, kind):
     out_len = {"allreduce": n, "reduce_scatter": split(n, SIZE)[0][RANK], "allgather": n * SIZE}
     out = mv[1: 1 + out_len[collective]]  # the right size, one element past x's start
     fn = getattr(mpicoll, collective)
-    _util.raises_everywhere(WORLD, ValueError, r"^out: expected memory apart from x \(or out=x",
+    util.raises_everywhere(WORLD, ValueError, r"^out: expected memory apart from x \(or out=x",
                             lambda: fn(x, out=out), np.asarray(mv))
 
 
@@ -295,4 +295,4 @@ def test_device_strided_and_in_place_by_memory(cuda_aware):
         got_in_place = y.get()
     ok = np.array_equal(got_ar, want) and np.array_equal(got_rs, want[start: start + counts[RANK]])
     ok = ok and np.array_equal(got_in_place, _builtin_allreduce(base[:n]))
-    _util.assert_all(WORLD, ok, f"{got_ar.tolist()} {got_rs.tolist()} {got_in_place.tolist()}")
+    util.assert_all(WORLD, ok, f"{got_ar.tolist()} {got_rs.tolist()} {got_in_place.tolist()}")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 import time
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -57,7 +57,7 @@ def builtin_reduce_scatter(x, counts, op=MPI.SUM, comm=WORLD):
 def problems(pairs):
     """'' if every (name, got, expected) pair is bitwise equal, else what differs."""
     bad = [f"{name}: got {got!r}, expected {exp!r}" for name, got, exp in pairs
-           if not _util.same_bytes(got, exp)]
+           if not util.same_bytes(got, exp)]
     return "; ".join(bad)
 
 
@@ -68,7 +68,7 @@ def problems(pairs):
 
 @pytest.mark.parametrize("kind", ["world", "split_reversed", "split_parity"])
 def test_three_collectives_in_flight_waited_in_reverse_order(kind):
-    comms = _util.make_comms()
+    comms = util.make_comms()
     try:
         raw = comms[kind]
         comm = mpicoll.Comm(raw)
@@ -92,9 +92,9 @@ def test_three_collectives_in_flight_waited_in_reverse_order(kind):
             ("reduce_scatter", rc, builtin_reduce_scatter(c, counts, MPI.MAX, raw)),
             ("sendbufs untouched", np.concatenate([a, b, c]), np.concatenate([a0, b0, c0])),
         ])
-        _util.assert_all(WORLD, not bad, bad)
+        util.assert_all(WORLD, not bad, bad)
     finally:
-        _util.free_comms(comms)
+        util.free_comms(comms)
 
 
 def test_array_api_three_in_flight_waited_in_reverse_order():
@@ -114,7 +114,7 @@ def test_array_api_three_in_flight_waited_in_reverse_order():
         ("ireduce_scatter", r3, builtin_reduce_scatter(s, rs_counts)),
     ])
     ok_types = r1.shape == x.shape and r2.dtype == g.dtype and h1.wait() is r1
-    _util.assert_all(WORLD, not bad and ok_types, bad or "shapes/dtypes/repeat wait")
+    util.assert_all(WORLD, not bad and ok_types, bad or "shapes/dtypes/repeat wait")
 
 
 def test_blocking_call_while_nonblocking_in_flight():
@@ -128,7 +128,7 @@ def test_blocking_call_while_nonblocking_in_flight():
     req.Wait()
     bad = problems([("nonblocking", ra, builtin_allreduce(a)),
                     ("blocking", rb, builtin_allreduce(b, MPI.MAX))])
-    _util.assert_all(WORLD, not bad, bad)
+    util.assert_all(WORLD, not bad, bad)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
@@ -158,7 +158,7 @@ def test_ranks_wait_in_different_orders(algorithm):
             comm.Allreduce(xs[1], outs[1])
     bad = problems([(f"op {k}", outs[k], builtin_allreduce(xs[k])) for k in range(3)]
                    + [("late", y, builtin_allreduce(xs[0]))])
-    _util.assert_all(WORLD, not bad, bad)
+    util.assert_all(WORLD, not bad, bad)
 
 
 # ---------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def test_test_polling_to_completion():
     again = req.Test() and req.Wait() and req.done
     bad = problems([("allreduce", ra, builtin_allreduce(a))])
     status_ok = status.Get_source() == MPI.ANY_SOURCE and status.Get_error() == MPI.SUCCESS
-    _util.assert_all(WORLD, not bad and again and status_ok,
+    util.assert_all(WORLD, not bad and again and status_ok,
                      bad or f"again={again} status_ok={status_ok}")
 
 
@@ -200,7 +200,7 @@ def test_waitall_and_testall():
                       enumerate(zip(data, results))]
                    + [(f"testall[{i}]", h.wait(), builtin_allgatherv(d, [len(d)] * SIZE))
                       for i, (d, h) in enumerate(zip(data, more))])
-    _util.assert_all(WORLD, not bad and done, bad or "Testall after Waitall is False")
+    util.assert_all(WORLD, not bad and done, bad or "Testall after Waitall is False")
 
 
 # ---------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def test_counts_and_types(n, dtype, op):
     bad = problems([("Iallreduce", r1, builtin_allreduce(x, op)),
                     ("Iallgather", r2, builtin_allgatherv(x, [n] * SIZE)),
                     ("Ireduce_scatter_block", r3, builtin_reduce_scatter(big, [n] * SIZE, op))])
-    _util.assert_all(WORLD, not bad, bad)
+    util.assert_all(WORLD, not bad, bad)
 
 
 def test_in_place_forms():
@@ -258,7 +258,7 @@ def test_in_place_forms():
                     ("iallreduce out=x", hx.wait(), x_exp),
                     ("ireduce_scatter out=x", hy.wait(), y_exp)])
     same = hx.wait() is x
-    _util.assert_all(WORLD, not bad and same, bad or "out=x: result is not x")
+    util.assert_all(WORLD, not bad and same, bad or "out=x: result is not x")
 
 
 def test_reduce_scatter_without_recvcounts():
@@ -267,7 +267,7 @@ def test_reduce_scatter_without_recvcounts():
     out = np.full(counts[RANK], SENTINEL, np.float64)
     COMM.Ireduce_scatter(x, out).Wait()
     bad = problems([("Ireduce_scatter", out, builtin_reduce_scatter(x, counts))])
-    _util.assert_all(WORLD, not bad, bad)
+    util.assert_all(WORLD, not bad, bad)
 
 
 # ---------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def test_persistent_allreduce_restarted_with_new_data():
         x[:] = rank_data(11, RANK, np.float64, salt=30 + it)
         req.Start()
         req.Wait()
-        if not _util.same_bytes(y, builtin_allreduce(x)):
+        if not util.same_bytes(y, builtin_allreduce(x)):
             bad.append(f"start #{it + 1}: {y!r}")
     req.Free()
     req.Free()  # harmless twice
@@ -295,7 +295,7 @@ def test_persistent_allreduce_restarted_with_new_data():
     except ValueError as exc:
         if "freed" not in str(exc):
             bad.append(f"Start after Free: {exc}")
-    _util.assert_all(WORLD, not bad and inactive_done, "; ".join(bad) or "inactive not done")
+    util.assert_all(WORLD, not bad and inactive_done, "; ".join(bad) or "inactive not done")
 
 
 def test_persistent_allgather_and_reduce_scatter_block():
@@ -321,7 +321,7 @@ def test_persistent_allgather_and_reduce_scatter_block():
     for r in reqs:
         r.Free()
     bad = "; ".join(b for b in bad if b)
-    _util.assert_all(WORLD, not bad, bad)
+    util.assert_all(WORLD, not bad, bad)
 
 
 @pytest.mark.timeout(60)
@@ -332,7 +332,7 @@ def test_persistent_starts_run_on_persistent_requests(monkeypatch):
     observed path (and is counted), and Free frees the program's requests."""
     from mpicoll.engine import executor as _executor
     from mpicoll.engine import run as _run
-    begins = _util.spy(monkeypatch, _run.Bound, ["begin"])
+    begins = util.spy(monkeypatch, _run.Bound, ["begin"])
     x = np.empty(7)
     y = np.full(7, SENTINEL, np.float64)
     req = COMM.Allreduce_init(x, y)
@@ -356,7 +356,7 @@ def test_persistent_starts_run_on_persistent_requests(monkeypatch):
     freed = op.run.program is None and op.run not in _executor._HOLDING and \
         all(r == MPI.REQUEST_NULL for r in requests)
     bad = "; ".join(b for b in bad if b)
-    _util.assert_all(WORLD, not bad and compiled and counted and freed and len(begins) == 2,
+    util.assert_all(WORLD, not bad and compiled and counted and freed and len(begins) == 2,
                      f"{bad} compiled={compiled} counted={counted} freed={freed} "
                      f"begins={len(begins)} (expected 2: the first start and the counted one)")
 
@@ -387,7 +387,7 @@ def test_persistent_programs_and_nonblocking_waited_in_rank_dependent_orders():
     p1.Free()
     p2.Free()
     bad = "; ".join(b for b in bad if b)
-    _util.assert_all(WORLD, not bad and compiled, bad or "no program compiled")
+    util.assert_all(WORLD, not bad and compiled, bad or "no program compiled")
 
 
 def test_freeing_the_communicator_frees_the_programs():
@@ -404,7 +404,7 @@ def test_freeing_the_communicator_frees_the_programs():
     ok = (held or SIZE == 1) and op.run.program is None and \
         all(r == MPI.REQUEST_NULL for r in requests)
     req.Free()
-    _util.assert_all(WORLD, ok, f"held={held} program={op.run.program} requests={requests}")
+    util.assert_all(WORLD, ok, f"held={held} program={op.run.program} requests={requests}")
 
 
 # ---------------------------------------------------------------------------
@@ -414,7 +414,7 @@ def test_freeing_the_communicator_frees_the_programs():
 
 def _count_validations(monkeypatch):
     """The list every validation of a Comm method or array function appends to."""
-    return _util.spy(monkeypatch, _args, ["Allreduce", "Allgather", "Reduce_scatter_block",
+    return util.spy(monkeypatch, _args, ["Allreduce", "Allgather", "Reduce_scatter_block",
                                           "allreduce", "allgather", "reduce_scatter"])
 
 
@@ -447,7 +447,7 @@ def test_repeated_nonblocking_calls_restart_their_operations(monkeypatch):
         if step == 0:
             first = len(validated)
     bad = "; ".join(b for b in bad if b)
-    _util.assert_all(WORLD, not bad and len(validated) == first == 4,
+    util.assert_all(WORLD, not bad and len(validated) == first == 4,
                      f"{bad} validations: {len(validated)} (first step {first}; expected 4, 4)")
 
 
@@ -471,7 +471,7 @@ def test_restart_is_a_per_rank_decision():
         bad.append(problems([(f"allreduce #{step}", y, builtin_allreduce(x)),
                              (f"allgather #{step}", w, builtin_allgatherv(other, [n] * SIZE))]))
     bad = "; ".join(b for b in bad if b)
-    _util.assert_all(WORLD, not bad, bad)
+    util.assert_all(WORLD, not bad, bad)
 
 
 @pytest.mark.timeout(60)
@@ -490,8 +490,8 @@ def test_no_restart_before_the_last_request_was_seen_complete(monkeypatch):
     fresh = len(validated) == before + 1 and r2._op is not r1_op
     r2.Wait()
     r1.Wait()
-    ok = fresh and _util.same_bytes(y, builtin_allreduce(x))
-    _util.assert_all(WORLD, ok, f"fresh={fresh} y={y}")
+    ok = fresh and util.same_bytes(y, builtin_allreduce(x))
+    util.assert_all(WORLD, ok, f"fresh={fresh} y={y}")
 
 
 @pytest.mark.timeout(60)
@@ -510,11 +510,11 @@ def test_kept_operations_are_bounded_and_observed_calls_are_counted():
             comm.Iallreduce(xs[-1], ys[-1]).Wait()
         counted = len(t.calls) == 1
         ok = kept == _cache.NON_BLOCKING and counted and \
-            all(_util.same_bytes(y, builtin_allreduce(x)) for x, y in zip(xs, ys))
+            all(util.same_bytes(y, builtin_allreduce(x)) for x, y in zip(xs, ys))
     finally:
         comm.Free()
     emptied = not ctx.cache.non_blocking
-    _util.assert_all(WORLD, ok and emptied, f"kept={kept} counted={counted} emptied={emptied}")
+    util.assert_all(WORLD, ok and emptied, f"kept={kept} counted={counted} emptied={emptied}")
 
 
 @pytest.mark.timeout(60)
@@ -551,7 +551,7 @@ def test_nonblocking_tags_never_take_a_persistent_operations_tag():
     finally:
         comm.Free()
     bad = "; ".join(b for b in bad if b)
-    _util.assert_all(WORLD, not bad and ptag not in tags,
+    util.assert_all(WORLD, not bad and ptag not in tags,
                      f"{bad} persistent tag {ptag}, non-blocking tags {sorted(tags)}")
 
 
@@ -564,8 +564,8 @@ def test_persistent_free_without_start():
     # the communicator still works afterwards, and y was never written
     z = np.empty(4)
     COMM.Allreduce(x, z)
-    ok = bool(np.all(y == SENTINEL)) and _util.same_bytes(z, builtin_allreduce(x))
-    _util.assert_all(WORLD, ok, f"y={y} z={z}")
+    ok = bool(np.all(y == SENTINEL)) and util.same_bytes(z, builtin_allreduce(x))
+    util.assert_all(WORLD, ok, f"y={y} z={z}")
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])  # float16: through engine.select
@@ -594,7 +594,7 @@ def test_start_misuse_raises_one_type(dtype):
     r = COMM.Iallreduce(x, y)
     misuse("a non-blocking request", r, "a non-blocking one")
     r.Wait()
-    _util.assert_all(WORLD, not problems, "; ".join(problems))
+    util.assert_all(WORLD, not problems, "; ".join(problems))
 
 
 # ---------------------------------------------------------------------------
@@ -606,7 +606,7 @@ def test_start_misuse_raises_one_type(dtype):
 def refuse_start(monkeypatch):
     """Make starting any operation fail loudly (a call that should be refused must not start)."""
     def refuse(*args, **kwargs):
-        raise _util.MessageSent("an operation was started although the call should be refused")
+        raise util.MessageSent("an operation was started although the call should be refused")
     from mpicoll.engine import run as _run
 
     monkeypatch.setattr(_run, "start", refuse)
@@ -651,12 +651,12 @@ def _bad_cases():
 def test_bad_arguments_raise_as_the_blocking_call(name, refuse_start):
     blocking, nonblocking, persistent, args = _bad_cases()[name]
     expected = _error_of(lambda: getattr(COMM, blocking)(*args))
-    _util.assert_all(WORLD, expected[0] is not None, f"{blocking} accepted {name}")
+    util.assert_all(WORLD, expected[0] is not None, f"{blocking} accepted {name}")
     buffers = [a for a in args if isinstance(a, np.ndarray)]
     for method in (nonblocking, persistent):
         if method is None:
             continue
-        _util.raises_everywhere(COMM, expected[0], "^" + re.escape(expected[1]) + "$",
+        util.raises_everywhere(COMM, expected[0], "^" + re.escape(expected[1]) + "$",
                                 lambda m=method: getattr(COMM, m)(*args), *buffers)
 
 
@@ -672,9 +672,9 @@ def test_bad_arguments_raise_as_the_blocking_call(name, refuse_start):
 def test_array_bad_arguments_raise_as_the_blocking_call(fn, kwargs, refuse_start):
     x = rank_data(4, RANK, np.float64)
     expected = _error_of(lambda: getattr(mpicoll, fn)(x, **kwargs))
-    _util.assert_all(WORLD, expected[0] is not None, f"{fn} accepted {kwargs}")
+    util.assert_all(WORLD, expected[0] is not None, f"{fn} accepted {kwargs}")
     buffers = [x] + [v for v in kwargs.values() if isinstance(v, np.ndarray)]
-    _util.raises_everywhere(COMM, expected[0], "^" + re.escape(expected[1]) + "$",
+    util.raises_everywhere(COMM, expected[0], "^" + re.escape(expected[1]) + "$",
                             lambda: getattr(mpicoll, "i" + fn)(x, **kwargs), *buffers)
 
 
@@ -704,7 +704,7 @@ def test_progress_thread_completes_without_test_calls(progress):
     req.Wait()
     bad = problems([("Iallreduce", ra, builtin_allreduce(a)),
                     ("iallgather", h.wait(), builtin_allgatherv(rank_data(3, RANK, np.float64, salt=61), [3] * SIZE))])
-    _util.assert_all(WORLD, completed and not bad, bad or "not completed by the progress thread")
+    util.assert_all(WORLD, completed and not bad, bad or "not completed by the progress thread")
 
 
 def test_progress_thread_many_operations_and_persistent(progress):
@@ -724,7 +724,7 @@ def test_progress_thread_many_operations_and_persistent(progress):
     bad.append(problems([(f"iallreduce[{i}]", r, builtin_allreduce(d, MPI.MAX))
                          for i, (d, r) in enumerate(zip(data, results))]))
     bad = "; ".join(b for b in bad if b)
-    _util.assert_all(WORLD, not bad, bad)
+    util.assert_all(WORLD, not bad, bad)
 
 
 def test_progress_thread_stops_and_restarts(progress):
@@ -735,7 +735,7 @@ def test_progress_thread_stops_and_restarts(progress):
     stopped = thread is not None and not thread.thread.is_alive()
     r = mpicoll.iallreduce(rank_data(10, RANK, np.float64, salt=91)).wait()  # starts a new thread
     bad = problems([("after restart", r, builtin_allreduce(rank_data(10, RANK, np.float64, salt=91)))])
-    _util.assert_all(WORLD, stopped and not bad, bad or "thread still alive after stop")
+    util.assert_all(WORLD, stopped and not bad, bad or "thread still alive after stop")
 
 
 def test_progress_needs_thread_multiple(monkeypatch, refuse_start):
@@ -744,9 +744,9 @@ def test_progress_needs_thread_multiple(monkeypatch, refuse_start):
     x = rank_data(4, RANK, np.float64)
     y = np.full(4, SENTINEL, np.float64)
     with mpicoll.options(progress=True):
-        _util.raises_everywhere(COMM, mpicoll.MpicollError, "MPI_THREAD_MULTIPLE.*"
+        util.raises_everywhere(COMM, mpicoll.MpicollError, "MPI_THREAD_MULTIPLE.*"
                                 "MPI_THREAD_SERIALIZED", lambda: COMM.Iallreduce(x, y), x, y)
-        _util.raises_everywhere(COMM, mpicoll.MpicollError, "MPI_THREAD_MULTIPLE",
+        util.raises_everywhere(COMM, mpicoll.MpicollError, "MPI_THREAD_MULTIPLE",
                                 lambda: mpicoll.iallreduce(x), x)
 
 
@@ -787,7 +787,7 @@ def test_nonblocking_runs_mpicolls_algorithms():
           and by.get("allreduce") is not None and by["allreduce"].calls == 1
           and by.get("allgather") is not None and by["allgather"].calls == 1
           and (SIZE == 1 or by["allreduce"].messages_sent > 0))
-    _util.assert_all(WORLD, ok, f"algorithms {req.algorithm}, {h.algorithm}; traffic {by}")
+    util.assert_all(WORLD, ok, f"algorithms {req.algorithm}, {h.algorithm}; traffic {by}")
 
 
 # ---------------------------------------------------------------------------
@@ -818,7 +818,7 @@ def test_device_arrays(cuda_aware):
                     ("iallgather", r2, builtin_allgatherv(g, counts)),
                     ("ireduce_scatter", r3, builtin_reduce_scatter(s, rs_counts, MPI.MAX)),
                     ("Iallreduce", rmin, builtin_allreduce(a, MPI.MIN))])
-    _util.assert_all(WORLD, not bad, bad)
+    util.assert_all(WORLD, not bad, bad)
 
 
 # ---------------------------------------------------------------------------
@@ -840,4 +840,4 @@ def test_overlap_tool_runs_and_checks(capsys):
     out = capsys.readouterr().out
     ok = rc == 0 and (RANK != 0 or ("wrong elements over all ranks and runs: 0" in out
                                     and all(m in out for m in overlap.MODES)))
-    _util.assert_all(WORLD, ok, f"rc={rc}\n{out}")
+    util.assert_all(WORLD, ok, f"rc={rc}\n{out}")

@@ -12,11 +12,11 @@ the same input, and compares results bit for bit and the datatypes the op saw.
 
 from __future__ import annotations
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
 from mpi4py.util import dtlib
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -83,7 +83,7 @@ def _check(bad, calls):
     total = WORLD.allreduce(sum(calls))
     if SIZE > 1 and total == 0:
         bad.append("mpicoll never called the user op")
-    _util.assert_all(WORLD, not bad, "; ".join(bad))
+    util.assert_all(WORLD, not bad, "; ".join(bad))
 
 
 def _buffer_type(x):
@@ -150,4 +150,4 @@ def test_user_op_explicit_datatype(add_op, label, code, T):
 def test_float16_sum_is_not_bit_patterns(add_op):
     """The issue's case: 1.5 on every rank, summed by a user op, is 1.5 * size (not inf)."""
     y = mpicoll.allreduce(np.full(3, 1.5, np.float16), op=add_op)
-    _util.assert_all(WORLD, np.array_equal(y, np.full(3, 1.5 * SIZE, np.float16)), f"{y}")
+    util.assert_all(WORLD, np.array_equal(y, np.full(3, 1.5 * SIZE, np.float16)), f"{y}")

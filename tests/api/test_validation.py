@@ -1,7 +1,7 @@
 """Bad arguments: the stated exception, the argument named, before any message, buffers untouched.
 
 Every rank passes the same bad arguments, so every rank must raise the same
-way without entering the collective.  :func:`_util.raises_everywhere` checks
+way without entering the collective.  :func:`util.raises_everywhere` checks
 the type and message on every rank, that mpicoll sent nothing and started no
 collective (its channel is patched to refuse, its call counter must not
 move), and that every buffer given is bitwise unchanged.
@@ -11,10 +11,10 @@ TypeError for a wrong type, ValueError for a wrong value (as mpi4py and NumPy).
 
 from __future__ import annotations
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 import mpicoll
 
@@ -217,7 +217,7 @@ def test_refused_before_any_message(name):
     if SIZE < min_size:
         pytest.skip(f"needs {min_size} ranks")
     buffers = [make() for make in makers]
-    _util.raises_everywhere(WORLD, exc, match, lambda: call(*buffers), *buffers)
+    util.raises_everywhere(WORLD, exc, match, lambda: call(*buffers), *buffers)
 
 
 def test_env_algorithm_unknown(monkeypatch):
@@ -226,7 +226,7 @@ def test_env_algorithm_unknown(monkeypatch):
     x = f64()
     comm = WORLD.Dup()
     try:
-        _util.raises_everywhere(WORLD, ValueError,
+        util.raises_everywhere(WORLD, ValueError,
                                 r"MPICOLL_ALGORITHM: expected one of .*got 'bogus'",
                                 lambda: mpicoll.allreduce(x, comm=comm), x)
     finally:
@@ -250,9 +250,9 @@ def test_intercommunicator(intercomm):
     if intercomm is None:
         pytest.skip("needs 2 ranks")
     x = f64()
-    _util.raises_everywhere(WORLD, TypeError, r"comm: expected an intra-communicator, got an inter",
+    util.raises_everywhere(WORLD, TypeError, r"comm: expected an intra-communicator, got an inter",
                             lambda: mpicoll.Comm(intercomm), x)
-    _util.raises_everywhere(WORLD, TypeError, r"comm: expected an intra-communicator, got an inter",
+    util.raises_everywhere(WORLD, TypeError, r"comm: expected an intra-communicator, got an inter",
                             lambda: mpicoll.allreduce(x, comm=intercomm), x)
 
 
@@ -266,4 +266,4 @@ def test_communicator_usable_after_refusals():
         pass
     COMM.Allreduce(x, y)
     want = sum(np.arange(3.0) + 10 * r for r in range(SIZE))
-    _util.assert_all(WORLD, np.array_equal(y, want), f"{y}")
+    util.assert_all(WORLD, np.array_equal(y, want), f"{y}")

@@ -45,8 +45,8 @@ ROOT=$(cd "$HERE/../.." && pwd)
 venv=${1:-}; mpi=${2:-}
 [ -n "$venv" ] && [ -n "$mpi" ] || { sed -n '2,/^# =====/p' "$0" | sed 's/^# \{0,1\}//' | sed '$d'; exit 2; }
 venv=$(cd "$venv" && pwd)
-TESTS=${MPICOLL_CLUSTER_TESTS:-"tests/test_collectives.py tests/test_topology.py tests/test_traffic.py
-    tests/test_user_ops.py tests/test_communicators.py"}
+TESTS=${MPICOLL_CLUSTER_TESTS:-"tests/algorithms/test_collectives.py tests/transport/test_topology.py
+    tests/tools/test_traffic.py tests/api/test_user_ops.py tests/engine/test_communicators.py"}
 start=$(date +%s)
 logs=${MPICOLL_CLUSTER_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-cluster-ci.XXXXXX")}
 mkdir -p "$logs"

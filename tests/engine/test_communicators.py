@@ -8,10 +8,10 @@ ANY_SOURCE/ANY_TAG on the same communicator never sees mpicoll's messages.
 
 from __future__ import annotations
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 import mpicoll
 from mpicoll.engine import context as _context
@@ -44,7 +44,7 @@ def run_every_collective(comm):
     return bad
 
 
-@pytest.mark.parametrize("kind", _util.COMM_KINDS)
+@pytest.mark.parametrize("kind", util.COMM_KINDS)
 def test_user_messages_are_not_consumed(comms, kind):
     """An Irecv(ANY_SOURCE, ANY_TAG) posted before mpicoll's collectives gets only the user's message."""
     comm = comms[kind]
@@ -65,7 +65,7 @@ def test_user_messages_are_not_consumed(comms, kind):
     comm.Barrier()
     if comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG):
         bad.append("a message is left over on the user's communicator")
-    _util.assert_all(comm, not bad, "; ".join(bad))
+    util.assert_all(comm, not bad, "; ".join(bad))
 
 
 def test_user_collective_in_flight():
@@ -75,7 +75,7 @@ def test_user_collective_in_flight():
         req = comm.Ibarrier()
         bad = run_every_collective(comm)
         req.Wait()
-        _util.assert_all(comm, not bad, "; ".join(bad))
+        util.assert_all(comm, not bad, "; ".join(bad))
     finally:
         comm.Free()
 
@@ -90,7 +90,7 @@ def test_private_duplicate_freed_with_the_communicator():
         and private != comm
     comm.Free()
     ok = ok and ctx.comm == MPI.COMM_NULL and private == MPI.COMM_NULL
-    _util.assert_all(WORLD, ok, f"private {private} after Free: {ctx.comm}")
+    util.assert_all(WORLD, ok, f"private {private} after Free: {ctx.comm}")
 
 
 def test_many_dup_use_free_cycles():
@@ -105,7 +105,7 @@ def test_many_dup_use_free_cycles():
         comm.Free()
         if ctx.comm != MPI.COMM_NULL:
             bad.append(f"cycle {i}: private duplicate not freed")
-    _util.assert_all(WORLD, not bad, "; ".join(bad[:5]))
+    util.assert_all(WORLD, not bad, "; ".join(bad[:5]))
 
 
 def test_wrappers_share_one_context():
@@ -121,7 +121,7 @@ def test_wrappers_share_one_context():
         mpicoll.allreduce(np.ones(2), comm=comm)
         ok = _context.context(a) is ctx and _context.context(b) is ctx and ctx.seq == seq + 2
         ok = ok and np.array_equal(y, [SIZE, SIZE])
-        _util.assert_all(WORLD, ok, f"contexts {_context.context(a)} {_context.context(b)} {ctx}")
+        util.assert_all(WORLD, ok, f"contexts {_context.context(a)} {_context.context(b)} {ctx}")
     finally:
         comm.Free()
 
@@ -138,14 +138,14 @@ def test_sub_communicators_are_independent(comms):
     y = mpicoll.allreduce(np.array([1.0]), comm=WORLD)
     if y[0] != SIZE:
         bad.append(f"world: {y}")
-    _util.assert_all(WORLD, not bad, "; ".join(bad))
+    util.assert_all(WORLD, not bad, "; ".join(bad))
 
 
 def test_reversed_split_rank_order(comms):
     """On Split(key=size-rank) rank 0 is the last world rank: gathers follow the new order."""
     comm = comms["split_reversed"]
     g = mpicoll.allgather(np.array([RANK], np.int32), comm=comm)
-    _util.assert_all(WORLD, np.array_equal(g, np.arange(SIZE)[::-1]), f"{g}")
+    util.assert_all(WORLD, np.array_equal(g, np.arange(SIZE)[::-1]), f"{g}")
 
 
 def _derived_comms(parent):
@@ -188,7 +188,7 @@ def test_derived_communicators_keep_the_forced_algorithm():
     for comm in made.values():
         comm.Free()
     parent.Free()
-    _util.assert_all(WORLD, not bad, "; ".join(bad))
+    util.assert_all(WORLD, not bad, "; ".join(bad))
 
 
 def test_derived_null_communicator_is_comm_null():
@@ -198,4 +198,4 @@ def test_derived_null_communicator_is_comm_null():
     ok = (sub == MPI.COMM_NULL) if RANK == 0 else isinstance(sub, mpicoll.Comm)
     if sub != MPI.COMM_NULL:
         sub.Free()
-    _util.assert_all(WORLD, ok, f"{type(sub).__name__}")
+    util.assert_all(WORLD, ok, f"{type(sub).__name__}")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -95,7 +95,7 @@ def test_bad_option_refused_before_any_mpi_call(var, value, monkeypatch):
     WORLD.Allreduce(rank_data(7, RANK), ref)
     if not np.array_equal(y, ref):
         problem += "wrong result after the refusals; "
-    _util.assert_all(WORLD, not problem, problem)
+    util.assert_all(WORLD, not problem, problem)
     base.Free()
 
 
@@ -123,7 +123,7 @@ def test_thousands_of_refused_calls_leak_nothing(monkeypatch):
     fresh.Free()
     if not ok:
         problem += "wrong result after the refusals; "
-    _util.assert_all(WORLD, not problem, problem)
+    util.assert_all(WORLD, not problem, problem)
     comm.Free()
 
 
@@ -201,7 +201,7 @@ def test_rank_missing_from_first_call():
         problem += _check_setup_timeout(*_first_call(comm), comm)
     WORLD.Barrier()
     problem += _settle([(comm, RANK != SKIPPER)])
-    _util.assert_all(WORLD, not problem, problem)
+    util.assert_all(WORLD, not problem, problem)
     comm.Free()
     # everything else still works
     ref = np.empty(9)
@@ -217,7 +217,7 @@ def test_rank_calls_first_on_another_communicator():
     problem = _check_setup_timeout(*_first_call(mine), mine)
     WORLD.Barrier()
     problem += _settle([(a, RANK != SKIPPER), (b, RANK == SKIPPER)])
-    _util.assert_all(WORLD, not problem, problem)
+    util.assert_all(WORLD, not problem, problem)
     a.Free()
     b.Free()
 
@@ -232,5 +232,5 @@ def test_late_rank_within_the_timeout_is_fine():
     ref = np.empty(1000)
     WORLD.Allreduce(rank_data(1000, RANK), ref)
     y = mpicoll.allreduce(rank_data(1000, RANK), comm=comm, timeout=5.0)
-    _util.assert_all(WORLD, exc is None and np.array_equal(y, ref), f"{exc}")
+    util.assert_all(WORLD, exc is None and np.array_equal(y, ref), f"{exc}")
     comm.Free()

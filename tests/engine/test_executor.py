@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -113,8 +113,8 @@ def test_test_until_done_equals_wait(in_place):
                 op.wait()
             assert op.done and op.test()
             results.append(out.copy())
-        ok = _util.same_bytes(results[0], want) and _util.same_bytes(results[1], want)
-        _util.assert_all(comm, ok, f"test: {results[0][:4]}, wait: {results[1][:4]}, "
+        ok = util.same_bytes(results[0], want) and util.same_bytes(results[1], want)
+        util.assert_all(comm, ok, f"test: {results[0][:4]}, wait: {results[1][:4]}, "
                                    f"want {want[:4]}")
     finally:
         comm.Free()
@@ -142,8 +142,8 @@ def test_three_collectives_in_flight_waited_in_reverse_order(algorithm):
         ]
         for op in reversed(ops):
             op.wait()
-        ok = all(_util.same_bytes(a, b) for a, b in zip((ar, rs, ag), want))
-        _util.assert_all(comm, ok and all(op.done for op in ops),
+        ok = all(util.same_bytes(a, b) for a, b in zip((ar, rs, ag), want))
+        util.assert_all(comm, ok and all(op.done for op in ops),
                          f"got {ar[:3]}, {rs[:3]}, {ag[:3]}")
     finally:
         comm.Free()
@@ -170,9 +170,9 @@ def test_operations_get_distinct_tags_and_disjoint_work_memory():
         op2.wait()
         op1.wait()
         ok = (len(live) == expect and disjoint and tags[0] != tags[1] and 0 not in tags
-              and ctx.work.live() == [] and _util.same_bytes(y1, want1)
-              and _util.same_bytes(y2, want2))
-        _util.assert_all(comm, ok, f"live {live}, spans {spans}, tags {tags}")
+              and ctx.work.live() == [] and util.same_bytes(y1, want1)
+              and util.same_bytes(y2, want2))
+        util.assert_all(comm, ok, f"live {live}, spans {spans}, tags {tags}")
     finally:
         comm.Free()
 
@@ -210,13 +210,13 @@ def test_persistent_restarted_with_new_data(collective):
                 want = _want_allgather(x, counts)
             _coll.start_persistent(op)
             op.wait()
-            if not (op.done and _util.same_bytes(out, want)):
+            if not (op.done and util.same_bytes(out, want)):
                 bad.append(f"start {step}: {out[:3]} want {want[:3]}")
         _coll.free_persistent(op)
         _coll.free_persistent(op)  # idempotent
         if ctx.work.live():
             bad.append(f"work memory held after free: {ctx.work.live()}")
-        _util.assert_all(comm, not bad, "; ".join(bad))
+        util.assert_all(comm, not bad, "; ".join(bad))
     finally:
         comm.Free()
 
@@ -238,7 +238,7 @@ def test_non_blocking_calls_are_counted_like_blocking_ones():
         ok = (a.messages_sent, a.bytes_sent, a.messages_received, a.send_steps) == \
              (b.messages_sent, b.bytes_sent, b.messages_received, b.send_steps) \
             and (a.messages_sent or comm.size == 1)
-        _util.assert_all(comm, ok and _util.same_bytes(out, _want_allreduce(x)), f"{a} vs {b}")
+        util.assert_all(comm, ok and util.same_bytes(out, _want_allreduce(x)), f"{a} vs {b}")
     finally:
         comm.Free()
 
@@ -292,8 +292,8 @@ def test_device_operations_started_together():
             op2.wait()
             op1.wait()
             got1, got2 = y1.get(), y2.get()
-        ok = _util.same_bytes(got1, _want_allreduce(h1)) and _util.same_bytes(got2,
+        ok = util.same_bytes(got1, _want_allreduce(h1)) and util.same_bytes(got2,
                                                                              _want_allreduce(h2))
-        _util.assert_all(comm, ok, f"got {got1[:3]}, {got2[:3]}")
+        util.assert_all(comm, ok, f"got {got1[:3]}, {got2[:3]}")
     finally:
         comm.Free()

@@ -11,10 +11,10 @@ from __future__ import annotations
 import gc
 import weakref
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 import mpicoll
 from mpicoll.api import args as _args
@@ -50,9 +50,9 @@ def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
         mc = mpicoll.Comm(comm)
         ctx = _context.context(comm)
         rank, n = WORLD.rank, WORLD.size
-        checks = _util.spy(monkeypatch, _args, ["Allreduce", "Allgather", "Reduce_scatter_block",
+        checks = util.spy(monkeypatch, _args, ["Allreduce", "Allgather", "Reduce_scatter_block",
                                                 "allreduce", "allgather", "reduce_scatter"])
-        binds = _util.spy(monkeypatch, _executor, ["bind"])
+        binds = util.spy(monkeypatch, _executor, ["bind"])
         for N in (1, 7, 1000):
             x = (np.arange(N * n) * 3 + rank).astype(np.float64)
             ar, ar2 = np.empty_like(x), np.empty_like(x)
@@ -95,7 +95,7 @@ def test_a_spec_of_the_arrays_own_datatype_runs_its_plan(monkeypatch):
     try:
         mc = mpicoll.Comm(comm)
         rank, n = WORLD.rank, WORLD.size
-        checks = _util.spy(monkeypatch, _args, ["Allreduce", "Allgather", "Reduce_scatter_block"])
+        checks = util.spy(monkeypatch, _args, ["Allreduce", "Allgather", "Reduce_scatter_block"])
         x = (np.arange(4 * n) * 3 + rank).astype(np.float32)
         F = MPI.FLOAT
         ar, ag, rs = np.empty_like(x), np.empty(4 * n * n, np.float32), np.empty(4, np.float32)
@@ -157,7 +157,7 @@ def test_calls_alternating_ops_or_algorithms_on_the_same_arrays_each_keep_a_plan
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
-        checks = _util.spy(monkeypatch, _args, ["Allreduce", "allreduce", "allgather"])
+        checks = util.spy(monkeypatch, _args, ["Allreduce", "allreduce", "allgather"])
         x = (np.arange(7 * WORLD.size) % 5 + WORLD.rank).astype(np.float64)
         y = np.empty_like(x)
         ag = np.empty(len(x) * WORLD.size)
@@ -297,7 +297,7 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
-        checks = _util.spy(monkeypatch, _args, ["Allreduce"])
+        checks = util.spy(monkeypatch, _args, ["Allreduce"])
         x = np.arange(5.0) * (WORLD.rank + 2)
         y, want = np.empty(5), np.empty(5)
         WORLD.Allreduce(x, want)
@@ -352,7 +352,7 @@ def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
-        checks = _util.spy(monkeypatch, _args, ["allreduce", "allgather", "Allreduce"])
+        checks = util.spy(monkeypatch, _args, ["allreduce", "allgather", "Allreduce"])
         x = np.arange(5.0) * (WORLD.rank + 2)
         y, want = np.empty(5), np.empty(5)
         WORLD.Allreduce(x, want)
@@ -400,7 +400,7 @@ def test_a_non_blocking_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
-        checks = _util.spy(monkeypatch, _args, ["allreduce", "allgather", "Allreduce"])
+        checks = util.spy(monkeypatch, _args, ["allreduce", "allgather", "Allreduce"])
         x = np.arange(5.0) * (WORLD.rank + 2)
         y, y2, want = np.empty(5), np.empty(5), np.empty(5)
         WORLD.Allreduce(x, want)
@@ -812,7 +812,7 @@ def test_calls_alternating_between_arrays_each_repeat_their_plan(monkeypatch):
     recently run plans go."""
     comm = WORLD.Dup()
     try:
-        checks = _util.spy(monkeypatch, _args, ["allreduce"])
+        checks = util.spy(monkeypatch, _args, ["allreduce"])
         buckets = [np.arange(5.0 + i) * (WORLD.rank + 1) for i in range(4)]
         outs = [np.empty_like(g) for g in buckets]
         wants = [np.empty_like(g) for g in buckets]

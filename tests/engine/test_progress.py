@@ -18,10 +18,10 @@ import itertools
 import threading
 import time
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data, rank_sum
 
 import mpicoll
@@ -107,7 +107,7 @@ def test_operations_waited_in_every_order(progress, check, timeout, monkeypatch)
     xs = [np.empty(n) for n in (3, 300, 5000)]
     ys = [np.empty_like(x) for x in xs]
     blocking_in, blocking_out = np.empty(4), np.empty(4)
-    checks = _util.spy(monkeypatch, _args, ["allreduce", "Allreduce"])
+    checks = util.spy(monkeypatch, _args, ["allreduce", "Allreduce"])
     try:
         with mpicoll.options(check=check, timeout=timeout):
             for rep in range(4):

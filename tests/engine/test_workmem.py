@@ -10,10 +10,10 @@ with MPI's built-in on rank-asymmetric, exactly summable data.
 
 from __future__ import annotations
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -52,8 +52,8 @@ def test_in_place_ring_reduce_scatter_window_11():
         y = rank_data(total, comm.Get_rank())
         want = _builtin_reduce_scatter(WORLD, y.copy(), split(total, comm.Get_size())[0])
         got = mpicoll.reduce_scatter(y, comm=comm, out=y, algorithm="ring")
-        ok = _util.same_bytes(got, want) and _util.same_bytes(y[40:], rank_data(total, comm.Get_rank())[40:])
-        _util.assert_all(comm, ok, f"got {got.tolist()}, want {want.tolist()}")
+        ok = util.same_bytes(got, want) and util.same_bytes(y[40:], rank_data(total, comm.Get_rank())[40:])
+        util.assert_all(comm, ok, f"got {got.tolist()}, want {want.tolist()}")
     finally:
         comm.Free()
 
@@ -69,7 +69,7 @@ def test_comm_reduce_scatter_block_in_place_large_window():
         WORLD.Reduce_scatter_block(buf, want, op=MPI.SUM)
         mpicoll.Comm(comm, algorithm="ring").Reduce_scatter_block(MPI.IN_PLACE, buf, op=MPI.SUM)
         wrong = int(np.count_nonzero(buf[:per] != want))
-        _util.assert_all(comm, wrong == 0, f"{wrong} of {per} elements wrong")
+        util.assert_all(comm, wrong == 0, f"{wrong} of {per} elements wrong")
     finally:
         comm.Free()
 
@@ -101,19 +101,19 @@ def test_ring_every_window():
             what = f"window={window}"
             y = x.copy()
             got = mpicoll.reduce_scatter(y, comm=comm, algorithm="ring")
-            if not (_util.same_bytes(got, want_rs) and _util.same_bytes(y, x)):
+            if not (util.same_bytes(got, want_rs) and util.same_bytes(y, x)):
                 bad.append(f"reduce_scatter out of place {what}")
             got = mpicoll.reduce_scatter(y, comm=comm, out=y, algorithm="ring")
-            if not _util.same_bytes(got, want_rs):
+            if not util.same_bytes(got, want_rs):
                 bad.append(f"reduce_scatter in place {what}")
             y = x.copy()
             got = mpicoll.allreduce(y, comm=comm, algorithm="ring")
-            if not (_util.same_bytes(got, want_ar) and _util.same_bytes(y, x)):
+            if not (util.same_bytes(got, want_ar) and util.same_bytes(y, x)):
                 bad.append(f"allreduce out of place {what}")
             got = mpicoll.allreduce(y, comm=comm, out=y, algorithm="ring")
-            if not _util.same_bytes(got, want_ar):
+            if not util.same_bytes(got, want_ar):
                 bad.append(f"allreduce in place {what}")
-        _util.assert_all(comm, not bad, "; ".join(bad[:8]) + (f" ... {len(bad)} in all" if bad else ""))
+        util.assert_all(comm, not bad, "; ".join(bad[:8]) + (f" ... {len(bad)} in all" if bad else ""))
     finally:
         comm.Free()
 
@@ -155,8 +155,8 @@ def test_repeated_call_allocates_nothing(collective, algorithm, in_place):
             # (the plan an out= call keeps holds its work memory while its arrays live)
             del y, kw
             allocs.append(ctx.work.allocations)
-        ok = all(_util.same_bytes(r, want) for r in results) and allocs[1] == allocs[2] == allocs[0]
-        _util.assert_all(comm, ok, f"allocations after each call {allocs}")
+        ok = all(util.same_bytes(r, want) for r in results) and allocs[1] == allocs[2] == allocs[0]
+        util.assert_all(comm, ok, f"allocations after each call {allocs}")
     finally:
         comm.Free()
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import ctypes
 import os
 
-import _util
 import pytest
+from support import util
 
 import mpicoll
 from mpicoll.backends import cuda as _cuda
@@ -47,7 +47,7 @@ def gpu_query(flag, rc=0, calls=None):
 @pytest.fixture
 def clean(monkeypatch):
     """No explicit setting from the environment or configure()."""
-    env = _util.env_options(monkeypatch)  # (read again at once, as a new communicator would)
+    env = util.env_options(monkeypatch)  # (read again at once, as a new communicator would)
     env.delenv("MPICOLL_CUDA_AWARE", raising=False)
     previous = mpicoll.configure(cuda_aware=None)
     yield env
@@ -258,7 +258,7 @@ def test_probe_transfer_hang_is_no():
 
 def test_probe_transfer_fake_device_sendrecv_passes():
     """The child's MPI Sendrecv of a CUDA-array-interface buffer (fake GPU: host memory)."""
-    tests = os.path.dirname(os.path.abspath(__file__))
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (
         f"import sys; sys.path[:0] = [{tests!r}, {os.path.dirname(tests)!r}]\n"
         "import numpy as np\n"

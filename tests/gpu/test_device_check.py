@@ -23,7 +23,7 @@ import pytest
 # no messages: the same at any rank count (the local group)
 pytestmark = pytest.mark.local
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEVICE = ROOT / "tests" / "device"
 SCRIPT = DEVICE / "run_device_check.sh"
 

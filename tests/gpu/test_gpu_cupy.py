@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import os
 
-import _util
-import gpucases
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import gpucases, util
 
 import mpicoll
 from mpicoll.backends import cuda as _cuda
@@ -163,7 +162,7 @@ def test_pinned_buffers_reused_and_bounded(late_copy):
                 problems.append("wrong result")
     finally:
         comm.Free()
-    _util.assert_all(WORLD, not problems, "; ".join(problems))
+    util.assert_all(WORLD, not problems, "; ".join(problems))
 
 
 def test_user_op_on_device(late_copy):

@@ -13,12 +13,10 @@ collective starts.
 
 from __future__ import annotations
 
-import _util
-import gpucases
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support import fakegpu
+from support import fakegpu, gpucases, util
 
 import mpicoll
 from mpicoll.backends import devices as _devices
@@ -225,7 +223,7 @@ def test_pinned_buffers_reused_and_bounded(comm):
         problems.append(f"{pool.allocated} pinned bytes held")
     if len(rt.pinned_buffers) > limit:
         problems.append(f"{len(rt.pinned_buffers)} pinned allocations in {calls} calls > {limit}")
-    _util.assert_all(comm, not problems, "; ".join(problems))
+    util.assert_all(comm, not problems, "; ".join(problems))
 
 
 def test_comm_block_collectives(comm):

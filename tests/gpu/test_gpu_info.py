@@ -17,7 +17,7 @@ from mpicoll.tools import info
 pytestmark = pytest.mark.ranks(1, 2)
 
 WORLD = MPI.COMM_WORLD
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _LAUNCHED = any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
                                           "MPI_LOCALNRANKS", "PMI_RANK"))

@@ -9,11 +9,9 @@ case).
 
 from __future__ import annotations
 
-import _util
-import gpucases
 import pytest
 from mpi4py import MPI
-from support import fakegpu
+from support import fakegpu, gpucases, util
 
 import mpicoll
 from mpicoll.backends import devices as _devices
@@ -79,7 +77,7 @@ def test_no_copy_wait_while_mpi_can_progress(comm, collective, recv_buffers):
     bad = [b for b in blocked if b[1] > 0]
     if bad:
         problems.append(f"{len(bad)} blocking copy waits with MPI requests outstanding, e.g. {bad[:3]}")
-    _util.assert_all(comm, not problems, "; ".join(problems))
+    util.assert_all(comm, not problems, "; ".join(problems))
 
 
 @pytest.mark.timeout(120)
@@ -121,7 +119,7 @@ def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
     limit = 4 + pool.max_recv  # send buffers: one per own piece in flight (at most 4 here)
     if len(rt.pinned_buffers) > limit:
         problems.append(f"{len(rt.pinned_buffers)} pinned allocations in {calls} calls > {limit}")
-    _util.assert_all(comm, not problems, "; ".join(problems[:4]))
+    util.assert_all(comm, not problems, "; ".join(problems[:4]))
 
 
 @pytest.mark.timeout(120)
@@ -158,7 +156,7 @@ def test_staged_messages_take_pinned_buffers_of_one_segment(collective):
             if algorithm == "ring" and pool.allocated > limit:
                 problems.append(f"ring: {pool.allocated} pinned bytes held > {limit}")
     c.Free()
-    _util.assert_all(WORLD, not problems, "; ".join(problems[:4]))
+    util.assert_all(WORLD, not problems, "; ".join(problems[:4]))
 
 
 @pytest.mark.timeout(120)
@@ -184,7 +182,7 @@ def test_small_calls_staged_whole_once(comm, collective, in_place, monkeypatch):
             if copies != (1, 1):
                 problems.append(f"{algorithm}: {copies[0]} device-to-host and {copies[1]} "
                                 f"host-to-device copies, expected 1 and 1")
-    _util.assert_all(comm, not problems, "; ".join(problems[:4]))
+    util.assert_all(comm, not problems, "; ".join(problems[:4]))
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])

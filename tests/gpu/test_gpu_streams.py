@@ -10,12 +10,10 @@ ran on, produces wrong results.
 
 from __future__ import annotations
 
-import _util
-import gpucases
 import numpy as np
 import pytest
 from mpi4py import MPI
-from support import fakegpu
+from support import fakegpu, gpucases, util
 
 import mpicoll
 from mpicoll.backends import devices as _devices
@@ -94,4 +92,4 @@ def test_alternating_streams(comm, transport, collective, algorithm, monkeypatch
             if not np.array_equal(got, ref):
                 bad = np.flatnonzero(got != ref)[:3].tolist()
                 problems.append(f"call {k} on {stream.name}: wrong at {bad}")
-    _util.assert_all(comm, not problems, "; ".join(problems))
+    util.assert_all(comm, not problems, "; ".join(problems))

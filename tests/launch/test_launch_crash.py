@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 
-import _util
 import pytest
+from support import util
 
 LIMIT = 120  # seconds: a hang fails the test here
 
@@ -56,10 +56,10 @@ EXPECTED = {"inside": "FloatingPointError", "outside": "RuntimeError: rank 1 giv
 def test_exception_on_one_rank_ends_the_job(tmp_path, where):
     script = tmp_path / "crash.py"
     script.write_text(SCRIPT)
-    cmd, env = _util.mpirun_cmd(3, ["-m", "mpi4py", script, where])
+    cmd, env = util.mpirun_cmd(3, ["-m", "mpi4py", script, where])
     env.pop("MPICOLL_TIMEOUT", None)
     t0 = time.time()
-    res = _util.run_job(cmd, env, LIMIT)
+    res = util.run_job(cmd, env, LIMIT)
     out, err = res.stdout, res.stderr
     report = f"exit {res.returncode} after {time.time() - t0:.1f} s\n--- stdout\n{out}\n--- stderr\n{err}"
     assert res.returncode != 0, report
@@ -89,9 +89,9 @@ def test_an_operation_never_waited_for_completes_at_exit(tmp_path):
     segfault in 7 of 8 runs, Open MPI, 3 ranks)."""
     script = tmp_path / "exit.py"
     script.write_text(EXIT_SCRIPT)
-    cmd, env = _util.mpirun_cmd(3, [script])
+    cmd, env = util.mpirun_cmd(3, [script])
     env.pop("MPICOLL_TIMEOUT", None)
     for _ in range(2):
-        res = _util.run_job(cmd, env, LIMIT)
+        res = util.run_job(cmd, env, LIMIT)
         report = f"exit {res.returncode}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
         assert res.returncode == 0 and res.stdout.count("EXITING") == 3, report

@@ -13,10 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _util
 import pytest
+from support import util
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ("allreduce", "allgather", "reduce_scatter", "data_parallel", "zero_sharding",
             "batchnorm_stats", "traffic")
 # 1 rank: the trivial path; 3: several ranks, not a power of two, uneven blocks
@@ -29,20 +29,20 @@ QUICK_ARGS = {"data_parallel": ("--steps", "100"), "zero_sharding": ("--params",
 RUN_TIMEOUT = 120  # seconds per mpirun; a healthy run takes a few seconds
 
 pytestmark = pytest.mark.skipif(
-    _util.under_launcher(),
+    util.under_launcher(),
     reason="starts mpirun itself: run this file with plain pytest, not under an MPI launcher",
 )
 
 
 @pytest.fixture(scope="module")
 def launcher():
-    return _util.launcher()
+    return util.launcher()
 
 
 def run_example(launcher, name: str, nranks: int, *args: str) -> subprocess.CompletedProcess:
     """Run examples/<name>.py on ``nranks`` ranks; kill the whole job on timeout."""
-    cmd, env = _util.mpirun_cmd(nranks, [ROOT / "examples" / f"{name}.py", *args], launch=launcher)
-    return _util.run_job(cmd, env, RUN_TIMEOUT)
+    cmd, env = util.mpirun_cmd(nranks, [ROOT / "examples" / f"{name}.py", *args], launch=launcher)
+    return util.run_job(cmd, env, RUN_TIMEOUT)
 
 
 def _describe(res) -> str:

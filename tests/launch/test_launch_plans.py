@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import subprocess
 
-import _util
 import pytest
+from support import util
 
 SCRIPT = r'''
 import atexit
@@ -57,8 +57,8 @@ assert np.array_equal(w, y)
 def test_plan_requests_are_freed_before_finalize(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    cmd, env = _util.mpirun_cmd(2, [script])
-    res = subprocess.run(cmd, cwd=_util.ROOT, env=env, capture_output=True, text=True, timeout=120)
+    cmd, env = util.mpirun_cmd(2, [script])
+    res = subprocess.run(cmd, cwd=util.ROOT, env=env, capture_output=True, text=True, timeout=120)
     report = f"exit {res.returncode}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
     assert res.returncode == 0, report
     for r in range(2):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 import time
 
-import _util
 import pytest
+from support import util
 
 TIMEOUT = 2.0      # MPICOLL_TIMEOUT for the job
 MARGIN = 15.0      # job teardown on a loaded machine; the skipper sleeps far longer
@@ -51,12 +51,12 @@ def _run(tmp_path, mode):
     script = tmp_path / "skip_one.py"
     script.write_text(SCRIPT.replace("{sleep}", str(SLEEP)).replace("{timeout}", str(TIMEOUT)))
     args = (["-m", "mpi4py"] if mode == "uncaught" else []) + [script, mode]
-    cmd, env = _util.mpirun_cmd(3, args)
+    cmd, env = util.mpirun_cmd(3, args)
     if mode == "uncaught":
         env["MPICOLL_TIMEOUT"] = str(TIMEOUT)
     else:
         env.pop("MPICOLL_TIMEOUT", None)
-    res = _util.run_job(cmd, env, LIMIT)
+    res = util.run_job(cmd, env, LIMIT)
     ended = time.time()
     return res.returncode, res.stdout, res.stderr, ended
 
@@ -117,9 +117,9 @@ print("NOT REACHED", flush=True)
 def test_missing_rank_at_first_call_ends_job_within_timeout(tmp_path, mode):
     script = tmp_path / "first_call.py"
     script.write_text(FIRST_SCRIPT.replace("{sleep}", str(SLEEP)))
-    cmd, env = _util.mpirun_cmd(3, ["-m", "mpi4py", script, mode])
+    cmd, env = util.mpirun_cmd(3, ["-m", "mpi4py", script, mode])
     env["MPICOLL_TIMEOUT"] = str(TIMEOUT)
-    res = _util.run_job(cmd, env, LIMIT)
+    res = util.run_job(cmd, env, LIMIT)
     waited = time.time() - max([float(t) for t in re.findall(r"READY (\d+\.\d{6})", res.stdout)]
                                or [0.0])
     report = f"exit {res.returncode}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-import _util
 import pytest
+from support import util
 
 SCRIPT = r'''
 import numpy as np
@@ -32,9 +32,9 @@ def test_environment_variable_writes_merged_trace(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     out = tmp_path / "job-trace.json"
-    cmd, env = _util.mpirun_cmd(3, [script])
+    cmd, env = util.mpirun_cmd(3, [script])
     env["MPICOLL_TRACE"] = str(out)
-    res = subprocess.run(cmd, cwd=_util.ROOT, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(cmd, cwd=util.ROOT, env=env, capture_output=True, text=True, timeout=120)
     report = f"exit {res.returncode}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}"
     assert res.returncode == 0, report
     assert res.stdout.count("done") == 3, report

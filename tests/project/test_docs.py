@@ -25,7 +25,7 @@ import pytest
 
 pytestmark = pytest.mark.local  # reads files and docstrings: no MPI peer
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEXT_SUFFIXES = {".md", ".py", ".rst", ".txt"}
 
 

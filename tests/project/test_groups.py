@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.local
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def collect(*args) -> tuple[int, set, str]:
@@ -30,8 +30,8 @@ def collect(*args) -> tuple[int, set, str]:
 
 
 def test_each_group_keeps_its_own_tests():
-    files = ["tests/test_topology.py", "tests/test_cuda_detect.py", "tests/test_bad_input.py",
-             "tests/test_launch_trace.py"]
+    files = ["tests/transport/test_topology.py", "tests/gpu/test_cuda_detect.py", "tests/api/test_bad_input.py",
+             "tests/launch/test_launch_trace.py"]
     rc, everything, out = collect(*files)
     assert rc == 0, out
     rc, local, out = collect("--group", "local", *files)
@@ -43,10 +43,10 @@ def test_each_group_keeps_its_own_tests():
     # local: the marked topology tests and all of test_cuda_detect, nothing else
     assert local and all("test_topology.py" in t or "test_cuda_detect.py" in t for t in local)
     assert {t for t in everything if "test_cuda_detect.py" in t} <= local
-    assert "tests/test_topology.py::test_parse_fake_nodes" in local
-    assert launch and all("test_launch_" in t for t in launch)
+    assert "tests/transport/test_topology.py::test_parse_fake_nodes" in local
+    assert launch and all(t.startswith("tests/launch/") for t in launch)
     # mpi at this singleton's 1 rank: the unmarked topology tests and the catalogue (ranks 1, 2)
-    assert "tests/test_topology.py::test_real_nodes" in mpi
+    assert "tests/transport/test_topology.py::test_real_nodes" in mpi
     assert any("test_bad_input.py" in t for t in mpi)
     assert not (mpi & local) and not (mpi & launch)
     assert local | launch | mpi == everything
@@ -54,7 +54,7 @@ def test_each_group_keeps_its_own_tests():
 
 def test_a_file_none_of_whose_tests_run_is_not_collected():
     """In a directory run, a file without a local test is skipped, not collected and deselected."""
-    rc, catalogue, out = collect("tests/test_bad_input.py")
+    rc, catalogue, out = collect("tests/api/test_bad_input.py")
     assert rc == 0 and catalogue, out
     rc, local, out = collect("--group", "local", "tests")
     assert rc == 0 and local, out
@@ -65,7 +65,7 @@ def test_a_file_none_of_whose_tests_run_is_not_collected():
 
 
 def test_unknown_group_is_refused():
-    rc, _, out = collect("--group", "local,everything", "tests/test_cuda_detect.py")
+    rc, _, out = collect("--group", "local,everything", "tests/gpu/test_cuda_detect.py")
     assert rc != 0
     assert "--group: expected some of local, mpi, launch, torch, got 'everything'" in out
 
@@ -89,7 +89,7 @@ def test_each_ranks_outcome_file_counts_not_the_shared_log(tmp_path):
     prefix = tmp_path / "run"
     env = dict(os.environ, MPICOLL_TEST_SUMMARY=str(prefix))
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "--group", "local", "tests/test_topology.py"],
+                          "--group", "local", "tests/transport/test_topology.py"],
                          cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     ran = int(re.search(r"(\d+) passed", res.stdout).group(1))

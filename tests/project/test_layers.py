@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.local  # reads source files: no MPI peer
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "mpicoll"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "mpicoll"
 
 # layer -> its level; a module may import its own layer and lower levels (and
 # backends/transport each other's, as one level)

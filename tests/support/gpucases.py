@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
-from support.data import rank_data
 
 import mpicoll
 from mpicoll.algorithms.ring import split
 from mpicoll.engine import select as _select
 from mpicoll.tools import results as _results
+from support.data import rank_data
 
 # CUDA source of a producer kernel that spins ``spin`` clock cycles, then copies
 # ``n`` bytes: an input still being written when a collective starts (the CuPy

@@ -1,4 +1,4 @@
-"""Helpers shared by mpicoll's test files (``import _util``; pytest puts tests/ on sys.path).
+"""Helpers shared by mpicoll's test files (``from support import util``).
 
 Rules every MPI test follows (the suite runs under ``mpirun -n 1..5``):
 
@@ -11,7 +11,7 @@ Rules every MPI test follows (the suite runs under ``mpirun -n 1..5``):
 * Expected values are functions of rank and size, or the exact reference of
   the same input judged by :mod:`mpicoll.tools.results` (one tolerance rule).
 
-Tests that start ``mpirun`` themselves live in ``tests/test_launch_*.py``;
+Tests that start ``mpirun`` themselves live in ``tests/launch/``;
 conftest.py leaves them out under an MPI launcher, and ``tests/run_tests.sh``
 runs them once with plain pytest.  :func:`launcher` and :func:`mpirun_cmd`
 build their command lines.
@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 WORLD = MPI.COMM_WORLD
 RANK = WORLD.Get_rank()
@@ -215,7 +215,7 @@ def raises_everywhere(comm, exc_type, match: str, fn, *buffers) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Launching MPI jobs from a test (tests/test_launch_*.py)
+# Launching MPI jobs from a test (tests/launch/)
 # ---------------------------------------------------------------------------
 
 

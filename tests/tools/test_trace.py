@@ -17,10 +17,10 @@ import os
 import shutil
 import tempfile
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 import mpicoll
 from mpicoll.engine import context as _context
@@ -121,7 +121,7 @@ def test_merged_file_is_valid_chrome_trace(comm, path):
             problem = f"merged trace: {exc}"
     elif written is not None:
         problem = "save() returned a path on a rank other than 0"
-    _util.assert_all(WORLD, not problem, problem)
+    util.assert_all(WORLD, not problem, problem)
 
 
 @pytest.mark.skipif(SIZE < 2, reason="no messages at one rank")
@@ -150,7 +150,7 @@ def test_ring_pipelining_is_visible(comm):
     steps = [e["step"] for e in recvs]
     if steps != sorted(steps) or (steps and steps[-1] != 2 * SIZE - 3):
         problems.append(f"receive steps {steps[:3]}... not 0..2n-3 in order")
-    _util.assert_all(WORLD, not problems and len(reduces) > 2 * SIZE, "; ".join(problems[:5]))
+    util.assert_all(WORLD, not problems and len(reduces) > 2 * SIZE, "; ".join(problems[:5]))
 
 
 def test_events_fields_and_scope(comm):
@@ -185,7 +185,7 @@ def test_path_argument_saves_on_exit_and_chrome_dict(comm, path):
         ok = ok and all(e["ph"] == "M" for e in doc["traceEvents"])
     else:
         ok = doc is None
-    _util.assert_all(WORLD, ok, "saved trace or chrome() result wrong")
+    util.assert_all(WORLD, ok, "saved trace or chrome() result wrong")
 
 
 def test_check_and_failures_are_traced(comm):

@@ -18,11 +18,11 @@ hand formula.)
 
 from __future__ import annotations
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
 from support import schedsim as sim
+from support import util
 
 import mpicoll
 from mpicoll.core import types as _types
@@ -97,7 +97,7 @@ def test_ring_allreduce(comm, dtype, accumulate):
         total = WORLD.allreduce(t.calls[-1].bytes_sent)
         if total != 2 * (SIZE - 1) * N * itemsize:
             problems.append(f"N={N}: all ranks sent {total} bytes, not 2(n-1)N*itemsize")
-    _util.assert_all(WORLD, not problems, "; ".join(problems))
+    util.assert_all(WORLD, not problems, "; ".join(problems))
 
 
 def test_ring_reduce_scatter_even_and_uneven(comm):
@@ -116,7 +116,7 @@ def test_ring_reduce_scatter_even_and_uneven(comm):
             # (n-1)/n of the data on every rank
             if t.calls[-1].bytes_sent * SIZE != (SIZE - 1) * sum(counts) * 8:
                 problems.append(f"counts={counts}: {t.calls[-1].bytes_sent} bytes is not (n-1)/n")
-    _util.assert_all(WORLD, not problems, "; ".join(problems))
+    util.assert_all(WORLD, not problems, "; ".join(problems))
 
 
 def test_ring_allgather_even_and_uneven(comm):
@@ -133,7 +133,7 @@ def test_ring_allgather_even_and_uneven(comm):
         if len(set(counts)) == 1 and SIZE > 1 and counts[0]:
             if t.calls[-1].bytes_received * SIZE != (SIZE - 1) * sum(counts) * 8:
                 problems.append(f"counts={counts}: received {t.calls[-1].bytes_received}, not (n-1)/n")
-    _util.assert_all(WORLD, not problems, "; ".join(problems))
+    util.assert_all(WORLD, not problems, "; ".join(problems))
 
 
 def test_recursive_doubling_allreduce(comm):
@@ -142,7 +142,7 @@ def test_recursive_doubling_allreduce(comm):
     with mpicoll.traffic() as t:
         mpicoll.allreduce(data(N), comm=comm, algorithm="recursive_doubling")
     want = expect(ctx, "allreduce", "recursive_doubling", 8, total=N)
-    _util.assert_all(WORLD, measured(t) == want, f"measured {measured(t)}, schedule {want}")
+    util.assert_all(WORLD, measured(t) == want, f"measured {measured(t)}, schedule {want}")
 
 
 def test_totals_per_collective_and_gather(comm):
@@ -231,4 +231,4 @@ def test_every_algorithm_counts_its_schedule(comm, collective):
                 problems.append(f"bruck: {call.send_steps} send steps, not ceil(log2 n)")
             if WORLD.allreduce(call.bytes_sent) != WORLD.allreduce(call.bytes_received):
                 problems.append(f"{algo}: bytes sent and received differ over the ranks")
-    _util.assert_all(WORLD, not problems, "; ".join(problems))
+    util.assert_all(WORLD, not problems, "; ".join(problems))

@@ -16,10 +16,10 @@ import shutil
 import tempfile
 import warnings
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 import mpicoll
 from mpicoll.engine import context as _context
@@ -84,7 +84,7 @@ def test_mpi_identity_of_both_libraries():
 
 @pytest.mark.local
 def test_default_path_is_in_the_cache_dir(monkeypatch, tmp_path):
-    _util.env_options(monkeypatch).setenv("XDG_CACHE_HOME", str(tmp_path))
+    util.env_options(monkeypatch).setenv("XDG_CACHE_HOME", str(tmp_path))
     path = _tuning.default_path(_tuning.mpi_identity(MPICH))
     assert path == str(tmp_path / "mpicoll" / "tuning-mpich-5.0.2.json")
 
@@ -625,7 +625,7 @@ def test_the_cluster_table_sets_the_model_beside_the_runs(tmp_path, capsys):
     import importlib.util
 
     from mpicoll.tools import costmodel
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster", "across_nodes.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster", "across_nodes.py")
     spec = importlib.util.spec_from_file_location("across_nodes", path)
     across = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(across)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import functools
 import time
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 from support.data import rank_data
 
 import mpicoll
@@ -187,7 +187,7 @@ def test_skipped_call_times_out_on_the_others(collective, algorithm):
             if exc.step is None and algorithm != "ring" and "round" not in msg and "step" not in msg:
                 problem += "neither step nor round named; "
     peers = WORLD.allgather(None if exc is None else exc.peer)
-    _util.assert_all(WORLD, not problem, problem)
+    util.assert_all(WORLD, not problem, problem)
     # somebody waits on the skipper itself
     assert SKIPPER in peers
 
@@ -200,7 +200,7 @@ def test_skipped_call_times_out_on_the_others(collective, algorithm):
         except mpicoll.MpicollError as e:
             if "communicator unusable" not in str(e) or f"#2 timed out on rank {RANK}" not in str(e):
                 refused = f"unexpected message: {e}"
-    _util.assert_all(WORLD, not refused, refused)
+    util.assert_all(WORLD, not refused, refused)
     _discard(comm)
     # and everything else still works
     y = mpicoll.allreduce(rank_data(10, RANK))
@@ -220,7 +220,7 @@ def test_skipped_call_times_out_in_the_check():
             problem = f"not the check phase: {exc}"
         elif not T <= elapsed <= T + MARGIN:
             problem = f"raised after {elapsed:.2f} s"
-    _util.assert_all(WORLD, not problem, problem)
+    util.assert_all(WORLD, not problem, problem)
     _discard(comm)
 
 
@@ -356,7 +356,7 @@ def test_healthy_transfer_longer_than_timeout(collective, algorithm):
         _discard(comm)  # (drop what the failed call left in flight)
     else:
         comm.Free()
-    _util.assert_all(WORLD, ok, f"{algorithm} {collective} under timeout={timeout:.2f} s "
+    util.assert_all(WORLD, ok, f"{algorithm} {collective} under timeout={timeout:.2f} s "
                                 f"(call took {elapsed:.2f} s): {exc or 'wrong result'}")
     if elapsed < 1.5 * timeout:  # (the same on every rank)
         pytest.skip(f"the call took {elapsed:.2f} s, under 1.5 times the timeout {timeout:.2f} s: "
@@ -395,7 +395,7 @@ def test_large_message_shows_progress_per_piece(monkeypatch):
     others_local = any(v for r, v in enumerate(local) if r != RANK)
     pieces = n * 8 // (_channel.LOCAL_PIECE_BYTES if others_local else _channel.PIECE_BYTES)
     ok = np.array_equal(y, ref_allreduce(x)) and len(events) >= pieces // _timeout.WINDOW
-    _util.assert_all(WORLD, ok, f"{len(events)} progress events for {pieces} pieces per message")
+    util.assert_all(WORLD, ok, f"{len(events)} progress events for {pieces} pieces per message")
     comm.Free()
 
 
@@ -422,7 +422,7 @@ def test_plan_does_not_run_after_a_timeout():
         except mpicoll.MpicollError as e:
             if "communicator unusable" not in str(e):
                 refused += f"unexpected message: {e}"
-    _util.assert_all(WORLD, not refused, refused)
+    util.assert_all(WORLD, not refused, refused)
     _discard(comm)
 
 
@@ -440,7 +440,7 @@ def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
     call(comm, x, out)  # call #2: keeps the plan
     call(comm, x, out)  # #3: runs from it
     np.testing.assert_array_equal(out, want)
-    checks = _util.spy(monkeypatch, _args, [collective])
+    checks = util.spy(monkeypatch, _args, [collective])
     exc, elapsed = _skip_one(comm, lambda c: call(c, x, out))
     problem = ""
     if RANK != SKIPPER:
@@ -459,7 +459,7 @@ def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
             if (exc.seq, exc.collective, exc.algorithm, exc.rank) != (4, collective, algorithm,
                                                                       RANK):
                 problem += f"attributes {exc.seq} {exc.collective} {exc.algorithm} {exc.rank}"
-    _util.assert_all(WORLD, not problem, problem)
+    util.assert_all(WORLD, not problem, problem)
     refused = ""
     if RANK != SKIPPER:
         try:
@@ -468,7 +468,7 @@ def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
         except mpicoll.MpicollError as e:
             if "communicator unusable" not in str(e):
                 refused = f"unexpected message: {e}"
-    _util.assert_all(WORLD, not refused, refused)
+    util.assert_all(WORLD, not refused, refused)
     _discard(comm)
 
 
