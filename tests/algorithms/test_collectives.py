@@ -13,8 +13,10 @@ The product is not a full cartesian one: every (type, op) at one count,
 every count at a few types, every communicator at one (type, op); in place
 and out of place alternate over the (count, algorithm) grid.
 Algorithms come from ``mpicoll.engine.select.ALGORITHMS``, so new ones are tested
-without touching this file.  Closed-form tests at the end check the
-machinery itself against values computed from rank and size alone.
+without touching this file.  Each algorithm's own function also runs on MPI
+directly (``util.algorithm_functions``), with 3-element segments and a window of 2.
+Closed-form tests at the end check the machinery itself against values
+computed from rank and size alone.
 """
 
 from __future__ import annotations
@@ -25,10 +27,16 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from support import util
+from support.data import rank_data
 
 import mpicoll
+from mpicoll.algorithms.ring import split
+from mpicoll.backends.host import NUMPY
 from mpicoll.engine import context as _context
+from mpicoll.engine import select as _select
+from mpicoll.tools import results as _results
 from mpicoll.tools import verify as V
+from mpicoll.transport.channel import Channel
 
 WORLD = MPI.COMM_WORLD
 SIZE = WORLD.Get_size()
@@ -184,6 +192,62 @@ def test_ring_with_many_small_segments(collective):
         util.check_cases(comm, results)
     finally:
         comm.Free()
+
+
+# ---------------------------------------------------------------------------
+# Every algorithm's function on MPI, with tiny segments
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_comm():
+    """A Dup of COMM_WORLD whose context uses 3-element segments and window 2."""
+    comm = WORLD.Dup()
+    ctx = _context.context(comm)
+    ctx.segment_bytes = 24
+    ctx.window = 2
+    yield comm
+    comm.Free()
+
+
+def _reference(comm, kind, x, counts=None):
+    """The checker's reference (mpicoll.tools.results): exact sums, gathers by MPI's built-in."""
+    if kind == "allgather":
+        return np.asarray(_results.reference_allgatherv(
+            comm, x, counts, [sum(counts[:r]) for r in range(comm.size)],
+            np.zeros(sum(counts), x.dtype)))
+    ref = _results.reference_allreduce(comm, x, MPI.SUM)
+    if kind == "reduce_scatter":
+        lo = sum(counts[:comm.rank])
+        ref = ref[lo:lo + counts[comm.rank]]
+    return ref
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collective", list(_select.ALGORITHMS))
+def test_every_algorithm_matches_mpi(tiny_comm, collective):
+    comm = tiny_comm
+    n, rank = comm.size, comm.rank
+    ctx = _context.context(comm)
+    for name, fn in util.algorithm_functions(collective).items():
+        for N in (0, 1, n + 1, 50, 1001):
+            for dtype in (np.int64, np.float32):
+                counts = split(N, n)[0]
+                displs = [sum(counts[:r]) for r in range(n)]
+                x = rank_data(N if collective != "allgather" else counts[rank], rank, dtype)
+                ch = Channel(ctx.comm, MPI._typedict[np.dtype(dtype).char])
+                red = NUMPY.reducer(MPI.SUM, ch.mpitype, "integer" if dtype == np.int64 else "floating")
+                if collective == "allreduce":
+                    out = np.empty_like(x)
+                    fn(ctx, ch, NUMPY, red, x, out)
+                elif collective == "reduce_scatter":
+                    out = np.empty(counts[rank], dtype)
+                    fn(ctx, ch, NUMPY, red, x, out, counts, displs)
+                else:
+                    out = np.empty(N, dtype)
+                    fn(ctx, ch, NUMPY, x, out, counts, displs)
+                ref = _reference(comm, collective, x, counts)
+                res = _results.compare(out, ref, None if collective == "allgather" else "SUM", n)
+                assert res.ok, f"{name} N={N} {np.dtype(dtype)}: {res.worst}"
 
 
 # ---------------------------------------------------------------------------

@@ -16,6 +16,11 @@ several segment/window tunings:
 * every message has a label whose count is its size;
 * broken variants of a builder are caught (so the checks can fail).
 
+Then what a call can select (``engine.select.BUILDERS``), on rendezvous transport
+alone, at 1-7 ranks, with ring orders and tunings of their own; the ring
+ReduceScatter's work memory bound; and the simulator's own catches (a deadlock,
+a buffer reused or read too early).
+
 Under an MPI launcher the cases are shared out over the ranks, so the file
 takes the same time at any -n.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import random
 import zlib
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 from support import schedsim as sim
@@ -464,3 +470,161 @@ def test_recursive_doubling_partners_alias_alike_and_copy_nothing():
             for new, reduces in pattern.items():
                 for k, how in enumerate(reduces):
                     assert pattern[new ^ (1 << k)][k] == how, (n, in_place, new, k)
+
+# ---------------------------------------------------------------------------------------
+# What a call can select: every builder of engine.select.BUILDERS on a strict network
+# ---------------------------------------------------------------------------------------
+# Rendezvous transport only, so a schedule that only works because MPI buffers small
+# messages deadlocks, and one that touches a buffer while a message is in flight on it
+# fails; 1-7 ranks, ring orders (the identity, reversed, a random one) and tunings.
+
+SELECTABLE_TUNINGS = [(1, 1), (1, 2), (3, 3), (1 << 17, 2)]  # (segment elements, window)
+
+
+def _rings(n, rng):
+    """Ring orders: the identity, reversed, and a random one."""
+    perm = list(range(n))
+    rng.shuffle(perm)
+    return [tuple(range(n)), tuple(range(n))[::-1], tuple(perm)]
+
+
+def _simulate(collective, cases):
+    """Run this rank's share of ``cases`` ((algorithm, n, counts, displs, length, in place,
+    ring order, tuning, op)) on the schedule simulator, rendezvous transport."""
+    for name, n, counts, displs, length, in_place, order, tuning, op in util.share(cases):
+        sim.run_case(collective, _select.BUILDERS[collective][name], n, counts, displs, length,
+                     in_place, "rendezvous", tuning, op, order)
+
+
+# --- AllReduce --------------------------------------------------------------
+
+def _allreduce_cases():
+    rng = random.Random(1)
+    cases = []
+    for name in _select.BUILDERS["allreduce"]:
+        for n in range(1, 8):
+            for N in sorted({0, 1, max(n - 1, 0), n, 2 * n + 1, 37}):
+                for order in _rings(n, rng)[: 3 if name == "ring" else 1]:
+                    for tuning in SELECTABLE_TUNINGS:
+                        cases.append((name, n, (N,), (0,), N, rng.random() < 0.5, order, tuning, "sum"))
+                if name in _select.ORDER_PRESERVING:
+                    for in_place in (False, True):
+                        cases.append((name, n, (N,), (0,), N, in_place, None, (1, 2), "affine"))
+    return cases
+
+
+@pytest.mark.timeout(300)
+def test_allreduce_simulated():
+    """Every selectable AllReduce, 1-7 ranks, ring orders and tunings, SUM and a
+    non-commutative op where the order is kept."""
+    _simulate("allreduce", _allreduce_cases())
+
+
+# --- ReduceScatter ----------------------------------------------------------
+
+def _reduce_scatter_cases():
+    rng = random.Random(2)
+    cases = []
+    for name in _select.BUILDERS["reduce_scatter"]:
+        for n in range(1, 8):
+            for counts in sim.count_patterns(n, rng)[:-1]:  # a thousand: test_schedule_matches_reference
+                displs = [sum(counts[:r]) for r in range(n)]
+                for order in _rings(n, rng)[: 3 if name == "ring" else 1]:
+                    for tuning in SELECTABLE_TUNINGS:
+                        cases.append((name, n, counts, displs, sum(counts), rng.random() < 0.5,
+                                      order, tuning, "sum"))
+                if name in _select.ORDER_PRESERVING:
+                    cases.append((name, n, counts, displs, sum(counts), rng.random() < 0.5, None,
+                                  (1, 2), "affine"))
+    return cases
+
+
+@pytest.mark.timeout(300)
+def test_reduce_scatter_simulated():
+    """Every selectable ReduceScatter, 1-7 ranks, the count patterns, ring orders, tunings."""
+    _simulate("reduce_scatter", _reduce_scatter_cases())
+
+
+# --- AllGather --------------------------------------------------------------
+
+def _allgather_cases():
+    rng = random.Random(3)
+    cases = []
+    for name in _select.BUILDERS["allgather"]:
+        for n in range(1, 8):
+            for counts in sim.count_patterns(n, rng)[:-1]:  # a thousand: test_schedule_matches_reference
+                packed = ([sum(counts[:r]) for r in range(n)], sum(counts))
+                for displs, length in (packed, sim.scattered(counts, rng)):
+                    for order in _rings(n, rng)[: 3 if name == "ring" else 1]:
+                        for tuning in SELECTABLE_TUNINGS[:3]:
+                            cases.append((name, n, counts, displs, length, rng.random() < 0.5,
+                                          order, tuning, "sum"))
+    return cases
+
+
+@pytest.mark.timeout(300)
+def test_allgather_simulated():
+    """Every selectable AllGather, 1-7 ranks, packed and scattered layouts, ring orders."""
+    _simulate("allgather", _allgather_cases())
+
+
+# --- bounded memory and the simulator itself ----------------------------------
+
+def test_ring_reduce_scatter_memory_is_bounded():
+    """Out of place, the ring ReduceScatter holds 2*window segments of work memory."""
+    n, per, seg, win = 4, 1000, 16, 2
+    build = _select.BUILDERS["reduce_scatter"]["ring"]
+    counts = [per] * n
+    res = sim.run_case("reduce_scatter", build, n, counts, [per * r for r in range(n)], per * n,
+                       False, "rendezvous", (seg, win))
+    assert res.dst(1).size == per
+    for r in range(n):
+        sh = sim.shape("reduce_scatter", n, r, counts=counts, segment=seg, window=win)
+        assert sum(build(sh).work.values()) == 2 * win * seg
+
+
+def test_harness_detects_deadlock_and_early_reuse():
+    """The simulator must catch a head-to-head blocking exchange and a reused send buffer."""
+    whole = Region(DST, 0, 4)
+
+    def head_to_head(r):
+        b = Builder()
+        b.wait(b.send(1 - r, whole))  # both ranks send first and wait: no receive posted
+        b.wait(b.recv(1 - r, whole))
+        return b.build(2)
+
+    def early_reuse(r):
+        b = Builder()
+        if r == 0:
+            h = b.send(1, whole)
+            b.copy(whole, Region(SRC, 0, 4))  # bug: the send has not completed
+            b.wait(h)
+        else:
+            b.wait(b.recv(0, whole))
+        return b.build(1)
+
+    def early_read(r):
+        b = Builder()
+        if r == 0:
+            b.wait(b.send(1, whole))
+        else:
+            h = b.recv(0, whole)
+            b.copy(Region(SRC, 0, 4), whole)  # bug: the receive has not completed
+            b.wait(h)
+        return b.build(1)
+
+    def run(make, alias=False):
+        bufs = [{SRC: np.ones(4), DST: np.zeros(4)} for _ in range(2)]
+        if alias:  # in place: SRC is DST's memory, which only addresses show
+            for b in bufs:
+                b[SRC] = b[DST]
+        sim.simulate([make(0), make(1)], bufs, np.add, "rendezvous")
+
+    with pytest.raises(sim.Deadlock):
+        run(head_to_head)
+    with pytest.raises(sim.ScheduleError, match="before it was waited"):
+        run(early_reuse)
+    with pytest.raises(sim.ScheduleError, match="touches memory of the Recv"):
+        run(early_read)
+    with pytest.raises(sim.ScheduleError, match="partially overlap|touches memory"):
+        run(early_read, alias=True)
