@@ -1,4 +1,4 @@
-"""Numerics on simulated ranks (tests/schedsim.py): float32 accumulation error to 512 ranks,
+"""Numerics on simulated ranks (tests/support/schedsim.py): float32 accumulation error to 512 ranks,
 the direct schedule's rank-order fold under every tuning.
 
 The composition engine.select runs for a 16-bit SUM (widen to float32, a

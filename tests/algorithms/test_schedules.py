@@ -421,7 +421,7 @@ def test_ring_diagram_reads_the_schedule():
 # --- readers of the schedules: traffic counts ------------------------------------------------
 
 def test_traffic_of_recursive_doubling_is_test_traffics_formula():
-    """sim.traffic() of a schedule gives what tests/test_traffic.py's hand formula expects."""
+    """sim.traffic() of a schedule gives what tests/tools/test_traffic.py's hand formula expects."""
     N, itemsize = 10, 8
     for n in range(1, 10):
         pof2 = 1 << (n.bit_length() - 1)

@@ -410,7 +410,7 @@ for entry, (_, good, _shape) in ARRAY_ENTRIES.items():
                                        lambda kw, fx: None))
     for label, exc, match, bad in _dtype_errors("x", n):
         add(f"{entry}: x {label}", array_case(entry, "x", exc, match, bad))
-    # any memory layout of x is valid (logical order): see tests/test_layouts.py
+    # any memory layout of x is valid (logical order): see tests/api/test_layouts.py
 
 # -- out of the array functions -------------------------------------------------------------
 for entry, (_, _good, shape) in ARRAY_ENTRIES.items():

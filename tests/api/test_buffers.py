@@ -511,11 +511,11 @@ def test_dlpack_bool_tensor():
 
 
 # With ml_dtypes installed, a DLPack bfloat16 (code 4) tensor is an ml_dtypes bfloat16
-# array instead (tests/test_numerics.py covers that path): these tests are of the
+# array instead (tests/algorithms/test_numerics.py covers that path): these tests are of the
 # bytes path taken without it.
 _BYTES_BF16 = pytest.mark.skipif(importlib.util.find_spec("ml_dtypes") is not None,
                                  reason="ml_dtypes installed: bfloat16 tensors are bfloat16 "
-                                        "arrays (tests/test_numerics.py)")
+                                        "arrays (tests/algorithms/test_numerics.py)")
 
 
 @pytest.mark.parametrize("dltype", [pytest.param((4, 16, 1), marks=_BYTES_BF16), (1, 8, 4),

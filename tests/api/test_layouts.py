@@ -1,11 +1,11 @@
-"""Memory layouts and in place by memory (issue 9 items 2 and 6).
+"""Memory layouts and in place by memory.
 
-Item 2: the array functions combine elements in *logical* order whatever each
+Layouts: the array functions combine elements in *logical* order whatever each
 rank's layout (C on one rank, Fortran or a strided view on another), and
 accept any layout for ``out``; ``mpicoll.Comm`` takes raw buffers as mpi4py
 does, so there the result must equal the built-in's on the same buffers.
 
-Item 6: ``out`` over exactly the memory of ``x`` is in place, whatever the
+In place by memory: ``out`` over exactly the memory of ``x`` is in place, whatever the
 objects (``array.array``, ``bytearray``, ``memoryview``); a partial overlap is
 a ValueError raised before any message.
 
@@ -70,7 +70,7 @@ def _op(is_bytes):
     return MPI.BXOR if is_bytes else MPI.SUM
 
 
-# --- item 2: the issue's reproduction ------------------------------------------------
+# --- layouts: a 2x3 array, C on one rank and Fortran on another --------------------
 
 def test_issue_2x3_c_on_one_rank_fortran_on_another():
     """Rank 0 C, rank 1 Fortran (then alternating): the logical sum on every rank."""
@@ -92,7 +92,7 @@ def test_fortran_x_with_out_empty_like():
     util.assert_all(WORLD, ok, f"got {out.tolist()}")
 
 
-# --- item 2: every combination of layouts, every algorithm ----------------------------
+# --- layouts: every combination, every algorithm -------------------------------------
 
 @pytest.mark.parametrize("algorithm", AR_ALGOS)
 @pytest.mark.parametrize("out_layout", ["new", "C", "F", "S", "in place"])
@@ -156,7 +156,7 @@ def test_allgather_mixed_layouts(algorithm, out_layout):
     util.assert_all(WORLD, ok, f"x {_my_layout(2)}, out {out_layout}: {np.asarray(got).tolist()}")
 
 
-# --- item 2: mpicoll.Comm moves raw memory, as mpi4py does ------------------------------
+# --- layouts: mpicoll.Comm moves raw memory, as mpi4py does ---------------------------
 
 def test_comm_methods_fortran_buffers_match_the_builtin():
     """Fortran-ordered buffers through mpicoll.Comm give the built-in's bytes."""
@@ -177,7 +177,7 @@ def test_comm_methods_fortran_buffers_match_the_builtin():
     util.assert_all(WORLD, not bad, f"differ from the built-in: {bad}")
 
 
-# --- item 6: in place by memory, whatever the buffer object ---------------------------
+# --- in place by memory, whatever the buffer object ----------------------------------
 
 def _kinds(n):
     """(name, x, out) for each buffer kind over n float64 values; out over exactly x's memory."""

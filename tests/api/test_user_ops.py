@@ -148,6 +148,6 @@ def test_user_op_explicit_datatype(add_op, label, code, T):
 
 
 def test_float16_sum_is_not_bit_patterns(add_op):
-    """The issue's case: 1.5 on every rank, summed by a user op, is 1.5 * size (not inf)."""
+    """1.5 on every rank, summed by a user op, is 1.5 * size (not inf: read as bit patterns)."""
     y = mpicoll.allreduce(np.full(3, 1.5, np.float16), op=add_op)
     util.assert_all(WORLD, np.array_equal(y, np.full(3, 1.5 * SIZE, np.float16)), f"{y}")

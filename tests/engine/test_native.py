@@ -1,6 +1,6 @@
 """The compiled hit (engine/_hit.c, engine.native): built, used, and the same as Python's.
 
-tests/test_plans.py runs every rule of a hit both ways (compiled and in
+tests/engine/test_plans.py runs every rule of a hit both ways (compiled and in
 Python); here: that the compiled one is really what a repeat runs where it
 can be built, that it hands every case it cannot prove to the Python repeat
 (an operation in flight, options changed, an equal but not identical

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.ranks(1, 2, 3)
 @pytest.fixture(autouse=True, params=["compiled", "python"])
 def hit_path(request):
     """Every rule twice: with the hit compiled (engine/_hit.c, the default where it
-    builds; tests/test_native.py proves it is used) and with the hit in Python."""
+    builds; tests/engine/test_native.py proves it is used) and with the hit in Python."""
     if request.param == "python":
         with mpicoll.options(native=False):
             yield request.param

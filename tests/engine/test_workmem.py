@@ -1,4 +1,4 @@
-"""Work memory: buffers owned by purpose never alias (issue 9 item 1), and are reused.
+"""Work memory: buffers owned by purpose never alias, and are reused.
 
 The ring ReduceScatter once numbered its work buffers by hand (receive slots
 0..window-1, send slots 110+k, the in-place staging buffer 120), so with a
@@ -41,7 +41,7 @@ def _tuned_dup(window, segment_bytes):
     return comm
 
 
-# --- the issue's reproductions ------------------------------------------------------
+# --- a window of 11 or more: send slot 110+10 was the staging buffer ----------------
 
 @pytest.mark.timeout(60)
 def test_in_place_ring_reduce_scatter_window_11():
@@ -78,7 +78,7 @@ def test_comm_reduce_scatter_block_in_place_large_window():
 
 @pytest.mark.timeout(120)
 # not 4: the ring's slots and pieces per block are the same at any count (blocks of
-# 2*window + 1 pieces, uneven at 3 as at 4); 3 is where issue 9 showed
+# 2*window + 1 pieces, uneven at 3 as at 4); 3 is where the aliasing showed
 @pytest.mark.ranks(1, 2, 3)
 def test_ring_every_window():
     """Ring ReduceScatter and AllReduce, in and out of place, windows 1-64, bitwise."""

@@ -189,7 +189,7 @@ def test_maps_parsing(tmp_path):
     assert _cuda._mapped_mpi_paths(str(tmp_path / "missing")) == []
 
 
-# -- Open MPI's "yes" checked against its other evidence (issue 11 item 3) ----------------
+# -- Open MPI's "yes" checked against its other evidence ---------------------------------
 
 UCX_NO_CUDA = ("/opt/ompi/lib/libmpi.so.40", "/opt/ucx/lib/libucp.so.0", "/opt/ucx/lib/libuct.so.0",
                "/opt/ucx/lib/ucx/libuct_ib.so.0")

@@ -1,6 +1,6 @@
 """Device arrays without a GPU: mpicoll's real device code on a fake CUDA runtime (see fakegpu).
 
-Runs under any number of ranks (``mpirun -n N python -m pytest tests/test_gpu_fake.py``).
+Runs under any number of ranks (``mpirun -n N python -m pytest tests/gpu/test_gpu_fake.py``).
 Both transports are covered: host staging (``cuda_aware=False``: pinned
 buffers, copy streams, events), per message or of the whole array once
 (small calls, see _devices.WholeStage), and direct (``cuda_aware=True``: the fake

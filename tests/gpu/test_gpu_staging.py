@@ -1,7 +1,7 @@
 """The staging pipeline on the fake GPU: copies and MPI progress together; AllGather
 forwarding; small calls staged whole; device-aware "auto".
 
-Issue 11, items 4, 5 and 6.  The fake runtime logs every copy and event wait and
+The fake runtime logs every copy and event wait and
 the recording channel every MPI call, so these tests check *how* the staging
 channel moves data, besides the results (test_gpu_fake checks those on every
 case).

@@ -62,7 +62,7 @@ CASES = [(c, a) for c in ("reduce_scatter", "allreduce", "allgather")
 @pytest.mark.parametrize("collective, algorithm", CASES)
 def test_alternating_streams(comm, transport, collective, algorithm, monkeypatch):
     """In-place calls on stream A, B, A, B of one communicator, inputs from queued producers,
-    results read only at the end: every result right (issue 11 item 1)."""
+    results read only at the end: every result right."""
     # staging per message, or the whole array once (see _devices.WholeStage)
     monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 1 << 30 if transport == "whole" else 0)
     be = fakegpu.fake_backend(compute="lazy", copies="lazy")

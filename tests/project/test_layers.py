@@ -1,6 +1,6 @@
 """The package layout: every layer imports only layers below it, every relative import resolves.
 
-Layers bottom up (issue 10, item 5): ``core``; ``backends`` and ``transport``
+Layers bottom up: ``core``; ``backends`` and ``transport``
 (side by side); ``algorithms``; ``observe``; ``engine``; ``api``; ``tools``;
 ``torch`` (the torch.distributed backend, on the public API) beside
 the package itself (``mpicoll/__init__.py`` and the thin

@@ -2,7 +2,7 @@
 
 Run under an MPI launcher at any rank count.  The expected figures of a call
 are read from the schedule its algorithm's builder gives for that call's
-shape (tests/schedsim.py's ``traffic``: the messages, bytes and labelled
+shape (tests/support/schedsim.py's ``traffic``: the messages, bytes and labelled
 steps of one rank), built here from the communicator's ring and the small
 segment the fixture sets -- so what the executor sends and what the counters
 report must both be what the schedule says.  Independent hand checks on
@@ -12,7 +12,7 @@ ring AllReduce      2(n-1) send steps; 2(n-1)N elements summed over ranks
 ring ReduceScatter  (n-1)/n of the data sent by every rank when blocks are even
 ring AllGather      (n-1)/n of the data received by every rank when even
 Bruck AllGather     ceil(log2 n) send steps
-(tests/test_schedules.py checks recursive doubling's schedule against its
+(tests/algorithms/test_schedules.py checks recursive doubling's schedule against its
 hand formula.)
 """
 

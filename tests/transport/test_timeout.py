@@ -5,7 +5,7 @@ within the timeout (plus a margin for a loaded machine), naming the call, the
 step and the peer waited on; the communicator is then refused.  A healthy
 collective under a timeout gives exactly the results it gives without one.
 Whole-job behaviour (the job ends, the message reaches stderr) is in
-tests/test_launch_timeout.py.
+tests/launch/test_launch_timeout.py.
 """
 
 from __future__ import annotations
