@@ -1,5 +1,6 @@
-"""conftest.py's --group selection and outcome files: each group keeps exactly its tests, says no
-to a bad name, and a run's per-rank outcome lines add up (tests/outcome.sh).
+"""conftest.py's --group selection, the matrix and the outcome files: each group keeps exactly
+its tests, says no to a bad name, the matrix (tests/matrix.sh) names only paths and tests that
+exist, and a run's per-rank outcome lines add up (tests/outcome.sh).
 
 Local tests: each starts one plain ``pytest`` (``--collect-only``, but for the outcome test), a
 singleton rank.
@@ -108,3 +109,47 @@ def test_each_ranks_outcome_file_counts_not_the_shared_log(tmp_path):
     # every rank finished clean, but the launcher failed: the run fails
     (tmp_path / "run.1").write_text(line)
     assert outcome(prefix, 2, 1) == [str(ran), "0", "0", "launcher exit status 1"]
+
+
+def matrix() -> list[tuple[str, str, str, list[str]]]:
+    """(matrix, group, ranks, arguments) of every row of tests/matrix.sh, read by its own reader."""
+    script = ('source tests/matrix.sh; for m in $(matrix_names); do for g in launch local mpi '
+              'verify torch; do matrix_rows "$m" "$g" | sed "s/^/$m $g|/"; done; done')
+    res = subprocess.run(["bash", "-c", script], cwd=TESTS.parent, capture_output=True, text=True,
+                         timeout=60, check=True)
+    rows = []
+    for line in res.stdout.splitlines():
+        head, ranks, args = line.split("|", 2)
+        name, group = head.split()
+        rows.append((name, group, ranks, args.split()))
+    return rows
+
+
+def test_the_matrix_names_only_paths_and_tests_that_exist():
+    """pytest ignores an --ignore or --deselect of a path that is not there: a file moved or a
+    test renamed would silently run where the matrix says it does not."""
+    rows = matrix()
+    assert {name for name, *_ in rows} >= {"openmpi", "mpich"}
+    for name, group, ranks, args in rows:
+        assert ranks == "-" if group in ("launch", "local") else ranks.replace(" ", "").isdigit(), \
+            (name, group, ranks)
+        if group == "verify":
+            continue
+        assert args and not args[0].startswith("-"), (name, group, args)  # the paths come first
+        for arg in args:
+            path = arg.split("=", 1)[1] if arg.startswith(("--ignore=", "--deselect=")) else arg
+            assert not path.startswith("-"), (name, group, arg)
+            file, _, test = path.partition("::")
+            assert (TESTS.parent / file).exists(), (name, group, arg)
+            if test:
+                assert f"def {test}(" in (TESTS.parent / file).read_text(), (name, group, arg)
+
+
+def test_the_readme_shows_the_matrix():
+    """tests/README.md's copy of the table is the table."""
+    res = subprocess.run(["bash", "-c", 'source tests/matrix.sh && printf "%s" "$MATRIX"'],
+                         cwd=TESTS.parent, capture_output=True, text=True, timeout=60, check=True)
+    readme = (TESTS / "README.md").read_text()
+    shown = readme.split("## The matrix", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    assert shown.strip("\n") == res.stdout.strip("\n")
+
