@@ -171,8 +171,13 @@ def _nothing_selected(path: Path, wanted, size: int) -> bool:
 def pytest_ignore_collect(collection_path: Path, config):
     """Leave tests/launch/ to the plain pytest run (its tests start mpirun themselves);
     with ``--group``, skip files none of whose tests the run would keep."""
-    if _in(LAUNCH_DIR, collection_path) and util.under_launcher():
-        return True
+    if _in(LAUNCH_DIR, collection_path):
+        if util.under_launcher():
+            return True
+    elif collection_path.name.startswith("test_launch_"):
+        # its tests would run in the mpi group, starting mpirun under mpirun
+        raise pytest.UsageError(f"{collection_path}: a test file that starts mpirun goes in "
+                                f"{LAUNCH_DIR}")
     wanted = [g for g in config.getoption("--group").split(",") if g]
     if wanted and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
         if _nothing_selected(collection_path, wanted, MPI.COMM_WORLD.Get_size()):
