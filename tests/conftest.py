@@ -4,7 +4,8 @@ Run the MPI tests under a launcher at any rank count::
 
     mpirun -n 4 python -m pytest tests/
 
-or the whole suite, each group where it means something, with ``bash tests/run_tests.sh``.
+or the whole suite, each group where it means something, with ``bash tests/run_tests.sh``
+(``tests/matrix.sh`` says which groups it runs, under which MPI, at which rank counts).
 
 Groups (what a test needs; ``--group`` selects them, ``tests/README.md`` has the table):
 
@@ -13,32 +14,32 @@ Groups (what a test needs; ``--group`` selects them, ``tests/README.md`` has the
     Mark with ``pytest.mark.local`` (a test, or ``pytestmark`` for a file).
     run_tests.sh runs them once per MPI with plain pytest (one singleton rank).
 ``mpi``
-    Everything else outside ``test_launch_*.py``: run under the launcher at
-    the rank counts of its ``pytest.mark.ranks(...)`` marker, default
-    :data:`ALL_RANKS` (1-5).  Give a test fewer counts only where its
+    Everything else outside ``tests/launch/`` and ``tests/torch/``: run under
+    the launcher at the rank counts of its ``pytest.mark.ranks(...)`` marker,
+    default :data:`ALL_RANKS` (1-5).  Give a test fewer counts only where its
     outcome cannot change between the counts left out (say why beside
     the marker): 1 is the trivial path, 2 and 4 powers of two, 3 and 5 not.
 ``launch``
-    ``tests/test_launch_*.py``: they start ``mpirun`` themselves, so they run
+    ``tests/launch/``: they start ``mpirun`` themselves, so they run
     under plain pytest only (left out under a launcher).
 ``torch``
-    ``tests/torch/``: the torch.distributed backend, under the launcher at 2
-    and 3 ranks in a venv with torch (``.ci/run``'s torch section); skipped
-    without torch, left out of the other groups.
+    ``tests/torch/``: the torch.distributed backend, under the launcher in a
+    venv with torch (``.ci/run``'s torch section); skipped without torch,
+    left out of the other groups.
 
-Without ``--group`` (a run by hand) every test collected runs, at any rank
-count, as before: the markers only select in ``--group`` runs.  A new test
-file goes in tests/ as ``test_*.py``; mark it ``local`` if it needs no peer,
-``ranks(...)`` if only some counts can fail it, nothing otherwise.
+The group follows from the folder (launch, torch) and the ``local`` marker,
+whichever folder of ``tests/`` the file is in.  Without ``--group`` (a run by
+hand) every test collected runs, at any rank count: the markers only select in
+``--group`` runs.  Where a new test file goes: ``tests/README.md``.
 
 * The header names the MPI library, mpi4py/NumPy, the rank count and the
   array backends.
-* ``tests/test_launch_*.py`` start ``mpirun`` themselves: they are not
-  collected under an MPI launcher, only by a plain ``pytest`` run.
-* The ``comms`` fixture holds the communicators of :data:`_util.COMM_KINDS`
+* The ``comms`` fixture holds the communicators of :data:`util.COMM_KINDS`
   (created once, freed at the end of the session).
 * With ``MPICOLL_TEST_SUMMARY=PREFIX`` each rank writes its outcome counts
-  to ``PREFIX.<rank>`` (``tests/run_tests.sh`` adds them up).
+  to ``PREFIX.<rank>`` (``tests/run_tests.sh`` adds them up); with
+  ``MPICOLL_TEST_IDS=FILE`` rank 0 writes the IDs of the tests the run keeps
+  to ``FILE``, one a line (``run_tests.sh --collect``).
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ import os
 import re
 from pathlib import Path
 
-import _util
 import numpy as np
 import pytest
 from mpi4py import MPI
+from support import util
 
 
 def _cupy_status() -> str:
@@ -75,14 +76,22 @@ def pytest_report_header(config):
         f"MPI: {lib} (MPI standard {major}.{minor})",
         f"mpi4py {mpi4py.__version__}, numpy {np.__version__}, "
         f"ranks {MPI.COMM_WORLD.Get_size()} (this is rank {MPI.COMM_WORLD.Get_rank()})"
-        + (", under an MPI launcher" if _util.under_launcher() else ", no MPI launcher"),
+        + (", under an MPI launcher" if util.under_launcher() else ", no MPI launcher"),
         f"array backends: numpy yes, {_cupy_status()}",
     ]
 
 
 ALL_RANKS = (1, 2, 3, 4, 5)
 GROUPS = ("local", "mpi", "launch", "torch")
-TORCH_DIR = Path(__file__).resolve().parent / "torch"
+TESTS_DIR = Path(__file__).resolve().parent
+TORCH_DIR = TESTS_DIR / "torch"
+LAUNCH_DIR = TESTS_DIR / "launch"
+
+
+def _in(folder: Path, path: Path) -> bool:
+    """Whether ``path`` is ``folder`` or inside it."""
+    path = path.resolve()
+    return path == folder or folder in path.parents
 
 
 def pytest_addoption(parser):
@@ -104,9 +113,9 @@ def pytest_configure(config):
 
 def group_of(item) -> str:
     """The group of a collected test: launch, local, mpi or torch."""
-    if TORCH_DIR in item.path.parents:
+    if _in(TORCH_DIR, item.path):
         return "torch"
-    if item.path.name.startswith("test_launch_"):
+    if _in(LAUNCH_DIR, item.path):
         return "launch"
     return "local" if item.get_closest_marker("local") else "mpi"
 
@@ -144,11 +153,11 @@ def _nothing_selected(path: Path, wanted, size: int) -> bool:
     this rank count and no test has a ``ranks`` of its own, for mpi), so
     the run does not import and collect it for nothing.
     """
-    if TORCH_DIR in path.resolve().parents:
+    if _in(TORCH_DIR, path):
         return "torch" not in wanted
     if wanted == ["torch"]:
         return True
-    if path.name.startswith("test_launch_"):
+    if _in(LAUNCH_DIR, path):
         return "launch" not in wanted
     text = path.read_text(encoding="utf-8", errors="replace")
     if "mpi" not in wanted:
@@ -160,10 +169,15 @@ def _nothing_selected(path: Path, wanted, size: int) -> bool:
 
 
 def pytest_ignore_collect(collection_path: Path, config):
-    """Leave tests/test_launch_*.py to the plain pytest run (they start mpirun themselves);
+    """Leave tests/launch/ to the plain pytest run (its tests start mpirun themselves);
     with ``--group``, skip files none of whose tests the run would keep."""
-    if collection_path.name.startswith("test_launch_") and _util.under_launcher():
-        return True
+    if _in(LAUNCH_DIR, collection_path):
+        if util.under_launcher():
+            return True
+    elif collection_path.name.startswith("test_launch_"):
+        # its tests would run in the mpi group, starting mpirun under mpirun
+        raise pytest.UsageError(f"{collection_path}: a test file that starts mpirun goes in "
+                                f"{LAUNCH_DIR}")
     wanted = [g for g in config.getoption("--group").split(",") if g]
     if wanted and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
         if _nothing_selected(collection_path, wanted, MPI.COMM_WORLD.Get_size()):
@@ -171,12 +185,20 @@ def pytest_ignore_collect(collection_path: Path, config):
     return None
 
 
+def pytest_collection_finish(session):
+    """With ``MPICOLL_TEST_IDS=FILE``: rank 0 writes the IDs of the tests this run keeps."""
+    path = os.environ.get("MPICOLL_TEST_IDS")
+    if path and MPI.COMM_WORLD.Get_rank() == 0:
+        with open(path, "w") as f:
+            f.writelines(f"{item.nodeid}\n" for item in session.items)
+
+
 @pytest.fixture(scope="session")
 def comms():
-    """Communicators by kind (see :func:`_util.make_comms`); collective on first use."""
-    made = _util.make_comms(MPI.COMM_WORLD)
+    """Communicators by kind (see :func:`util.make_comms`); collective on first use."""
+    made = util.make_comms(MPI.COMM_WORLD)
     yield made
-    _util.free_comms(made)
+    util.free_comms(made)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # Run mpicoll's whole test suite with the python and MPI launcher on PATH.
 #
-#   bash tests/run_tests.sh [--mpi openmpi|mpich] [--quick]
+#   bash tests/run_tests.sh [--mpi openmpi|mpich] [--matrix NAME] [--quick] [--collect DIR]
 #
-# Each group of tests where it means something (tests/README.md has the table):
-# 1. launch: plain pytest, --group launch: tests/test_launch_*.py, which start
-#    mpirun themselves (not with --quick);
-# 2. local: plain pytest, --group local: the tests that need no peer (marked
-#    local);
-# 3. mpi: pytest under the MPI launcher at 1, 2, 3, 4 and 5 ranks (--quick: 2
-#    and 3), --group mpi: each test only at the rank counts of its
-#    pytest.mark.ranks (default: all five);
-# 4. verify: mpirun -n 4 python -m mpicoll.verify --quick.
-# local and then mpi at 1 rank run in the background, beside launch and then
-# verify (the machine's other core); their output is printed when they are done.
-# (The two sides are about even: Open MPI 54 + 17 s against 58 + 13 s, MPICH
-# 13 + 13 s against 15 + 17 s; with np1 after launch the launch side was the
-# longer by 17 s, resp. 19 s.)
+# The runs are the rows of tests/matrix.sh for the MPI library found (or --matrix NAME:
+# `--matrix openmpi` is the full matrix, every test at every rank count its marker
+# names, also under MPICH); tests/README.md explains the groups:
+# 1. launch: plain pytest, --group launch: tests/launch/, whose tests start mpirun
+#    themselves (not with --quick);
+# 2. local: plain pytest, --group local: the tests that need no peer (marked local);
+# 3. mpi: pytest under the MPI launcher at each rank count of the matrix (--quick: 2
+#    and 3), --group mpi: each test only at the rank counts of its pytest.mark.ranks
+#    (default: all five);
+# 4. verify: python -m mpicoll.verify under the launcher.
+# The torch rows are .ci/run's (they need a venv with torch).  Without --quick, local
+# and then mpi at 1 rank run in the background, beside launch and then verify (the
+# machine's other core: the two sides take about as long); their output is printed
+# when they are done.
 #
 # Every run is under an outer `timeout`; each test under pytest-timeout (thread
 # method: a rank stuck inside MPI is killed and the launcher ends the job).
@@ -25,23 +25,32 @@
 # summed over all runs (verify counts as one test); the exit status is 0 only
 # if nothing failed.  pytest's "no tests collected" (exit 5) counts as 0 tests.
 #
+# --collect DIR: run nothing; write the IDs of the tests each pytest run of the matrix
+# (torch rows included: put torch on PYTHONPATH) would run to DIR/<run>.txt, one a line
+# (tests/check_ids.py compares two such folders).
+#
 # Environment: PYTHON (default: python), MPICOLL_RUN_TIMEOUT (seconds per run,
 # default 600), MPICOLL_TEST_TIMEOUT (seconds per test without a timeout mark, default 120),
 # MPICOLL_TEST_ARGS (extra pytest arguments, e.g. "-k allreduce"), MPICOLL_TEST_JUNIT
 # (a directory: rank 0 of each run writes <run>.xml there, for a per-test record),
-# MPICOLL_TEST_RANKS (the mpi runs' rank counts, e.g. "1 2 3 4"; default 1-5, --quick 2 3),
-# MPICOLL_TEST_PATHS_NP<n> (the test paths of the mpi run at n ranks, word-split; default
-# tests: e.g. MPICOLL_TEST_PATHS_NP4="tests/test_timeout.py").
+# MPICOLL_TEST_RANKS (the mpi runs' rank counts, e.g. "1 2 3 4"; default: the matrix's;
+# a count the matrix has no row for runs the paths of its first mpi row).
 set -u -o pipefail
 
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 flavour=""
+matrix=""
+collect=""
 quick=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --mpi) flavour="${2:-}"; shift 2 ;;
         --mpi=*) flavour="${1#--mpi=}"; shift ;;
+        --matrix) matrix="${2:-}"; shift 2 ;;
+        --matrix=*) matrix="${1#--matrix=}"; shift ;;
+        --collect) collect="${2:-}"; shift 2 ;;
+        --collect=*) collect="${1#--collect=}"; shift ;;
         --quick) quick=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "run_tests.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -89,7 +98,36 @@ if [ "$flavour" = openmpi ]; then
     fi
 fi
 
-if [ "$quick" = 1 ]; then ranks=(2 3); else ranks=(1 2 3 4 5); fi
+# The runs: the rows of tests/matrix.sh for this MPI (or --matrix NAME).
+# shellcheck source=tests/matrix.sh
+source tests/matrix.sh
+matrix=${matrix:-$flavour}
+matrix_names | grep -qx -- "$matrix" \
+    || { echo "run_tests.sh: --matrix: expected one of $(matrix_names | paste -s -d ' '), got '$matrix'" >&2; exit 2; }
+has_row() { [ -n "$(matrix_rows "$matrix" "$1")" ]; }  # has_row GROUP
+read -r -a launch_args <<<"$(matrix_rows "$matrix" launch | head -n 1 | cut -d '|' -f 2-)"
+read -r -a local_args <<<"$(matrix_rows "$matrix" local | head -n 1 | cut -d '|' -f 2-)"
+mapfile -t verify_rows < <(matrix_rows "$matrix" verify)
+mapfile -t mpi_rows < <(matrix_rows "$matrix" mpi)
+# mpi_args N: the pytest paths and arguments of the mpi run at N ranks: those of the row
+# that lists N, else of the first mpi row
+mpi_args() {
+    local row
+    for row in ${mpi_rows[@]+"${mpi_rows[@]}"}; do
+        if [[ " ${row%%|*} " == *" $1 "* ]]; then echo "${row#*|}"; return; fi
+    done
+    row=${mpi_rows[0]:-|tests}
+    echo "${row#*|}"
+}
+ranks=()
+if [ "$quick" = 1 ]; then
+    ranks=(2 3)
+else
+    for row in ${mpi_rows[@]+"${mpi_rows[@]}"}; do
+        for n in ${row%%|*}; do ranks+=("$n"); done
+    done
+    [ ${#ranks[@]} = 0 ] || mapfile -t ranks < <(printf '%s\n' "${ranks[@]}" | sort -n -u)
+fi
 if [ -n "${MPICOLL_TEST_RANKS:-}" ]; then
     # shellcheck disable=SC2206  # a list of numbers
     ranks=($MPICOLL_TEST_RANKS)
@@ -118,25 +156,22 @@ pytest_opts=(-p no:cacheprovider --timeout="$TEST_TIMEOUT" --timeout-method=thre
 # shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
 extra=(${MPICOLL_TEST_ARGS:-})
 
-# the test paths of the mpi run at $1 ranks (MPICOLL_TEST_PATHS_NP$1, else tests)
-paths_of() {
-    local var="MPICOLL_TEST_PATHS_NP$1"
-    echo "${!var:-tests}"
-}
-
 total_passed=0
 total_failed=0
 summary=()
 status=0
 
 echo "mpicoll tests: $library ($flavour), launcher $launcher, python $(command -v "$PY")"
-if [ "$quick" = 1 ]; then
-    echo "runs: plain pytest (local), pytest at ${ranks[*]} rank(s) (mpi), verify at 4 ranks"
+echo "matrix: $matrix (tests/matrix.sh)"
+one=0 rest=()
+for n in ${ranks[@]+"${ranks[@]}"}; do if [ "$n" = 1 ]; then one=1; else rest+=("$n"); fi; done
+if [ -n "$collect" ]; then
+    echo "collecting the IDs of every pytest run into $collect"
+elif [ "$quick" = 1 ]; then
+    echo "runs: plain pytest (local), pytest at ${ranks[*]} rank(s) (mpi), verify"
 else
     # the mpi run at 1 rank, where asked for, and verify run after launch, beside local (below)
-    one=0 rest=()
-    for n in "${ranks[@]}"; do if [ "$n" = 1 ]; then one=1; else rest+=("$n"); fi; done
-    echo "runs: plain pytest (launch$([ "$one" = 1 ] && echo ", then pytest at 1 rank (mpi)"), then verify at 4 ranks;"
+    echo "runs: plain pytest (launch$([ "$one" = 1 ] && echo ", then pytest at 1 rank (mpi)"), then verify;"
     echo "      beside them plain pytest (local)), pytest at ${rest[*]:-no other} rank(s) (mpi)"
 fi
 
@@ -201,13 +236,14 @@ run_pytest() {  # run_pytest LABEL NRANKS PYTEST-ARGS...: start_pytest, then acc
     account "$1" "$2"
 }
 
-# verify: mpicoll.verify --quick at 4 ranks against MPI's built-ins (counts as one test)
+# run_verify NRANKS ARGS...: python -m mpicoll.verify ARGS against MPI's built-ins (counts
+# as one test)
 run_verify() {
-    local start rc
+    local nranks=$1 start rc; shift
     echo
-    echo "=== verify: $launcher -n 4 $PY -m mpicoll.verify --quick ==="
+    echo "=== verify: $launcher -n $nranks $PY -m mpicoll.verify $* ==="
     start=$(date +%s)
-    timeout -k 10 "$RUN_TIMEOUT" "$launcher" -n 4 "${launch_opts[@]}" "$PY" -m mpicoll.verify --quick \
+    timeout -k 10 "$RUN_TIMEOUT" "$launcher" -n "$nranks" "${launch_opts[@]}" "$PY" -m mpicoll.verify "$@" \
         >"$logdir/verify.log" 2>&1
     rc=$?
     # the table has hundreds of rows: show the header, anything not ok, and the verdict
@@ -223,40 +259,84 @@ run_verify() {
     fi
 }
 
+run_verifies() {  # every verify row of the matrix
+    local row args
+    for row in ${verify_rows[@]+"${verify_rows[@]}"}; do
+        read -r -a args <<<"${row#*|}"
+        run_verify "${row%%|*}" ${args[@]+"${args[@]}"}
+    done
+}
+
+# collect_ids LABEL NRANKS (0: plain pytest) PYTEST-ARGS...: the IDs of the tests one run
+# would run, to $collect/LABEL.txt (conftest.py writes them, rank 0 of the run)
+collect_ids() {
+    local label=$1 nranks=$2 rc; shift 2
+    local cmd=("$PY" -m pytest -p no:cacheprovider --collect-only -q "$@")
+    [ "$nranks" = 0 ] || cmd=("$launcher" -n "$nranks" "${launch_opts[@]}" "${cmd[@]}")
+    rm -f "$collect/$label.txt"
+    MPICOLL_TEST_IDS=$collect/$label.txt timeout -k 10 "$RUN_TIMEOUT" "${cmd[@]}" >"$logdir/$label.log" 2>&1
+    rc=$?
+    if { [ "$rc" = 0 ] || [ "$rc" = 5 ]; } && [ -e "$collect/$label.txt" ]; then
+        printf '%-12s %5d tests\n' "$label" "$(wc -l <"$collect/$label.txt")"
+    else
+        status=1
+        echo "$label: the collection failed (exit status $rc):"
+        tail -n 30 "$logdir/$label.log"
+    fi
+}
+
+if [ -n "$collect" ]; then
+    mkdir -p "$collect" || exit 2
+    collect=$(cd "$collect" && pwd)
+    ! has_row launch || collect_ids launch 0 --group launch "${launch_args[@]}" ${extra[@]+"${extra[@]}"}
+    ! has_row local || collect_ids local 0 --group local "${local_args[@]}" ${extra[@]+"${extra[@]}"}
+    for n in ${ranks[@]+"${ranks[@]}"}; do
+        # shellcheck disable=SC2046  # word splitting of the paths is intended
+        collect_ids "np$n" "$n" --group mpi $(mpi_args "$n") ${extra[@]+"${extra[@]}"}
+    done
+    while IFS='|' read -r counts args; do
+        for n in $counts; do
+            # shellcheck disable=SC2086  # word splitting of the paths is intended
+            collect_ids "torch-np$n" "$n" --group torch $args ${extra[@]+"${extra[@]}"}
+        done
+    done < <(matrix_rows "$matrix" torch)
+    exit "$status"
+fi
+
 if [ "$quick" = 1 ]; then
-    run_pytest local 0 --group local tests ${extra[@]+"${extra[@]}"}
+    ! has_row local || run_pytest local 0 --group local "${local_args[@]}" ${extra[@]+"${extra[@]}"}
 else
     # local (the tests that need no peer) and then np1 in the background, beside the
     # launch tests and then verify: one core each on a two-core machine.  Their output
     # goes to a file, printed once they are done; each is under its own outer timeout
     # like any run.
     (
-        start_pytest local 0 --group local tests ${extra[@]+"${extra[@]}"}
+        ! has_row local || start_pytest local 0 --group local "${local_args[@]}" ${extra[@]+"${extra[@]}"}
         # shellcheck disable=SC2046  # word splitting of the paths is intended
-        [ "$one" = 0 ] || start_pytest np1 1 --group mpi $(paths_of 1) ${extra[@]+"${extra[@]}"}
+        [ "$one" = 0 ] || start_pytest np1 1 --group mpi $(mpi_args 1) ${extra[@]+"${extra[@]}"}
     ) >"$logdir/beside.out" 2>&1 &
     beside=$!
-    run_pytest launch 0 --group launch tests ${extra[@]+"${extra[@]}"}
-    run_verify
+    ! has_row launch || run_pytest launch 0 --group launch "${launch_args[@]}" ${extra[@]+"${extra[@]}"}
+    run_verifies
     wait "$beside"
     beside=""
     echo
     echo "=== (beside launch and verify: local$([ "$one" = 1 ] && echo ", then np1")) ==="
     cat "$logdir/beside.out"
-    account local 0
+    ! has_row local || account local 0
     [ "$one" = 0 ] || account np1 1
 fi
 
-for n in "${ranks[@]}"; do
+for n in ${ranks[@]+"${ranks[@]}"}; do
     [ "$n" = 1 ] && [ "$quick" = 0 ] && continue  # (ran beside launch)
     # shellcheck disable=SC2046  # word splitting of the paths is intended
-    run_pytest "np$n" "$n" --group mpi $(paths_of "$n") ${extra[@]+"${extra[@]}"}
+    run_pytest "np$n" "$n" --group mpi $(mpi_args "$n") ${extra[@]+"${extra[@]}"}
 done
 
-[ "$quick" = 1 ] && run_verify  # (otherwise it ran beside local)
+[ "$quick" = 1 ] && run_verifies  # (otherwise they ran beside local)
 
 echo
-echo "=== summary ($library) ==="
+echo "=== summary ($library, matrix $matrix) ==="
 printf '%s\n' "${summary[@]}"
 echo "$total_passed passed, $total_failed failed"
 exit "$status"

@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import gpucases
+from support import gpucases
 
 import mpicoll
 from mpicoll.algorithms.ring import split

@@ -50,7 +50,7 @@ are seen for what they are.
 
 :func:`traffic` counts a single schedule's messages, bytes and steps the way
 :mod:`mpicoll.observe.traffic` reports a call (``measured()`` in
-tests/test_traffic.py).
+tests/tools/test_traffic.py).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def traffic(schedule: Schedule, itemsize: int = 1) -> Counts:
 
     Steps are the distinct ``label.step`` of the messages in each direction
     (None when a message has no label), as ``mpicoll.traffic()`` counts them;
-    ``traffic(s, itemsize)[:5]`` is what tests/test_traffic.py's ``measured()``
+    ``traffic(s, itemsize)[:5]`` is what tests/tools/test_traffic.py's ``measured()``
     reads from a call.
     """
     sends, recvs = schedule.sends(), schedule.recvs()

@@ -34,8 +34,8 @@ import time
 import pytest
 
 dist = pytest.importorskip("torch.distributed")
-import _util  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from support import util  # noqa: E402
 
 SHORT = 3.0     # the group's timeout in the timeout cases (seconds)
 LONG = 120.0    # the group's timeout in bad_input: nothing may wait for it
@@ -79,14 +79,14 @@ def _run(tmp_path, case, n):
     script = tmp_path / f"fail_{case}.py"
     script.write_text(SCRIPT.replace("{sleep}", str(SLEEP)))
     seconds = LONG if case == "bad_input" else SHORT
-    cmd, env = _util.mpirun_cmd(n, [script, case, seconds])
+    cmd, env = util.mpirun_cmd(n, [script, case, seconds])
     for name in list(env):
         if name.startswith(_LAUNCHER_PREFIXES) and not name.startswith("OMPI_ALLOW_RUN_AS_ROOT"):
             del env[name]
     env.pop("MPICOLL_TORCH_ON_ERROR", None)  # the default
     env.pop("MPICOLL_TIMEOUT", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(_util.ROOT), env.get("PYTHONPATH", "")])
-    res = _util.run_job(cmd, env, LIMIT)
+    env["PYTHONPATH"] = os.pathsep.join([str(util.ROOT), env.get("PYTHONPATH", "")])
+    res = util.run_job(cmd, env, LIMIT)
     return res, time.time(), seconds
 
 

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 dist = pytest.importorskip("torch.distributed")
-import _util  # noqa: E402
 import torch  # noqa: E402
+from support import util  # noqa: E402
 
 from mpicoll.api import args as _args  # noqa: E402
 from mpicoll.api import arrays as _arrays  # noqa: E402
@@ -30,7 +30,7 @@ def untimed(groups):
 def test_a_repeated_all_reduce_is_validated_once(groups, untimed, monkeypatch):
     g = groups
     t = torch.full((100,), float(g.rank))
-    calls = _util.spy(monkeypatch, _arrays, ["_istart"], _util.spy(monkeypatch, _args, ["allreduce"]))
+    calls = util.spy(monkeypatch, _arrays, ["_istart"], util.spy(monkeypatch, _args, ["allreduce"]))
     for i in range(5):
         t.fill_(g.rank + i)
         dist.all_reduce(t, group=untimed)

@@ -1,0 +1,100 @@
+"""Choosing the algorithm and its pipelining parameters: the table "auto" follows, the overrides.
+
+``MPICOLL_SEGMENT_BYTES`` and ``MPICOLL_WINDOW`` are parsed (and refused) as
+documented and read once, when a communicator's context is made; "auto" follows
+``engine.select.THRESHOLDS`` (a power-of-two rank count or not), keeps a
+non-commutative op on an order-preserving algorithm, and the ``algorithm``
+option (``MPICOLL_ALGORITHM``) replaces "auto" only where it applies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpicoll.engine import context as _context
+from mpicoll.engine import select as _select
+
+WORLD = MPI.COMM_WORLD
+
+
+# --- pipelining parameters ----------------------------------------------------
+
+@pytest.mark.local
+def test_tuning_from_environment():
+    from mpicoll.core.config import parse_bytes, read_environment
+
+    defaults = read_environment({})
+    assert (defaults["segment_bytes"], defaults["window"]) == (1 << 20, 2)
+    got = read_environment({"MPICOLL_SEGMENT_BYTES": "64K", "MPICOLL_WINDOW": "3"})
+    assert (got["segment_bytes"], got["window"]) == (65536, 3)
+    got = read_environment({"MPICOLL_SEGMENT_BYTES": " 2MiB ", "MPICOLL_WINDOW": ""})
+    assert (got["segment_bytes"], got["window"]) == (2 << 20, 2)
+    assert parse_bytes("4096", "x") == 4096 and parse_bytes("1g", "x") == 1 << 30
+    for bad in ({"MPICOLL_SEGMENT_BYTES": "0"}, {"MPICOLL_SEGMENT_BYTES": "1.5M"},
+                {"MPICOLL_SEGMENT_BYTES": "big"}):
+        with pytest.raises(ValueError, match="MPICOLL_SEGMENT_BYTES"):
+            read_environment(bad)
+    for bad in ("0", "65", "two"):
+        with pytest.raises(ValueError, match="MPICOLL_WINDOW"):
+            read_environment({"MPICOLL_WINDOW": bad})
+    read_environment()
+
+
+@pytest.mark.timeout(60)
+def test_context_reads_tuning_once(monkeypatch):
+    monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "8K")
+    monkeypatch.setenv("MPICOLL_WINDOW", "3")
+    comm = WORLD.Dup()
+    try:
+        ctx = _context.context(comm)
+        assert (ctx.segment_bytes, ctx.window) == (8192, 3)
+        monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "1M")  # read at creation only
+        x = np.arange(10000, dtype=np.float64) + comm.rank
+        ref = np.empty_like(x)
+        comm.Allreduce(x, ref)
+        from mpicoll import allreduce
+        np.testing.assert_array_equal(allreduce(x, comm=comm, algorithm="ring"), ref)
+        assert _context.context(comm).segment_bytes == 8192
+    finally:
+        comm.Free()
+
+
+# --- automatic selection ------------------------------------------------------
+
+@pytest.mark.local
+def test_threshold_table_is_well_formed():
+    for collective, rows in _select.THRESHOLDS.items():
+        limits = [r[0] for r in rows]
+        assert limits[-1] is None and all(a < b for a, b in zip(limits[:-2], limits[1:-1]))
+        for _, pof2, other in rows:
+            assert pof2 in _select.ALGORITHMS[collective] and other in _select.ALGORITHMS[collective]
+
+
+@pytest.mark.local
+def test_auto_follows_the_table():
+    for collective, rows in _select.THRESHOLDS.items():
+        lo = 0
+        for limit, pof2, other in rows:
+            for nbytes in {lo, (limit if limit is not None else lo + (1 << 30))}:
+                assert _select.choose(collective, "auto", nbytes, 4) == pof2
+                assert _select.choose(collective, "auto", nbytes, 6) == other
+            lo = (limit or 0) + 1
+    # non-commutative ops: always an order-preserving algorithm
+    for collective in ("allreduce", "reduce_scatter"):
+        for nbytes in (8, 1 << 30):
+            name = _select.choose(collective, "auto", nbytes, 5, commutative=False)
+            assert name in _select.ORDER_PRESERVING
+
+
+@pytest.mark.local
+def test_environment_override():
+    """The ``algorithm`` option (MPICOLL_ALGORITHM) replaces "auto" where it applies."""
+    assert _select.choose("allreduce", "auto", 8, 4, forced="ring") == "ring"
+    assert _select.choose("allreduce", "auto", 8, 4, commutative=False,
+                          forced="ring") == "recursive_doubling"
+    assert _select.choose("allreduce", "rabenseifner", 8, 4, forced="ring") == "rabenseifner"
+    # AllGather only: the others stay on auto
+    assert _select.choose("allgather", "auto", 1 << 30, 4, forced="bruck") == "bruck"
+    assert _select.choose("allreduce", "auto", 1 << 30, 4, forced="bruck") == "ring"

@@ -1,0 +1,244 @@
+"""The documentation: no dated narrative, docstrings that list the registry, what the build reads.
+
+* The pages (README.md, CHANGELOG.md, every text file under docs/) keep current
+  facts, not a work diary: no dates, clock times, commit hashes, load
+  averages, "again", "session", tracker numbers.  :func:`diary` finds such
+  text; its own tests plant lines it must catch and legitimate text it must
+  pass, so a rule that stops firing, or fires on a version number, fails.
+* Every public docstring that lists the names ``algorithm=`` takes lists
+  exactly the registry's (``engine.select.ALGORITHMS``).
+* Every registered algorithm has the ``ABOUT`` row the algorithm reference is
+  generated from (docs/_ext/mpicoll_docs.py stops the Sphinx build without
+  one; this finds it without Sphinx).
+* The README stays short and keeps the two set-up commands where .ci/run
+  reads them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pathlib
+import re
+
+import pytest
+
+pytestmark = pytest.mark.local  # reads files and docstrings: no MPI peer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TEXT_SUFFIXES = {".md", ".py", ".rst", ".txt"}
+
+
+def pages() -> list[pathlib.Path]:
+    """README.md, CHANGELOG.md and every text file under docs/ (not a build's output)."""
+    found = [ROOT / "README.md", ROOT / "CHANGELOG.md"]
+    for path in sorted((ROOT / "docs").rglob("*")):
+        rel = path.relative_to(ROOT / "docs").parts
+        if path.is_file() and path.suffix in TEXT_SUFFIXES and "_build" not in rel:
+            found.append(path)
+    return [p for p in found if p.exists()]
+
+
+# Dated narrative anywhere, code blocks included: a date, a clock time, a commit hash.
+EVERYWHERE = {
+    "an ISO date": re.compile(r"\b(?:19|20)\d\d-(?:0[1-9]|1[0-2])(?:-(?:0[1-9]|[12]\d|3[01]))?\b"),
+    "a clock time": re.compile(r"\b\d{1,2}:\d\d(?::\d\d)?(?:\s*-\s*\d{1,2}:\d\d)?\s*(?:UTC|GMT)\b"),
+    # 7-40 hex digits with a digit and a letter, standing alone (not in a path,
+    # a URL, a name or after 0x)
+    "a commit hash": re.compile(r"(?<![\w./#:-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])"
+                                r"[0-9a-f]{7,40}(?![\w/-])"),
+}
+# Work-diary words, outside code blocks and code spans (a quoted error message
+# may say "again").
+IN_PROSE = {
+    '"again"': re.compile(r"\bagain\b", re.I),
+    '"session"': re.compile(r"(?<!MPI )(?<!MPI_)\bsessions?\b", re.I),
+    "a load average": re.compile(r"\bload averages?\b|\bload \d+(?:\.\d+)?"
+                                 r"(?!\.?\d|\s*(?:[KMGT]i?B|bytes?|elements?|ranks?|%))", re.I),
+    '"today"/"yesterday"': re.compile(r"\b(?:today|yesterday|tonight)\b", re.I),
+    "a tracker item": re.compile(r"\bissues? \d+\b|\bthe issue's\b", re.I),
+}
+
+_FENCE = re.compile(r"^(\s*)(```+|~~~+)")
+
+
+def prose(text: str) -> list[str]:
+    """The lines of ``text`` with fenced and indented code blocks blanked and code spans removed."""
+    out, fence, prev_blank = [], None, True
+    for line in text.splitlines():
+        m = _FENCE.match(line)
+        if fence is not None:
+            out.append("")
+            if m and m.group(2)[0] == fence[0] and len(m.group(2)) >= len(fence):
+                fence = None
+            continue
+        if m:
+            fence = m.group(2)
+            out.append("")
+            continue
+        indented = line.startswith("    ") and prev_blank and not line.lstrip().startswith(("-", "*"))
+        if indented:  # an indented code block (a command under a blank line)
+            out.append("")
+            continue
+        prev_blank = not line.strip()
+        out.append(re.sub(r"`[^`]*`", "", line))
+    return out
+
+
+def diary(text: str) -> list[tuple[int, str, str]]:
+    """(line number, what, the text found) for every piece of dated narrative in ``text``."""
+    found = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for what, rule in EVERYWHERE.items():
+            found += [(n, what, m.group(0)) for m in rule.finditer(line)]
+    for n, line in enumerate(prose(text), 1):
+        for what, rule in IN_PROSE.items():
+            found += [(n, what, m.group(0)) for m in rule.finditer(line)]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("path", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_dated_narrative(path):
+    found = diary(path.read_text(encoding="utf-8"))
+    assert not found, f"{path.relative_to(ROOT)}: dated narrative (history belongs in git and " \
+        f"CHANGELOG.md): " + "; ".join(f"line {n}: {what} {text!r}" for n, what, text in found)
+
+
+PLANTED = [
+    ("### The bands with a tuning file (2 ranks, 2026-12-03)", "an ISO date"),
+    ("measured 2026-12, before the fix", "an ISO date"),
+    ("14:19-14:22 UTC, the machine otherwise idle", "a clock time"),
+    ("at 17:39 UTC on the first run", "a clock time"),
+    ("main at 1a6d4a0, Open MPI 5.0.11", "a commit hash"),
+    ("(46814b8), fixed", "a commit hash"),
+    ("The bands, measured again", '"again"'),
+    ("Pipelines across nodes (fourth session)", '"session"'),
+    ("other sessions' jobs were idle", '"session"'),
+    ("shared VM, load average 8-10", "a load average"),
+    ("(Open MPI, load 10, two runs)", "a load average"),
+    ("at load 2.8-3.0 the same code took 51 s", "a load average"),
+    ("how many cases there are today", '"today"/"yesterday"'),
+    ("as issue 21 measured", "a tracker item"),
+    ("The issue's 'done when' numbers", "a tracker item"),
+]
+
+LEGITIMATE = [
+    "Open MPI 5.0.11 and MPICH 5.0.2, mpi4py 4.1.2, NumPy 2.4.6, torch 2.14.1",
+    "float16, bfloat16, float8_e4m3fn and float8_e5m2 on 1048576 elements",
+    "MPI Sessions and MPI_Session_init are not used",
+    "the loader reads `/tmp/abc1234/lib` and http://example.invalid/deadbee1",
+    "the pointer 0x7f3a2b1c4d5e, a cliff at 256-272 B, 1.10 -> 1.56 us",
+    "load 64 MiB of input; a load 4 bytes wide",
+    "```\nThis communicator cannot be used again; end the job\n```",
+    "    mpirun -n 2 python -m mpicoll.tools.overlap   # run it again to compare",
+    "a `retry again` code span, Sep 16, 2026 in a version string",
+    "the issues of a schedule, 2(n-1)/n of the array, 2 log2 n steps",
+]
+
+
+@pytest.mark.parametrize("line, what", PLANTED)
+def test_diary_finds_a_planted_line(line, what):
+    text = f"# A page\n\nSome current fact.\n{line}\nMore current text.\n"
+    assert [w for _, w, _ in diary(text)] == [what], diary(text)
+    assert diary(text)[0][0] == 4
+
+
+@pytest.mark.parametrize("text", LEGITIMATE)
+def test_diary_passes_legitimate_text(text):
+    assert diary(text) == []
+
+
+# -- docstrings list what the registry has -----------------------------------------
+
+_QUOTED = re.compile(r'"([a-z_]+)"')
+
+
+def algorithm_names(doc: str) -> set[str] | None:
+    """The quoted names in the ``algorithm:`` entry of a Google-style docstring, or None."""
+    lines = inspect.cleandoc(doc or "").splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"(\s*)algorithm:\s*(.*)", line)
+        if m:
+            indent, entry = len(m.group(1)), [m.group(2)]
+            for nxt in lines[i + 1:]:
+                if not nxt.strip() or len(nxt) - len(nxt.lstrip()) <= indent:
+                    break
+                entry.append(nxt.strip())
+            return set(_QUOTED.findall(" ".join(entry)))
+    return None
+
+
+def _squash(name: str) -> str:
+    return name.lower().replace("_", "")
+
+
+def _public():
+    """(name, object, collectives it takes algorithms of) of every public callable with a docstring."""
+    import mpicoll
+    from mpicoll.engine import select
+    out = []
+    for name in mpicoll.__all__:
+        obj = getattr(mpicoll, name)
+        if not callable(obj):
+            continue
+        targets = [c for c in select.ALGORITHMS if _squash(c) in _squash(name)]
+        out.append((f"mpicoll.{name}", obj, targets or list(select.ALGORITHMS)))
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if callable(member) and not attr.startswith("_"):
+                    coll = [c for c in select.ALGORITHMS if _squash(c) in _squash(attr)]
+                    out.append((f"mpicoll.{name}.{attr}", member, coll or list(select.ALGORITHMS)))
+    return out
+
+
+def test_docstrings_list_the_registry():
+    from mpicoll.engine import select
+    listed = {}
+    for name, obj, collectives in _public():
+        names = algorithm_names(obj.__doc__)
+        if not names:  # no entry, or one that names no algorithm (Request.algorithm)
+            continue
+        expected = {"auto"}.union(*(select.ALGORITHMS[c] for c in collectives))
+        assert names == expected, (f"{name}'s docstring lists algorithms {sorted(names)}; "
+                                   f"the registry has {sorted(expected)}")
+        listed[name] = names
+    # the entries that must exist (a docstring that dropped its list would pass above)
+    for name in ("mpicoll.allreduce", "mpicoll.reduce_scatter", "mpicoll.allgather",
+                 "mpicoll.Comm"):
+        assert name in listed, f"{name}'s docstring has no algorithm: entry listing the names"
+
+
+def test_algorithm_names_reads_a_wrapped_entry():
+    doc = '''Summary.
+
+    Args:
+        algorithm: ``"auto"`` or one of ``"ring"``,
+            ``"bruck"``.
+        timeout: ``"ring"`` here is another argument's.
+    '''
+    assert algorithm_names(doc) == {"auto", "ring", "bruck"}
+    assert algorithm_names("No arguments.") is None
+
+
+def test_every_algorithm_has_a_reference_row():
+    from mpicoll.engine import select
+    for collective, table in select.ALGORITHMS.items():
+        for name, build in table.items():
+            about = getattr(importlib.import_module(build.__module__), "ABOUT", {})
+            row = about.get((collective, name))
+            assert row is not None, f"{build.__module__}.ABOUT has no row for {collective} {name}"
+            assert set(row) == {"summary", "steps", "sends", "memory"}, (collective, name, row)
+            assert all(isinstance(v, str) and v.strip() for v in row.values()), (collective, name)
+
+
+# -- the README ---------------------------------------------------------------------
+
+def test_readme_is_short_and_keeps_the_setup_commands():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200, "README.md: at most 200 lines (the rest is in docs/)"
+    # .ci/run runs the first two ```bash blocks under "## Set up and run" literally
+    section = re.search(r"^## Set up and run.*?(?=^## |\Z)", text, re.M | re.S)
+    assert section, 'README.md: no "## Set up and run" section'
+    blocks = re.findall(r"^```bash\n(.*?)^```", section.group(0), re.M | re.S)
+    assert len(blocks) >= 2, "README.md: the set-up section needs two ```bash blocks"
+    assert "examples/allreduce.py" in blocks[0] and "tests/run_tests.sh" in blocks[1]
