@@ -283,7 +283,8 @@ def start(call: Call, *, block: bool = False, persistent: bool = False,
     b.operation = operation if persistent else None
     if not persistent:
         b.begin(operation)
-        _intranode.claim(ctx, region, operation)  # (its region's previous operation done)
+        if region is not None:  # node memory: its region's previous operation done
+            _intranode.claim(ctx, region, operation)
         operation.go(b.blocking)
         if remember is not None and pol is None and plain(b, operation):
             _cache.remember(ctx, remember, b, blocking=block)
@@ -353,7 +354,7 @@ def plain(b, operation, timed=True) -> bool:
     host channel, unobserved or (``timed``) observed for a timeout alone."""
     if operation.error is not None or b.msg.backend.name != "numpy":
         return False
-    if not _intranode.plain(b):  # (node memory: engine.intranode)
+    if b.region is not None and not _intranode.plain(b):  # (node memory: engine.intranode)
         return False
     if not b.observed:
         return type(b.ch) is _executor.Channel
@@ -365,14 +366,16 @@ def start_persistent(operation) -> None:
     b = operation.run
     _observe.check_usable(b.ctx)
     if b.program is not None and not _observe.observing():
-        _intranode.claim(b.ctx, b.region, operation)  # (node memory)
+        if b.region is not None:
+            _intranode.claim(b.ctx, b.region, operation)  # (node memory)
         b.ctx.seq += 1  # every start is a call
         operation.steps, operation.ch, operation.red, operation.be = b.program
         operation.call = None
         operation.go(False)
         return
     b.begin(operation)
-    _intranode.claim(b.ctx, b.region, operation)  # (node memory)
+    if b.region is not None:
+        _intranode.claim(b.ctx, b.region, operation)  # (node memory)
     operation.go(False)
     if b.program is None and plain(b, operation, timed=False):
         # its later starts run on persistent requests (bound once: the buffers are fixed)
@@ -408,7 +411,9 @@ def _schedule(b, ctx, pipelined):
         shape = _intranode.shape(ctx, shape, b.msg.backend, b.region, itemsize)
     name = b.name
     build, key = _select.builder(call.collective, name), name
-    if pipelined and _pipeline.applies(call.collective, name, shape, nbytes):
+    # (a pipeline runs across nodes only: on one node the transform is not consulted)
+    if pipelined and len(set(shape.nodes)) > 1 \
+            and _pipeline.applies(call.collective, name, shape, nbytes):
         # (each chunk's messages take a tag of their own: at most the blocking calls')
         chunks = min(_pipeline.chunks_of(call.collective, name, shape, nbytes), _executor.CHUNKS)
         build = _pipeline.builder(call.collective, name, build, chunks,
