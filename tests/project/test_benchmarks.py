@@ -120,3 +120,17 @@ def test_record_keeps_the_tables_fields_and_refuses_bad_runs(tmp_path, monkeypat
     src.write_text(json.dumps(_records("bench", "MPICH Version:      5.0.2")))
     assert record.main(["bench-x", "--from", str(src)]) == 1
     assert "holds Open MPI results, this run used MPICH" in capsys.readouterr().err
+
+
+def test_several_algorithms_render_as_one_row_per_collective_and_size():
+    """A run of several algorithms: each algorithm's time over the built-in's, auto with what
+    it ran, "-" where a collective has no such algorithm."""
+    def rec(collective, algorithm, ratio, selected=None):
+        return {"collective": collective, "algorithm": algorithm, "bytes": 4096,
+                "selected": selected or algorithm, "builtin_time_us": 10.0, "ratio": ratio}
+    rows = render.bench_table({"records": [
+        rec("allreduce", "auto", 0.5, "recursive_doubling"), rec("allreduce", "shared_oneshot", 0.8),
+        rec("allgather", "auto", 0.9, "ring"), rec("allgather", "shared", 1.25)]})
+    assert rows[0] == "| collective | size | built-in (µs) | `auto` | `shared_oneshot` | `shared` |"
+    assert rows[2:] == ["| allreduce | 4 KiB | 10.0 | 0.50 (`recursive_doubling`) | 0.80 | - |",
+                        "| allgather | 4 KiB | 10.0 | 0.90 (`ring`) | - | 1.25 |"]
