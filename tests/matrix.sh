@@ -17,8 +17,8 @@
 # - the examples (tests/launch/test_launch_examples.py): they use mpicoll through the
 #   API MPICH's mpi runs test, and MPICH's own launch paths are tested by the other
 #   launch tests and the SLURM jobs (examples/allreduce.py under srun and mpiexec);
-# - the schedule simulator (tests/algorithms/test_schedules.py: NumPy on simulated
-#   ranks) and conftest.py's --group selection (tests/project/test_groups.py: plain
+# - the schedule simulator (tests/algorithms/test_schedules.py and
+#   test_shared_schedules.py: NumPy on simulated ranks) and conftest.py's --group selection (tests/project/test_groups.py: plain
 #   pytest collections);
 # - the ring at every window 1-64 (test_workmem.py::test_ring_every_window: 8-byte
 #   segments, the window's slot arithmetic, MPICH's longest 3-rank test), whose
@@ -40,6 +40,7 @@ openmpi  torch   3          tests/torch
 
 mpich    launch  -          tests --ignore=tests/launch/test_launch_examples.py
 mpich    local   -          tests --ignore=tests/algorithms/test_schedules.py
+                            --ignore=tests/algorithms/test_shared_schedules.py
                             --ignore=tests/project/test_groups.py
 mpich    mpi     1 3        tests --deselect=tests/engine/test_workmem.py::test_ring_every_window
 mpich    mpi     4          tests/transport/test_timeout.py tests/api/test_nonblocking.py
