@@ -178,6 +178,8 @@ def test_one_operation_below_the_threshold_on_one_node_or_for_another_algorithm(
                  (across, 100000, "ring"), (one_node, 100000, "rabenseifner")]
         for comm, count, algorithm in cases:
             ctx = _context.context(comm)
+            if comm is one_node and len(set(ctx.nodes)) > 1:
+                continue  # (the ranks span real nodes: the emulated cluster, tests/cluster/)
             before = ctx.seq
             y = mpicoll.allreduce(_exact(count, WORLD.rank), comm=comm, algorithm=algorithm)
             assert _chunks_run(ctx, before) == 1, (count, algorithm)
