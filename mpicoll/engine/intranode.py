@@ -118,9 +118,8 @@ def views(ctx, backend, region, schedule, dtype) -> dict:
 def claim(ctx, region, operation) -> None:
     """*before an operation starts* (run.start, run.start_persistent): wait for the
     operation of the context that still holds its region (that one's error stays its own);
-    MpicollError after the communicator's free."""
-    if region is None:
-        return
+    MpicollError after the communicator's free.  ``region``: the call's (run.py asks only
+    for a call on node memory)."""
     nm = _memory.node_memory(ctx)
     if nm.closed:
         raise MpicollError("communicator freed: its node memory is gone; start operations "

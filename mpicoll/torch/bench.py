@@ -50,6 +50,7 @@ import mpicoll
 from ..tools.harness import cli as _cli
 from ..tools.harness import records as _records
 from ..tools.harness.timing import Variant, time_variants
+from ..tools.harness.workload import BUSBW_FACTOR
 from . import BACKEND  # noqa: F401 -- importing the package registers the backend
 from .tensors import memory_view
 from .work import Finished
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
             f"{b / m:10.3g} {(b - f) / m:11.3g}")
         records.append({"collective": "allreduce", "nranks": size, "dtype": "float32",
                         "bytes": nbytes, "device": device.type, "time_us": b * 1e6,
-                        "busbw_gbps": 2 * (size - 1) / size * nbytes / b / 1e9,
+                        "busbw_gbps": BUSBW_FACTOR["allreduce"](size) * nbytes / b / 1e9,
                         "gloo_time_us": g * 1e6, "mpicoll_time_us": m * 1e6,
                         "torch_time_us": f * 1e6, "gloo_ratio": b / g})
     if args.json and rank == 0:

@@ -73,34 +73,27 @@ def size_arg(text):
         raise argparse.ArgumentTypeError(str(exc).replace("size: ", "")) from None
 
 
-def positive_int(text):
+def _bounded(text, convert, ok, expected):
+    """argparse type: ``convert(text)`` where ``ok`` of it, else "expected ..., got ..."."""
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_int(text):
+    return _bounded(text, int, lambda v: v >= 1, "a positive integer")
 
 
 def nonnegative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return _bounded(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
 def factor_arg(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 1, got {text!r}") from None
-    if not value > 1:
-        raise argparse.ArgumentTypeError(f"expected a number > 1, got {text!r}")
-    return value
+    return _bounded(text, float, lambda v: v > 1, "a number > 1")
 
 
 def sizes(minbytes: int, maxbytes: int, factor: float) -> list[int]:
