@@ -407,7 +407,35 @@ class Block(NamedTuple):
     home: Region | None
 
 
-_RECV, _REDUCE, _SEND, _KEEP = 1, 2, 4, 8
+class RingStep(NamedTuple):
+    """What one step of a ring does with one block (:class:`Ring` writes its operations).
+
+    ``recv``: it receives the block's partial (or the block) from the left; ``reduce``:
+    it adds this rank's contribution to what arrives; ``send``: it passes the result (or,
+    without a receive, this rank's contribution) to the right; ``keep``: it also copies
+    this rank's contribution to the block's home.  ``phase`` labels its messages.
+    """
+
+    recv: bool
+    reduce: bool
+    send: bool
+    keep: bool
+    block: Block
+    phase: str
+
+
+class Unit(NamedTuple):
+    """One segment a ring step receives: step ``step``, segment ``seg`` of its block,
+    elements ``start:stop`` of the block."""
+
+    step: int
+    seg: int
+    start: int
+    stop: int
+
+    @property
+    def count(self) -> int:
+        return self.stop - self.start
 
 
 class Ring:
@@ -428,7 +456,7 @@ class Ring:
       Then every block is cut into the same number of segments (an empty one
       still travels) and the segments are taken in groups, the first step's
       segments of a group sent first, so that this bounded memory cannot
-      deadlock (docs/performance.md, "Bounded work memory for the ring
+      deadlock (docs/algorithms.md, "Bounded work memory for the ring
       ReduceScatter");
     * where the steps switch from reducing to copying, sends still reading
       blocks the copies may receive into are waited for (all but the last
@@ -443,41 +471,42 @@ class Ring:
         self.b, self.blocks, self.phase, self.segment = b, blocks, phase, max(1, segment)
         self.left, self.right = shape.ring[(p - 1) % n], shape.ring[(p + 1) % n]
         self.window, self.in_place = max(1, shape.window), shape.in_place
-        self.steps: list = []  # (what, block, phase) per step
+        self.steps: list = []  # RingStep per step
 
-    def _step(self, what: int, block: int) -> None:
-        self.steps.append((what, self.blocks[block % len(self.blocks)], self.phase))
+    def _step(self, block: int, recv=False, reduce=False, send=False, keep=False) -> None:
+        self.steps.append(RingStep(recv, reduce, send, keep,
+                                   self.blocks[block % len(self.blocks)], self.phase))
 
     def send(self, block: int) -> None:
         """Send my contribution to ``block``."""
-        self._step(_SEND, block)
+        self._step(block, send=True)
 
     def copy_send(self, block: int) -> None:
         """Send my ``block`` and put it in its home (the copy overlaps the first receives)."""
-        self._step(_SEND | _KEEP, block)
+        self._step(block, send=True, keep=True)
 
     def recv_reduce_send(self, block: int) -> None:
         """Receive the partial of ``block``, add mine, pass it on."""
-        self._step(_RECV | _REDUCE | _SEND, block)
+        self._step(block, recv=True, reduce=True, send=True)
 
     def recv_reduce(self, block: int) -> None:
         """Receive the partial of ``block`` and add mine: it is complete, in its home."""
-        self._step(_RECV | _REDUCE, block)
+        self._step(block, recv=True, reduce=True)
 
     def recv_copy_send(self, block: int) -> None:
         """Receive ``block`` into its home and pass it on."""
-        self._step(_RECV | _SEND, block)
+        self._step(block, recv=True, send=True)
 
     def recv(self, block: int) -> None:
         """Receive ``block`` into its home."""
-        self._step(_RECV, block)
+        self._step(block, recv=True)
 
     def run(self) -> int:
         """Write the steps' operations into the builder; the number of steps messages take."""
         passes: list = []  # runs of steps that all reduce or all copy what they receive
-        for t, (what, _, _) in enumerate(self.steps):
-            prev = self.steps[t - 1][0] if t else 0
-            if not t or (prev & _RECV and (prev ^ what) & _REDUCE):
+        for t, step in enumerate(self.steps):
+            prev = self.steps[t - 1] if t else None
+            if prev is None or (prev.recv and prev.reduce != step.reduce):
                 passes.append([])
             passes[-1].append(t)
         sending: dict = {}  # handle of a send not waited for yet -> its step
@@ -487,97 +516,126 @@ class Ring:
                 self.b.wait(*done)
                 for h in done:
                     del sending[h]
-            self._pass(ts, sending)
+            _Pass(self, ts, sending).write()
         self.b.wait(*sorted(sending))
         return len(self.steps) - 1
 
-    def _pass(self, ts: list, sending: dict) -> None:
-        b, steps, seg = self.b, self.steps, self.segment
-        first = ts[0] if not steps[ts[0]][0] & _RECV else None  # the step that only sends
-        recvs = [t for t in ts if steps[t][0] & _RECV]
-        reduces = bool(recvs) and bool(steps[recvs[0]][0] & _REDUCE)
-        window = self.window if reduces else max(self.window, 2)
-        # blocks without a home: send slots, equal cuts, groups (see the class docstring)
-        if any(bl.home is None for bl in self.blocks):
-            nseg = -(-max(bl.count for bl in self.blocks) // seg)
+
+class _Pass:
+    """One run of ring steps that all reduce (or all copy) what they receive, written as
+    operations (:meth:`write`): the segments they receive (:class:`Unit`, in the order
+    they are taken), where each lands, the slots of partials passed on."""
+
+    def __init__(self, ring: Ring, ts: list, sending: dict):
+        self.ring, self.b, self.sending = ring, ring.b, sending
+        steps = ring.steps
+        self.steps = steps
+        # the step that only sends (the pass's first), if it has one
+        self.first = ts[0] if not steps[ts[0]].recv else None
+        recvs = [t for t in ts if steps[t].recv]
+        reduces = bool(recvs) and steps[recvs[0]].reduce
+        window = ring.window if reduces else max(ring.window, 2)
+        # blocks without a home: send slots, equal cuts, groups (see Ring's docstring)
+        self.even = any(bl.home is None for bl in ring.blocks)
+        if self.even:
+            nseg = -(-max(bl.count for bl in ring.blocks) // ring.segment)
             group = min(2 * window - 1, nseg)
-            nout = max(1, group - window + 1)
-            groups = [range(g, min(g + group, nseg)) for g in range(0, nseg, group)]
-
-            def cut(bl):
-                at = offsets(split(bl.count, nseg)[0])
-                return list(zip(at, at[1:]))
+            self.nout = max(1, group - window + 1)
+            self.groups = [range(g, min(g + group, nseg)) for g in range(0, nseg, group)]
+            self.nseg = nseg
         else:
-            groups = [None]
-
-            def cut(bl):
-                return [(a, min(a + seg, bl.count)) for a in range(0, bl.count, seg)]
-
-        units, starts = [], []  # units: (step, segment, start, stop) in the order they are taken
-        for g in groups:
-            starts.append(len(units))
+            self.nout = 1
+            self.groups = [None]
+        self.units, self.starts = [], []
+        for g in self.groups:
+            self.starts.append(len(self.units))
             for t in recvs:
-                pieces = cut(steps[t][1])
-                units.extend((t, j, *pieces[j]) for j in (range(len(pieces)) if g is None else g))
-        nunits = len(units)
-        window = min(window, nunits)
+                pieces = self.cut(steps[t].block)
+                self.units.extend(Unit(t, j, *pieces[j])
+                                  for j in (range(len(pieces)) if g is None else g))
+        self.window = min(window, len(self.units))
+        into = [u.count for u in self.units if not self.direct(u.step)]
+        self.slot = max(into) if into else 0  # elements of one receive slot
+        self.rslots = self.b.buffer("ring: receive slots", self.window * self.slot) \
+            if into else None
+        passed = [u.count for u in self.units
+                  if steps[u.step].send and steps[u.step].block.home is None]
+        self.width = max(passed, default=0)  # elements of one send slot
+        self.sslots = self.b.buffer("ring: partials to pass on", self.nout * self.width) \
+            if passed else None
+        self.slot_send = [None] * (self.nout if passed else 0)
 
-        def direct(t):
-            what, bl, _ = steps[t]
-            return not what & _REDUCE or (not self.in_place and bl.home is not None)
+    def cut(self, bl) -> list:
+        """(start, stop) of each segment of block ``bl``: every block in ``nseg`` equal
+        cuts where some block has no home, else segments of the ring's size."""
+        if self.even:
+            at = offsets(split(bl.count, self.nseg)[0])
+            return list(zip(at, at[1:]))
+        seg = self.ring.segment
+        return [(a, min(a + seg, bl.count)) for a in range(0, bl.count, seg)]
 
-        into = [u[3] - u[2] for u in units if not direct(u[0])]
-        rslots = b.buffer("ring: receive slots", window * max(into)) if into else None
-        passed = [u[3] - u[2] for u in units if steps[u[0]][0] & _SEND and steps[u[0]][1].home is None]
-        width = max(passed, default=0)
-        sslots = b.buffer("ring: partials to pass on", nout * width) if passed else None
-        slot_send = [None] * (nout if passed else 0)
+    def direct(self, t: int) -> bool:
+        """Whether step ``t`` receives straight into its block's home."""
+        step = self.steps[t]
+        return not step.reduce or (not self.ring.in_place and step.block.home is not None)
 
-        def target(i):
-            t, j, a, c = units[i]
-            if direct(t):
-                return steps[t][1].home.part(a, c)
-            at = (i % window) * max(into)
-            return Region(rslots, at, at + c - a)
+    def target(self, i: int) -> Region:
+        """Where unit ``i`` lands: its block's home, or a receive slot."""
+        u = self.units[i]
+        if self.direct(u.step):
+            return self.steps[u.step].block.home.part(u.start, u.stop)
+        at = (i % self.window) * self.slot
+        return Region(self.rslots, at, at + u.count)
 
-        def post(i):
-            t, j, a, c = units[i]
-            _, prev_phase = steps[t - 1][0], steps[t - 1][2]
-            return b.recv(self.left, target(i), Label(t - 1, prev_phase, steps[t][1].label, j, c - a))
+    def post(self, i: int) -> int:
+        """Post the receive of unit ``i``; its handle."""
+        u = self.units[i]
+        before, step = self.steps[u.step - 1], self.steps[u.step]
+        return self.b.recv(self.ring.left, self.target(i),
+                           Label(u.step - 1, before.phase, step.block.label, u.seg, u.count))
 
-        def send_first(g):
-            if first is None:
-                return
-            _, bl, phase = steps[first]
-            pieces = cut(bl)
-            for j in (range(len(pieces)) if groups[g] is None else groups[g]):
-                a, c = pieces[j]
-                label = Label(first, phase, bl.label, j, c - a)
-                sending[b.send(self.right, bl.mine.part(a, c), label)] = first
+    def send_first(self, g: int) -> None:
+        """Send group ``g``'s segments of the first step (the one that only sends)."""
+        if self.first is None:
+            return
+        step = self.steps[self.first]
+        bl, group = step.block, self.groups[g]
+        pieces = self.cut(bl)
+        for j in (range(len(pieces)) if group is None else group):
+            a, c = pieces[j]
+            label = Label(self.first, step.phase, bl.label, j, c - a)
+            self.sending[self.b.send(self.ring.right, bl.mine.part(a, c), label)] = self.first
 
-        send_first(0)
-        posted = [post(i) for i in range(window)]
-        if first is not None and steps[first][0] & _KEEP and steps[first][1].count:
-            b.copy(steps[first][1].home, steps[first][1].mine)
-        o = 0
-        for i, (t, j, a, c) in enumerate(units):
-            if i and i in starts:
-                send_first(starts.index(i))
+    def write(self) -> None:
+        b, units, window = self.b, self.units, self.window
+        self.send_first(0)
+        posted = [self.post(i) for i in range(window)]
+        if self.first is not None:
+            step = self.steps[self.first]
+            if step.keep and step.block.count:
+                b.copy(step.block.home, step.block.mine)
+        o = 0  # partials passed on so far (their send slots in turn)
+        for i, u in enumerate(units):
+            if i and i in self.starts:
+                self.send_first(self.starts.index(i))
             b.wait(posted[i % window])
-            what, bl, phase = steps[t]
-            dest, slot = (bl.home.part(a, c) if bl.home is not None else None), None
-            if what & _REDUCE:
+            step = self.steps[u.step]
+            bl = step.block
+            dest = bl.home.part(u.start, u.stop) if bl.home is not None else None
+            slot = None
+            if step.reduce:
                 if dest is None:  # a partial passed on, not kept: through a send slot
-                    slot, o = o % nout, o + 1
-                    if slot_send[slot] is not None:
-                        b.wait(slot_send[slot])
-                        sending.pop(slot_send[slot])
-                    dest = Region(sslots, slot * width, slot * width + c - a)
-                b.reduce(target(i), bl.mine.part(a, c), dest)
-            if i + window < nunits:
-                posted[i % window] = post(i + window)
-            if what & _SEND:
-                h = b.send(self.right, dest, Label(t, phase, bl.label, j, c - a))
-                sending[h] = t
+                    slot, o = o % self.nout, o + 1
+                    if self.slot_send[slot] is not None:
+                        b.wait(self.slot_send[slot])
+                        self.sending.pop(self.slot_send[slot])
+                    dest = Region(self.sslots, slot * self.width, slot * self.width + u.count)
+                b.reduce(self.target(i), bl.mine.part(u.start, u.stop), dest)
+            if i + window < len(units):
+                posted[i % window] = self.post(i + window)
+            if step.send:
+                h = b.send(self.ring.right, dest, Label(u.step, step.phase, bl.label, u.seg,
+                                                        u.count))
+                self.sending[h] = u.step
                 if slot is not None:
-                    slot_send[slot] = h
+                    self.slot_send[slot] = h
