@@ -69,8 +69,7 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         return out
     call, result, after = _args.allreduce(x, op, comm, out, algorithm, timeout, deterministic,
                                           accumulate)
-    _run.run(call, remember=_key("allreduce", (x, out, op, algorithm, timeout), op, result,
-                                 after, call))
+    _run.run(call, _key("allreduce", (x, out, op, algorithm, timeout), op, result, after, call))
     if after is not None:
         after()
     return result
@@ -119,11 +118,11 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         y = mpicoll.allgather(x)             # every rank: [0, 0, 1, 1, 2, 2]
     """
     if out is not None and counts is None and _run.repeat(
-            _WORLD if comm is None else comm, "allgather", x, out, algorithm, None, timeout):
+            _WORLD if comm is None else comm, "allgather", x, out, None, algorithm, timeout):
         return out
     call, result, after = _args.allgather(x, comm, out, counts, algorithm, timeout)
-    _run.run(call, remember=_key("allgather", (x, out, algorithm, None, timeout), None, result,
-                                 after, call, counts))
+    _run.run(call, _key("allgather", (x, out, None, algorithm, timeout), None, result, after,
+                        call, counts))
     if after is not None:
         after()
     return result
@@ -165,8 +164,8 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         return out
     call, result, after = _args.reduce_scatter(x, op, comm, out, counts, algorithm, timeout,
                                                deterministic, accumulate)
-    _run.run(call, remember=_key("reduce_scatter", (x, out, op, algorithm, timeout), op,
-                                 result, after, call, counts))
+    _run.run(call, _key("reduce_scatter", (x, out, op, algorithm, timeout), op, result, after,
+                        call, counts))
     if after is not None:
         after()
     return result
@@ -191,7 +190,7 @@ def _istart(name, validate, comm, x, out, op, algorithm, counts, timeout, flags)
             return _requests.Handle(operation, _finisher(out, None), (x, out))
     call, result, after = validate()
     key = _key(name, (x, out, op, algorithm, timeout), op, result, after, call, counts)
-    return _requests.Handle(_run.start(call, remember=key), _finisher(result, after), (x, out))
+    return _requests.Handle(_run.start(call, key), _finisher(result, after), (x, out))
 
 
 def _finisher(result, after):

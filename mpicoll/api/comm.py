@@ -121,18 +121,18 @@ class Comm(MPI.Intracomm):
         if ran:
             return
         call = _args.Allreduce(self, sendbuf, recvbuf, op)  # (the specs: errors name them)
-        _run.run(call, remember=_key("Comm.Allreduce", (s, r, op, algorithm, None), op))
+        _run.run(call, _key("Comm.Allreduce", (s, r, op, algorithm, None), op))
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
         algorithm = self._algorithm
-        if _run.repeat(self, "Comm.Allgather", sendbuf, recvbuf, algorithm):
+        if _run.repeat(self, "Comm.Allgather", sendbuf, recvbuf, None, algorithm):
             return
-        ran, s, r = _bare_repeat(self, "Comm.Allgather", sendbuf, recvbuf, algorithm)
+        ran, s, r = _bare_repeat(self, "Comm.Allgather", sendbuf, recvbuf, None, algorithm)
         if ran:
             return
         call = _args.Allgather(self, sendbuf, recvbuf)
-        _run.run(call, remember=_key("Comm.Allgather", (s, r, algorithm, None, None)))
+        _run.run(call, _key("Comm.Allgather", (s, r, None, algorithm, None)))
 
     def Allgatherv(self, sendbuf, recvbuf):
         """Gather ``counts[r]`` elements from each rank r into ``recvbuf``.
@@ -160,8 +160,7 @@ class Comm(MPI.Intracomm):
         if ran:
             return
         call = _args.Reduce_scatter_block(self, sendbuf, recvbuf, op)
-        _run.run(call, remember=_key("Comm.Reduce_scatter_block", (s, r, op, algorithm, None),
-                                     op))
+        _run.run(call, _key("Comm.Reduce_scatter_block", (s, r, op, algorithm, None), op))
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
@@ -181,7 +180,8 @@ class Comm(MPI.Intracomm):
 
     def _start(self, call, buffers, persistent=False):
         _requests.check_progress()
-        return _requests.Request(_run.start(call, persistent=persistent), buffers, persistent)
+        op = _run.persistent(call) if persistent else _run.start(call)
+        return _requests.Request(op, buffers, persistent)
 
     def _istart(self, name, validate, sendbuf, recvbuf, op=None):
         """A request of ``name``'s remembered operation restarted, else of a new one started
@@ -194,7 +194,7 @@ class Comm(MPI.Intracomm):
             return _requests.Request(operation, (s, r))
         call = validate()
         key = _key(name, (s, r, op, algorithm, None), op)
-        return _requests.Request(_run.start(call, remember=key), (sendbuf, recvbuf))
+        return _requests.Request(_run.start(call, key), (sendbuf, recvbuf))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""

@@ -31,7 +31,6 @@ from ..core import types as _types
 from ..core.comms import check_comm
 from ..core.errors import MpicollError
 from ..transport import staging as _staging
-from . import cuda as _cuda
 from . import host as _backend
 
 _DLPACK_DEVICE_TYPES = (2, 13)  # kDLCUDA, kDLCUDAManaged
@@ -328,7 +327,7 @@ class DeviceBackend:
         """
         inner = self.host_channel(ctx, mpitype)
         stream = self._begin(ctx)
-        if _cuda.cuda_aware_mpi().aware:
+        if ctx.cuda_aware():
             self._staging = None
             return _staging.DirectChannel(inner, self, stream)
         self._staging = _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
@@ -346,9 +345,15 @@ class DeviceBackend:
         self._staging = None
         return stream
 
-    def stages_per_step(self, nbytes) -> bool:
-        """True when a call of ``nbytes`` stages every message through host memory."""
-        return nbytes > STAGE_WHOLE_BYTES and not _cuda.cuda_aware_mpi().aware
+    def stages_per_step(self, ctx, nbytes) -> bool:
+        """True when a call of ``nbytes`` on ``ctx`` stages every message through host memory
+        (``ctx.cuda_aware()``: what the ranks agreed on, engine.context)."""
+        return nbytes > STAGE_WHOLE_BYTES and not ctx.cuda_aware()
+
+    def stages_whole(self, ctx, nbytes) -> bool:
+        """True when a call of ``nbytes`` on ``ctx`` runs on one pinned host copy
+        (:class:`WholeStage`)."""
+        return nbytes <= STAGE_WHOLE_BYTES and not ctx.cuda_aware()
 
     def whole_stage(self, ctx, nbytes, msg, op):
         """A :class:`WholeStage` for a call of ``nbytes`` on the staging path, else None.
@@ -357,7 +362,7 @@ class DeviceBackend:
         :data:`STAGE_WHOLE_BYTES`) run the host algorithm on one pinned copy
         of their arrays instead of staging every step.
         """
-        if nbytes > STAGE_WHOLE_BYTES or _cuda.cuda_aware_mpi().aware:
+        if not self.stages_whole(ctx, nbytes):
             return None
         return WholeStage(self, ctx, msg, op)
 

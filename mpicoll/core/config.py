@@ -17,8 +17,6 @@ tuning            MPICOLL_TUNING            cache dir  the tuning file "auto" re
 cache_dir         XDG_CACHE_HOME            ~/.cache   where the default tuning file lives
 deterministic     MPICOLL_DETERMINISTIC     off        floating reductions: the rank-order fold, bitwise
 torch_on_error    MPICOLL_TORCH_ON_ERROR    abort      torch backend: a failed collective aborts the job
-native            MPICOLL_NATIVE            on         repeated blocking calls' hits run compiled
-mpicc             MPICOLL_MPICC             found      the compiler wrapper that builds it
 intranode         MPICOLL_INTRANODE         auto       ranks of one node: auto, mpi or shared memory
 ================  ========================  =========  =================================================
 
@@ -171,7 +169,7 @@ OPTIONS = (
            "a tuning file (python -m mpicoll.tune) 'auto' selects from; off: the built-in table"),
     Option("cache_dir", "XDG_CACHE_HOME", parse_cache_dir, os.path.expanduser("~/.cache"),
            False, "the user's cache directory (absolute; a relative one is ignored): its "
-           "private mpicoll folder holds the default tuning file and the compiled repeat"),
+           "mpicoll folder holds the default tuning file"),
     Option("deterministic", "MPICOLL_DETERMINISTIC", parse_flag, False, True,
            "floating reductions are the rank-order fold ((x0 + x1) + x2) + ..., bitwise the "
            "same for every algorithm, size, segment and window (docs/numerics.md)"),
@@ -179,12 +177,6 @@ OPTIONS = (
            "torch backend: a collective that fails on a rank (bad input, a timeout) ends the "
            "job with MPI_Abort and a message naming the rank and error; raise: raise it there "
            "(docs/torch.md)"),
-    Option("native", "MPICOLL_NATIVE", parse_flag, True, True,
-           "the hit of a repeated blocking call (its check and MPI calls) runs compiled, "
-           "built on first use with mpicc (engine.native); off: the same steps in Python"),
-    Option("mpicc", "MPICOLL_MPICC", parse_text, None, False,
-           "the MPI compiler wrapper that builds the compiled hit (default: the mpicc beside "
-           "this Python, else on PATH)"),
     Option("intranode", "MPICOLL_INTRANODE", parse_intranode, "auto", True,
            "ranks of one node: auto (node memory where measured faster), mpi (messages "
            "only) or shared (node memory at every size; across nodes inside each node); "
@@ -251,7 +243,7 @@ def check_value(name, value):
     """``value`` checked for option ``name`` (TypeError/ValueError naming it); None stays None."""
     if value is None:
         return None
-    if name in ("check", "cuda_aware", "progress", "deterministic", "native"):
+    if name in ("check", "cuda_aware", "progress", "deterministic"):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected a bool or None, got {type(value).__name__}")
         return value
@@ -277,7 +269,6 @@ def configure(**kwargs) -> dict:
         cuda_aware: force (True) or forbid (False) CUDA-aware MPI.
         progress: advance non-blocking collectives in a background thread (bool).
         deterministic: floating reductions are the rank-order fold (bool).
-        native: a repeated blocking call's hit runs compiled (bool; engine.native).
         intranode: "auto", "mpi" or "shared" (str): how ranks of one node exchange
             data; read when a communicator is first used (transport.shared).
         Each accepts None to fall back to its environment variable.

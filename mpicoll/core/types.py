@@ -329,6 +329,12 @@ class Msg:
     def count(self) -> int:
         return len(self.array)
 
+    def described(self) -> Msg:
+        """This message without its array: what it is, for whoever must not keep the
+        array alive (a remembered call, engine.cache)."""
+        return Msg(None, self.dtype, self.category, self.mpitype, self.typename, self.backend,
+                   self.counts, self.displs, self.optype)
+
 
 class Call(NamedTuple):
     """One collective call, validated: everything the engine reads of it, and nothing else.
@@ -360,6 +366,11 @@ class Call(NamedTuple):
         """The elements "auto" selects by: the array reduced (AllReduce), the whole input
         (ReduceScatter) or the whole output (AllGather)."""
         return self.recv.count if self.counts is None else sum(self.counts)
+
+    def without_arrays(self) -> Call:
+        """This call without its arrays (a remembered call keeps no user memory alive)."""
+        return self._replace(send=None if self.send is None else self.send.described(),
+                             recv=self.recv.described())
 
     def arrays(self, rank: int) -> tuple:
         """(source, destination) 1-D arrays on ``rank``: an in-place ReduceScatter reads all

@@ -5,32 +5,39 @@ created once (on the first collective, collectively), shared by every
 ``mpicoll.Comm`` wrapping the same communicator, and freed together with the
 user's communicator (``comm.Free()`` runs the attribute's delete callback).
 
-Set-up (:class:`Context`), in this order:
+Set-up (:class:`Context`), in this order, the same collectives on every rank
+whatever its options:
 
-1. every option it reads (``MPICOLL_SEGMENT_BYTES``, ``MPICOLL_WINDOW``,
-   ``MPICOLL_FAKE_NODES``) is parsed; a bad value raises before any MPI call;
+1. every option is parsed (core.config's one table, read once here): a bad
+   value raises before any MPI call;
 2. ``Idup`` of the user's communicator;
-3. with more than one rank: ``Ibarrier`` on the duplicate (only for the real
-   node membership: after it every rank is known to be in the set-up, so the
-   blocking ``Split_type`` that follows cannot wait for a missing rank), then
-   ``Iallgather`` of the node labels, which gives the ring order, each with a
-   hash of what this rank would shape schedules with (:data:`SHAPING`);
-4. where those hashes differ, rank 0's configuration, broadcast
-   (``Ibcast``), is every rank's (see "Ranks agree by construction").
+3. with more than one rank, one ``Iallgather`` on the duplicate of each rank's
+   node identity (its host name and boot), a hash of what it would shape
+   schedules with (:data:`SHAPING`, the tuning file, whether its MPI takes
+   device buffers), and that last answer itself;
+4. where those hashes differ, rank 0's configuration, broadcast (two
+   ``Ibcast``), is every rank's (see "Ranks agree by construction").
+
+Then every rank derives the same node labels (the lowest rank of each node;
+``MPICOLL_FAKE_NODES``, as agreed, replaces them), the ring order, the
+selection "auto" uses, the piece to another node and CUDA-awareness (every
+rank's, or no rank's): nothing else is exchanged.
 
 Ranks agree by construction
     What a rank reads from its own files and environment and what shapes a
-    schedule -- the tuning file's selection, segments and node piece, and
-    the options of :data:`SHAPING` -- must be the same on every rank: a rank
-    that chose another algorithm or segment would post messages its peers
-    never match (a wrong result, or a hang).  So the set-up compares them,
-    and where any rank's differ from rank 0's (a node-local cache tuned on
-    one node, a tuning file replaced while the job starts, an environment
-    variable set on some ranks), every rank uses rank 0's, and each rank
-    whose own differed says so once with a RuntimeWarning
-    (``Context.agreement`` keeps the text; ``python -m mpicoll.info`` shows
-    it).  Settings made in the program (``mpicoll.configure``) are the
-    program's: the same on every rank that runs the same code.
+    schedule -- the tuning file's selection, segments and node piece, the
+    options of :data:`SHAPING`, and whether MPI takes device buffers -- must be
+    the same on every rank: a rank that chose another algorithm or segment
+    would post messages its peers never match (a wrong result, or a hang).
+    So the set-up compares them, and where any rank's differ from rank 0's
+    (a node-local cache tuned on one node, a tuning file replaced while the
+    job starts, an environment variable set on some ranks), every rank uses
+    rank 0's, and each rank whose own differed says so once with a
+    RuntimeWarning -- when the call that set the context up has completed,
+    never inside it (``Context.notes``; ``python -m mpicoll.info`` shows
+    ``Context.agreement``).  Settings made in the program
+    (``mpicoll.configure``) are the program's: the same on every rank that
+    runs the same code.
 
 Each request is waited for with the call's timeout (the poller of
 :mod:`_timeout`; no timeout: ``Wait``), so a rank that never reaches its
@@ -72,7 +79,7 @@ SCHEDULES = 64  # schedules (call shapes) kept per context
 # "auto" runs, segments, windows, the check's extra messages, the dtype policy): agreed
 # at set-up with the tuning file's selection (see "Ranks agree by construction").
 SHAPING = ("check", "algorithm", "segment_bytes", "window", "node_piece_bytes",
-           "deterministic", "intranode")
+           "deterministic", "intranode", "fake_nodes")
 
 # (duplicate, [requests]) of set-ups that timed out: freed once the requests complete
 _ABANDONED: list = []
@@ -81,6 +88,37 @@ _ABANDONED: list = []
 def _digest(text: str) -> int:
     """A 63-bit hash of ``text`` (an int64 every rank computes alike)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+_HOST: list = []
+
+
+def _host_id() -> int:
+    """This process's node identity: a hash of its host name and the kernel's boot id (the
+    same for every process of one machine, different across machines; once per process)."""
+    if not _HOST:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+                boot = f.read().strip()
+        except OSError:
+            boot = ""
+        _HOST.append(_digest(f"{MPI.Get_processor_name()}\0{boot}"))
+    return _HOST[0]
+
+
+_AWARE: list = []
+
+
+def _device_aware() -> int:
+    """1 where this rank would hand device buffers to MPI (backends.cuda decides), else 0;
+    0 without CuPy (no device arrays can come)."""
+    if not _AWARE:
+        import importlib.util
+        _AWARE.append(importlib.util.find_spec("cupy") is not None)
+    if not _AWARE[0] and not _config.configured("cuda_aware") and not _config.text("cuda_aware"):
+        return 0
+    from ..backends import cuda as _cuda  # (no CUDA is touched without CuPy)
+    return int(_cuda.cuda_aware_mpi().aware)
 
 
 def _delete_state(comm, keyval, state):
@@ -141,10 +179,16 @@ class Context:
         # intranode is read once, here: the program's setting (mpicoll.configure) joins the
         # values the ranks agree on
         self.env["intranode"] = _config.resolve(self.env)["intranode"]
-        fake = _topology.fake_labels(self.env["fake_nodes"])
+        _select.check_forced(self.env["algorithm"])
+        _topology.fake_labels(self.env["fake_nodes"])  # (checked here: used once agreed)
+        self.notes: list = []  # warnings said once the call that set it up completed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _select.tuning_file()  # read once per process (a bad MPICOLL_TUNING raises)
         self.active = 0  # its operations in flight (its duplicate is freed after the last)
         self.freeing = False  # the user's communicator was freed with operations in flight
-        _select.tuning_file()  # the tuning file, read once per process (a bad MPICOLL_TUNING raises)
+        self.holders = 0  # persistent operations not freed (they keep the duplicate too)
+        self.mpicoll_unusable = None  # why not, after a timeout (observe.calls)
         self.seq = 0  # collectives started on this communicator
         self.persistent_made = 0  # persistent operations made on it (their tags: executor.tag_of)
         self.work = WorkMemory()  # algorithms' work arrays, by purpose (see engine.context)
@@ -160,6 +204,7 @@ class Context:
         self._timeout, self._describe = timeout, describe
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        aware = _device_aware()
         _reap()
         # 2. the private duplicate
         dup, req = comm.Idup()
@@ -167,34 +212,19 @@ class Context:
         try:
             self._wait(pending, "duplicating the communicator (MPI_Comm_idup)")
             dup.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
-            # 3. the ring order, and whether the ranks would shape schedules alike
-            table = np.zeros((self.size, 2), dtype=np.int64)
+            # 3. node identities, and whether the ranks would shape schedules alike
+            mine = np.array([_host_id(), _digest(self._shaping()), aware], dtype=np.int64)
+            table = mine.reshape(1, -1)
             if self.size > 1:
-                if fake is None:
-                    pending = [dup.Ibarrier()]
-                    self._wait(pending, "waiting for every rank to reach the set-up (MPI_Ibarrier)")
-                label = _topology.node_label(dup, fake)
-                mine = np.array([label, _digest(self._shaping())], dtype=np.int64)
+                table = np.zeros((self.size, len(mine)), dtype=np.int64)
                 # MPI's own method: the duplicate of an mpicoll.Comm is an mpicoll.Comm
                 pending = [MPI.Intracomm.Iallgather(dup, mine, table)]
-                self._wait(pending, "exchanging node labels (MPI_Iallgather)")
-            nodes = tuple(table[:, 0].tolist())
-            # 4. what "auto" picks on this communicator (its rank and node counts choose the
-            # tuning): rank 0's where the ranks' configurations differ
-            self.selection = _select.selection(self.size, len(set(nodes)))
-            if len(set(table[:, 1].tolist())) > 1:
-                self._adopt_rank0(dup, len(set(nodes)), pending)
-            self.segment_bytes, self.window = self.env["segment_bytes"], self.env["window"]
-            # how the ranks of a node move data (engine.intranode): the agreed option
-            self.intranode = self.env["intranode"]
-            # the piece to another node: the option, else the tuning's, the ranks' least
-            # (both ends of a message must cut it alike)
-            piece = np.array([self._node_piece_wanted()], dtype=np.int64)
-            if len(set(nodes)) > 1:  # (on one node no message goes to another: nothing to agree)
-                least = np.empty(1, dtype=np.int64)
-                pending = [MPI.Intracomm.Iallreduce(dup, piece, least, MPI.MIN)]
-                self._wait(pending, "agreeing on the piece size across nodes (MPI_Iallreduce)")
-                piece = least
+                self._wait(pending, "exchanging node identities (MPI_Iallgather)")
+            # 4. rank 0's configuration where the ranks' differ
+            ids = table[:, 0].tolist()
+            differ = len(set(table[:, 1].tolist())) > 1
+            if differ:
+                self._adopt_rank0(dup, pending, caught, ids)
         except BaseException:
             if MPI.Request.Testall(pending):
                 dup.Free()
@@ -206,9 +236,27 @@ class Context:
         ub = dup.Get_attr(MPI.TAG_UB)
         if ub:
             self.tag_ub = int(ub)
-        self.node_piece = int(piece[0])  # (channels to other nodes: transport.channel)
-        self.nodes = nodes  # node label per rank (Shape.nodes, select.choose)
-        self.ring = _topology.ring_from_nodes(list(nodes))
+        self.nodes = self._labels(dup, ids)  # node label per rank
+        nnodes = len(set(self.nodes))
+        with warnings.catch_warnings(record=True) as more:
+            warnings.simplefilter("always")
+            if not differ:  # (else rank 0's, adopted above)
+                self.selection = _select.selection(self.size, nnodes)
+        self.notes += [str(w.message) for w in caught + more]
+        self.segment_bytes, self.window = self.env["segment_bytes"], self.env["window"]
+        # how the ranks of a node move data (engine.intranode): the agreed option
+        self.intranode = self.env["intranode"]
+        # the piece to another node: the option, else the tuning's (agreed: the same on
+        # every rank, as both ends of a message must cut it alike)
+        self.node_piece = self._node_piece_wanted()
+        # device buffers straight to MPI only where every rank's MPI takes them
+        self.aware = bool(table[:, 2].all())
+        if table[:, 2].any() and not self.aware:
+            self.notes.append(f"mpicoll: device buffers are staged through host memory on "
+                              f"every rank: the MPI of rank(s) "
+                              f"{[r for r in range(self.size) if not table[r, 2]]} does not "
+                              f"take them (python -m mpicoll.info --probe says why)")
+        self.ring = _topology.ring_from_nodes(list(self.nodes))
         self.ring_pos = self.ring.index(self.rank)
         # per rank, whether it shares this rank's node: the channels' piece size
         self.local = _channel.local_ranks(self.nodes, self.rank)
@@ -217,6 +265,38 @@ class Context:
         self.tuned_options = tuple(n for n in ("segment_bytes", "window")
                                    if not self.env.get(f"set {n}", bool(_config.text(n)))
                                    and self.env[n] == _config.TABLE[n].default)
+
+    def _labels(self, dup, ids) -> tuple:
+        """Every rank's node label: the lowest rank of its node by node identity, or by the
+        agreed ``MPICOLL_FAKE_NODES`` (COMM_WORLD ranks' labels)."""
+        fake = _topology.fake_labels(self.env["fake_nodes"])
+        if fake is not None:
+            world = MPI.COMM_WORLD.Get_group()
+            group = dup.Get_group()
+            try:
+                ranks = MPI.Group.Translate_ranks(group, list(range(self.size)), world)
+            finally:
+                group.Free()
+                world.Free()
+            ids = [fake[r] for r in ranks]
+        first: dict = {}
+        for r, i in enumerate(ids):
+            first.setdefault(i, r)
+        return tuple(first[i] for i in ids)
+
+    def cuda_aware(self) -> bool:
+        """Whether device buffers go straight to MPI on this communicator: the program's
+        setting (``mpicoll.configure(cuda_aware=...)``), else what every rank's MPI does
+        (agreed at set-up; backends.cuda decides each rank's)."""
+        if _config.configured("cuda_aware"):
+            return bool(_config.get("cuda_aware"))
+        return self.aware
+
+    def flush_notes(self) -> None:
+        """Say what the set-up had to say (RuntimeWarning), now that its call completed."""
+        notes, self.notes = self.notes, []
+        for note in notes:
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
 
     def options(self) -> dict:
         """The options in force for this communicator (core.config.resolve of the values read
@@ -240,16 +320,23 @@ class Context:
         return json.dumps(dict(self._shaping_options(), file=None if tf is None else tf.data,
                                note=note), sort_keys=True, default=str)
 
-    def _configuration(self) -> str:
+    def _configuration(self, selection) -> str:
         """What rank 0 sends when the ranks' differ: its options and its selection's entry."""
-        entry = self.selection.entry
+        entry = selection.entry
         return json.dumps(dict(self._shaping_options(), entry=None if entry is None else entry.raw,
-                               source=self.selection.source), sort_keys=True, default=str)
+                               source=selection.source), sort_keys=True, default=str)
 
-    def _adopt_rank0(self, dup, nodes: int, pending: list) -> None:
-        """Every rank takes rank 0's configuration (module docstring); collective."""
-        mine = self._configuration()
-        data = mine.encode() if self.rank == 0 else b""
+    def _adopt_rank0(self, dup, pending: list, caught, ids) -> None:
+        """Every rank takes rank 0's configuration (module docstring); collective.  Its
+        warnings join ``caught`` (said once the call completed)."""
+        if self.rank == 0:
+            with warnings.catch_warnings(record=True) as more:
+                warnings.simplefilter("always")
+                self.selection = _select.selection(self.size, len(set(self._labels(dup, ids))))
+            caught += more
+            data = self._configuration(self.selection).encode()
+        else:
+            data = b""
         size = np.array([len(data)], dtype=np.int64)
         pending[:] = [dup.Ibcast(size, root=0)]
         self._wait(pending, "agreeing on rank 0's tuning and options (MPI_Ibcast)")
@@ -259,17 +346,15 @@ class Context:
         self._wait(pending, "agreeing on rank 0's tuning and options (MPI_Ibcast)")
         if self.rank == 0:
             return
-        theirs = buf.tobytes().decode()
-        if theirs == mine:
-            return
-        config = json.loads(theirs)
+        config = json.loads(buf.tobytes().decode())
         for name in SHAPING:
             self.env[name] = config["options"][name]
             self.env[f"set {name}"] = config["set"][name]
+        nodes = len(set(self._labels(dup, ids)))
         self.selection = _select.adopted(config["entry"], self.size, nodes, config["source"])
         self.agreement = (f"this rank's tuning or options differed from rank 0's; rank 0's "
                           f"are used on every rank (rank 0: {config['source']})")
-        warnings.warn(f"mpicoll: {self.agreement}", RuntimeWarning, stacklevel=4)
+        self.notes.append(f"mpicoll: {self.agreement}")
 
     def _node_piece_wanted(self) -> int:
         """This rank's piece to another node: ``node_piece_bytes`` if set, else the tuning
@@ -344,10 +429,11 @@ class Context:
 
     def free(self) -> None:
         """The user's communicator is freed: so is mpicoll's duplicate, once the operations
-        in flight on it have completed (MPI's rule for MPI_Comm_free)."""
+        in flight on it have completed and the persistent operations made on it are freed
+        (MPI's rule for MPI_Comm_free: a request keeps its communicator)."""
         self.drop_cache()
         self.schedules.clear()
-        if self.active:
+        if self.active or self.holders:
             self.freeing = True
             return
         self._release()
@@ -355,7 +441,13 @@ class Context:
     def operation_ended(self) -> None:
         """One of its operations in flight ended."""
         self.active -= 1
-        if self.freeing and self.active == 0:
+        if self.freeing and self.active == 0 and self.holders == 0:
+            self._release()
+
+    def let_go(self) -> None:
+        """A persistent operation made on it was freed."""
+        self.holders -= 1
+        if self.freeing and self.active == 0 and self.holders == 0:
             self._release()
 
     def _release(self) -> None:
@@ -578,6 +670,11 @@ class Lease:
     def take(self, dtype, n: int, purpose: str):
         """A 1-D work array of ``n`` elements for ``purpose``, disjoint from every live region."""
         return self.mem._take(self, dtype, n, purpose)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the regions it holds."""
+        return sum((r.end - r.start) * np.dtype(r.key[1]).itemsize for r in self.regions)
 
     def release(self) -> None:
         if self.regions:

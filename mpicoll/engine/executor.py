@@ -1,24 +1,33 @@
-"""The progress engine: one operation type, one loop that advances it, one rule for waiting.
+"""The runner: one operation type, bound once, started any number of times; one loop.
 
 An algorithm is a :class:`~mpicoll.algorithms.schedule.Schedule` (no MPI, no
-arrays).  Running it takes two stages:
+arrays).  engine.run binds it once (:func:`bind`: every region an array view,
+work buffers from a lease of the context's arena) into an :class:`Operation`,
+and every form of a call is that operation started:
+
+* a blocking call is one start run to the end (:meth:`Operation.run`);
+* a non-blocking call is one start handed to the caller (:meth:`Operation.start`,
+  then ``test``/``wait``);
+* a persistent request (``Allreduce_init``) and a remembered call (engine.cache)
+  are the same operation started again and again.
 
 Binding
-    :func:`bind` turns every region into an array view (``SRC`` and ``DST``
-    are the call's arrays, work buffers come from a lease of the context's
-    arena, engine.context): a tuple of *steps*, one per schedule op.  A
-    cached call (engine.cache) binds once more, with :func:`compile_bound`:
-    each message of up to one piece becomes a persistent point-to-point
-    request made once, and its steps start that request instead of posting
-    a new one.  Both are the same steps; only how a message is posted differs.
+    :func:`bind` turns the schedule's ops into *steps*.  Where the messages
+    keep one tag from start to start (blocking calls, persistent requests)
+    and each fits one piece of the plain host channel, :func:`on_requests`
+    also binds them to persistent point-to-point requests made once
+    (``Send_init``/``Recv_init``), consecutive starts folded into one
+    ``Startall``, reductions and copies into ready calls: the operation's
+    *program*.  Steps and program are the same steps; a start runs the
+    program unless something observes it (a trace, a traffic counter, the
+    fingerprint check) or its tag changes (a non-blocking call takes the tag
+    of its call number).
 
-Advancing (:class:`Operation`)
-    An operation holds its steps, the index of the next one and the
-    outstanding requests.  :meth:`Operation._advance` is the only loop over
-    steps: it runs steps until a ``Wait`` whose requests are not complete,
-    then returns (``test``) or waits (``wait``).  A blocking call is an
-    operation started and waited for; a non-blocking one is started and
-    handed to the caller; a persistent one is started again and again.
+Advancing
+    :meth:`Operation._run` is the only loop over steps: it runs steps until a
+    ``Wait`` whose requests are not complete, then returns (``test``) or
+    waits (``wait``).  A pipeline (``Schedule.parts``) is the same loop run
+    over each open chunk in turn (:meth:`Operation._advance_parts`).
 
 The progress rule (MPI's)
     Operations started and not complete are listed in :data:`IN_FLIGHT`.
@@ -29,28 +38,33 @@ The progress rule (MPI's)
     operation still sends the messages of the others its peers wait for.
     Only when nothing else is in flight does a wait block inside MPI.
 
+Deadlines
+    An operation under a timeout (the call's ``timeout=`` or the option) polls
+    its waits (:meth:`Operation._timed_wait`): the deadline restarts at every
+    completed request or piece, and after ``timeout`` seconds without any it
+    raises :class:`~mpicoll.CollectiveTimeout` naming the message it waited
+    for (:func:`expired`); ``test()`` enforces the same deadline.  One
+    mechanism, whatever posted the messages.
+
 Locking
     No lock is held across an MPI wait.  Each operation has a lock of its
     own, held while one thread advances it (the caller, another caller's
     wait, or the progress thread; the others skip it: ``acquire(False)``).
-    :data:`_MEMBERS` guards only the membership of :data:`IN_FLIGHT`.  So two
-    threads on two communicators never wait for each other, and the progress
-    thread can always advance what no one else is advancing.
+    :data:`_MEMBERS` guards only the membership of :data:`IN_FLIGHT`.
 
 Failure
     An operation that fails (a timeout, an MPI error, an interrupt) keeps its
-    exception: every later ``test``/``wait`` raises it again.  A failure met
-    while advancing *another* operation belongs to that operation and is
-    raised to its own caller, not to the one whose wait happened to advance it.
+    exception: every later ``test``/``wait`` raises it again, and it never
+    starts again (its requests may still be active; MPI completes them).  A
+    failure met while advancing *another* operation belongs to that one.
 
 Tags
-    Blocking calls use the channel's default tag: they never overlap on a
-    communicator (MPI's rule for collectives), and MPI's non-overtaking rule
-    keeps their messages in order.  A non-blocking operation gets a tag of
-    its own, derived from the context's call counter, and a persistent one
-    from the count of persistent operations made, in a separate range (every
-    rank starts collectives and makes persistent operations in the same
-    order, so every rank derives the same tag); see :func:`tag_of`.
+    Blocking calls use the channel's tag (:data:`TAG`, and a pipeline's chunk
+    k ``TAG + k``): they never overlap on a communicator.  A non-blocking
+    start takes a tag derived from its call number, a persistent operation
+    one from the count of persistent operations made, in a separate range
+    (every rank starts collectives and makes persistent operations in the
+    same order, so every rank derives the same tag); see :func:`tag_of`.
 """
 
 from __future__ import annotations
@@ -68,6 +82,8 @@ from mpi4py import MPI
 from ..algorithms.schedule import DST, SRC, Copy, Recv, Reduce, Send, Shape, Wait
 from ..backends.host import FP_CONDITIONS, NUMPY
 from ..core import types as _types
+from ..core import config as _config
+from ..core.config import EPOCH
 from ..core.errors import MessageError, MpicollError
 from ..observe import calls as _observe
 from ..transport import channel as _channel
@@ -79,26 +95,28 @@ IN_FLIGHT: list = []
 _MEMBERS = threading.Lock()  # guards IN_FLIGHT's membership; never held across MPI
 
 # step kinds (the first item of each step tuple)
-SEND, RECV, WAIT, REDUCE, COPY, START, CALL = range(7)
+SEND, RECV, WAIT, REDUCE, COPY, CALL, AFTER = range(7)
 
 # Tags 0..CHUNKS-1 are the blocking calls' (transport.channel.TAG, and the chunks of a
 # pipeline), CHUNKS the fingerprint check's (observe.check.TAG); non-blocking and
 # persistent operations take tags from CHUNKS + 1 up.
 FIRST_TAG = CHUNKS + 1
 
+_Startall = MPI.Prequest.Startall
+_Waitall = MPI.Request.Waitall
+_Testall = MPI.Request.Testall
+
 
 def tag_of(seq: int, tag_ub: int, persistent: bool = False) -> int:
-    """The tag of the non-blocking operation started as call ``seq`` of a context, or
+    """The tag of the non-blocking start that is call ``seq`` of a context, or
     (``persistent``) of the ``seq``-th persistent operation made on it.
 
-    Non-blocking operations take the lower half of ``FIRST_TAG..tag_ub``,
-    persistent ones the upper half: a persistent operation keeps its tag for
-    its whole life, so however many calls later a non-blocking one starts, it
-    cannot get that tag.  Within a half a tag repeats only after half as many
-    starts (non-blocking) or creations (persistent) as there are tags, so two
-    operations in flight together share one only if that many start (are
-    made) on the communicator during the older one's life: 2**28 with
-    MPICH's ``MPI_TAG_UB``, 16383 with the least MPI allows.
+    Non-blocking starts take the lower half of ``FIRST_TAG..tag_ub``,
+    persistent operations the upper half: a persistent operation keeps its tag
+    for its whole life, so however many calls later a non-blocking one starts,
+    it cannot get that tag.  Within a half a tag repeats only after half as
+    many starts (creations) as there are tags: 2**28 with MPICH's
+    ``MPI_TAG_UB``, 16383 with the least MPI allows.
     """
     half = (tag_ub - FIRST_TAG + 1) // 2
     return FIRST_TAG + (half if persistent else 0) + seq % half
@@ -181,7 +199,11 @@ def _wire(arr):
 
 
 def bind(schedule, views: dict) -> tuple:
-    """The schedule's ops as steps, every region an array view of ``views`` (name -> 1-D)."""
+    """The schedule's ops as steps, every region an array view of ``views`` (name -> 1-D).
+
+    Steps: ``(SEND|RECV, array, peer, index, chunk)``, ``(WAIT, handles, None)``,
+    ``(REDUCE, a, b, out)``, ``(COPY, dst, src)``; ``index`` is the op's index in the
+    schedule, where its request is kept while it is posted."""
     out = []
     wire = {name: _wire(arr) for name, arr in views.items()}
     for i, op in enumerate(schedule.ops):
@@ -214,36 +236,37 @@ def work_views(schedule, lease, dtype) -> dict:
             for purpose, n in schedule.work.items()}
 
 
-_ALL = Ellipsis  # dst[...] = src: NumPy's cheapest whole-array assignment (docs/performance.md)
+_ALL = Ellipsis  # dst[...] = src: NumPy's cheapest whole-array assignment
 # ufuncs whose output NumPy (2.4) no longer takes as a positional argument
 _OUT_BY_KEYWORD = frozenset({np.maximum, np.minimum})
 
 
-def compile_bound(steps, ch, red, be, timed=None) -> tuple:
-    """(the same steps on persistent requests, those requests); (None, ()) when some message
-    cannot be one.
+def on_requests(steps, ch, red, be) -> tuple:
+    """(the program: ``steps`` on persistent requests, those requests); (None, ()) when some
+    message cannot be one.
 
     Every message of at most one piece on the plain host channel becomes a
     persistent request made here, once (``Recv_init``/``Send_init`` on the
-    channel's communicator with its tag), started where the steps post it
-    and waited for where they wait; each reduction and copy becomes a ready
-    call with its operands bound (one array object per memory region, so
-    NumPy's overlap check is cheap).  A message over one piece, or a channel
-    that is not the plain host one (staging, observation), makes the steps
-    uncompilable.  The requests are inactive after a run to the end; whoever
-    holds them frees them (:func:`free_requests`).
-
-    ``timed``: (timeout, expired) of a call under a timeout: each wait polls
-    its requests (:func:`timed_waitall`) and ``expired(pending, idle)`` makes
-    the exception to raise, ``pending`` the (request, (kind, peer, nbytes,
-    k)) still incomplete, ``k`` its index among the call's sends (receives).
+    channel's communicator with its tag); the requests of consecutive posts
+    start together (one ``Startall``), a wait waits for its requests; each
+    reduction and copy becomes a ready call with its operands bound (one array
+    object per memory region, so NumPy's overlap check is cheap).  A message
+    over one piece, or a channel that is not the plain host one (staging, node
+    memory of device arrays), leaves the operation without a program.  The
+    requests are inactive after a run to the end; the operation frees them
+    (:meth:`Operation.release`).
     """
     if type(ch) is not Channel:
         return None, ()
-    out, requests, posted = [], [], {}
-    about = messages(steps, ch)
+    out, requests, posted, starting = [], [], {}, []
     ufunc = getattr(red, "ufunc", None)
     one = _Views()
+
+    def flush():
+        if starting:
+            out.append((CALL, functools.partial(_Startall, list(starting))))
+            starting.clear()
+
     for step in steps:
         k = step[0]
         if k == SEND or k == RECV:
@@ -255,15 +278,11 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
             req = init([arr, ch.mpitype], step[2], ch.tag + step[4])
             requests.append(req)
             posted[step[3]] = req
-            out.append((START, req))
-        elif k == WAIT:
-            preqs = [posted[h] for h in step[1]]
-            if timed is None:
-                out.append((WAIT, step[1], preqs))
-            else:
-                # (a ready call: a timed entry runs only blocking, so its waits may poll)
-                out.append((CALL, functools.partial(
-                    timed_waitall, preqs, [about[h] for h in step[1]], *timed)))
+            starting.append(req)
+            continue
+        flush()
+        if k == WAIT:
+            out.append((WAIT, step[1], [posted[h] for h in step[1]]))
         elif k == REDUCE:
             a, b, o = one(step[1]), one(step[2]), one(step[3])
             if ufunc is None:
@@ -281,104 +300,8 @@ def compile_bound(steps, ch, red, be, timed=None) -> tuple:
                 out.append((CALL, functools.partial(be.copy, dst, src)))
         else:
             out.append(step)
+    flush()
     return tuple(out), tuple(requests)
-
-
-def messages(steps, ch) -> dict:
-    """Per message of bound ``steps`` (its index, ``step[3]``): (kind, peer, nbytes, k),
-    ``k`` its index among the sends (receives): what a timed wait says of it."""
-    about, counted = {}, {SEND: 0, RECV: 0}
-    wire = ch.mpitype.Get_size()
-    for step in steps:
-        k = step[0]
-        if k == SEND or k == RECV:
-            about[step[3]] = ("send" if k == SEND else "recv", step[2], len(step[1]) * wire,
-                              counted[k])
-            counted[k] += 1
-    return about
-
-
-def one_piece(steps, ch) -> bool:
-    """Whether every message of bound ``steps`` is at most one piece of channel ``ch``
-    (a single MPI request: what a timed wait on the plain channel can poll)."""
-    return all(len(step[1]) <= ch.piece_for(step[2]) for step in steps
-               if step[0] == SEND or step[0] == RECV)
-
-
-class Timed:
-    """The timeout of an operation on the plain host channel (a non-blocking call
-    remembered with its timeout, engine.cache), in the place of an observed call's
-    (:attr:`Operation.call`): its waits
-    poll (:func:`timed_waitall`) and :meth:`Operation.test` gives up after ``timeout``
-    seconds without progress, raising what ``expire(pending, idle)`` makes.
-
-    ``about``: :func:`messages` of its steps, each message one MPI request
-    (:func:`one_piece`)."""
-
-    __slots__ = ("timeout", "expire", "about")
-
-    last_progress = 0.0  # (an observed call's: a piece seen; here a Wait step completing)
-
-    def __init__(self, timeout, expire, about):
-        self.timeout, self.expire, self.about = timeout, expire, about
-
-    def pending(self, reqs, handles) -> list:
-        """The requests of messages ``handles`` not complete, as timed waits poll them."""
-        about = self.about
-        return [_Pending(reqs[j], about[j]) for j in handles
-                if reqs[j] is not None and reqs[j] != MPI.REQUEST_NULL]
-
-    def expired(self, left, idle, phase=None):
-        return self.expire(left, idle)
-
-
-def timed_waitall(requests, about, timeout, expired) -> None:
-    """Complete ``requests`` (MPI requests, persistent or not) by polling; raise
-    ``expired(left, idle)`` once nothing moved for ``timeout`` seconds (a remembered call's wait
-    under a timeout, engine.cache).
-
-    ``about[i]``: (kind, peer, nbytes, k) of ``requests[i]``, which the entries
-    of ``left`` carry as ``what``.  First a spin on ``Testall`` (MPI_Testall
-    changes no request until all are complete, so this is the cheapest poll;
-    docs/performance.md); past ``SPIN_S`` the wait every timed channel uses
-    (transport.timeout.wait: the deadline restarts at each completion, one last
-    poll after it, a doubling sleep), where a step another operation in flight
-    takes counts as progress too (the progress rule).
-    """
-    testall = _channel.testall
-    start = perf_counter()
-    while not testall(requests):
-        if IN_FLIGHT:
-            progress_others()
-        if perf_counter() - start > _timeout.SPIN_S:
-            break
-    else:
-        return
-    pending = [_Pending(req, what) for req, what in zip(requests, about)]
-    base = _timeout.tester(pending)  # (MPI requests: Testsome)
-
-    def test(left):
-        done, progress = base(left)
-        return done, bool(IN_FLIGHT and progress_others()) or progress
-
-    _timeout.wait(pending, timeout, expired, test)
-
-
-class _Pending:
-    """A request of :func:`timed_waitall` as transport.timeout.wait polls it."""
-
-    __slots__ = ("req", "kind", "what", "done")
-
-    def __init__(self, req, what):
-        self.req, self.kind, self.what, self.done = req, what[0], what, None
-
-
-def free_requests(requests) -> None:
-    """Free persistent requests: inactive after a run to the end; active only after an
-    interrupted run, which MPI then completes on its own."""
-    if requests and not MPI.Is_finalized():
-        for req in requests:
-            req.Free()
 
 
 class _Views:
@@ -392,6 +315,15 @@ class _Views:
             return arr
         key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
         return self.seen.setdefault(key, arr)
+
+
+def free_requests(requests) -> None:
+    """Free persistent requests: inactive after a run to the end; active only after an
+    interrupted run, which MPI then completes on its own."""
+    if requests and not MPI.Is_finalized():
+        for req in requests:
+            if req != MPI.REQUEST_NULL:  # (freed already: at exit, before its owner)
+                req.Free()
 
 
 def testall(ch, reqs) -> bool:
@@ -408,72 +340,87 @@ def testall(ch, reqs) -> bool:
 # --- operations --------------------------------------------------------------------------
 
 class Operation:
-    """One collective on one rank: steps, where it is in them, its requests, its fate.
+    """One collective on one rank: bound once (steps, program, transport), started any
+    number of times.
 
-    ``steps``: from :func:`bind` (or :func:`compile_bound`); ``ch``, ``red``,
-    ``be``: the channel, reducer and backend they run with; ``run``: what
-    started it (engine.run; None for an internal exchange); ``call``:
-    its observation (observe.calls), whose timeout :meth:`test` enforces.
+    ``bound``: what engine.run made of the call (engine.run.Bound: the call without its
+    arrays, the schedule, the transport, the lease of work memory, the steps);
+    ``None`` for an internal exchange (:func:`run_to_end`).  ``ch``, ``red``,
+    ``be``: the channel, reducer and backend the steps run with.
 
     Attributes:
         algorithm: the algorithm chosen.
         done: True once complete (also while a persistent operation is inactive).
         error: the exception it failed with (raised again by every test/wait), or None.
+        persistent: started again by its owner (a persistent request or the cache).
     """
 
-    __slots__ = ("algorithm", "done", "error", "persistent", "run", "steps", "ch", "red", "be",
-                 "call", "ctx", "progress", "parts", "depth", "_i", "_cur", "_reqs", "_active",
-                 "_lock", "_since", "owner", "__weakref__")
+    __slots__ = ("bound", "schedule", "ctx", "algorithm", "done", "error", "persistent",
+                 "blocking", "steps", "program", "requests", "ch", "red", "be", "parts",
+                 "depth", "timeout", "expire", "call", "tag", "progress", "owner", "seq",
+                 "_epoch", "_plain", "_run_steps", "_run_ch", "_next", "_i", "_cur", "_reqs",
+                 "_active", "_lock", "_since", "__weakref__")
 
-    def __init__(self, steps, ch, red, be, *, run=None, ctx=None, persistent=False,
-                 algorithm=None):
+    def __init__(self, steps, ch, red, be, *, bound=None, ctx=None, algorithm=None,
+                 timeout=None, tag=None, persistent=False, schedule=None, expire=None):
+        self.bound = bound
+        self.schedule = bound.schedule if bound is not None else schedule
+        self.blocking = True
+        self.expire = expire  # (an internal exchange's timeout error: run_on)
+        self.ctx = ctx
         self.algorithm = algorithm
         self.done = True
         self.error = None
         self.persistent = persistent
-        self.run = run
-        self.ctx = ctx
         self.steps, self.ch, self.red, self.be = steps, ch, red, be
-        self.call = None
-        self.progress = False  # handed to the progress thread (api.requests)
+        self.program = None
+        self.requests = ()
         # a pipeline's chunks (Schedule.parts, Schedule.depth): () for steps run in order
         self.parts, self.depth = (), 0
+        self.timeout = timeout
+        self.call = None  # the observation of the start in progress (observe.calls), if any
+        self.tag = tag  # None: the channel's own; else "call number" or a fixed tag
+        self.progress = False  # handed to the progress thread (api.requests)
+        # non-blocking: the request or handle whose caller has not seen it complete yet
+        # (api.requests); the cache restarts an operation only without one
+        self.owner = None
+        self.seq = 0
+        self._epoch = -1  # (the options epoch the run form below was decided for)
+        self._plain = False
+        self._run_steps = steps
+        self._run_ch = ch
+        self._next = None  # (steps the start goes on with after these: proceed())
         self._i = 0
         self._cur = None  # (parts: the next step of each chunk)
         self._reqs = None
         self._active = False
         self._lock = threading.Lock()
-        self._since = 0.0  # when it last moved (timeouts under test())
-        # non-blocking: the request or handle whose caller has not seen it complete yet
-        # (api.requests); a cached operation restarts only without one (engine.cache)
-        self.owner = None
+        self._since = 0.0  # when it last moved (deadlines)
 
     # -- the interface --------------------------------------------------------
-    def go(self, block: bool) -> None:
-        """Start from the first step: in flight unless ``block`` (a blocking call, which
-        then runs to the end here)."""
-        self.done = False
-        self.error = None
-        self._i = 0
-        self._cur = [first for first, _ in self.parts] if self.parts else None
-        self._reqs = [None] * len(self.steps)
-        self._active = True
-        if self.call is not None:
-            self._since = perf_counter()
-        if block:
-            # (no lock: an operation run to the end here is in no list another thread reads)
-            self._advance(True)
-            return
+    def run(self) -> None:
+        """One start run to the end here (a blocking call)."""
+        self._begin()
+        self._go(True)
+        if self.ctx.notes:
+            self.ctx.flush_notes()
+
+    def start(self) -> None:
+        """One start, in flight: it advances in every wait (the progress rule), and in the
+        progress thread when the ``progress`` option is on (api.requests)."""
+        self._begin()
+        self.progress = _config.get("progress")
         with _MEMBERS:
             IN_FLIGHT.append(self)
-        if self.ctx is not None:
-            self.ctx.active += 1
+        ctx = self.ctx
+        if ctx is not None:
+            ctx.active += 1
         with self._lock:
-            self._advance(False)
+            self._go(False)
 
     def test(self) -> bool:
         """Advance without blocking; True once complete.  Raises what the operation failed
-        with (every time), including CollectiveTimeout once its timeout passed."""
+        with (every time), including CollectiveTimeout once its deadline passed."""
         if self._active and self._lock.acquire(False):
             try:
                 if self._active:
@@ -484,7 +431,10 @@ class Operation:
                 self._lock.release()
         if self.error is not None:
             raise self.error
-        return not self._active
+        if self._active:
+            return False
+        self._said()
+        return True
 
     def wait(self) -> None:
         """Block until complete, advancing every other operation in flight meanwhile."""
@@ -494,22 +444,122 @@ class Operation:
                     self._advance(True)
         if self.error is not None:
             raise self.error
+        self._said()
+
+    def _said(self) -> None:
+        """Complete: what its context's set-up had to say is said now (engine.context)."""
+        ctx = self.ctx
+        if ctx is not None and ctx.notes:
+            ctx.flush_notes()
+
+    def release(self) -> None:
+        """Never started again: its persistent requests and work memory go back (an active
+        operation completes first).  Idempotent."""
+        if self._active:
+            try:
+                self.wait()
+            except BaseException:  # (its error stays its own; the requests are MPI's now)
+                pass
+        self.program = None
+        self._epoch = -1
+        free_requests(self.requests)
+        self.requests = ()
+        unhold(self)
+        if self.bound is not None:
+            self.bound.release()
+
+    # -- one start ------------------------------------------------------------
+    def _begin(self) -> None:
+        """Set up one start: the call number, its tag, its observation, what it runs."""
+        if self.error is not None:
+            raise MpicollError(f"this operation failed earlier and cannot start again: "
+                               f"{self.error}")
+        ctx = self.ctx
+        if ctx.mpicoll_unusable is not None:  # (a timeout left messages in flight)
+            _observe.check_usable(ctx)
+        bound = self.bound
+        if bound.claims:
+            bound.claim(self)
+        ctx.seq += 1
+        self.seq = ctx.seq
+        if self._epoch != EPOCH[0]:
+            self._decide()
+        if self._plain:
+            self._run_steps, self._run_ch = self.program, self.ch
+            return
+        self._run_steps = self.steps
+        if bound.schedule is None:  # (first steps before its own: observed once bound)
+            self._run_ch = None
+            return
+        try:
+            self.call = bound.observe(self)
+            if self.ch is not None:
+                self.use_channel(self.ch)
+            if bound.enters:
+                bound.enter(self)
+        except BaseException as exc:
+            self._end(exc)
+            raise
+
+    def use_channel(self, ch, be=None, red=None) -> None:
+        """Run this start on transport channel ``ch`` (with backend ``be`` and reducer ``red``,
+        default the transport's): the tag of its call number (a non-blocking start) or its
+        own, observed if something observes it."""
+        if self.tag == "call":
+            set_tag(ch, tag_of(self.seq, self.ctx.tag_ub))
+        elif self.tag is not None:
+            set_tag(ch, self.tag)
+        t = self.bound.transport
+        be = t.backend if be is None else be
+        red = t.reducer if red is None else red
+        if self.call is not None:
+            ch, be, red = self.call.wrap(ch, be, red)
+        self._run_ch, self.be, self.red = ch, be, red
+
+    def _decide(self) -> None:
+        """What starts run under the options now in force: the program where nothing
+        observes them (a trace, a traffic counter, the fingerprint check), and the
+        deadline (bound.observed sets ``timeout``)."""
+        self._plain = not self.bound.observed(self) and self.program is not None
+        self._epoch = EPOCH[0]
+
+    def _go(self, block: bool) -> None:
+        self.done = False
+        self.error = None
+        self._i = 0
+        self._cur = [first for first, _ in self.parts] if self.parts else None
+        self._reqs = [None] * len(self._run_steps)
+        self._active = True
+        self._since = perf_counter()
+        self._advance(block)
 
     # -- the loop -------------------------------------------------------------
+    def proceed(self, steps) -> None:
+        """The start in progress goes on with ``steps`` once the current ones have run (the
+        call's own steps after a node memory's set-up: engine.intranode.prelude)."""
+        self._next = steps
+
     def _advance(self, block: bool) -> None:
         """Run steps until one must wait (``block``: wait there), or to the end."""
         try:
-            if self.parts:
-                if not self._advance_parts(block):
-                    return
-            else:
-                n = len(self.steps)
-                self._i = self._run(self._i, n, block)
-                if self._i < n:
-                    return
+            while True:
+                if self.parts and self._next is None and self._cur is not None:
+                    if not self._advance_parts(block):
+                        return
+                else:
+                    n = len(self._run_steps)
+                    self._i = self._run(self._i, n, block)
+                    if self._i < n:
+                        return
+                steps, self._next = self._next, None
+                if steps is None:
+                    break
+                self._run_steps, self._i = steps, 0
+                self._reqs = [None] * len(steps)
+                self._cur = [first for first, _ in self.parts] if self.parts else None
         except BaseException as exc:
             if isinstance(exc, MPI.Exception) and not isinstance(exc, MpicollError):
-                exc = failure(self, self.steps[self._i], exc)
+                exc = failure(self, self._run_steps[self._i], exc)
             self._end(exc)
             raise exc from None
         self._end(None)
@@ -521,7 +571,7 @@ class Operation:
         Blocking only on the oldest unfinished chunk, after every other moved as far as
         it could, cannot hang: a peer either finished that chunk (its messages are
         posted) or is blocked on it too, and one chunk alone is deadlock-free."""
-        parts, depth, cur, steps = self.parts, self.depth, self._cur, self.steps
+        parts, depth, cur, steps = self.parts, self.depth, self._cur, self._run_steps
         while True:
             oldest, moved = None, False
             for c, (_, end) in enumerate(parts):
@@ -545,99 +595,180 @@ class Operation:
             if not block:
                 return False
             self._waited(steps[self._i], True)
-            if self.call is not None:
-                self._since = perf_counter()
             cur[oldest] += 1
 
     def _run(self, i: int, n: int, block: bool) -> int:
         """Run steps ``i`` up to ``n`` until one must wait (``block``: wait there); the index
         it stopped at.  The only loop over steps."""
-        steps, reqs, ch = self.steps, self._reqs, self.ch
+        steps, reqs, ch = self._run_steps, self._reqs, self._run_ch
         try:
             while i < n:
                 step = steps[i]
                 k = step[0]
-                if k == SEND:
-                    reqs[step[3]] = ch.isend(step[1], step[2], step[4])
-                elif k == RECV:
-                    reqs[step[3]] = ch.irecv(step[1], step[2], step[4])
-                elif k == START:
-                    step[1].Start()
+                if k == CALL:
+                    try:
+                        step[1]()
+                    except FP_CONDITIONS:  # (written: IEEE, as MPI's; backends.host)
+                        pass
                 elif k == WAIT:
                     if not self._waited(step, block):
                         return i
-                    if self.call is not None:
-                        self._since = perf_counter()
+                elif k == AFTER:
+                    if not self._after(step[1], block):
+                        return i
+                elif k == SEND:
+                    reqs[step[3]] = ch.isend(step[1], step[2], step[4])
+                elif k == RECV:
+                    reqs[step[3]] = ch.irecv(step[1], step[2], step[4])
                 elif k == REDUCE:
                     try:
                         self.red(step[1], step[2], step[3])
-                    except FP_CONDITIONS:  # (written: IEEE, as MPI's; backends.host)
+                    except FP_CONDITIONS:
                         pass
-                elif k == COPY:
+                else:  # COPY
                     try:
                         self.be.copy(step[1], step[2])
                     except FP_CONDITIONS:
                         pass
-                else:
-                    try:
-                        step[1]()
-                    except FP_CONDITIONS:
-                        pass
                 i += 1
         except BaseException:
-            self._i = i  # (the step that failed: executor.failure names it)
+            self._i = i  # (the step that failed: failure() names it)
             raise
         return i
 
     def _waited(self, step, block: bool) -> bool:
         """Complete the requests of a Wait step; False if not complete and not ``block``."""
         preqs = step[2]
-        if preqs is not None:  # persistent requests (compile_bound)
-            if block:
-                if others_in_flight(self):
-                    wait_for(lambda: _channel.testall(preqs), self)
-                _channel.waitall(preqs)
-                return True
-            return _channel.testall(preqs)
-        ch, reqs, call = self.ch, self._reqs, self.call
+        if preqs is not None:  # the program's persistent requests
+            if not block:
+                return _channel.testall(preqs)
+            if self.timeout is not None:
+                self._timed_wait(step)
+            else:
+                if IN_FLIGHT and others_in_flight(self):
+                    wait_for(lambda: _Testall(preqs), self)
+                try:
+                    _Waitall(preqs)
+                except MPI.Exception:
+                    _channel.waitall(preqs)  # (the failed request's own error)
+            self._since = perf_counter()
+            return True
+        ch, reqs = self._run_ch, self._reqs
         rs = [reqs[j] for j in step[1]]
         if not block:
             if not testall(ch, rs):
                 return False
+        elif self.timeout is not None:
+            self._timed_wait(step)
         elif others_in_flight(self):
-            wait_for(lambda: testall(ch, rs), self, None if call is None else call.timeout)
-        if block and type(call) is Timed:
-            # (the plain channel's waitall would block in MPI: poll under the timeout)
-            timed_waitall(rs, [call.about[j] for j in step[1]], call.timeout, call.expire)
-        else:
-            # complete (or, after wait_for gave up under a timeout, the channel's timed
-            # wait): returns at once, but does the books
-            ch.waitall(rs)
+            wait_for(lambda: testall(ch, rs), self)
+        # complete (or never polled): the channel finishes and counts them
+        ch.waitall(rs)
         for j in step[1]:
             reqs[j] = None
+        self._since = perf_counter()
         return True
 
+    def _after(self, holder, block: bool) -> bool:
+        """An AFTER step: the operation ``holder.op`` (that held this start's region of node
+        memory, engine.intranode) must have ended first; False if not and not ``block``.
+        Advancing it here is the progress rule's; its error stays its own."""
+        prev = holder.op
+        if prev is not None and prev._active:
+            if not block:
+                if prev._lock.acquire(False):
+                    try:
+                        if prev._active:
+                            prev._advance(False)
+                    except BaseException:  # (raised again to its own caller)
+                        pass
+                    finally:
+                        prev._lock.release()
+                if prev._active:
+                    return False
+            else:
+                wait_for(lambda: not prev._active, self)
+        holder.op = None
+        return True
+
+    def _timed_wait(self, step) -> None:
+        """Wait for a Wait step's requests under the operation's deadline: poll, advancing
+        every operation in flight, and raise CollectiveTimeout after ``timeout`` seconds
+        without a completion (a piece of a message counts)."""
+        if len(step) > 3:  # (a node memory's set-up: its own messages and words)
+            setup = step[3]
+            try:
+                _timeout.wait(setup.messages, self.timeout, setup.expired,
+                              _timeout.tester(setup.messages))
+            except BaseException:
+                setup.abandon()
+                raise
+            return
+        pending = self._pending(step)
+        if not pending:
+            return
+        base = _timeout.tester(pending, getattr(self._run_ch, "test", None),
+                               getattr(self.call, "windowed", None))
+        if base is None:  # (requests no poll reaches: the channel's own wait)
+            return
+
+        def test(left):
+            done, progress = base(left)
+            return done, bool(IN_FLIGHT and progress_others(self)) or progress
+
+        def expire(left, idle):
+            return self._expired(left, idle)
+
+        _timeout.wait(pending, self.timeout, expire, test)
+
+    def _pending(self, step) -> list:
+        """The requests of a Wait step not complete yet, as a polling wait sees them."""
+        preqs = step[2]
+        out = []
+        for pos, j in enumerate(step[1]):
+            r = preqs[pos] if preqs is not None else self._reqs[j]
+            if r is None or (type(r) is MPI.Prequest and r == MPI.REQUEST_NULL):
+                continue
+            if getattr(r, "done", None) is not None:
+                continue
+            out.append(_Pending(r, j, self))
+        return out
+
     def _check_idle(self) -> None:
-        """Under a timeout: CollectiveTimeout once nothing moved for that long (test())."""
-        call = self.call
-        if call is None or call.timeout is None:
+        """Under a deadline: CollectiveTimeout once nothing moved for that long (test())."""
+        timeout = self.timeout
+        if timeout is None:
             return
-        since = max(self._since, getattr(call, "last_progress", 0.0))
+        since = max(self._since, getattr(self.call, "last_progress", 0.0))
         idle = perf_counter() - since
-        if idle <= call.timeout:
+        if idle <= timeout:
             return
-        step = self.steps[self._i]
-        if type(call) is Timed:
-            left = call.pending(self._reqs, step[1])
+        step = self._run_steps[self._i]
+        if step[0] == WAIT and len(step) > 3:  # (a node memory's set-up)
+            left = [m for m in step[3].messages if not m.req.Test()]
+            if not left:
+                return
+            _timeout.cancel(left)
+            exc = step[3].expired(left, idle)
+            step[3].abandon()
         else:
-            left = [r for r in (self._reqs[j] for j in step[1]) if r is not None
-                    and getattr(r, "done", None) is None]
-        if not left:
-            return
-        _timeout.cancel(left)
-        exc = call.expired(left, idle, getattr(self.ch, "phase", None))
+            left = self._pending(step) if step[0] == WAIT else []
+            if not left:
+                return
+            _timeout.cancel(left)
+            exc = self._expired(left, idle)
         self._end(exc)
         raise exc
+
+    def _expired(self, left, idle) -> BaseException:
+        """The CollectiveTimeout of this start after ``idle`` seconds without progress, naming
+        the first message of ``left`` it waited for; the communicator becomes unusable."""
+        messages = [m for m in (_message(self, p.index) for p in left) if m is not None]
+        if self.expire is not None:
+            return self.expire(messages, idle)
+        b = self.bound
+        return _observe.timeout_error(self.ctx, b.label, self.seq, self.algorithm, b.what,
+                                      messages, self.schedule.nsteps, idle, self.timeout)
 
     def _end(self, exc) -> None:
         """No longer active: complete (``exc`` None) or failed with ``exc``."""
@@ -652,8 +783,35 @@ class Operation:
                 self.ctx.operation_ended()
         self.error = exc
         self.done = exc is None
-        if self.run is not None:
-            self.run.ended(self, exc)
+        if exc is not None:
+            self.program = None  # (its requests may still be active: never again)
+            self._epoch = -1
+        bound = self.bound
+        if bound is not None and (bound.ends or self.call is not None):
+            bound.ended(self, exc)
+
+
+class _Pending:
+    """A request of a Wait step as transport.timeout.wait polls it."""
+
+    __slots__ = ("req", "kind", "index", "done")
+
+    def __init__(self, req, index, op):
+        self.req = req.req if type(req) is _observe.Req else req  # (what an observed wraps)
+        self.index = index
+        sched = op.schedule
+        sop = sched.ops[index] if sched is not None and index < len(sched.ops) else None
+        self.kind = "send" if type(sop) is Send else "recv"
+        self.done = None
+
+
+def set_tag(ch, tag) -> None:
+    """Give the host channel under ``ch`` (device channels wrap one as ``inner``) the tag."""
+    while ch is not None:
+        if isinstance(ch, Channel):
+            ch.tag = tag
+            return
+        ch = getattr(ch, "inner", None)
 
 
 # --- failures ------------------------------------------------------------------------
@@ -663,53 +821,64 @@ CHECK_HINT = ("Ranks that call differently (another count, datatype, op or colle
               "before any message and names the difference (docs/reliability.md)")
 
 
+def _message(op, index):
+    """(kind, peer, bytes, label) of the message at schedule index ``index`` of ``op``."""
+    sched = op.schedule
+    sop = sched.ops[index] if sched is not None and index is not None \
+        and index < len(sched.ops) else None
+    if type(sop) not in (Send, Recv):
+        return None
+    wire = op.bound.wire if op.bound is not None else op.ch.mpitype.Get_size()
+    return ("send" if type(sop) is Send else "recv", sop.peer, sop.region.count * wire,
+            sop.label)
+
+
+def _where(lab, nsteps) -> str:
+    if lab is None:
+        return ""
+    where = f"step {lab.step} of {nsteps} ({lab.phase}"
+    if lab.block is not None:
+        where += f", block {lab.block} segment {lab.segment}"
+    return where + ")"
+
+
 def failure(op, step, exc) -> BaseException:
     """The :class:`~mpicoll.MessageError` of MPI error ``exc`` met running ``step`` of
     ``op``: MPI's own text for the failed request, and which message of which step of
-    which call it was (``op.run.about()``; ``exc`` itself for an internal exchange)."""
-    about = getattr(op.run, "about", None)
-    info = None if about is None else about()
-    if info is None:
+    which call it was (``exc`` itself for an internal exchange)."""
+    b = op.bound
+    if b is None or b.schedule is None:  # (an internal exchange, a node memory's set-up)
         return exc
-    label, seq, algorithm, what, ctx, schedule, wire = info
+    ctx = op.ctx
     index = _failed_message(op, step, getattr(exc, "request", None))
-    peer = kind = lab = None
-    if index is not None and index < len(schedule.ops):
-        sop = schedule.ops[index]
-        if type(sop) in (Send, Recv):
-            peer, lab = sop.peer, sop.label
-            kind = "send" if type(sop) is Send else "recv"
-            nbytes = sop.region.count * wire
-    if kind is None:
-        doing = "a message"
-    elif kind == "recv":
-        doing = f"receiving {nbytes} bytes from {_observe.peer_name(ctx, peer)}"
+    about = _message(op, index)
+    if about is None:
+        doing, peer, kind, lab = "a message", None, None, None
     else:
-        doing = f"sending {nbytes} bytes to {_observe.peer_name(ctx, peer)}"
-    where = ""
-    if lab is not None:
-        where = f" (step {lab.step} of {schedule.nsteps}, {lab.phase}"
-        if lab.block is not None:
-            where += f", block {lab.block} segment {lab.segment}"
-        where += ")"
-    text = (f"{label} #{seq} ({algorithm}, {what}) on rank {ctx.rank}: {doing}{where} failed: "
-            f"{exc.Get_error_string()}. {CHECK_HINT}")
-    return MessageError(text, exc.Get_error_code(), collective=label, seq=seq,
-                        algorithm=algorithm, rank=ctx.rank, peer=peer,
+        kind, peer, nbytes, lab = about
+        name = _observe.peer_name(ctx, peer)
+        doing = f"receiving {nbytes} bytes from {name}" if kind == "recv" else \
+            f"sending {nbytes} bytes to {name}"
+    where = _where(lab, b.schedule.nsteps)
+    text = (f"{b.label} #{op.seq} ({op.algorithm}, {b.what}) on rank {ctx.rank}: {doing}"
+            f"{' (' + where + ')' if where else ''} failed: {exc.Get_error_string()}. "
+            f"{CHECK_HINT}")
+    return MessageError(text, exc.Get_error_code(), collective=b.label, seq=op.seq,
+                        algorithm=op.algorithm, rank=ctx.rank, peer=peer,
                         step=None if lab is None else lab.step, phase=kind)
 
 
 def _failed_message(op, step, failed):
     """The schedule index of the message whose request ``failed`` (an MPI request, or None:
-    the only message of the step), among those ``step`` posts, starts or waits for."""
+    the only message of the step), among those ``step`` posts or waits for."""
     k = step[0]
     if k == SEND or k == RECV:
         return step[3]
-    if k == START:
-        return None
     if k != WAIT:
         return None
     handles, preqs = step[1], step[2]
+    if handles is None:  # (a node memory's set-up: no message of the schedule)
+        return None
     reqs = op._reqs
     for pos, j in enumerate(handles):
         r = preqs[pos] if preqs is not None else (reqs[j] if reqs else None)
@@ -734,23 +903,22 @@ def _holds(r, failed) -> bool:
     return False
 
 
-def run_to_end(steps, ch, red, be) -> None:
-    """Run bound steps to the end (an internal exchange: the fingerprint check's), advancing
-    every operation in flight while it waits."""
-    Operation(steps, ch, red, be).go(True)
+def run_on(schedule, ctx, ch, be, red, src, dst, timeout=None, expire=None) -> None:
+    """Run ``schedule`` to the end on ``ch`` with work memory from a scope of ``ctx``,
+    advancing every operation in flight while it waits (an internal exchange: the
+    fingerprint check's; tests drive algorithms on simulated channels with it).
 
-
-def run_on(schedule, ctx, ch, be, red, src, dst) -> None:
-    """Run ``schedule`` to the end on ``ch`` with work memory from a scope of ``ctx``.
-
-    ``src`` None: nothing but ``dst``.  (The fingerprint check runs its
-    exchanges this way; tests drive algorithms on simulated channels with it.)
+    ``src`` None: nothing but ``dst``.  ``timeout``: its deadline, ``expire(messages,
+    idle)`` the exception it raises then (messages: (kind, peer, bytes, label)).
     """
     with ctx.work.scope(be) as scope:
         views = work_views(schedule, scope, dst.dtype)
         views[DST] = dst
         views[SRC] = dst if src is None else src
-        run_to_end(bind(schedule, views), ch, red, be)
+        op = Operation(bind(schedule, views), ch, red, be, ctx=ctx, schedule=schedule,
+                       timeout=timeout, expire=expire)
+        op._run_steps, op._run_ch = op.steps, ch
+        op._go(True)
 
 
 # persistent requests that must be freed before MPI_Finalize: owner -> requests
@@ -764,7 +932,7 @@ def hold(owner, requests) -> None:
 
 
 def unhold(owner) -> None:
-    free_requests(_HOLDING.pop(owner, ()))
+    _HOLDING.pop(owner, None)
 
 
 EXIT_WAIT_S = 2.0  # how long the exit handler advances operations never waited for
@@ -798,8 +966,11 @@ def _free_at_exit() -> None:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(op))
     # Persistent requests must be freed before MPI_Finalize (MPICH warns of each one left).
     while _HOLDING:
-        free_requests(_HOLDING.popitem()[1])
+        owner, requests = _HOLDING.popitem()
+        if getattr(owner, "_active", False):
+            continue  # (still moving a message: left to MPI)
+        free_requests(requests)
 
 
-__all__ = ["IN_FLIGHT", "Operation", "progress_others", "wait_for", "bind", "compile_bound",
+__all__ = ["IN_FLIGHT", "Operation", "progress_others", "wait_for", "bind", "on_requests",
            "run_on", "shape_of", "tag_of", "testall", "TAG", "Channel"]

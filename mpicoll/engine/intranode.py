@@ -34,7 +34,7 @@ from ..core import config as _config
 from ..core.errors import MpicollError
 from ..transport import shared as _memory
 from . import select as _select
-from .executor import wait_for
+from .executor import AFTER, CALL, WAIT, wait_for
 
 NONBLOCKING = 4  # regions for non-blocking calls (a pipeline keeps 4 chunks in flight)
 PERSISTENT = 2   # regions for persistent operations
@@ -62,46 +62,80 @@ def region_of(ctx, blocking: bool, persistent: bool) -> int:
     return 1 + (ctx.seq + 1) % NONBLOCKING
 
 
-def _ready(ctx, backend, region, timeout, describe):
-    return _memory.ready(ctx, backend, region, timeout, describe, wait_for)
+def unavailable(name, why) -> MpicollError:
+    """The error of a shared algorithm ``name`` called where node memory is not: ``why``."""
+    return MpicollError(f"algorithm {name!r}: node memory unavailable on this communicator: "
+                        f"{why}")
 
 
-def choose(ctx, collective, algorithm, name, nbytes, backend, commutative, blocking,
+def choose(ctx, collective, algorithm, name, nbytes, backend, commutative, to_end,
            persistent, timeout, describe, accumulate=None):
-    """*run.start*: (the algorithm to run, the region it maps or None).
+    """*run.prepare*: (the algorithm to run, the region it maps or None, the set-up its
+    operation runs first or None).
 
     A shared algorithm the call names (or ``MPICOLL_ALGORITHM``, or a tuning
-    file) sets its region up here, or raises MpicollError where it cannot run;
+    file) sets its region up, or raises MpicollError where it cannot run;
     ``"auto"`` takes one where engine.select's table says so for this layout
-    and option, set up here (a failed set-up keeps ``name``).
+    and option (a failed set-up keeps ``name``).  A call that runs to the end
+    (``to_end``) or a persistent operation being made sets the region up here,
+    a collective exchange; a non-blocking call never waits on a peer at its
+    start: its operation runs the set-up as its first steps (:func:`prelude`).
     """
     if name in ALGORITHMS:
         if spans_nodes(ctx) and not commutative:
             if algorithm == "auto":  # (MPICOLL_ALGORITHM: where it applies, see engine.select)
-                return _select.choose(collective, "auto", nbytes, ctx.size, False), None
+                return _select.choose(collective, "auto", nbytes, ctx.size, False), None, None
             raise ValueError(f"algorithm: {name!r} reorders operands across nodes and cannot "
                              f"run a non-commutative op on a communicator that spans nodes; "
                              f"use 'auto' or 'direct'")
-        region = region_of(ctx, blocking, persistent)
-        why = _ready(ctx, backend, region, timeout, describe)
+        region = region_of(ctx, to_end, persistent)
+        setup, why = _set_up(ctx, backend, region, timeout, describe, to_end or persistent)
         if why is not None:
-            raise MpicollError(f"algorithm {name!r}: node memory unavailable on this "
-                               f"communicator: {why}")
-        return name, region
+            raise unavailable(name, why)
+        return name, region, setup
     if algorithm != "auto" or accumulate is not None or ctx.size == 1:
-        return name, None
+        return name, None, None
     sel = getattr(ctx, "selection", None)
     if sel is not None and sel.entry is not None and collective in sel.entry.selection \
             and ctx.intranode != "shared":
-        return name, None  # (a tuning file measured this collective: it decides)
+        return name, None, None  # (a tuning file measured this collective: it decides)
     want = _select.shared_choice(collective, nbytes, ctx.intranode, backend.name != "numpy",
                                  spans_nodes(ctx), commutative)
     if want is None or not _memory.node_memory(ctx).shares:
-        return name, None
-    region = region_of(ctx, blocking, persistent)
-    if _ready(ctx, backend, region, timeout, describe) is not None:
-        return name, None
-    return want, region
+        return name, None, None
+    region = region_of(ctx, to_end, persistent)
+    setup, why = _set_up(ctx, backend, region, timeout, describe, to_end or persistent)
+    if why is not None:
+        return name, None, None
+    return want, region, setup
+
+
+def _set_up(ctx, backend, region, timeout, describe, here):
+    """(the set-up to run first or None, why the region cannot be used or None): run here
+    (``here``) or left to the operation."""
+    setup, why = _memory.set_up(ctx, backend, region, timeout, describe)
+    if setup is None or not here:
+        return setup, why
+    return None, setup.run(wait_for)
+
+
+def prelude(setup, holder, tag, then) -> tuple:
+    """*run.prepare*: the first steps of a non-blocking operation whose region is not set
+    up yet: wait for the region's holder (``holder``, :func:`claim`), the set-up's two
+    exchanges (transport.shared.SetUp) on the tag of the start's call (``tag()``: other
+    operations' set-ups may be in flight too), then ``then()``, which binds the call's own
+    steps (run._bind) for the operation to go on with."""
+    first, second = [], []
+
+    def records():
+        setup.tag = tag()
+        first[:] = setup.post_records()
+
+    def verdicts():
+        second[:] = setup.post_verdicts()
+
+    return ((AFTER, holder), (CALL, records), (WAIT, None, first, setup), (CALL, verdicts),
+            (WAIT, None, second, setup), (CALL, then))
 
 
 def shape(ctx, shape, backend, region, itemsize: int):
@@ -115,11 +149,21 @@ def views(ctx, backend, region, schedule, dtype) -> dict:
     return _memory.views(ctx, backend, region, schedule, dtype)
 
 
-def claim(ctx, region, operation) -> None:
-    """*before an operation starts* (run.start, run.start_persistent): wait for the
-    operation of the context that still holds its region (that one's error stays its own);
-    MpicollError after the communicator's free.  ``region``: the call's (run.py asks only
-    for a call on node memory)."""
+class Holder:
+    """What a start of an operation on node memory waits for first (its ``AFTER`` step): the
+    operation that held its region before (:func:`claim`), or None."""
+
+    __slots__ = ("op",)
+
+    def __init__(self):
+        self.op = None
+
+
+def claim(ctx, region, operation, holder) -> None:
+    """*before an operation starts* (its transport's claim): ``holder.op`` becomes the
+    operation of the context that still holds ``region``, which this start's first step
+    waits for (that one's error stays its own; a start never waits here); MpicollError
+    after the communicator's free."""
     nm = _memory.node_memory(ctx)
     if nm.closed:
         raise MpicollError("communicator freed: its node memory is gone; start operations "
@@ -128,13 +172,7 @@ def claim(ctx, region, operation) -> None:
         return
     ref = nm.holders.get(region)
     prev = ref() if ref is not None else None
-    if prev is not None and prev is not operation and prev._active:
-        def done():
-            try:
-                return prev.test()
-            except BaseException:  # (raised again to its own caller)
-                return True
-        wait_for(done, me=operation)  # (False only once nothing else is in flight: done)
+    holder.op = prev if prev is not None and prev is not operation and prev._active else None
     nm.holders[region] = weakref.ref(operation)
 
 
@@ -152,14 +190,9 @@ def channel(ctx, backend, mpitype, schedule):
     return _memory.SyncChannel(backend.host_channel(ctx, mpitype), backend, backend._begin(ctx))
 
 
-def plain(run) -> bool:
-    """*run.plain*: whether a call may be remembered as far as node memory goes:
-    not a non-blocking one on node memory (its region changes from start to start)."""
-    return not (run.region and not run.blocking)
-
-
 def probe(ctx, backend, timeout=None) -> str:
     """*python -m mpicoll.info*: set up region 0 of ``backend`` on ``ctx`` (collective) and
     say how it went."""
-    _ready(ctx, backend, 0, timeout, lambda: ("python -m mpicoll.info", None, None))
+    _memory.ready(ctx, backend, 0, timeout, lambda: ("python -m mpicoll.info", None, None),
+                  wait_for)
     return _memory.status(ctx, backend)

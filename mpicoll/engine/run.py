@@ -1,29 +1,28 @@
-"""The one run path: a validated :class:`~mpicoll.core.types.Call` -> select -> schedule -> bind
--> operation.
+"""The one run path: a validated :class:`~mpicoll.core.types.Call` -> select -> schedule ->
+transport -> bound operation.
 
 Both public layers (the array functions and :class:`mpicoll.Comm`) validate
-their arguments into a Call and hand it to :func:`start` (non-blocking and
-persistent operations) or :func:`run` (blocking: an operation started and
-waited for).  Nothing below this point raises for bad user input.
+their arguments into a Call and hand it here; nothing below this point raises
+for bad user input.
 
-1. **select**: the communicator's context (engine.context; the first call on
-   a communicator sets it up, under the call's timeout), the dtype policy
-   (engine.select's dtype policy) and the algorithm (engine.select);
-2. **schedule**: the algorithm's schedule for the call's shape, cached on the
+1. **context**: the communicator's (engine.context): the first call on a
+   communicator sets it up, under the call's timeout, and every decision
+   below reads the options the ranks agreed on there;
+2. **select**: the dtype policy and the algorithm (engine.select);
+3. **schedule**: the algorithm's schedule for the call's shape, cached on the
    context; across nodes a large blocking call's schedule is cut into a
    pipeline (algorithms.pipeline);
-3. **bind**: the schedule's regions become array views (the call's arrays,
-   work memory leased from the context), its messages go on the backend's
-   channel, observed when a check, timeout, counter or trace is on
-   (observe.calls), through one pinned host copy for small device calls on
-   the staging path (backends.devices.WholeStage);
-4. **operation**: engine.executor.Operation runs the bound steps (the one loop,
-   the progress rule).
+4. **transport**: where its messages go and its arrays live (engine.transports);
+5. **bind**: the schedule's regions become array views once (the call's
+   arrays, work memory leased from the context), the messages of a fixed tag
+   persistent requests (engine.executor.on_requests): an
+   :class:`~mpicoll.engine.executor.Operation`.
 
-A plain call (host arrays on the plain channel, nothing observing it but a
-timeout) is then remembered in the context's cache of bound calls
-(engine.cache), whose repeat skips steps 1-3.  A persistent operation binds
-once and starts many times (:func:`start_persistent`).
+Every form is that operation started: :func:`run` once to the end (blocking),
+:func:`start` in flight (non-blocking), :func:`persistent` not yet (a
+persistent request starts it).  A call the API may see again (its cache key)
+is remembered in the context's cache (engine.cache) when its operation can run
+again as it is; the repeat is a start of the same operation.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..algorithms import pipeline as _pipeline
-from ..algorithms.schedule import DST, SRC, packed
+from ..algorithms.schedule import packed
 from ..backends import host as _host
-from ..core import config as _config
 from ..core import types as _types
 from ..core.types import Call, Msg
 from ..observe import calls as _observe
@@ -43,274 +41,333 @@ from . import context as _context
 from . import executor as _executor
 from . import intranode as _intranode
 from . import select as _select
+from . import transports as _transports
 from .executor import Operation
 
 # Algorithms whose reductions all happen where the result is kept, so they can fold in a
 # wider type than the one their messages carry (algorithms.schedule.Shape.accumulate).
 ACCUMULATING = frozenset({"direct"})
 
+BLOCKING, NONBLOCKING, PERSISTENT = "blocking", "non-blocking", "persistent"
+
 
 class Bound:
-    """A call bound to its context: what its operation runs with, set up again by each
-    start that needs it (:meth:`begin`) and closed by :meth:`ended`."""
+    """A call bound to its context: the call, its schedule, its transport, its lease of work
+    memory and its steps (what :class:`~mpicoll.engine.executor.Operation` runs), and what
+    each start needs of them."""
 
-    __slots__ = ("call", "ctx", "name", "auto", "msg", "red0", "src", "dst", "in_place",
-                 "widen", "accumulate", "staged", "schedule", "timeout", "check", "blocking",
-                 "tag", "lease", "steps", "ch", "be", "red", "stage", "observed", "timed",
-                 "program", "operation", "seq", "region", "__weakref__")
+    __slots__ = ("call", "schedule", "transport", "lease", "steps", "ctx", "label", "what",
+                 "wire", "msg", "total", "nbytes", "src", "dst", "widen", "check",
+                 "timeout_arg", "claims", "enters", "ends", "kept", "holds", "__weakref__")
 
-    def begin(self, operation) -> None:
-        """Set ``operation`` up for one start (it has not sent anything yet)."""
-        ctx = self.ctx
-        ctx.seq += 1
-        self.seq = ctx.seq
-        msg = self.msg
-        be = msg.backend
-        nbytes = self.total * msg.dtype.itemsize
-        # small device calls on the staging path run the host algorithm on one
-        # pinned copy (see backends.devices.WholeStage)
-        whole = getattr(be, "whole_stage", None)
-        if self.region is not None and _intranode.uses(self.schedule):  # (node memory: device)
-            whole = None
-        stage = self.stage = None if whole is None else whole(
-            ctx, nbytes, msg, self.call.op if self.red0 is not None else None)
-        if stage is not None:
-            ch, run_be, red = stage.channel, stage.backend, stage.reducer
-        else:
-            ch = None if self.region is None else \
-                _intranode.channel(ctx, be, msg.mpitype, self.schedule)  # (node memory)
-            ch, run_be, red = ch or be.channel(ctx, msg.mpitype), be, self.red0
-        if self.tag != _executor.TAG:
-            _set_tag(ch, self.tag)
-        ctx.options()  # (observers switched on or off since: ctx.observing)
-        call = None if self.timeout is None and not self.check and not ctx.observing else \
-            _observe.begin(ctx, self.label, self.call.collective, self.name, msg, self.total,
-                           self.call.counts, self.call.displs, self.call.op, self.timeout,
-                           self.check)
-        self.observed = call is not None or stage is not None
-        # observed for its timeout alone: the call may be remembered with a deadline
-        self.timed = (stage is None and call is not None and not self.check
-                      and not call.recorders and call.events is None)
-        try:
-            if call is not None:
-                if self.check:
-                    call.check(_executor.run_on)  # its waits advance the operations in flight
-                ch, run_be, red = call.wrap(ch, run_be, red)
-            be.prepare()
-            src, dst = self.src, self.dst
-            if stage is not None:
-                src, dst = stage.enter(src, dst, self._writes_all(dst))
-            if call is not None:
-                call.use_schedule(self.schedule)
-            # a persistent operation's steps are bound once, unless they point at a
-            # stage's pinned copies or an observed channel
-            if self.steps is None or stage is not None or call is not None:
-                self._bind(src, dst, run_be)
-        except BaseException:
-            if call is not None:
-                call.end(True)
-            self.stage = None
-            raise
-        operation.steps, operation.ch, operation.be, operation.red = self.steps, ch, run_be, red
-        operation.parts, operation.depth = self.schedule.parts, self.schedule.depth
-        operation.call = call
-        self.ch, self.be, self.red = ch, run_be, red
+    # -- what executor.Operation asks at each start ----------------------------------
+    def claim(self, op) -> None:
+        self.transport.claim(op)
 
-    @property
-    def total(self) -> int:
-        return self.call.total
+    def observed(self, op) -> bool:
+        """Whether starts are observed now (a check, a trace or a traffic counter; a
+        timeout alone is the operation's own), and the operation's deadline."""
+        opts = self.ctx.options()
+        op.timeout = opts["timeout"] if self.timeout_arg is None else self.timeout_arg
+        self.check = bool(opts["check"])
+        return self.check or self.ctx.observing
 
-    def about(self) -> tuple:
-        """How a failure names this call (engine.executor.failure)."""
-        msg = self.msg
-        return (self.label, self.seq, self.name, f"{self.total} x {_check.dtype_label(msg)}",
-                self.ctx, self.schedule, msg.mpitype.Get_size())
-
-    @property
-    def label(self) -> str:
-        return self.call.label or self.call.collective
-
-    def _writes_all(self, dst) -> bool:
-        """Whether the call writes every element of ``dst`` (not: an AllGather whose
-        blocks leave gaps, or end before ``dst`` does)."""
+    def observe(self, op):
+        """The observation of this start (observe.calls), or None: nothing observes it."""
+        timeout = op.timeout
+        if timeout is None and not self.check and not self.ctx.observing:
+            return None
         c = self.call
-        return c.collective != "allgather" or (
-            packed(c.counts, c.displs) and sum(c.counts) == dst.size)
+        obs = _observe.begin(self.ctx, self.label, c.collective, op.algorithm, self.msg,
+                             self.total, c.counts, c.displs, c.op, timeout, self.check)
+        if obs is None:
+            return None
+        try:
+            if self.check:
+                obs.check(_executor.run_on)  # (its waits advance the operations in flight)
+            obs.use_schedule(self.schedule)
+        except BaseException:
+            obs.end(True)
+            raise
+        return obs
 
-    def _bind(self, src, dst, be) -> None:
-        """Bind the schedule to ``src``/``dst`` and a lease of work memory; with a policy
-        that widens, to a work array of the wider type, between a widening copy of
-        ``src`` and the one rounding into ``dst``."""
+    def enter(self, op) -> None:
+        self.transport.enter(op)
+
+    def ended(self, op, exc) -> None:
+        """The start completed (``exc`` None) or failed: close it; an operation nobody keeps
+        gives back what it holds."""
+        obs, op.call = op.call, None
+        try:
+            self.transport.leave(op, exc)
+        finally:
+            if obs is not None:
+                obs.end(exc is not None)
+            if not self.kept:
+                op.release()
+
+    # -- binding -------------------------------------------------------------------
+    def bind(self, src, dst, be) -> tuple:
+        """The schedule bound to ``src``/``dst`` and the lease of work memory; with a policy
+        that widens, to a work array of the wider type, between a widening copy of ``src``
+        and the one rounding into ``dst``."""
         if self.lease is not None:
             self.lease.release()
-            self.lease = None
-        sched = self.schedule
-        if sched.work or self.widen is not None:
-            self.lease = self.ctx.work.lease(self.msg.backend if self.stage is None else be)
-        views = _executor.work_views(sched, self.lease, self.msg.dtype) if sched.work else {}
-        if self.region is not None:  # node memory (engine.intranode)
-            views.update(_intranode.views(self.ctx, self.msg.backend, self.region, sched,
-                                          self.msg.dtype))
+        sched, t = self.schedule, self.transport
+        self.lease = self.ctx.work.lease(be) if sched.work or self.widen is not None else None
+        dtype = self.msg.dtype
+        # a start on a region of node memory first waits for its holder (engine.intranode)
+        first = ((_executor.AFTER, t.holder),) if getattr(t, "region", 0) else ()
         if self.widen is None:
-            views[DST] = dst
-            views[SRC] = dst if src is None else src
-            self.steps = _executor.bind(sched, views)
-            return
+            return first + _executor.bind(sched, t.views(sched, self.lease, dtype, src, dst))
         # the float32 route (engine.select's dtype policy): in place on the widened copy
         work = self.lease.take(self.widen, len(src), "widened input")
-        views[SRC] = work
-        views[DST] = work[: len(dst)] if self.call.collective == "reduce_scatter" else work
-        self.steps = ((_executor.COPY, work, src),) + _executor.bind(sched, views) + (
-            (_executor.COPY, dst, views[DST]),)
-
-    def ended(self, operation, exc) -> None:
-        """The operation completed (``exc`` None) or failed: close this start."""
-        call = operation.call
-        operation.call = None
-        try:
-            if exc is None:
-                if self.stage is not None:
-                    self.stage.leave()
-                self.msg.backend.finish()
-        finally:
-            if call is not None:
-                call.end(exc is not None)
-            if self.stage is not None or call is not None or exc is not None:
-                self.stage = None
-                self.steps = None  # bound to a stage's pinned copies or an observed channel
-            if exc is not None and operation.persistent:
-                self.program = None
-            if not operation.persistent:
-                self.release()
+        views = t.views(sched, self.lease, dtype, work, work[: len(dst)]
+                        if self.call.collective == "reduce_scatter" else work)
+        return first + ((_executor.COPY, work, src),) + _executor.bind(sched, views) + (
+            (_executor.COPY, dst, views["dst"]),)
 
     def release(self) -> None:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
-        self.steps = None
+        self.transport.close()
+        if self.holds:  # (a persistent operation: its context may go now, engine.context)
+            self.holds = False
+            self.ctx.let_go()
 
 
-def _set_tag(ch, tag):
-    """Give the host channel under ``ch`` (device channels wrap one as ``inner``) the tag."""
-    while ch is not None:
-        if isinstance(ch, _executor.Channel):
-            ch.tag = tag
-            return
-        ch = getattr(ch, "inner", None)
-
-
-def start(call: Call, *, block: bool = False, persistent: bool = False,
-          remember=None) -> Operation:
-    """Start ``call``: an operation in flight (``block``: run to the end here; ``persistent``:
-    bound, not started).  ``remember``: the cache key of a public call
-    (engine.cache.remember) kept if the call turns out plain.  Returns the operation
-    (``algorithm`` names what ran)."""
+def prepare(call: Call, form: str = BLOCKING, *, keep: bool = False) -> Operation:
+    """``call`` bound into an operation, not started: ``form`` is :data:`BLOCKING`,
+    :data:`NONBLOCKING` or :data:`PERSISTENT`; ``keep``: its owner may start it again (the
+    cache, a persistent request), so it keeps its work memory and requests
+    (``op.bound.kept`` says whether it can: a non-blocking call on node memory cannot,
+    its region changes from start to start)."""
     comm = call.comm
+    # (before any message: an explicit algorithm the op cannot run, a bad MPICOLL_ALGORITHM)
+    red0 = None if call.op is None else reducer(call.recv, call.op)
+    commutative = True if red0 is None else red0.commutative
+    _select.check_choice(call.collective, call.algorithm, commutative)
     ctx = _context.existing(comm)
-    if ctx is not None:
-        env, opts = ctx.env, ctx.options()
-    else:  # (the first call on comm: it sets the context up below, with this reading)
-        env = _config.read_environment()
-        opts = _config.resolve(env)
-    timeout = opts["timeout"] if call.timeout is None else call.timeout
-    pol = _select.policy(call, opts, comm.Get_size(), block and not persistent)
+    if ctx is None:  # the first call on comm sets it up, under the call's timeout
+        ctx = _context.context(comm, call.timeout, _describe_first(call))
+    _observe.check_usable(ctx)
+    opts = ctx.options()  # (what the ranks agreed on: engine.context)
+    c = _Choice()
+    c.form, c.keep = form, keep
+    c.device = call.recv.backend.name != "numpy"
+    # device arrays: every start runs to the end (one call at a time per context)
+    c.to_end = form == BLOCKING or c.device
+    pol = _select.policy(call, opts, ctx.size, form == BLOCKING)
     if pol is not None and pol.split is not None:
-        return _split(call, pol, timeout)
-    algorithm = call.algorithm if pol is None else pol.algorithm
-    accumulate = None if pol is None else pol.accumulate
-    widen = None if pol is None else pol.widen
-    msg = call.recv if widen is None else _widened(call.recv, widen)
-    size = comm.Get_size()
-    red = None if call.op is None else reducer(msg, call.op, accumulate)
-    commutative = True if red is None else red.commutative
-    nbytes = call.total * msg.dtype.itemsize
+        return _Split(call, pol)
+    c.algorithm = call.algorithm if pol is None else pol.algorithm
+    c.accumulate = None if pol is None else pol.accumulate
+    c.widen = None if pol is None else pol.widen
+    c.msg = msg = call.recv if c.widen is None else _widened(call.recv, c.widen)
+    c.red = None if call.op is None else reducer(msg, call.op, c.accumulate)
+    c.nbytes = nbytes = call.total * msg.dtype.itemsize
     per_step = getattr(msg.backend, "stages_per_step", None)  # device arrays (engine.select)
-    staged = per_step is not None and per_step(nbytes)
-    # (chosen before the set-up, so a bad explicit algorithm raises before any message)
-    name = _select.choose(call.collective, algorithm, nbytes, size, commutative, staged=staged,
-                          forced=opts["algorithm"])
-    if accumulate is not None and name not in ACCUMULATING:
-        raise ValueError(f"algorithm: {name!r} cannot fold in {accumulate}; "
+    c.staged = per_step is not None and per_step(ctx, nbytes)
+    name = _select.choose_on(ctx, call.collective, c.algorithm, nbytes, commutative, c.staged)
+    if c.accumulate is not None and name not in ACCUMULATING:
+        raise ValueError(f"algorithm: {name!r} cannot fold in {c.accumulate}; "
                          f"use one of {', '.join(sorted(ACCUMULATING))}")
     label = call.label or call.collective
-    if ctx is None:
-        # the first call on comm sets it up, under the call's timeout
-        ctx = _context.context(comm, timeout, lambda: (
-            f"{label} #1 ({name}, {call.total} x {_check.dtype_label(msg)})", label, name), env)
-    _observe.check_usable(ctx)
-    if algorithm == "auto":  # with what the context knows: its selection and node layout
-        name = _select.choose_on(ctx, call.collective, algorithm, nbytes, commutative, staged)
-    device = msg.backend.name != "numpy"
-    region = None
-    if name in _intranode.ALGORITHMS or _select.shared_possible(ctx.intranode, device):
-        # node memory (engine.intranode): a shared algorithm, its region set up
-        name, region = _intranode.choose(
-            ctx, call.collective, algorithm, name, nbytes, msg.backend, commutative,
-            block or device, persistent, timeout,
-            lambda: (f"{label} #{ctx.seq + 1} ({name}, {call.total} x "
-                     f"{_check.dtype_label(msg)})", label, name), accumulate)
-    src, dst = call.arrays(ctx.rank)
+    c.name, c.region, setup = name, None, None
+    if name in _intranode.ALGORITHMS or _select.shared_possible(ctx.intranode, c.device):
+        # node memory (engine.intranode): a shared algorithm and its region, set up here
+        # for a call that runs to the end, by the operation itself for a non-blocking one
+        c.name, c.region, setup = _intranode.choose(
+            ctx, call.collective, c.algorithm, name, nbytes, msg.backend, commutative,
+            c.to_end, form == PERSISTENT, opts["timeout"] if call.timeout is None
+            else call.timeout, lambda: (f"{label} #{ctx.seq + 1} ({c.name}, {call.total} x "
+                                        f"{_check.dtype_label(msg)})", label, c.name),
+            c.accumulate)
+        c.fallback = name
     b = Bound()
-    b.call, b.ctx, b.name, b.auto = call, ctx, name, algorithm == "auto"
-    b.msg, b.red0, b.accumulate, b.widen, b.staged = msg, red, accumulate, widen, staged
-    # (the float32 route runs in place on its widened copy)
-    b.src, b.dst, b.in_place = src, dst, call.send is None or widen is not None
-    # Device arrays: every operation runs to the end when it starts.  Their
-    # transport (staging pool, pinned whole-call copy, the compute stream's
-    # ordering of one call after the other; backends.devices) serves one call
-    # at a time per context, so operations on them never overlap.
-    b.region = region
-    b.timeout, b.check = timeout, bool(opts["check"])
-    b.blocking = block or device
-    b.lease = b.steps = b.stage = b.program = None
-    b.timed = False
-    b.schedule = _schedule(b, ctx, pipelined=block and not persistent and not device)
-    if b.blocking:
-        b.tag = _executor.TAG
-    elif persistent:
+    b.ctx, b.nbytes, b.total, b.widen = ctx, nbytes, call.total, c.widen
+    b.label, b.wire = label, msg.mpitype.Get_size()
+    b.what = f"{call.total} x {_check.dtype_label(msg)}"
+    b.timeout_arg, b.check, b.lease, b.holds = call.timeout, False, None, False
+    b.call, b.msg, b.schedule, b.transport = call, msg, None, None
+    b.kept = keep and not c.device and not (c.region is not None and not c.to_end)
+    if c.to_end:
+        tag = None  # the blocking calls' tag
+    elif form == PERSISTENT:
         # a tag of its own for the operation's life, from the persistent half of the
         # tags (every rank creates persistent operations in the same order)
         ctx.persistent_made += 1
-        b.tag = _executor.tag_of(ctx.persistent_made, ctx.tag_ub, persistent=True)
+        tag = _executor.tag_of(ctx.persistent_made, ctx.tag_ub, persistent=True)
     else:
-        b.tag = _executor.tag_of(ctx.seq + 1, ctx.tag_ub)  # begin() takes this call number
-    operation = Operation((), None, None, None, run=b, ctx=None if b.blocking else ctx,
-                          persistent=persistent, algorithm=name)
-    operation.progress = _config.get("progress")  # (process-wide: api.requests's thread)
-    # (persistent only: a bound call and its operation referring to each other form a
-    # cycle, which keeps the call's arrays alive until the cyclic collector runs; a
-    # persistent operation holds its buffers until Free anyway, which breaks it)
-    b.operation = operation if persistent else None
-    if not persistent:
-        b.begin(operation)
-        if region is not None:  # node memory: its region's previous operation done
-            _intranode.claim(ctx, region, operation)
-        operation.go(b.blocking)
-        if remember is not None and pol is None and plain(b, operation):
-            _cache.remember(ctx, remember, b, blocking=block)
-            if repeat is not _cache.repeat:  # (the compiled repeat just loaded)
-                _installed()
-    return operation
+        tag = "call"  # (each start: the tag of its call number)
+    op = Operation((), None, None, None, bound=b, ctx=ctx, algorithm=c.name, tag=tag,
+                   persistent=form == PERSISTENT or b.kept)
+    op.blocking = c.to_end
+    if form == PERSISTENT:  # (it keeps the context's duplicate until it is freed)
+        b.holds = True
+        ctx.holders += 1
+    if setup is None:
+        _bind(op, c)
+    else:  # (the node memory's set-up: the first steps of its only start)
+        b.claims, b.enters, b.ends = True, False, True
+        b.transport = t = _transports.Deferred(ctx, c.region, setup)
+        op.steps = op.program = _intranode.prelude(
+            setup, t.holder, lambda: _executor.tag_of(op.seq, ctx.tag_ub),
+            lambda: op.proceed(_bind(op, c, setup, t.holder)))
+    return op
 
 
-def run(call: Call, *, remember=None) -> str:
-    """Run ``call`` to the end (a blocking collective); the algorithm's name."""
-    return start(call, block=True, remember=remember).algorithm
+class _Choice:
+    """What engine.run decided for a call, until its operation is bound (:func:`_bind`)."""
+
+    __slots__ = ("form", "keep", "device", "to_end", "algorithm", "accumulate", "widen", "msg",
+                 "red", "nbytes", "staged", "name", "region", "fallback")
 
 
-# The repeat of a remembered call: ``repeat(comm, name, a, b, c, d, t)`` runs the blocking
-# call of function ``name`` with arguments ``a, b, c, d, t`` again if the cache proves it
-# the same call (True), else False: the caller validates and runs it.  ``restart(...)``:
-# the same for a non-blocking call, its operation started again (or None).  Both are the
-# cache's (engine.cache); ``repeat`` becomes the compiled one once that loads (when a call
-# is remembered), which :func:`start` then installs here.
+def _bind(op, c, setup=None, holder=None) -> tuple:
+    """Bind operation ``op`` of choice ``c``: its schedule, transport, steps (and program where
+    its owner starts it again); the steps.  ``setup``: the node memory's set-up the
+    operation ran first (engine.intranode.prelude), whose verdict may leave the shared
+    algorithm for ``c.fallback``."""
+    b, ctx = op.bound, op.ctx
+    call, msg = b.call, c.msg
+    if setup is not None:
+        why = setup.finish()
+        if why is not None:
+            if c.algorithm != "auto":
+                raise _intranode.unavailable(c.name, why)
+            c.name, c.region = c.fallback, None
+            op.algorithm = c.name
+    src, dst = call.arrays(ctx.rank)
+    b.schedule = _schedule(ctx, call, c.name, msg, c.red, call.send is None or c.widen is not None,
+                           c.accumulate, c.staged, c.region, c.algorithm == "auto",
+                           pipelined=c.form == BLOCKING and not c.device)
+    op.schedule = b.schedule
+    b.transport = _transport(ctx, call, msg, c.red, c.region, dst, holder)
+    static = b.transport.static
+    b.claims, b.enters = c.region is not None, not static
+    b.ends = not (b.kept and static)
+    if b.kept:  # (its arrays seen through views that keep nothing alive: engine.cache)
+        b.call = call.without_arrays()
+        b.msg = msg.described() if msg.array is not None else msg
+        dst_view = _cache.raw(dst)
+        src = dst_view if src is None or src is dst else _cache.raw(src)
+        dst = dst_view
+    b.src, b.dst = src, dst
+    be = b.transport.backend
+    b.steps = () if isinstance(b.transport, _transports.WholeStage) else b.bind(src, dst, be)
+    ch = b.transport.channel
+    if isinstance(op.tag, int):
+        _executor.set_tag(ch, op.tag)
+    op.steps, op.ch, op.red, op.be = b.steps, ch, b.transport.reducer, be
+    op.parts, op.depth = b.schedule.parts, b.schedule.depth
+    if (b.kept or c.form == PERSISTENT) and static and op.tag != "call" and not op.parts:
+        op.program, op.requests = _executor.on_requests(b.steps, ch, op.red, be)
+        _executor.hold(op, op.requests)
+    if setup is not None:  # (the start in progress goes on with the call's own steps)
+        op.call = b.observe(op)
+        if ch is not None:
+            op.use_channel(ch)
+        if b.enters:
+            b.enter(op)
+    return b.steps
+
+
+def _describe_first(call):
+    """How the first call on a communicator names itself if its set-up times out."""
+    label = call.label or call.collective
+    return lambda: (f"{label} #1 ({call.algorithm}, {call.total} x "
+                    f"{_check.dtype_label(call.recv)})", label, call.algorithm)
+
+
+def run(call: Call, key=None) -> str:
+    """Run ``call`` to the end (a blocking collective); the algorithm's name.  ``key``: the
+    cache key of a public call (engine.cache), remembered if its operation can repeat."""
+    op = prepare(call, BLOCKING, keep=key is not None)
+    op.run()
+    if op.bound is not None and op.bound.kept:
+        _cache.remember(op, key)
+    return op.algorithm
+
+
+# The repeat of a remembered call (engine.cache): True if it ran, else False and the caller
+# validates and runs the call; ``restart``: the same for a non-blocking call (its operation
+# started again, or None).
 repeat = _cache.repeat
 restart = _cache.restart
 
 
-def _installed() -> None:
-    global repeat
-    repeat = _cache.repeat
+def start(call: Call, key=None) -> Operation:
+    """Start ``call`` (a non-blocking collective): its operation, in flight.  ``key``: as for
+    :func:`run`; a remembered operation is restarted by the cache (engine.cache.restart)."""
+    op = prepare(call, NONBLOCKING, keep=key is not None)
+    if op.bound is not None and op.bound.kept:
+        _cache.remember(op, key)
+    if op.blocking:
+        op.run()
+    else:
+        op.start()
+    return op
+
+
+def persistent(call: Call) -> Operation:
+    """``call`` bound as a persistent operation: inactive until started."""
+    return prepare(call, PERSISTENT, keep=True)
+
+
+def start_persistent(op) -> None:
+    """Start a persistent operation again on its buffers' current contents."""
+    if op.blocking:
+        op.run()
+    else:
+        op.start()
+
+
+def free_persistent(op) -> None:
+    """Give back a persistent operation's requests and work memory (an active one completes
+    first); idempotent."""
+    op.release()
+
+
+class _Split:
+    """A blocking split AllReduce (engine.select.Policy.split) as one operation's interface:
+    ReduceScatter in the wide type on a widened copy, the one rounding of this rank's
+    block, AllGather of the rounded blocks in place in the call's type."""
+
+    bound = None
+    blocking = True
+
+    def __init__(self, call, pol):
+        self.call, self.pol, self.algorithm = call, pol, None
+
+    def run(self) -> None:
+        from ..algorithms.ring import split as _blocks
+
+        call, pol = self.call, self.pol
+        comm, msg = call.comm, call.recv
+        rank = comm.Get_rank()
+        src, dst = call.arrays(rank)
+        be = msg.backend
+        work = be.empty(len(src), pol.widen)
+        be.copy(work, src)
+        counts, displs = _blocks(len(dst), comm.Get_size())
+        rs, ag = pol.split
+        wmsg = Msg(work, work.dtype, _types.category_of_dtype(work.dtype),
+                   _types.wire_type(work.dtype), str(work.dtype), be)
+        label = call.label or call.collective
+        run(Call("reduce_scatter", comm, None, wmsg, tuple(counts), tuple(displs), call.op, rs,
+                 call.timeout, label=label))
+        mine, own = counts[rank], displs[rank]
+        try:
+            be.copy(dst[own:own + mine], work[:mine])  # the one rounding
+        except _host.FP_CONDITIONS:  # (an overflow is written as inf, as MPI gives it)
+            pass
+        self.algorithm = run(Call("allgather", comm, None, msg, tuple(counts), tuple(displs),
+                                  None, ag, call.timeout, label=label))
+
+    def start(self) -> None:  # pragma: no cover - only blocking calls split
+        self.run()
 
 
 def _widened(msg, dtype) -> Msg:
@@ -322,100 +379,43 @@ def _widened(msg, dtype) -> Msg:
     return Msg(None, dtype, category, mpitype, str(dtype), msg.backend)
 
 
-def _split(call, pol, timeout) -> Operation:
-    """A blocking split AllReduce (engine.select.Policy.split): ReduceScatter in the wide
-    type on a widened copy, the one rounding of this rank's block, AllGather of the
-    rounded blocks in place in the call's type; the AllGather's operation."""
-    from ..algorithms.ring import split as _blocks
-
-    comm, msg = call.comm, call.recv
-    rank = comm.Get_rank()
-    src, dst = call.arrays(rank)
-    be = msg.backend
-    work = be.empty(len(src), pol.widen)
-    be.copy(work, src)
-    counts, displs = _blocks(len(dst), comm.Get_size())
-    rs, ag = pol.split
-    wmsg = Msg(work, work.dtype, _types.category_of_dtype(work.dtype),
-               _types.wire_type(work.dtype), str(work.dtype), be)
-    run(Call("reduce_scatter", comm, None, wmsg, tuple(counts), tuple(displs), call.op, rs,
-             timeout, label=call.label or call.collective))
-    mine, own = counts[rank], displs[rank]
-    try:
-        be.copy(dst[own:own + mine], work[:mine])  # the one rounding
-    except _host.FP_CONDITIONS:  # (an overflow is written as inf, as MPI gives it)
-        pass
-    return start(Call("allgather", comm, None, msg, tuple(counts), tuple(displs), None, ag,
-                      timeout, label=call.label or call.collective), block=True)
+def _transport(ctx, call, msg, red, region, dst, holder=None):
+    """The transport of a call (engine.transports)."""
+    device = msg.backend.name != "numpy"
+    if region is not None:
+        return _transports.NodeMemory(ctx, msg, red, region, holder)
+    if not device:
+        return _transports.Host(ctx, msg, red)
+    if msg.backend.stages_whole(ctx, call.total * msg.dtype.itemsize):
+        writes_all = call.collective != "allgather" or (
+            packed(call.counts, call.displs) and sum(call.counts) == dst.size)
+        return _transports.WholeStage(ctx, msg, red, call.op if red is not None else None,
+                                      writes_all)
+    return _transports.Device(ctx, msg, red)
 
 
-def plain(b, operation, timed=True) -> bool:
-    """Whether a started call may be remembered as a bound call: host arrays on the plain
-    host channel, unobserved or (``timed``) observed for a timeout alone."""
-    if operation.error is not None or b.msg.backend.name != "numpy":
-        return False
-    if b.region is not None and not _intranode.plain(b):  # (node memory: engine.intranode)
-        return False
-    if not b.observed:
-        return type(b.ch) is _executor.Channel
-    return timed and b.timed and type(b.ch.inner) is _executor.Channel
-
-
-def start_persistent(operation) -> None:
-    """Start a persistent operation again on its buffers' current contents."""
-    b = operation.run
-    _observe.check_usable(b.ctx)
-    if b.program is not None and not _observe.observing():
-        if b.region is not None:
-            _intranode.claim(b.ctx, b.region, operation)  # (node memory)
-        b.ctx.seq += 1  # every start is a call
-        operation.steps, operation.ch, operation.red, operation.be = b.program
-        operation.call = None
-        operation.go(False)
-        return
-    b.begin(operation)
-    if b.region is not None:
-        _intranode.claim(b.ctx, b.region, operation)  # (node memory)
-    operation.go(False)
-    if b.program is None and plain(b, operation, timed=False):
-        # its later starts run on persistent requests (bound once: the buffers are fixed)
-        _cache.bind_once(b)
-
-
-def free_persistent(operation) -> None:
-    """Give back a persistent operation's requests and work memory (an active one completes
-    first); idempotent."""
-    if operation._active:
-        operation.wait()
-    b = operation.run
-    b.program = None
-    b.operation = None
-    _cache.unbind(b)
-    b.release()
-
-
-def _schedule(b, ctx, pipelined):
-    """The schedule of ``b`` on ``ctx``, cached per call shape on the context; a pipeline of
-    chunks (algorithms.pipeline) where the call is blocking, large and across nodes."""
-    call = b.call
-    counts = (b.total,) if call.collective == "allreduce" else call.counts
+def _schedule(ctx, call, name, msg, red, in_place, accumulate, staged, region, auto,
+              pipelined):
+    """The schedule of the call on ``ctx``, cached per call shape on the context; a pipeline
+    of chunks (algorithms.pipeline) where the call is blocking, large and across nodes."""
+    total = call.total
+    counts = (total,) if call.collective == "allreduce" else call.counts
     displs = (0,) if call.collective == "allreduce" else call.displs
-    commutative = True if b.red0 is None else b.red0.commutative
-    itemsize = b.msg.dtype.itemsize
-    nbytes = b.total * itemsize
-    shape = _executor.shape_of(ctx, b.total, counts, displs, itemsize, b.in_place,
-                               commutative, b.accumulate,
-                               ctx.segment_window(call.collective, b.name, nbytes, b.auto),
-                               b.staged)
-    if b.region is not None:  # node memory: its slot (engine.intranode)
-        shape = _intranode.shape(ctx, shape, b.msg.backend, b.region, itemsize)
-    name = b.name
+    commutative = True if red is None else red.commutative
+    itemsize = msg.dtype.itemsize
+    nbytes = total * itemsize
+    shape = _executor.shape_of(ctx, total, counts, displs, itemsize, in_place, commutative,
+                               accumulate, ctx.segment_window(call.collective, name, nbytes,
+                                                              auto), staged)
+    if region is not None:  # node memory: its slot (engine.intranode)
+        shape = _intranode.shape(ctx, shape, msg.backend, region, itemsize)
     build, key = _select.builder(call.collective, name), name
     # (a pipeline runs across nodes only: on one node the transform is not consulted)
     if pipelined and len(set(shape.nodes)) > 1 \
             and _pipeline.applies(call.collective, name, shape, nbytes):
         # (each chunk's messages take a tag of their own: at most the blocking calls')
-        chunks = min(_pipeline.chunks_of(call.collective, name, shape, nbytes), _executor.CHUNKS)
+        chunks = min(_pipeline.chunks_of(call.collective, name, shape, nbytes),
+                     _executor.CHUNKS)
         build = _pipeline.builder(call.collective, name, build, chunks,
                                   _select.ALGORITHMS["allreduce"].get(name))
         key = ("pipeline", name, chunks)

@@ -325,11 +325,7 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
     if algorithm == "auto":
         env = forced
         if env and env != "auto":
-            if env not in table and not any(env in t for t in ALGORITHMS.values()):
-                raise ValueError(
-                    f"MPICOLL_ALGORITHM: expected one of "
-                    f"{', '.join(sorted({a for t in ALGORITHMS.values() for a in t}))}, got {env!r}"
-                )
+            check_forced(env)
             if env in table and (commutative or env in ORDER_PRESERVING):
                 return env
         if not commutative:
@@ -347,12 +343,29 @@ def choose(collective: str, algorithm: str, nbytes: int, nranks: int, commutativ
         for limit, if_pof2, otherwise in THRESHOLDS[collective]:
             if limit is None or nbytes <= limit:
                 return if_pof2 if pof2 else otherwise
-    if not commutative and algorithm not in ORDER_PRESERVING and collective != "allgather":
+    check_choice(collective, algorithm, commutative)
+    return algorithm
+
+
+def check_forced(name) -> None:
+    """ValueError unless ``name`` (the ``algorithm`` option, MPICOLL_ALGORITHM) names an
+    algorithm of some collective, or is "auto"/unset."""
+    if name and name != "auto" and not any(name in t for t in ALGORITHMS.values()):
+        raise ValueError(
+            f"MPICOLL_ALGORITHM: expected one of "
+            f"{', '.join(sorted({a for t in ALGORITHMS.values() for a in t}))}, got {name!r}")
+
+
+def check_choice(collective: str, algorithm: str, commutative: bool) -> None:
+    """ValueError when an explicit ``algorithm`` reorders operands and the op is not
+    commutative (raised before any message)."""
+    if algorithm != "auto" and not commutative and algorithm not in ORDER_PRESERVING \
+            and collective != "allgather":
         raise ValueError(
             f"algorithm: {algorithm!r} reorders operands and cannot run a non-commutative op; "
-            f"use 'auto' or one of {', '.join(sorted(ORDER_PRESERVING & set(table)))}"
+            f"use 'auto' or one of "
+            f"{', '.join(sorted(ORDER_PRESERVING & set(ALGORITHMS[collective])))}"
         )
-    return algorithm
 
 
 def choose_on(ctx, collective: str, algorithm: str, nbytes: int, commutative: bool = True,

@@ -1,19 +1,22 @@
-"""The observation hook: one :class:`Call` per collective, wrapping its transport.
+"""The observation hook: one :class:`Observed` per observed start, wrapping its channel.
 
-:mod:`mpicoll.engine.run` asks :func:`begin` for a Call before running an
-algorithm.  When nothing is switched on (no check, no timeout, no traffic
-counter, no trace) it gets None and the algorithm runs on the backend's
-channel untouched.  Otherwise the Call
+An operation (engine.executor) asks :func:`begin` for an Observed at a start
+that is not its plain program.  When nothing is switched on (no check, no
+timeout, no traffic counter, no trace) it gets None and the steps run on the
+transport's channel untouched.  Otherwise the Observed
 
 * runs the fingerprint check (:mod:`_check`) before any payload message,
-* hands the algorithm an :class:`ObservedChannel` that polls with a timeout
-  (:mod:`_timeout`), counts messages and bytes (:mod:`_traffic`) and records
-  send/receive intervals (:mod:`_trace`), and, when tracing, a reducer and a
-  backend whose ``red``/``copy`` calls are timed,
-* hands its counts and events to the active recorders when the call ends.
+* hands the steps an :class:`ObservedChannel` (:meth:`Observed.channel`) that
+  counts messages and bytes (:mod:`_traffic`), records send/receive intervals
+  (:mod:`_trace`) and, under a timeout, moves long messages windowed so that
+  the operation's deadline sees progress piece by piece (:mod:`_timeout`), and,
+  when tracing, a reducer and a backend whose ``red``/``copy`` calls are timed,
+* hands its counts and events to the active recorders when the start ends.
 
+The deadline itself is the operation's (engine.executor); the words of a
+timeout are :func:`timeout_error`'s, one text for every wait that gives up.
 Message k of a call is labelled with step, block and segment from the
-schedule the call runs (:meth:`Call.use_schedule`).
+schedule the call runs (:meth:`Observed.use_schedule`).
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ def check_usable(ctx) -> None:
         )
 
 
-def _drop_cache(ctx) -> None:
-    """No call on an unusable context repeats a bound call again (engine.cache)."""
+def mark_unusable(ctx, why: str) -> None:
+    """After a timeout: every later call on ``ctx`` raises (:func:`check_usable`), and no
+    remembered call repeats (engine.cache, through the context's ``drop_cache``)."""
+    setattr(ctx, _BROKEN, why)
     drop = getattr(ctx, "drop_cache", None)
     if drop is not None:
         drop()
@@ -57,12 +62,53 @@ def observing() -> bool:
 
 
 def begin(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout, check):
-    """A :class:`Call` for this collective, or None when nothing observes it."""
+    """An :class:`Observed` for this start, or None when nothing observes it."""
     tracers = _trace.active()
     if timeout is None and not check and not tracers and not _traffic.ACTIVE:
         return None
-    return Call(ctx, label, collective, algorithm, msg, total, counts, displs, op, timeout,
-                tuple(_traffic.ACTIVE), tracers)
+    return Observed(ctx, label, collective, algorithm, msg, total, counts, displs, op,
+                    timeout, tuple(_traffic.ACTIVE), tracers)
+
+
+def timeout_error(ctx, label, seq, algorithm, what, messages, nsteps, idle, timeout,
+                  phase=None) -> CollectiveTimeout:
+    """The CollectiveTimeout of a wait that saw no progress for ``idle`` seconds; marks the
+    communicator unusable.  ``messages``: (kind, peer, bytes, label or None) of each
+    message still pending, a receive named first; ``what``: "N x dtype"; ``phase``:
+    "check" for the fingerprint exchange."""
+    messages = sorted(messages, key=lambda m: m[0] != "recv")
+    kind, peer, nbytes, lab = messages[0] if messages else ("recv", None, 0, None)
+    name = peer_name(ctx, peer) if peer is not None else "a peer"
+    where = ""
+    if lab is not None and phase != "check":
+        where = f", step {lab.step} of {nsteps} ({lab.phase}"
+        if lab.block is not None:
+            where += f", block {lab.block} segment {lab.segment}"
+        where += ")"
+    if phase == "check":
+        doing = f"agreeing on the call fingerprint (MPICOLL_CHECK) with {name}"
+    elif kind == "recv":
+        doing = f"waiting to receive {nbytes} bytes from {name}{where}"
+    else:
+        doing = f"waiting for {name} to receive {nbytes} bytes{where}"
+    more = len(messages) - 1
+    also = f"; {more} more message(s) pending" if more > 0 else ""
+    Peer = name[0].upper() + name[1:]
+    if phase == "check":
+        why = (f"{Peer} has not joined the exchange: it may have skipped this call, be in a "
+               f"collective on another communicator, or be stuck or dead")
+    else:
+        part = "sent its part" if kind == "recv" else "taken this message"
+        why = (f"{Peer} has not {part}: it, or a rank it waits for, may have skipped this call, "
+               f"called another collective, or be stuck or dead")
+    text = (f"{label} #{seq} ({algorithm}, {what}) on rank {ctx.rank}: no progress for "
+            f"{idle:.3g} s (timeout {timeout:g} s) while {doing}{also}. {why}. This "
+            f"communicator cannot be used again; end the job with mpicoll.abort()")
+    mark_unusable(ctx, f"{label} #{seq} timed out on rank {ctx.rank}")
+    return CollectiveTimeout(
+        text, collective=label, seq=seq, algorithm=algorithm, rank=ctx.rank, peer=peer,
+        phase="check" if phase == "check" else kind,
+        step=None if lab is None or phase == "check" else lab.step, timeout=timeout)
 
 
 class Req:
@@ -80,8 +126,8 @@ class Req:
         self.done = None  # time completion was seen
 
 
-class Call:
-    """One collective call on one rank, as timeouts, counters and traces see it."""
+class Observed:
+    """One start of a collective on one rank, as the check, counters and traces see it."""
 
     def __init__(self, ctx, label, collective, algorithm, msg, total, counts, displs, op,
                  timeout, recorders, tracers):
@@ -118,25 +164,29 @@ class Call:
     def check(self, run) -> None:
         """Agree on the call fingerprint with every rank (MPICOLL_CHECK).
 
-        ``run(schedule, ctx, ch, be, red, src, dst)`` runs a schedule to the
-        end (the engine passes its executor's run_on; see observe.check.agree).
+        ``run(schedule, ctx, ch, be, red, src, dst, timeout, expire)`` runs a
+        schedule to the end under this start's deadline (the engine passes its
+        executor's run_on; see observe.check.agree).
         """
         if self.size == 1:
             return
         ch = _check.channel(self.ctx)
-        if self.timeout is not None:
-            ch = ObservedChannel(ch, self, account=False, phase="check")
+        what = f"{self.total} x {_check.dtype_label(self.msg)}"
+
+        def expire(messages, idle):
+            return timeout_error(self.ctx, self.label, self.seq, self.algorithm, what,
+                                 messages, 0, idle, self.timeout, "check")
+
         t0 = perf_counter()
         try:
-            _check.agree(self, ch, run)
+            _check.agree(self, ch, functools.partial(run, timeout=self.timeout, expire=expire))
         finally:
             if self.events is not None:
                 self.events.append(("check", t0, perf_counter(), None, 0, None, -1))
 
     def wrap(self, ch, be, red):
-        """(channel, backend, reducer) the algorithm runs with (unchanged for the check alone)."""
-        if self.timeout is None and not self.recorders and self.events is None:
-            return ch, be, red
+        """(channel, backend, reducer) the steps run with: the channel observed, and when
+        tracing the backend's copies and the reductions timed."""
         ch = ObservedChannel(ch, self)
         if self.events is not None:
             be = _TimedBackend(be, self)
@@ -206,48 +256,6 @@ class Call:
             for tr in self.tracers:
                 tr._add(self, self.t0, t1, failed)
 
-    # -- timeouts -------------------------------------------------------------
-    def expired(self, left, idle, phase):
-        """The CollectiveTimeout for requests ``left`` pending ``idle`` seconds."""
-        r = next((r for r in left if r.kind == "recv"), left[0])
-        peer = peer_name(self.ctx, r.peer)
-        where = ""
-        lab = None if phase == "check" else self.label_of(r.kind, r.k)
-        if lab is not None:
-            where = f", step {lab.step} of {self.schedule.nsteps} ({lab.phase}"
-            if lab.block is not None:
-                where += f", block {lab.block} segment {lab.segment}"
-            where += ")"
-        if phase == "check":
-            doing = f"agreeing on the call fingerprint (MPICOLL_CHECK) with {peer}"
-        elif r.kind == "recv":
-            doing = f"waiting to receive {r.nbytes} bytes from {peer}{where}"
-        else:
-            doing = f"waiting for {peer} to receive {r.nbytes} bytes{where}"
-        more = len(left) - 1
-        also = f"; {more} more message(s) pending" if more else ""
-        what = f"{self.total} x {_check.dtype_label(self.msg)}"
-        Peer = peer[0].upper() + peer[1:]
-        if phase == "check":
-            why = (f"{Peer} has not joined the exchange: it may have skipped this call, be in a "
-                   f"collective on another communicator, or be stuck or dead")
-        else:
-            part = "sent its part" if r.kind == "recv" else "taken this message"
-            why = (f"{Peer} has not {part}: it, or a rank it waits for, may have skipped this call, "
-                   f"called another collective, or be stuck or dead")
-        msg = (
-            f"{self.label} #{self.seq} ({self.algorithm}, {what}) on rank {self.rank}: "
-            f"no progress for {idle:.3g} s (timeout {self.timeout:g} s) while {doing}{also}. "
-            f"{why}. This communicator cannot be used again; end the job with mpicoll.abort()"
-        )
-        setattr(self.ctx, _BROKEN, f"{self.label} #{self.seq} timed out on rank {self.rank}")
-        _drop_cache(self.ctx)
-        return CollectiveTimeout(
-            msg, collective=self.label, seq=self.seq, algorithm=self.algorithm, rank=self.rank,
-            peer=r.peer, phase="check" if phase == "check" else r.kind,
-            step=None if lab is None else lab.step, timeout=self.timeout)
-
-
 class _Labels:
     """The labels of a call's sends and receives, in issue order, and its step count."""
 
@@ -260,6 +268,8 @@ class _Labels:
 def peer_name(ctx, peer) -> str:
     """'rank 3', plus its MPI.COMM_WORLD rank when that differs."""
     name = f"rank {peer}"
+    if ctx.comm == MPI.COMM_NULL or MPI.Is_finalized():  # (never MPI on a freed handle)
+        return name
     mine, world_group = ctx.comm.Get_group(), MPI.COMM_WORLD.Get_group()
     try:
         world = MPI.Group.Translate_ranks(mine, [peer], world_group)[0]
@@ -274,22 +284,21 @@ def peer_name(ctx, peer) -> str:
 
 
 class ObservedChannel:
-    """Channel wrapper: counts, times and (with a timeout) polls every message."""
+    """Channel wrapper: counts and times every message; under a timeout, moves messages
+    longer than a piece windowed (:class:`_timeout.Windowed`), so that the operation's
+    deadline sees progress piece by piece."""
 
-    __slots__ = ("inner", "call", "account", "phase", "timed", "piece")
+    __slots__ = ("inner", "call", "timed", "piece")
 
-    def __init__(self, inner, call: Call, account: bool = True, phase: str | None = None):
+    def __init__(self, inner, call: Observed):
         self.inner = inner
         self.call = call
-        self.account = account
-        self.phase = phase
         self.timed = call.events is not None
-        # with a timeout, payload messages longer than a piece move windowed
-        # (_timeout.Windowed), in the pieces the channel cuts: (to another node, to this one)
+        # (to another node, to this one): the pieces the channel cuts
         mpitype = call.msg.mpitype
         self.piece = ((_channel.piece_elems(mpitype, False, call.ctx.node_piece),
                        _channel.piece_elems(mpitype, True))
-                      if call.timeout is not None and account else None)
+                      if call.timeout is not None else None)
 
     def _post(self, post, arr, peer, kind, chunk):
         if self.piece is None:
@@ -315,9 +324,8 @@ class ObservedChannel:
         req = self._post(self.inner.isend, arr, dest, "send", chunk)
         k = c.nsend
         n = len(arr)
-        if self.account:
-            c.nsend = k + 1
-            c.scounts.append(n)
+        c.nsend = k + 1
+        c.scounts.append(n)
         return Req(req, "send", dest, n * c.wire, k, t0)
 
     def irecv(self, arr, source, chunk=0):
@@ -326,9 +334,8 @@ class ObservedChannel:
         req = self._post(self.inner.irecv, arr, source, "recv", chunk)
         k = c.nrecv
         n = len(arr)
-        if self.account:
-            c.nrecv = k + 1
-            c.rcounts.append(n)
+        c.nrecv = k + 1
+        c.rcounts.append(n)
         return Req(req, "recv", source, n * c.wire, k, t0)
 
     def wait(self, r) -> None:
@@ -356,17 +363,15 @@ class ObservedChannel:
             self._complete(reqs)
 
     def _complete(self, reqs) -> None:
+        """Finish ``reqs`` (complete already where the operation polled them under its
+        deadline; else this blocks in the inner channel) and count them."""
         c = self.call
-        if c.timeout is not None:
-            test = _timeout.tester(reqs, getattr(self.inner, "test", None), c.windowed)
-            if test is not None:
-                _timeout.wait(reqs, c.timeout, lambda left, idle: c.expired(left, idle, self.phase),
-                              test)
-        # the inner channel finishes the requests (host staging copies, ...);
-        # polled MPI requests are already complete and return at once
         inner = []
         for r in reqs:
             if type(r.req) is _timeout.Windowed:
+                if c.windowed and not r.req.finished:  # (no deadline polled it: move it here)
+                    while not r.req.finished:
+                        r.req.advance(getattr(self.inner, "test", None))
                 inner.extend(r.req.posted)
             else:
                 inner.append(r.req)
@@ -374,8 +379,6 @@ class ObservedChannel:
             self.inner.wait(inner[0])
         else:
             self.inner.waitall(inner)
-        if not self.account:
-            return
         now = perf_counter() if self.timed else 0.0
         for r in reqs:
             if r.done is None:

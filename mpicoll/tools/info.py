@@ -47,7 +47,6 @@ import mpicoll
 
 from ..backends import cuda as _cuda
 from ..core import config as _config
-from ..engine import native as _native
 from ..engine import select as _select
 from ..transport import topology as _topology
 
@@ -87,15 +86,6 @@ def report() -> list[tuple[str, str]]:
     major, minor = MPI.Get_version()
     cupy_version, gpus = _cupy_and_gpus()
     ucx = _cuda.ucx_report()
-    try:
-        if _config.get("native"):
-            _native.load(_config.get("mpicc"), _config.get("cache_dir"))  # (builds it once)
-            used, what = _native.status()
-            compiled = f"{'on' if used else 'off'} ({what})"
-        else:
-            compiled = "off (MPICOLL_NATIVE=0 or configure(native=False))"
-    except ValueError as exc:  # a malformed MPICOLL_NATIVE
-        compiled = f"unknown ({exc})"
     return [
         ("mpicoll", mpicoll.__version__),
         # Open MPI 5.0.11's string ends in a NUL, which makes grep call the output binary
@@ -107,7 +97,6 @@ def report() -> list[tuple[str, str]]:
         ("GPUs", gpus),
         ("UCX", ucx),
         ("cuda-aware", decision),
-        ("compiled hit", compiled),
     ]
 
 

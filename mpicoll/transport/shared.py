@@ -291,107 +291,168 @@ class _Message:
         self.req, self.kind, self.peer, self.done = req, kind, peer, None
 
 
-def _allgather(ctx, mine, timeout, what, describe, wait_for):
-    """Every rank's ``mine`` (uint8, the same length on every rank), by rank.
+class SetUp:
+    """Mapping one region of one backend's memory among the ranks of each node; every rank
+    of the communicator takes part, and its verdict is the same on every rank.
 
-    Point-to-point messages on the context's duplicate with the blocking calls'
-    tag (the set-up runs at the start of a call, before its own messages): a
-    rank that never joins leaves receives that a timeout cancels, never a
-    collective pending on the duplicate.  The operations in flight advance
-    while it waits; under a timeout, CollectiveTimeout after that long without
-    progress (the context is then unusable).  ``wait_for``: the engine's wait
-    (engine.executor.wait_for), which advances the operations in flight.
+    Two exchanges of point-to-point messages on the context's duplicate with the
+    blocking calls' tag (a set-up runs before its call's own messages): each
+    rank's record (its buffer's handle), then whether it mapped its node peers'.
+    A rank that never joins leaves receives that a timeout cancels, never a
+    collective pending on the duplicate.  It runs in stages, so that a blocking
+    call waits between them (:meth:`run`) and a non-blocking start runs them as
+    steps of its operation, never waiting on a peer (engine.intranode):
+    :meth:`post_records`, :meth:`post_verdicts` (once the records are in),
+    :meth:`finish` (once the verdicts are in).
     """
-    out = np.zeros((ctx.size, len(mine)), np.uint8)
-    out[ctx.rank] = mine
-    comm, peers = ctx.comm, [q for q in range(ctx.size) if q != ctx.rank]
-    msgs = [_Message(MPI.Comm.Irecv(comm, out[q], q, TAG), "recv", q) for q in peers]
-    msgs += [_Message(MPI.Comm.Isend(comm, mine, q, TAG), "send", q) for q in peers]
-    reqs = [m.req for m in msgs]
-    if wait_for(lambda: MPI.Request.Testall(reqs), timeout=timeout):
+
+    def __init__(self, ctx, nm, memory, region, timeout, describe):
+        self.ctx, self.nm, self.memory, self.region = ctx, nm, memory, region
+        self.timeout, self.describe = timeout, describe
+        self.nbytes = 2 * memory.slot_bytes
+        self.mapped = _Mapped(memory, self.nbytes)
+        self.why = None
+        self.messages: list = []  # (_Message) of the exchange in progress
+        self.what = ""
+        self.tag = TAG  # (an operation running it as its first steps: the tag of its call)
+        self.done = False
+        self._records = self._oks = None
+
+    @property
+    def requests(self) -> list:
+        return [m.req for m in self.messages]
+
+    def _post(self, mine, what) -> np.ndarray:
+        ctx = self.ctx
+        out = np.zeros((ctx.size, len(mine)), np.uint8)
+        out[ctx.rank] = mine
+        comm, peers = ctx.comm, [q for q in range(ctx.size) if q != ctx.rank]
+        tag = self.tag
+        msgs = [_Message(MPI.Comm.Irecv(comm, out[q], q, tag), "recv", q) for q in peers]
+        msgs += [_Message(MPI.Comm.Isend(comm, mine, q, tag), "send", q) for q in peers]
+        self.messages, self.what = msgs, what
         return out
-    if timeout is None:
-        MPI.Request.Waitall(reqs)
-        return out
 
-    def expired(left, idle):
-        call, collective, algorithm = describe()
-        late = next((m for m in left if m.kind == "recv"), left[0])
-        # (observe.calls' mark, in its words)
-        ctx.mpicoll_unusable = f"{collective} #{ctx.seq + 1} timed out on rank {ctx.rank}"
-        drop = getattr(ctx, "drop_plans", None)
-        if drop is not None:
-            drop()
-        return CollectiveTimeout(
-            f"{call} on rank {ctx.rank}: no progress for {idle:.3g} s (timeout {timeout:g} s) "
-            f"before step 0, setting up node memory ({what}): waiting for rank {late.peer}. "
-            f"Some rank has not joined this call: it may have skipped it, called a collective "
-            f"on another communicator, or be stuck or dead. This communicator cannot be used "
-            f"again; end the job with mpicoll.abort()", collective=collective,
-            seq=ctx.seq + 1, algorithm=algorithm, rank=ctx.rank, peer=late.peer,
-            phase=late.kind, step=None, timeout=timeout)
+    def post_records(self) -> list:
+        """Export this rank's buffer and post the exchange of records; its requests.  None
+        to post where an operation before this one set the region up (or failed to)
+        meanwhile: every rank saw that one end first (engine.intranode.claim)."""
+        key = self.memory.key
+        if (key, self.region) in self.nm.mapped or key in self.nm.failed:
+            self.done = True
+            return []
+        _reap()
+        record = np.zeros(_REC, np.uint8)
+        if len(self.nm.local) > 1:
+            try:
+                handle, token, arr, keep = self.memory.export(self.nbytes)
+                self.mapped.exported, self.mapped.arrays[self.ctx.rank] = keep, arr
+                record[0] = _EXPORTED
+                record[_HANDLE][:len(handle)] = np.frombuffer(handle, np.uint8)
+                record[_TOKEN][:len(token)] = np.frombuffer(token, np.uint8)
+                ident = self.memory.identity()
+                record[_DEVICE][:len(ident)] = np.frombuffer(ident, np.uint8)
+            except Exception as exc:
+                self.why = (f"cannot allocate {self.nbytes} bytes to share "
+                            f"({type(exc).__name__}: {exc})")
+                record[0] = _FAILED
+        self._records = self._post(record, "exchanging the buffers' names")
+        return self.requests
 
-    _timeout.wait(msgs, timeout, expired, _timeout.tester(msgs))
-    return out
-
-
-def _set_up(ctx, nm, memory, region, timeout, describe, wait_for) -> str | None:
-    """Map ``region`` of ``memory`` (host or a device) among the ranks of each node; every
-    rank of the communicator takes part.  None when every rank succeeded, else why not
-    (the same verdict on every rank)."""
-    _reap()
-    nbytes = 2 * memory.slot_bytes
-    mapped = _Mapped(memory, nbytes)
-    record = np.zeros(_REC, np.uint8)
-    why = None
-    if len(nm.local) > 1:
-        try:
-            handle, token, arr, keep = memory.export(nbytes)
-            mapped.exported, mapped.arrays[ctx.rank] = keep, arr
-            record[0] = _EXPORTED
-            record[_HANDLE][:len(handle)] = np.frombuffer(handle, np.uint8)
-            record[_TOKEN][:len(token)] = np.frombuffer(token, np.uint8)
-            ident = memory.identity()
-            record[_DEVICE][:len(ident)] = np.frombuffer(ident, np.uint8)
-        except Exception as exc:
-            why = f"cannot allocate {nbytes} bytes to share ({type(exc).__name__}: {exc})"
-            record[0] = _FAILED
-    try:
-        records = _allgather(ctx, record, timeout, "exchanging the buffers' names", describe,
-                             wait_for)
-        if why is None:
-            for q in nm.local:
-                if q == ctx.rank:
+    def post_verdicts(self) -> list:
+        """Map the node peers' buffers (their records are in) and post the exchange of
+        verdicts; its requests."""
+        if self.done:
+            return []
+        records, mapped = self._records, self.mapped
+        if self.why is None:
+            for q in self.nm.local:
+                if q == self.ctx.rank:
                     continue
                 rec = records[q]
                 if rec[0] != _EXPORTED:
-                    why = f"rank {q} of this node could not allocate its buffer (its python " \
-                          f"-m mpicoll.info says why)"
+                    self.why = f"rank {q} of this node could not allocate its buffer (its " \
+                               f"python -m mpicoll.info says why)"
                     break
                 try:
-                    arr, keep = memory.open(rec[_HANDLE].tobytes(), rec[_TOKEN].tobytes(),
-                                            nbytes, rec[_DEVICE].tobytes())
+                    arr, keep = self.memory.open(rec[_HANDLE].tobytes(), rec[_TOKEN].tobytes(),
+                                                 self.nbytes, rec[_DEVICE].tobytes())
                 except Exception as exc:
-                    why = f"cannot map rank {q}'s buffer ({type(exc).__name__}: {exc})"
+                    self.why = f"cannot map rank {q}'s buffer ({type(exc).__name__}: {exc})"
                     break
                 mapped.opened.append(keep)
                 mapped.arrays[q] = arr
-        oks = _allgather(ctx, np.array([why is None], np.uint8), timeout,
-                         "agreeing whether every rank mapped its node's buffers", describe,
-                         wait_for)[:, 0]
-    except BaseException:
-        _undo(memory, mapped, settled=False)
-        raise
-    if mapped.exported is not None:
-        memory.settled(mapped.exported)  # (every peer opened it or gave up: host files go)
-    if oks.all():
-        nm.mapped[(memory.key, region)] = mapped
-        return None
-    if why is None:
-        first = int(np.argmin(oks))
-        why = f"rank {first} could not map its node's buffers (its python -m mpicoll.info says why)"
-    _undo(memory, mapped, settled=True)
-    return why
+        self._oks = self._post(np.array([self.why is None], np.uint8),
+                               "agreeing whether every rank mapped its node's buffers")
+        return self.requests
+
+    def finish(self) -> str | None:
+        """The verdict (the verdicts are in): None when every rank mapped its node's buffers
+        (the region is kept), else why not (the same on every rank)."""
+        memory, mapped, nm = self.memory, self.mapped, self.nm
+        if self.done:
+            return nm.failed.get(memory.key)
+        self.done = True
+        oks = self._oks[:, 0]
+        self.messages = []
+        if mapped.exported is not None:
+            memory.settled(mapped.exported)  # (every peer opened it or gave up: host files go)
+        if oks.all():
+            nm.mapped[(memory.key, self.region)] = mapped
+            return None
+        why = self.why
+        if why is None:
+            first = int(np.argmin(oks))
+            why = f"rank {first} could not map its node's buffers (its python -m mpicoll.info " \
+                  f"says why)"
+        _undo(memory, mapped, settled=True)
+        nm.failed[memory.key] = why
+        return why
+
+    def abandon(self) -> None:
+        """The set-up was interrupted (a timeout, an error): give back what it mapped."""
+        if not self.done:
+            self.done = True
+            _undo(self.memory, self.mapped, settled=False)
+
+    def expired(self, left, idle) -> CollectiveTimeout:
+        """The CollectiveTimeout of a set-up waiting ``idle`` seconds for ``left``."""
+        ctx = self.ctx
+        call, collective, algorithm = self.describe()
+        late = next((m for m in left if m.kind == "recv"), left[0]) if left else None
+        peer = None if late is None else late.peer
+        # (observe.calls' mark, in its words)
+        ctx.mpicoll_unusable = f"{collective} #{ctx.seq + 1} timed out on rank {ctx.rank}"
+        drop = getattr(ctx, "drop_cache", None)
+        if drop is not None:
+            drop()
+        return CollectiveTimeout(
+            f"{call} on rank {ctx.rank}: no progress for {idle:.3g} s (timeout "
+            f"{self.timeout:g} s) before step 0, setting up node memory ({self.what}): waiting "
+            f"for rank {peer}. Some rank has not joined this call: it may have skipped it, "
+            f"called a collective on another communicator, or be stuck or dead. This "
+            f"communicator cannot be used again; end the job with mpicoll.abort()",
+            collective=collective, seq=ctx.seq + 1, algorithm=algorithm, rank=ctx.rank,
+            peer=peer, phase=None if late is None else late.kind, step=None,
+            timeout=self.timeout)
+
+    def run(self, wait_for) -> str | None:
+        """The whole set-up here, waiting between its stages (a blocking call): the verdict.
+        ``wait_for``: the engine's wait, which advances the operations in flight."""
+        try:
+            for post in (self.post_records, self.post_verdicts):
+                reqs = post()
+                if wait_for(lambda reqs=reqs: MPI.Request.Testall(reqs), timeout=self.timeout):
+                    continue
+                if self.timeout is None:
+                    MPI.Request.Waitall(reqs)
+                    continue
+                _timeout.wait(self.messages, self.timeout, self.expired,
+                              _timeout.tester(self.messages))
+        except BaseException:
+            self.abandon()
+            raise
+        return self.finish()
 
 
 def _undo(memory, mapped, settled) -> None:
@@ -472,27 +533,32 @@ def at_exit() -> None:
 
 # --- what the engine asks (engine.intranode) ----------------------------------------------
 
+def set_up(ctx, backend, region, timeout, describe):
+    """The :class:`SetUp` of ``region`` of ``backend``'s memory, or (None, verdict) where none
+    is needed: (None, None) if mapped or nothing to map, (None, why) if it cannot be (a
+    backend that failed is not tried again on this context)."""
+    nm = node_memory(ctx)
+    if nm.closed:
+        return None, "the communicator was freed"
+    if not nm.shares:
+        return None, None  # (no rank has a node peer: the schedules use no node memory)
+    memory = _memory_of(backend)
+    if memory.key in nm.failed:
+        return None, nm.failed[memory.key]
+    if (memory.key, region) in nm.mapped:
+        return None, None
+    if memory is not _HOST and not hasattr(memory.rt, "ipc_export"):
+        why = nm.failed[memory.key] = f"the {backend.name} runtime has no CUDA IPC"
+        return None, why
+    return SetUp(ctx, nm, memory, region, timeout, describe), None
+
+
 def ready(ctx, backend, region, timeout, describe, wait_for) -> str | None:
     """Map ``region`` of ``backend``'s memory unless it is (a collective exchange on the first
     call that needs it); None if mapped or nothing to map, else why not (the same on every
-    rank; a backend that failed is not tried again on this context)."""
-    nm = node_memory(ctx)
-    if nm.closed:
-        return "the communicator was freed"
-    if not nm.shares:
-        return None  # (no rank has a node peer: the schedules use no node memory)
-    memory = _memory_of(backend)
-    if memory.key in nm.failed:
-        return nm.failed[memory.key]
-    if (memory.key, region) in nm.mapped:
-        return None
-    if memory is not _HOST and not hasattr(memory.rt, "ipc_export"):
-        why = f"the {backend.name} runtime has no CUDA IPC"
-    else:
-        why = _set_up(ctx, nm, memory, region, timeout, describe, wait_for)
-    if why is not None:
-        nm.failed[memory.key] = why
-    return why
+    rank)."""
+    setup, why = set_up(ctx, backend, region, timeout, describe)
+    return why if setup is None else setup.run(wait_for)
 
 
 def slot_elements(ctx, backend, region, itemsize: int) -> int:

@@ -39,6 +39,17 @@ def _test_requests(reqs, channel_test=None) -> list:
     """Indices of the completed requests among ``reqs`` (inner channel requests)."""
     if channel_test is not None:
         return [i for i, q in enumerate(reqs) if channel_test(q)]
+    if any(type(q) is MPI.Prequest for q in reqs):
+        # persistent requests stay (inactive) when they complete, so which one failed a
+        # Testsome cannot tell: each is tested on its own, its error its own
+        done = []
+        for i, q in enumerate(reqs):
+            try:
+                if q.Test():
+                    done.append(i)
+            except MPI.Exception as exc:
+                raise RequestError(exc.Get_error_code(), q) from None
+        return done
     if all(type(q) is MPI.Request for q in reqs):
         live = [q != MPI.REQUEST_NULL for q in reqs]
         statuses = [MPI.Status() for _ in reqs]

@@ -326,17 +326,19 @@ def test_persistent_allgather_and_reduce_scatter_block():
 
 @pytest.mark.timeout(60)
 def test_persistent_starts_run_on_persistent_requests(monkeypatch):
-    """After one plain start, a persistent collective runs its compiled program
-    (engine.executor, "Persistent operations"): later starts set nothing up again,
-    results stay right with new data, a start under a traffic counter takes the
-    observed path (and is counted), and Free frees the program's requests."""
+    """A persistent collective runs its program (engine.executor: its messages bound once to
+    persistent point-to-point requests): no start sets anything up again, results stay
+    right with new data, a start under a traffic counter runs observed (and is counted),
+    and Free frees the program's requests."""
     from mpicoll.engine import executor as _executor
     from mpicoll.engine import run as _run
-    begins = util.spy(monkeypatch, _run.Bound, ["begin"])
+    observed = util.spy(monkeypatch, _run.Bound, ["observe"])
+    binds = util.spy(monkeypatch, _executor, ["bind"])
     x = np.empty(7)
     y = np.full(7, SENTINEL, np.float64)
     req = COMM.Allreduce_init(x, y)
     op = req._op
+    made = len(binds)  # (bound when made)
     bad = []
     for it in range(4):
         x[:] = rank_data(7, RANK, np.float64, salt=70 + it)
@@ -344,21 +346,23 @@ def test_persistent_starts_run_on_persistent_requests(monkeypatch):
         req.Wait()
         bad.append(problems([(f"start #{it + 1}", y, builtin_allreduce(x))]))
     # (one rank: a program of copies, no requests to hold)
-    compiled = op.run.program is not None and (SIZE == 1 or op.run in _executor._HOLDING)
+    compiled = op.program is not None and (SIZE == 1 or op in _executor._HOLDING)
     with mpicoll.traffic() as t:
         x[:] = rank_data(7, RANK, np.float64, salt=80)
         req.Start()
         req.Wait()
     bad.append(problems([("counted start", y, builtin_allreduce(x))]))
     counted = len(t.calls) == 1 and (SIZE == 1 or t.calls[0].messages_sent > 0)
-    requests = list(_executor._HOLDING.get(op.run, ()))
+    requests = list(_executor._HOLDING.get(op, ()))
     req.Free()
-    freed = op.run.program is None and op.run not in _executor._HOLDING and \
+    freed = op.program is None and op not in _executor._HOLDING and \
         all(r == MPI.REQUEST_NULL for r in requests)
     bad = "; ".join(b for b in bad if b)
-    util.assert_all(WORLD, not bad and compiled and counted and freed and len(begins) == 2,
+    util.assert_all(WORLD, not bad and compiled and counted and freed and len(observed) == 1
+                     and made == 1 and len(binds) == 1,
                      f"{bad} compiled={compiled} counted={counted} freed={freed} "
-                     f"begins={len(begins)} (expected 2: the first start and the counted one)")
+                     f"observed={len(observed)} (expected 1: the counted start) "
+                     f"binds={made}, {len(binds)} (expected 1, 1: bound when made, never again)")
 
 
 @pytest.mark.timeout(60)
@@ -383,14 +387,21 @@ def test_persistent_programs_and_nonblocking_waited_in_rank_dependent_orders():
         bad.append(problems([(f"allreduce #{it}", y, builtin_allreduce(x, MPI.MAX)),
                              (f"iallreduce #{it}", z, builtin_allreduce(x)),
                              (f"allgather #{it}", g, builtin_allgatherv(x, [n] * SIZE))]))
-    compiled = p1._op.run.program is not None and p2._op.run.program is not None
+    compiled = p1._op.program is not None and p2._op.program is not None
     p1.Free()
     p2.Free()
     bad = "; ".join(b for b in bad if b)
     util.assert_all(WORLD, not bad and compiled, bad or "no program compiled")
 
 
-def test_freeing_the_communicator_frees_the_programs():
+def test_a_persistent_request_keeps_its_communicator_until_freed():
+    """``comm.Free()`` with a persistent request not freed: the request still starts and is
+    right (MPI's reference semantics: a request keeps its communicator; MPICH's own
+    requests work after the Free), its ``Free()`` succeeds and frees its requests, and
+    mpicoll's duplicate of the communicator goes only then.  (``Start()`` raised MPI's
+    MPI_ERR_COMM, and ``Free()`` raised too: its error report asked the freed duplicate
+    for its group.)"""
+    from mpicoll.engine import context as _context
     from mpicoll.engine import executor as _executor
     comm = mpicoll.Comm(WORLD.Dup())
     x, y = rank_data(3, RANK, np.float64), np.empty(3)
@@ -398,13 +409,21 @@ def test_freeing_the_communicator_frees_the_programs():
     for _ in range(2):
         req.Start()
         req.Wait()
+    ctx = _context.context(comm)
     op = req._op
-    requests, held = list(_executor._HOLDING.get(op.run, ())), op.run in _executor._HOLDING
+    requests = list(_executor._HOLDING.get(op, ()))
     comm.Free()
-    ok = (held or SIZE == 1) and op.run.program is None and \
-        all(r == MPI.REQUEST_NULL for r in requests)
+    kept = ctx.comm != MPI.COMM_NULL
+    x += 1
+    req.Start()
+    req.Wait()
+    right = util.same_bytes(y, builtin_allreduce(x))
     req.Free()
-    util.assert_all(WORLD, ok, f"held={held} program={op.run.program} requests={requests}")
+    req.Free()  # (twice: harmless)
+    freed = ctx.comm == MPI.COMM_NULL and all(r == MPI.REQUEST_NULL for r in requests) \
+        and op not in _executor._HOLDING
+    util.assert_all(WORLD, kept and right and freed,
+                     f"kept={kept} right={right} freed={freed}")
 
 
 # ---------------------------------------------------------------------------
@@ -533,7 +552,7 @@ def test_nonblocking_tags_never_take_a_persistent_operations_tag():
         _context.context(comm).tag_ub = _executor.FIRST_TAG + 7
         x, y = np.empty(n), np.full(n, SENTINEL, np.float64)
         p = comm.Allreduce_init(x, y, op=MPI.MAX)
-        ptag = p._op.run.tag
+        ptag = p._op.tag
         tags, bad = set(), []
         for it in range(3):
             x[:] = rank_data(n, RANK, np.float64, salt=160 + it)
@@ -542,7 +561,7 @@ def test_nonblocking_tags_never_take_a_persistent_operations_tag():
                 a = rank_data(n, RANK, np.float64, salt=170 + k)
                 b = np.full(n, SENTINEL, np.float64)
                 r = comm.Iallreduce(a, b)
-                tags.add(r._op.run.tag)
+                tags.add(r._op.ch.tag)  # (the tag of this start's call number)
                 r.Wait()
                 bad.append(problems([(f"Iallreduce {it}.{k}", b, builtin_allreduce(a))]))
             p.Wait()

@@ -1,9 +1,11 @@
-"""The one cache of bound calls (engine.cache): a hit is proven valid, holds no user memory.
+"""Repeated calls (engine.cache): a repeat is a start of the call's kept operation, proven valid.
 
-A repeated call with the same arguments runs its entry (no validation, no
-binding, no allocation); an argument changed in place (dtype, shape, strides,
-writeability, its data buffer), another object, an option or an observer is a
-miss that validates as a new call; an entry never keeps a user's array alive.
+A repeated call with the same arguments starts its kept operation again (no
+validation, no binding, no allocation); an argument changed in place (dtype,
+shape, strides, writeability, its data buffer) or another object is a miss
+that validates as a new call; an observer, a check or a timeout switched on is
+the operation's own (it runs observed, still without validation); a kept
+operation never keeps a user's array alive.
 """
 
 from __future__ import annotations
@@ -28,21 +30,10 @@ WORLD = MPI.COMM_WORLD
 pytestmark = pytest.mark.ranks(1, 2, 3)
 
 
-@pytest.fixture(autouse=True, params=["compiled", "python"])
-def hit_path(request):
-    """Every rule twice: with the hit compiled (engine/_hit.c, the default where it
-    builds; tests/engine/test_native.py proves it is used) and with the hit in Python."""
-    if request.param == "python":
-        with mpicoll.options(native=False):
-            yield request.param
-    else:
-        yield request.param
-
-
-# --- plans: a repeated call with the same arrays goes straight to moving data ------
+# --- a repeated call with the same arrays goes straight to moving data ------------
 
 @pytest.mark.timeout(60)
-def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
+def test_a_repeat_neither_validates_nor_allocates(monkeypatch):
     """The same buffers again: no validation, no schedule binding, no allocation; right results."""
     from mpicoll.engine import executor as _executor
     comm = WORLD.Dup()
@@ -85,9 +76,9 @@ def test_plan_hit_neither_validates_nor_allocates(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-def test_a_spec_of_the_arrays_own_datatype_runs_its_plan(monkeypatch):
+def test_a_spec_of_the_arrays_own_datatype_repeats(monkeypatch):
     """``[array, T]`` with T the datatype mpi4py gives the array anyway is the bare array's
-    message: its repeat runs the plan, blocking and non-blocking, and shares it with the bare
+    message: its repeat starts the kept operation, blocking and non-blocking, and shares it with the bare
     form (it took the general path at every call: 35 us against 1 us at 16 B, 143 against
     67 us at 1 MiB).  Any other spec (another datatype over the same memory, a count, a
     non-contiguous array) is validated as it was; results exact throughout."""
@@ -117,8 +108,8 @@ def test_a_spec_of_the_arrays_own_datatype_runs_its_plan(monkeypatch):
                 np.testing.assert_array_equal(outs[name], want[name], err_msg=name)
                 assert len(checks) - before == (step == 0), (name, step)
         before = len(checks)
-        mc.Allreduce(x, ar)  # the bare form: the same plan
-        mc.Allreduce(MPI.IN_PLACE, [ar, F])  # (in place: its own plan)
+        mc.Allreduce(x, ar)  # the bare form: the same operation
+        mc.Allreduce(MPI.IN_PLACE, [ar, F])  # (in place: its own)
         mc.Allreduce(MPI.IN_PLACE, [ar, F])
         assert len(checks) - before == 1
         for _ in range(2):
@@ -150,10 +141,10 @@ def test_a_spec_of_the_arrays_own_datatype_runs_its_plan(monkeypatch):
 
 
 @pytest.mark.timeout(60)
-def test_calls_alternating_ops_or_algorithms_on_the_same_arrays_each_keep_a_plan(monkeypatch):
-    """A plan's place was its function and arrays alone: a call with another op or algorithm
-    on the same arrays forgot the other's plan, so calls alternating them validated at every
-    call.  Now each has its own plan (blocking and non-blocking, both APIs); results exact."""
+def test_calls_alternating_ops_or_algorithms_on_the_same_arrays_each_repeat(monkeypatch):
+    """An entry's place was its function and arrays alone: a call with another op or algorithm
+    on the same arrays forgot the other's, so calls alternating them validated at every
+    call.  Now each has its own (blocking and non-blocking, both APIs); results exact."""
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
@@ -190,8 +181,8 @@ def test_calls_alternating_ops_or_algorithms_on_the_same_arrays_each_keep_a_plan
 
 
 @pytest.mark.timeout(60)
-def test_plan_hits_and_persistent_starts_warn_for_no_op():
-    """Every predefined op runs from a plan and a persistent program without a warning
+def test_repeats_and_persistent_starts_warn_for_no_op():
+    """Every predefined op repeats and starts persistently without a warning
     (NumPy 2.4 deprecates a positional output for maximum and minimum; the compiled
     reductions passed it positionally)."""
     import warnings
@@ -206,7 +197,7 @@ def test_plan_hits_and_persistent_starts_warn_for_no_op():
             req = mc.Allreduce_init(x, y, op)
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                for _ in range(3):  # the general path, then the plan / the program
+                for _ in range(3):  # the run path, then the repeat / the program
                     mc.Allreduce(x, y, op)
                     req.Start()
                     req.Wait()
@@ -220,8 +211,8 @@ def test_plan_hits_and_persistent_starts_warn_for_no_op():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "complex128", "int8",
                                    "uint64", "bool"])
-def test_plan_hits_are_right_for_every_dtype_and_in_place(dtype):
-    """Calls run from a plan (persistent requests, one object per region) stay exact.
+def test_repeats_are_right_for_every_dtype_and_in_place(dtype):
+    """Repeated calls (persistent requests, one object per region) stay exact.
 
     Every message keeps the channel's datatype (float16 travels as 16-bit
     words); every repeat gets new contents and is judged by values.
@@ -259,7 +250,7 @@ def test_plan_hits_are_right_for_every_dtype_and_in_place(dtype):
 
 
 @pytest.mark.timeout(60)
-def test_plan_is_not_used_when_observed_or_arguments_change():
+def test_an_observed_repeat_is_counted_and_changed_arguments_validate():
     """Other objects, an observer or an option change take the validating path again."""
     comm = WORLD.Dup()
     try:
@@ -267,7 +258,7 @@ def test_plan_is_not_used_when_observed_or_arguments_change():
         x = np.arange(6.0) + WORLD.rank
         y = np.empty(6)
         mc.Allreduce(x, y)
-        # a bad buffer of the same signature is refused, not run from the plan
+        # a bad buffer of the same signature is refused, not repeated
         ro = np.empty(6)
         ro.flags.writeable = False
         with pytest.raises(ValueError, match="recvbuf"):
@@ -289,15 +280,18 @@ def test_plan_is_not_used_when_observed_or_arguments_change():
 
 
 @pytest.mark.timeout(60)
-def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
-    """``options(check=False)`` (what ``python -m mpicoll.bench`` wraps its batches in) keeps
-    plans: a change of options is a miss only when the call would now run otherwise (the
-    check or a timeout on).  The environment is read when a communicator is set up, so a
-    variable set later changes nothing on an existing one."""
+def test_a_repeat_runs_under_any_options_without_validation(monkeypatch):
+    """Options switched on or off never validate a repeat again: the kept operation decides
+    at each start how it runs (the fingerprint check first under ``check``, its deadline
+    under a timeout, its persistent requests when nothing observes it).  The environment
+    is read when a communicator is set up, so a variable set later changes nothing on an
+    existing one."""
+    from mpicoll.observe import check as _check
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
         checks = util.spy(monkeypatch, _args, ["Allreduce"])
+        agreed = util.spy(monkeypatch, _check, ["agree"])
         x = np.arange(5.0) * (WORLD.rank + 2)
         y, want = np.empty(5), np.empty(5)
         WORLD.Allreduce(x, want)
@@ -309,20 +303,22 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
                 np.testing.assert_array_equal(y, want)
                 return len(checks) - before
 
-        validated(check=False)  # (keeps the plan)
+        validated(check=False)  # (the first call: kept)
         assert validated(check=False) == 0
         assert validated() == 0
-        assert validated(check=True) == 1
-        assert validated(timeout=60.0) == 1
-        validated()  # (a plan again)
+        before = len(agreed)
+        assert validated(check=True) == 0
+        assert len(agreed) == before + (WORLD.size > 1)  # (the check ran: one exchange)
+        assert validated(timeout=60.0) == 0
+        assert validated() == 0
         assert validated(progress=False) == 0  # nothing a blocking call runs with
+        assert len(agreed) == before + (WORLD.size > 1)
         monkeypatch.setenv("MPICOLL_CHECK", "1")  # read when a communicator is set up
         assert validated() == 0
+        assert len(agreed) == before + (WORLD.size > 1)
         other = WORLD.Dup()
         try:  # a communicator set up now reads it
             y2 = np.empty(5)
-            with mpicoll.traffic():  # (not counted: the check is not traffic)
-                pass
             mpicoll.Comm(other).Allreduce(x, y2)
             assert _context.context(other).env["check"] is True
         finally:
@@ -333,8 +329,8 @@ def test_plan_runs_under_options_that_switch_nothing_on(monkeypatch):
 
 def _the_timeout_is_in_the_signature(validated, timed):
     """``timed(t)``: a call under timeout ``t``; ``validated(call)``: how many times running
-    it validated.  The first call keeps a timed plan, its repeat validates nothing; another
-    timeout (another object, another value, none) is another call."""
+    it validated.  The first call is kept, its repeat validates nothing; another timeout
+    argument (another object, another value, none) is another call."""
     validated(timed(30.0))
     assert validated(timed(30.0)) == 0
     assert validated(timed(30)) == 1  # (another timeout object: another call)
@@ -343,12 +339,18 @@ def _the_timeout_is_in_the_signature(validated, timed):
     assert validated(timed(None)) == 1
 
 
+def _deadline_of(comm, name):
+    """The deadline the kept operation of ``name`` on ``comm`` ran its last start under."""
+    return _cache.latest(_context.context(comm), name).timeout
+
+
 @pytest.mark.timeout(60)
-def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
-    """A timeout alone observes nothing but the waits: such a blocking call keeps a plan
-    whose waits poll under the same timeout (engine.cache); the timeout is part of the
-    signature, so another one is a miss.  A message over one piece is never timed from a
-    plan (its pieces are windowed under the observed channel)."""
+def test_a_call_under_a_timeout_repeats_under_its_deadline(monkeypatch):
+    """A timeout is the kept operation's deadline (engine.executor): a blocking call under
+    one repeats without validation, its waits polling under the same deadline; the
+    ``timeout=`` argument is part of the signature, so another one is a miss; the
+    option's timeout changing is not (the next start runs under the new one).  A message
+    over one piece repeats too, its pieces windowed so that the deadline sees them move."""
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
@@ -371,32 +373,34 @@ def test_a_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
         with mpicoll.options(timeout=30.0):
             validated(lambda: mc.Allreduce(x, y))
             assert validated(lambda: mc.Allreduce(x, y)) == 0
-        with mpicoll.options(timeout=30.0):  # (a new epoch, the same timeout)
-            assert validated(lambda: mc.Allreduce(x, y)) == 0
+            assert _deadline_of(comm, "Comm.Allreduce") == 30.0
         with mpicoll.options(timeout=20.0):
-            assert validated(lambda: mc.Allreduce(x, y)) == 1
-        assert validated(lambda: mc.Allreduce(x, y)) == 1  # (no timeout now)
-        # gathered in more than one piece (on more than one rank): validated every time
-        # (a block longer than the channel's piece, in one message: a ring segment as long)
+            assert validated(lambda: mc.Allreduce(x, y)) == 0
+            assert _deadline_of(comm, "Comm.Allreduce") == 20.0
+        assert validated(lambda: mc.Allreduce(x, y)) == 0
+        assert _deadline_of(comm, "Comm.Allreduce") is None
+        # gathered in more than one piece (a block longer than the channel's piece, in one
+        # message: a ring segment as long): kept as well, its pieces windowed
         big = np.full(_channel.LOCAL_PIECE_BYTES // 8 + 8, float(WORLD.rank))
         out = np.empty(big.size * WORLD.size)
         _context.context(comm).segment_bytes = _channel.LOCAL_PIECE_BYTES
         for i in range(2):
             before = len(checks)
+            out[:] = -1
             mpicoll.allgather(big, comm=comm, out=out, timeout=30.0, algorithm="ring")
-            assert len(checks) - before == (1 if WORLD.size > 1 or i == 0 else 0)
+            assert len(checks) - before == (i == 0)
             np.testing.assert_array_equal(out, np.repeat(np.arange(WORLD.size), big.size))
     finally:
         comm.Free()
 
 
 @pytest.mark.timeout(60)
-def test_a_non_blocking_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
-    """A non-blocking call observed for its timeout alone keeps a plan too (its restart
-    gets its call's tag; its waits and test() poll under the timeout, engine.executor.Timed):
-    it used to be validated and bound afresh at every call under a timeout, which every
-    torch group has.  The timeout is part of the signature; several in flight together,
-    completed in either order; a message over one piece is never timed from a plan."""
+def test_a_non_blocking_call_under_a_timeout_restarts_under_its_deadline(monkeypatch):
+    """A non-blocking call under a timeout restarts its kept operation too (its start gets
+    its call's tag; its waits and test() poll under the deadline): it used to be validated
+    and bound afresh at every call under a timeout, which every torch group has.  The
+    ``timeout=`` argument is part of the signature; several in flight together, completed in
+    either order; a message over one piece restarts as well."""
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
@@ -428,9 +432,9 @@ def test_a_non_blocking_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
             validated(lambda: mc.Iallreduce(x, y))
             assert validated(lambda: mc.Iallreduce(x, y)) == 0
         with mpicoll.options(timeout=20.0):
-            assert validated(lambda: mc.Iallreduce(x, y)) == 1
+            assert validated(lambda: mc.Iallreduce(x, y)) == 0
         # two kept calls in flight together, waited for in one order and the other (y's
-        # timed plan is the one kept above; Comm.Iallreduce's are another function's)
+        # kept operation is the one above; Comm.Iallreduce's are another function's)
         validated(timed(30.0, y2), y2)
         for order in (0, 1, 0):
             before = len(checks)
@@ -441,14 +445,15 @@ def test_a_non_blocking_call_under_a_timeout_keeps_a_timed_plan(monkeypatch):
             assert len(checks) == before
             np.testing.assert_array_equal(y, want)
             np.testing.assert_array_equal(y2, want)
-        # gathered in more than one piece (on more than one rank): validated every time
+        # gathered in more than one piece: restarted too, its pieces windowed
         big = np.full(_channel.LOCAL_PIECE_BYTES // 8 + 8, float(WORLD.rank))
         out = np.empty(big.size * WORLD.size)
         _context.context(comm).segment_bytes = _channel.LOCAL_PIECE_BYTES
         for i in range(2):
             before = len(checks)
+            out[:] = -1
             mpicoll.iallgather(big, comm=comm, out=out, timeout=30.0, algorithm="ring").wait()
-            assert len(checks) - before == (1 if WORLD.size > 1 or i == 0 else 0)
+            assert len(checks) - before == (i == 0)
             np.testing.assert_array_equal(out, np.repeat(np.arange(WORLD.size), big.size))
     finally:
         comm.Free()
@@ -464,14 +469,14 @@ def test_a_bad_option_changes_no_setting():
         mpicoll.configure(check=True, timeout=0)
     assert not config.configured("check") and config.EPOCH[0] == epoch
     with mpicoll.options(check=False):
-        assert config.EPOCH[0] == epoch + 1  # every setting moves the epoch plans compare
+        assert config.EPOCH[0] == epoch + 1  # every setting moves the epoch repeats compare
     assert config.EPOCH[0] == epoch + 2
 
 
 @pytest.mark.timeout(60)
-def test_plan_requests_are_freed_with_the_plan():
-    """A plan's persistent requests are freed when it is dropped: one of its arrays
-    collected, the communicator freed; another call of its function keeps a plan of its
+def test_kept_requests_are_freed_with_their_operation():
+    """A kept operation's persistent requests are freed when it is dropped: one of its arrays
+    collected, the communicator freed; another call of its function keeps an operation of its
     own beside it; the work goes on right."""
     from mpicoll.engine import executor as _executor
     comm = WORLD.Dup()
@@ -482,36 +487,37 @@ def test_plan_requests_are_freed_with_the_plan():
     want = np.empty_like(x)
     WORLD.Allreduce(x, want)
 
-    def plan_requests():
-        plan = _cache.latest(_context.context(comm), "Comm.Allreduce")
-        return list(_executor._HOLDING.get(plan, ()))
+    def kept_requests():
+        op = _cache.latest(_context.context(comm), "Comm.Allreduce")
+        return list(_executor._HOLDING.get(op, ()))
 
     try:
         mc.Allreduce(x, y)
-        first = plan_requests()
+        first = kept_requests()
         # one receive and one send per exchange; 2 ranks: one exchange; 1 rank: a copy
         assert len(first) == {1: 0, 2: 2}.get(n, len(first)) and len(first) % 2 == 0
         if n > 1:
             assert first and all(r != MPI.REQUEST_NULL for r in first)
-        mc.Allreduce(x, y)  # a hit: the same requests again
-        assert plan_requests() == first and all(r != MPI.REQUEST_NULL for r in first)
-        mc.Allreduce(x, y2)  # other buffers: a plan of their own, beside the first
-        second = plan_requests()
+        mc.Allreduce(x, y)  # a repeat: the same requests again
+        assert kept_requests() == first and all(r != MPI.REQUEST_NULL for r in first)
+        mc.Allreduce(x, y2)  # other buffers: an operation of their own, beside the first
+        second = kept_requests()
         assert all(r != MPI.REQUEST_NULL for r in first + second)
         np.testing.assert_array_equal(y, want)
         np.testing.assert_array_equal(y2, want)
         del y
-        gc.collect()  # (the first plan's array: the plan goes, with its requests)
+        gc.collect()  # (the first operation's array: it goes, with its requests)
         assert all(r == MPI.REQUEST_NULL for r in first)
         assert all(r != MPI.REQUEST_NULL for r in second)
     finally:
         comm.Free()
     assert all(r == MPI.REQUEST_NULL for r in second)
-    assert not [p for p in _executor._HOLDING if getattr(p, "comm", None) is mc]
+    assert not [p for p in _executor._HOLDING if getattr(p, "ctx", None) is not None
+                and p.ctx.comm == MPI.COMM_NULL]
 
 
 @pytest.mark.timeout(60)
-def test_plan_and_general_paths_mix_across_ranks():
+def test_repeats_and_first_calls_mix_across_ranks():
     """Ranks on different paths in one call agree on algorithm and call number."""
     comm = WORLD.Dup()
     try:
@@ -533,9 +539,9 @@ def test_plan_and_general_paths_mix_across_ranks():
 
 @pytest.mark.timeout(60)
 @pytest.mark.ranks(1, 2, 3)  # 1: no requests; 2: one exchange; 3: the fold
-def test_interrupted_plan_is_dropped():
-    """A plan interrupted between starting its requests and waiting for them (Ctrl-C, an
-    MPI error) never runs again: the next call takes the general path and is right."""
+def test_an_interrupted_repeat_is_dropped():
+    """A repeat interrupted between starting its requests and waiting for them (Ctrl-C, an
+    MPI error) never runs again: the next call takes the run path and is right."""
     from mpicoll.engine import executor as _executor
     comm = WORLD.Dup()
     try:
@@ -546,33 +552,32 @@ def test_interrupted_plan_is_dropped():
         want = np.empty(6)
         WORLD.Allreduce(x, want)
         mc.Allreduce(x, y)
-        plan = _cache.latest(ctx, "Comm.Allreduce")
-        op = plan.operation
-        steps = list(op.steps)
-        starts = [i for i, s in enumerate(steps) if s[0] == _executor.START]
-        at = starts[-1] + 1 if starts else len(steps)  # every request started, none waited
-        requests = list(_executor._HOLDING.get(plan, ()))
+        op = _cache.latest(ctx, "Comm.Allreduce")
+        requests = list(_executor._HOLDING.get(op, ()))
 
         def interrupt():
             raise KeyboardInterrupt
 
-        op.steps = tuple(steps[:at] + [(_executor.CALL, interrupt)] + steps[at:])
-        if plan.calls is not None:  # (what a hit runs with nothing else in flight)
-            hit = _cache._hit_steps(steps)
-            at = 1 + max([i for i, s in enumerate(hit) if s[0] == _executor.START],
-                         default=len(hit) - 1)
-            compiled = plan.hit is not None
-            _cache._bind_hit(plan, hit[:at] + [(_executor.CALL, interrupt)] + hit[at:])
-            assert (plan.hit is not None) == compiled  # (the compiled hit is interrupted too)
+        def posts(step):  # (a message posted, or started: the program's Startall)
+            return step[0] in (_executor.SEND, _executor.RECV) or (
+                step[0] == _executor.CALL
+                and getattr(step[1], "func", None) is MPI.Prequest.Startall)
+
+        for form in ("program", "steps"):
+            steps = list(getattr(op, form) or ())
+            at = 1 + max([i for i, s in enumerate(steps) if posts(s)], default=len(steps) - 1)
+            # (every message of the call posted, the last ones not waited for: each one
+            # a peer posts has its match, so later calls match theirs)
+            setattr(op, form, tuple(steps[:at] + [(_executor.CALL, interrupt)] + steps[at:]))
         with pytest.raises(KeyboardInterrupt):
             mc.Allreduce(x, y)
-        assert _cache.latest(ctx, "Comm.Allreduce") is None and not plan.live
-        assert all(r == MPI.REQUEST_NULL for r in requests) and plan not in _executor._HOLDING
-        for _ in range(3):  # the general path, then a new plan
+        assert _cache.latest(ctx, "Comm.Allreduce") is None
+        assert all(r == MPI.REQUEST_NULL for r in requests) and op not in _executor._HOLDING
+        for _ in range(3):  # the run path, then a new kept operation
             y[...] = -1
             mc.Allreduce(x, y)
             np.testing.assert_array_equal(y, want)
-        assert _cache.latest(ctx, "Comm.Allreduce") is not plan
+        assert _cache.latest(ctx, "Comm.Allreduce") is not op
     finally:
         comm.Free()
 
@@ -703,7 +708,7 @@ def test_the_output_passed_as_the_input_is_a_miss():
 
 @pytest.mark.timeout(120)
 def test_a_buffer_made_non_contiguous_in_place_is_a_miss():
-    """``mpicoll.Comm``'s plans compare contiguity, not shape and strides: ``o.strides``
+    """``mpicoll.Comm``'s repeats compare contiguity, not shape and strides: ``o.strides``
     set in place to every other element behaves as that call does the first time."""
     comm, fresh = WORLD.Dup(), WORLD.Dup()
     n, rank = WORLD.size, WORLD.rank
@@ -772,7 +777,7 @@ def test_a_read_only_or_reshaped_out_is_refused_after_hits():
 
 
 @pytest.mark.timeout(120)
-def test_plans_keep_no_user_array_alive():
+def test_kept_operations_keep_no_user_array_alive():
     """Fresh buckets through a cached form, deleted: every one is collected (16 of 20
     8 MiB buckets stayed alive, 1 GiB per communicator with 64 MiB buckets)."""
     comm = WORLD.Dup()
@@ -804,12 +809,11 @@ def test_plans_keep_no_user_array_alive():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.timeout(60)
-def test_calls_alternating_between_arrays_each_repeat_their_plan(monkeypatch):
+def test_calls_alternating_between_arrays_each_repeat_their_own(monkeypatch):
     """Gradient buckets: blocking calls that alternate between arrays each repeat their
-    own plan (it used to be one plan per function, so every call of an alternation was
-    validated again); past PLANS, or past PLAN_WORK_BYTES of work memory held, the least
-    recently run plans go."""
+    own (it used to be one entry per function, so every call of an alternation was
+    validated again); past BLOCKING, or past WORK_BYTES of work memory held, the least
+    recently run entries go."""
     comm = WORLD.Dup()
     try:
         checks = util.spy(monkeypatch, _args, ["allreduce"])
@@ -838,38 +842,39 @@ def test_calls_alternating_between_arrays_each_repeat_their_plan(monkeypatch):
         mpicoll.allreduce(buckets[0], comm=comm, out=outs[0])  # (dropped: validated again)
         assert len(checks) == before + 1
         np.testing.assert_array_equal(outs[0], wants[0])
-        # work memory: plans holding more than the budget together keep only the newest
+        # work memory: entries holding more than the budget together keep only the newest
         if WORLD.size > 1:
             monkeypatch.setattr(_cache, "BLOCKING", 16)
             monkeypatch.setattr(_cache, "WORK_BYTES", 1)
             for g, o in zip(buckets, outs):
                 mpicoll.allreduce(g, comm=comm, out=o, algorithm="recursive_doubling")
-            held = [p for p in ctx.cache.blocking.values() if p.work]
+            held = [e for e in ctx.cache.blocking.values() if e.work]
             # (at a rank count that is not a power of two, a rank folded out holds none)
-            assert len(held) <= 1 and all(p.out_ref() is outs[-1] for p in held), held
+            assert len(held) <= 1 and all(e.recv_ref() is outs[-1] for e in held), held
     finally:
         comm.Free()
 
 
-def test_a_collected_array_drops_its_plan():
-    """A plan goes with its arrays: a new array at the same address is validated anew."""
+def test_a_collected_array_drops_its_operation():
+    """A kept operation goes with its arrays: a new array at the same address is validated anew."""
     comm = WORLD.Dup()
     try:
         mc = mpicoll.Comm(comm)
         ctx = _context.context(comm)
         x, y = np.arange(6.0) + WORLD.rank, np.empty(6)
         mc.Allreduce(x, y)
-        plan = _cache.latest(ctx, "Comm.Allreduce")
+        op = _cache.latest(ctx, "Comm.Allreduce")
+        assert op is not None
         del y
         gc.collect()
-        assert not plan.live and _cache.latest(ctx, "Comm.Allreduce") is None
+        assert _cache.latest(ctx, "Comm.Allreduce") is None and op.program is None
     finally:
         comm.Free()
 
 
 @pytest.mark.timeout(60)
 def test_a_call_keeps_no_array_alive_after_it_returns():
-    """Arrays of a finished call that left no plan are freed by reference counting alone
+    """Arrays of a finished call that was not kept are freed by reference counting alone
     (a run and its operation referring to each other kept them until the cyclic
     collector ran: a DLPack deleter test saw capsules of earlier tests go at its gc)."""
     comm = WORLD.Dup()
@@ -879,11 +884,11 @@ def test_a_call_keeps_no_array_alive_after_it_returns():
         refs = []
         for _ in range(3):
             x = np.arange(5.0) + WORLD.rank
-            y = mpicoll.allreduce(x, comm=comm)                     # no out=: no plan
+            y = mpicoll.allreduce(x, comm=comm)                     # no out=: not kept
             h = mpicoll.iallreduce(x, comm=comm, algorithm="ring")
             h.wait()
             z = np.empty(5)
-            mc.Allreduce(x.view(np.ndarray)[:], z)                  # a view: no plan
+            mc.Allreduce(x.view(np.ndarray)[:], z)                  # a view: not kept
             refs += [weakref.ref(x), weakref.ref(y), weakref.ref(z)]
             del x, y, h, z
         alive = [r for r in refs if r() is not None]
