@@ -81,8 +81,8 @@ from mpi4py import MPI
 
 from ..algorithms.schedule import DST, SRC, Copy, Recv, Reduce, Send, Shape, Wait
 from ..backends.host import FP_CONDITIONS, NUMPY
-from ..core import types as _types
 from ..core import config as _config
+from ..core import types as _types
 from ..core.config import EPOCH
 from ..core.errors import MessageError, MpicollError
 from ..observe import calls as _observe
