@@ -30,6 +30,7 @@ from . import requests as _requests
 
 _WORLD = MPI.COMM_WORLD
 _ndarray = np.ndarray
+_repeat = _run.repeat
 
 
 def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=None,
@@ -64,7 +65,7 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
         x = np.array([rank, 10 * rank])      # rank r: [r, 10r]
         y = mpicoll.allreduce(x)             # every rank: [6, 60]
     """
-    if out is not None and deterministic is None and accumulate is None and _run.repeat(
+    if out is not None and deterministic is None and accumulate is None and _repeat(
             _WORLD if comm is None else comm, "allreduce", x, out, op, algorithm, timeout):
         return out
     call, result, after = _args.allreduce(x, op, comm, out, algorithm, timeout, deterministic,
@@ -117,7 +118,7 @@ def allgather(x, *, comm=None, out=None, counts=None, algorithm="auto", timeout=
         x = np.full(2, rank)                 # rank r: [r, r]
         y = mpicoll.allgather(x)             # every rank: [0, 0, 1, 1, 2, 2]
     """
-    if out is not None and counts is None and _run.repeat(
+    if out is not None and counts is None and _repeat(
             _WORLD if comm is None else comm, "allgather", x, out, None, algorithm, timeout):
         return out
     call, result, after = _args.allgather(x, comm, out, counts, algorithm, timeout)
@@ -159,8 +160,8 @@ def reduce_scatter(x, op=MPI.SUM, *, comm=None, out=None, counts=None, algorithm
         y = mpicoll.reduce_scatter(x)        # rank 0: [10, 12]    rank 1: [14, 16]
     """
     if out is not None and counts is None and deterministic is None and accumulate is None \
-            and _run.repeat(_WORLD if comm is None else comm, "reduce_scatter", x, out, op,
-                              algorithm, timeout):
+            and _repeat(_WORLD if comm is None else comm, "reduce_scatter", x, out, op,
+                        algorithm, timeout):
         return out
     call, result, after = _args.reduce_scatter(x, op, comm, out, counts, algorithm, timeout,
                                                deterministic, accumulate)

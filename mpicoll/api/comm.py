@@ -11,6 +11,8 @@ from ..engine import run as _run
 from . import args as _args
 from . import requests as _requests
 
+_repeat = _run.repeat
+
 
 class Comm(MPI.Intracomm):
     """Drop-in intra-communicator running mpicoll's collectives.
@@ -115,7 +117,7 @@ class Comm(MPI.Intracomm):
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
         algorithm = self._algorithm  # (as forced; resolved by validation)
-        if _run.repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm):
+        if _repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm):
             return
         ran, s, r = _bare_repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm)
         if ran:
@@ -126,7 +128,7 @@ class Comm(MPI.Intracomm):
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
         algorithm = self._algorithm
-        if _run.repeat(self, "Comm.Allgather", sendbuf, recvbuf, None, algorithm):
+        if _repeat(self, "Comm.Allgather", sendbuf, recvbuf, None, algorithm):
             return
         ran, s, r = _bare_repeat(self, "Comm.Allgather", sendbuf, recvbuf, None, algorithm)
         if ran:
@@ -153,7 +155,7 @@ class Comm(MPI.Intracomm):
         As in mpi4py, a count given in a ``sendbuf`` spec is also per rank.
         """
         algorithm = self._algorithm
-        if _run.repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op, algorithm):
+        if _repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op, algorithm):
             return
         ran, s, r = _bare_repeat(self, "Comm.Reduce_scatter_block", sendbuf, recvbuf, op,
                                  algorithm)

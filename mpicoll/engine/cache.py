@@ -60,9 +60,11 @@ from ..core.errors import MpicollError
 from . import context as _context
 
 _IN_PLACE = MPI.IN_PLACE
-_address_of = MPI.buffer  # (MPI.buffer(arr).address: the cheapest way to read it)
-# function name -> its last blocking Entry (any communicator); see "Where entries live"
+_buffer = MPI.buffer  # (MPI.buffer(arr).address: the cheapest way to read an address)
+# function name -> its last blocking Entry, its last non-blocking one (any communicator);
+# see "Where entries live"
 _LAST: dict = {}
+_LAST_STARTED: dict = {}
 NON_BLOCKING = 32  # non-blocking entries per context (gradient buckets in flight together)
 BLOCKING = 16  # blocking entries per context
 # work memory the blocking entries of a context may hold together (beyond it the least
@@ -72,8 +74,9 @@ WORK_BYTES = 1 << 20
 
 
 def _address(arr) -> int:
-    """The address of an array's data (0 when it has no elements)."""
-    return _address_of(arr).address if arr.size else 0
+    """The address of an array's data (what MPI.buffer says: the same at every call for an
+    array of no elements too)."""
+    return _buffer(arr).address
 
 
 class Entry:
@@ -81,23 +84,28 @@ class Entry:
     ``recv`` is the output argument, ``send`` the input (None: in place)."""
 
     __slots__ = ("name", "comm", "ctx", "op", "recv_ref", "recv_layout", "recv_dtype",
-                 "recv_address", "send_ref", "send_layout", "send_dtype", "send_address",
+                 "recv_address", "recv_nbytes", "send_ref", "send_layout", "send_dtype",
+                 "send_address", "send_nbytes",
                  "op_arg", "algorithm", "timeout", "epoch", "deterministic", "flat", "work",
                  "__weakref__")
 
     def matches(self, comm, send, recv, op, algorithm, timeout) -> bool:
         """Whether a call with these arguments is this entry's call, unchanged."""
-        if not (self.comm is comm and self.recv_ref() is recv and recv.dtype is self.recv_dtype
+        if not (self.recv_ref() is recv and self.comm is comm and recv.dtype is self.recv_dtype
                 and (self.op_arg is op or self.op_arg == op)
                 and (self.algorithm is algorithm or self.algorithm == algorithm)
                 and (self.timeout is timeout or (type(timeout) is type(self.timeout)
                                                  and self.timeout == timeout))):
             return False
-        f = recv.flags
-        if not f.writeable or (f.c_contiguous if self.flat else
-                               (recv.shape, recv.strides)) != self.recv_layout:
+        # one buffer view: the address, the length and writeability, and contiguity (a
+        # non-contiguous array has none); with the dtype the same, a contiguous 1-D
+        # array of as many bytes has the same shape and strides
+        try:
+            b = _buffer(recv)
+        except (BufferError, ValueError):
             return False
-        if _address(recv) != self.recv_address:
+        if b.readonly or b.address != self.recv_address or b.nbytes != self.recv_nbytes or (
+                self.recv_layout is not None and (recv.shape, recv.strides) != self.recv_layout):
             return False
         ref = self.send_ref
         if ref is None:
@@ -107,8 +115,14 @@ class Entry:
             return False
         elif send is not recv:  # (send is recv: the entry's call was that too; recv checked)
             if send.dtype is not self.send_dtype or (
-                    send.flags.c_contiguous if self.flat else (send.shape, send.strides)) \
-                    != self.send_layout or _address(send) != self.send_address:
+                    self.send_layout is not None
+                    and (send.shape, send.strides) != self.send_layout):
+                return False
+            try:
+                b = _buffer(send)
+            except (BufferError, ValueError):
+                return False
+            if b.address != self.send_address or b.nbytes != self.send_nbytes:
                 return False
         return self.epoch == EPOCH[0] or self._still_chosen()
 
@@ -123,8 +137,9 @@ class Entry:
     def release(self) -> None:
         """Never starts again: its requests and work memory go back (now, or once its start
         in flight completes)."""
-        if _LAST.get(self.name) is self:
-            del _LAST[self.name]
+        for last in (_LAST, _LAST_STARTED):
+            if last.get(self.name) is self:
+                del last[self.name]
         op, self.op = self.op, None
         if op is not None:
             if op._active:
@@ -201,9 +216,8 @@ def _find(table, name, comm, send, recv, op, algorithm, timeout):
 def repeat(comm, name: str, send, recv, op=None, algorithm=None, timeout=None) -> bool:
     """Run the remembered blocking call of ``name`` again if these are its arguments,
     unchanged (True); False if there is none (the caller validates and runs the call)."""
-    e = _LAST.get(name)
-    if e is None or not e.matches(comm, send, recv, op, algorithm, timeout) or e.op is None \
-            or e.op.error is not None:
+    e = _LAST.get(name)  # (an entry there has an operation that did not fail: forget())
+    if e is None or not e.matches(comm, send, recv, op, algorithm, timeout):
         e = _find(_table(comm, True), name, comm, send, recv, op, algorithm, timeout)
         if e is None:
             return False
@@ -219,9 +233,13 @@ def repeat(comm, name: str, send, recv, op=None, algorithm=None, timeout=None) -
 def restart(comm, name: str, send, recv, op=None, algorithm=None, timeout=None):
     """The remembered non-blocking operation of ``name`` for these arguments, started again;
     None when there is none, it is still active or its caller has not seen it complete."""
-    e = _find(_table(comm, False), name, comm, send, recv, op, algorithm, timeout)
-    if e is None:
-        return None
+    e = _LAST_STARTED.get(name)
+    if e is None or e.op is None or e.op.error is not None \
+            or not e.matches(comm, send, recv, op, algorithm, timeout):
+        e = _find(_table(comm, False), name, comm, send, recv, op, algorithm, timeout)
+        if e is None:
+            return None
+        _LAST_STARTED[name] = e
     operation = e.op
     if operation._active or operation.owner is not None:
         return None
@@ -254,14 +272,14 @@ def remember(op, key) -> None:
     e.flat = flat
     drop = _dropper(weakref.ref(e))
     e.recv_ref = weakref.ref(recv, drop)
-    e.recv_layout = True if flat else (recv.shape, recv.strides)
-    e.recv_dtype, e.recv_address = recv.dtype, _address(recv)
+    e.recv_layout = _layout(recv, flat)
+    e.recv_dtype, e.recv_address, e.recv_nbytes = recv.dtype, _address(recv), recv.nbytes
     if send is _IN_PLACE:
         e.send_ref = None
     else:
         e.send_ref = weakref.ref(send, drop)
-        e.send_layout = True if flat else (send.shape, send.strides)
-        e.send_dtype, e.send_address = send.dtype, _address(send)
+        e.send_layout = _layout(send, flat)
+        e.send_dtype, e.send_address, e.send_nbytes = send.dtype, _address(send), send.nbytes
     lease = op.bound.lease
     e.work = 0 if lease is None else lease.nbytes
     table[slot] = e
@@ -281,6 +299,12 @@ def remember(op, key) -> None:
                 held -= x.work
                 if held <= WORK_BYTES:
                     break
+
+
+def _layout(arr, flat):
+    """What a hit compares of an array's layout beyond its buffer (Entry.matches): nothing
+    where validation read it as flat memory or it is 1-D, else (shape, strides)."""
+    return None if flat or arr.ndim == 1 else (arr.shape, arr.strides)
 
 
 def _dropper(ref):

@@ -103,6 +103,7 @@ SEND, RECV, WAIT, REDUCE, COPY, CALL, AFTER = range(7)
 FIRST_TAG = CHUNKS + 1
 
 _Startall = MPI.Prequest.Startall
+_NO_REQUESTS: list = []  # (what a program's start keeps: its requests are its own)
 _Waitall = MPI.Request.Waitall
 _Testall = MPI.Request.Testall
 
@@ -358,7 +359,8 @@ class Operation:
     __slots__ = ("bound", "schedule", "ctx", "algorithm", "done", "error", "persistent",
                  "blocking", "steps", "program", "requests", "ch", "red", "be", "parts",
                  "depth", "timeout", "expire", "call", "tag", "progress", "owner", "seq",
-                 "_epoch", "_plain", "_run_steps", "_run_ch", "_next", "_i", "_cur", "_reqs",
+                 "_epoch", "_plain", "_observes", "_run_steps", "_run_ch", "_next", "_i",
+                 "_cur", "_reqs",
                  "_active", "_lock", "_since", "__weakref__")
 
     def __init__(self, steps, ch, red, be, *, bound=None, ctx=None, algorithm=None,
@@ -387,6 +389,7 @@ class Operation:
         self.seq = 0
         self._epoch = -1  # (the options epoch the run form below was decided for)
         self._plain = False
+        self._observes = False
         self._run_steps = steps
         self._run_ch = ch
         self._next = None  # (steps the start goes on with after these: proceed())
@@ -401,7 +404,26 @@ class Operation:
     def run(self) -> None:
         """One start run to the end here (a blocking call)."""
         self._begin()
-        self._go(True)
+        if self.parts or self._next is not None or self.timeout is not None:
+            self._go(True)
+        else:  # (what _go and _advance do, for the steps in order to the end, in one)
+            steps = self._run_steps
+            n = len(steps)
+            self.done = False
+            self._reqs = _NO_REQUESTS if self._plain else [None] * n
+            self._active = True
+            try:
+                self._run(0, n, True)
+            except BaseException as exc:
+                if isinstance(exc, MPI.Exception) and not isinstance(exc, MpicollError):
+                    exc = failure(self, steps[self._i], exc)
+                self._end(exc)
+                raise exc from None
+            if self.bound.ends or self.call is not None:
+                self._end(None)
+            else:  # (what _end does for a kept operation's start that ended well)
+                self._active = False
+                self.done = True
         if self.ctx.notes:
             self.ctx.flush_notes()
 
@@ -409,7 +431,6 @@ class Operation:
         """One start, in flight: it advances in every wait (the progress rule), and in the
         progress thread when the ``progress`` option is on (api.requests)."""
         self._begin()
-        self.progress = _config.get("progress")
         with _MEMBERS:
             IN_FLIGHT.append(self)
         ctx = self.ctx
@@ -492,7 +513,7 @@ class Operation:
             self._run_ch = None
             return
         try:
-            self.call = bound.observe(self)
+            self.call = bound.observe(self) if self._observes else None
             if self.ch is not None:
                 self.use_channel(self.ch)
             if bound.enters:
@@ -518,19 +539,24 @@ class Operation:
 
     def _decide(self) -> None:
         """What starts run under the options now in force: the program where nothing
-        observes them (a trace, a traffic counter, the fingerprint check), and the
-        deadline (bound.observed sets ``timeout``)."""
-        self._plain = not self.bound.observed(self) and self.program is not None
+        observes them (a trace, a traffic counter, the fingerprint check), the deadline
+        (bound.observed sets ``timeout``), the progress thread (api.requests)."""
+        observed = self.bound.observed(self)
+        self._plain = not observed and self.program is not None
+        self._observes = observed or self.timeout is not None
+        self.progress = _config.get("progress")
         self._epoch = EPOCH[0]
 
     def _go(self, block: bool) -> None:
         self.done = False
-        self.error = None
         self._i = 0
-        self._cur = [first for first, _ in self.parts] if self.parts else None
-        self._reqs = [None] * len(self._run_steps)
+        if self.parts:
+            self._cur = [first for first, _ in self.parts]
+        # (the program waits on its own requests: nothing to keep per start)
+        self._reqs = _NO_REQUESTS if self._plain else [None] * len(self._run_steps)
         self._active = True
-        self._since = perf_counter()
+        if self.timeout is not None:
+            self._since = perf_counter()
         self._advance(block)
 
     # -- the loop -------------------------------------------------------------
@@ -543,20 +569,21 @@ class Operation:
         """Run steps until one must wait (``block``: wait there), or to the end."""
         try:
             while True:
-                if self.parts and self._next is None and self._cur is not None:
+                if self.parts and self._run_steps is self.steps:
                     if not self._advance_parts(block):
                         return
                 else:
                     n = len(self._run_steps)
-                    self._i = self._run(self._i, n, block)
-                    if self._i < n:
+                    i = self._i = self._run(self._i, n, block)
+                    if i < n:
                         return
-                steps, self._next = self._next, None
-                if steps is None:
+                if self._next is None:
                     break
+                steps, self._next = self._next, None
                 self._run_steps, self._i = steps, 0
                 self._reqs = [None] * len(steps)
-                self._cur = [first for first, _ in self.parts] if self.parts else None
+                if self.parts:
+                    self._cur = [first for first, _ in self.parts]
         except BaseException as exc:
             if isinstance(exc, MPI.Exception) and not isinstance(exc, MpicollError):
                 exc = failure(self, self._run_steps[self._i], exc)
@@ -644,14 +671,14 @@ class Operation:
                 return _channel.testall(preqs)
             if self.timeout is not None:
                 self._timed_wait(step)
-            else:
-                if IN_FLIGHT and others_in_flight(self):
-                    wait_for(lambda: _Testall(preqs), self)
-                try:
-                    _Waitall(preqs)
-                except MPI.Exception:
-                    _channel.waitall(preqs)  # (the failed request's own error)
-            self._since = perf_counter()
+                self._since = perf_counter()
+                return True
+            if IN_FLIGHT and others_in_flight(self):
+                wait_for(lambda: _Testall(preqs), self)
+            try:
+                _Waitall(preqs)
+            except MPI.Exception:
+                _channel.waitall(preqs)  # (the failed request's own error)
             return True
         ch, reqs = self._run_ch, self._reqs
         rs = [reqs[j] for j in step[1]]
@@ -666,7 +693,8 @@ class Operation:
         ch.waitall(rs)
         for j in step[1]:
             reqs[j] = None
-        self._since = perf_counter()
+        if self.timeout is not None:
+            self._since = perf_counter()
         return True
 
     def _after(self, holder, block: bool) -> bool:
@@ -781,9 +809,10 @@ class Operation:
                     IN_FLIGHT.remove(self)
             if listed and self.ctx is not None:
                 self.ctx.operation_ended()
-        self.error = exc
-        self.done = exc is None
-        if exc is not None:
+        if exc is None:
+            self.done = True
+        else:
+            self.error = exc
             self.program = None  # (its requests may still be active: never again)
             self._epoch = -1
         bound = self.bound

@@ -38,6 +38,8 @@ milliseconds, well inside any timeout.
 
 from __future__ import annotations
 
+import threading
+
 from mpi4py import MPI
 
 TAG = 0  # blocking calls' tag: chunk k of a blocking call's pipeline is tag TAG + k
@@ -85,9 +87,20 @@ def _failed(exc, reqs, statuses):
     return exc
 
 
+_MINE = threading.local()  # each thread's statuses, reused (made once, read only on errors)
+
+
+def _statuses(n: int) -> list:
+    """``n`` statuses of this thread's own (what a failed wait names its request by)."""
+    kept = getattr(_MINE, "statuses", None)
+    if kept is None or len(kept) < n:
+        kept = _MINE.statuses = [MPI.Status() for _ in range(max(n, 8))]
+    return kept if len(kept) == n else kept[:n]
+
+
 def waitall(reqs) -> None:
     """``MPI.Request.Waitall(reqs)``; a failed request raises its own error (RequestError)."""
-    statuses = [MPI.Status() for _ in reqs]
+    statuses = _statuses(len(reqs))
     try:
         MPI.Request.Waitall(reqs, statuses)
     except MPI.Exception as exc:
@@ -96,7 +109,7 @@ def waitall(reqs) -> None:
 
 def testall(reqs) -> bool:
     """``MPI.Request.Testall(reqs)``; a failed request raises its own error (RequestError)."""
-    statuses = [MPI.Status() for _ in reqs]
+    statuses = _statuses(len(reqs))
     try:
         return MPI.Request.Testall(reqs, statuses)
     except MPI.Exception as exc:
@@ -105,6 +118,8 @@ def testall(reqs) -> bool:
 
 def mpi_requests(reqs) -> list:
     """The MPI requests behind channel requests (the parts of every :class:`Pieces`)."""
+    if Pieces not in map(type, reqs):
+        return reqs
     out = []
     for r in reqs:
         if type(r) is Pieces:
@@ -164,16 +179,24 @@ class Channel:
         return peer_piece(peer, self.local, self.piece, self.local_piece)
 
     def isend(self, arr, dest, chunk=0):
-        T, n, step, tag = self.mpitype, len(arr), self.piece_for(dest), self.tag + chunk
+        n = len(arr)
+        if n <= self.piece:  # (a piece to any peer: the common case, one request)
+            return self.comm.Isend([arr, self.mpitype], dest, self.tag + chunk)
+        step = self.piece_for(dest)
         if n <= step:
-            return self.comm.Isend([arr, T], dest, tag)
+            return self.comm.Isend([arr, self.mpitype], dest, self.tag + chunk)
+        T, tag = self.mpitype, self.tag + chunk
         return Pieces([self.comm.Isend([arr[a: a + step], T], dest, tag)
                        for a in range(0, n, step)])
 
     def irecv(self, arr, source, chunk=0):
-        T, n, step, tag = self.mpitype, len(arr), self.piece_for(source), self.tag + chunk
+        n = len(arr)
+        if n <= self.piece:
+            return self.comm.Irecv([arr, self.mpitype], source, self.tag + chunk)
+        step = self.piece_for(source)
         if n <= step:
-            return self.comm.Irecv([arr, T], source, tag)
+            return self.comm.Irecv([arr, self.mpitype], source, self.tag + chunk)
+        T, tag = self.mpitype, self.tag + chunk
         return Pieces([self.comm.Irecv([arr[a: a + step], T], source, tag)
                        for a in range(0, n, step)])
 
