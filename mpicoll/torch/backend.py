@@ -7,13 +7,16 @@ device (``group._get_backend(device)``): what torch's C++ side calls
 (:class:`~mpicoll.torch.group.ProcessGroupMpicoll`), every collective.
 
 mpicoll's own algorithms run AllReduce, AllGather and ReduceScatter in every
-form torch has (list, single-tensor, coalesced); broadcast, barrier, gather,
-scatter, reduce, all-to-all and send/recv use MPI's built-ins (reduce runs as
-mpicoll's AllReduce, because MPI's built-in has no float16 or bfloat16).
+form torch has (list, single-tensor, coalesced), and the AllGathers of a
+sparse COO all_reduce (mpicoll.torch.sparse: gloo's method); broadcast,
+barrier, gather, scatter, reduce, all-to-all and send/recv use MPI's
+built-ins (reduce runs as mpicoll's AllReduce, because MPI's built-in has no
+float16 or bfloat16).
 Every call runs in two phases: its checks, which build everything the call
 needs (``Staged`` tensors, reductions, buffers) and may refuse it
 (TypeError/ValueError), then its starts, run by :meth:`MpicollBackend._work`,
-the one place the call's messages begin; it returns a
+the one place the call's messages begin (a sparse all_reduce's data follow
+once its sizes are in: mpicoll.torch.sparse); it returns a
 :class:`~mpicoll.torch.work.Work`.  Tensors on a CUDA device go to mpicoll as
 device arrays on torch's current stream (mpicoll.torch.devices).
 
@@ -44,6 +47,7 @@ from mpi4py import MPI
 from .. import allreduce, iallgather, iallreduce, ireduce_scatter
 from . import devices as _devices
 from . import failures
+from . import sparse as _sparse
 from .control import Control
 from .ops import reduction
 from .tensors import DTYPES, Staged, check_output, check_same, check_tensor, memory_view
@@ -100,7 +104,9 @@ class MpicollBackend(dist._Backend):
 
     One per group, made by :func:`mpicoll.torch.group.create` on the group's
     MPI communicator ``comm`` (its ranks in group-rank order); ``timeout``:
-    seconds without progress before a collective fails (None: no limit).
+    seconds without progress before a collective fails (None: no limit);
+    ``sparse_comm``: a duplicate of ``comm`` that mpicoll has set up, on which
+    the data of sparse all_reduces run (mpicoll.torch.sparse).
     """
 
     # torch reads these (batch_isend_irecv, splitting, ...); the binding's own properties
@@ -112,7 +118,8 @@ class MpicollBackend(dist._Backend):
     supports_reconfigure = False
     supports_window = False
 
-    def __init__(self, comm, rank: int, size: int, timeout=None, on_error: str = "abort"):
+    def __init__(self, comm, rank: int, size: int, timeout=None, on_error: str = "abort", *,
+                 sparse_comm):
         super().__init__(rank, size)
         if on_error not in ("abort", "raise"):
             raise ValueError(f"on_error: expected 'abort' or 'raise', got {on_error!r}")
@@ -124,6 +131,7 @@ class MpicollBackend(dist._Backend):
         self._size = size
         self._timeout = _seconds(timeout)
         self._control = Control(comm)
+        self._sparse = _sparse.Exchanges(sparse_comm)
         self._coalescing = None  # the works started since start_coalescing(), or None
 
     def getBackendName(self) -> str:
@@ -227,11 +235,33 @@ class MpicollBackend(dist._Backend):
 
     def _allreduce_checked(self, tensors, opts):
         tensors = list(tensors)
+        if _sparse.is_sparse(tensors):
+            return self._allreduce_sparse(tensors, opts, "allreduce")
         for i, t in enumerate(tensors):
-            check_tensor(t, "tensors", i)
+            check_tensor(t, "tensors", i, sparse=True)
         return self._allreduce(tensors, opts, "allreduce")
 
     _allreduce_checked = _collective(_allreduce_checked, "allreduce")
+
+    @_collective
+    def allreduce_sparse(self, tensors, opts=None):
+        """torch's entry for sparse tensors: :meth:`allreduce` (as gloo's)."""
+        return self.allreduce(tensors, opts)
+
+    def _allreduce_sparse(self, tensors, opts, what):
+        """Sparse COO tensors (mpicoll.torch.sparse): each summed over the ranks and coalesced,
+        in place; the data's AllGathers start once the gathered headers agree."""
+        _sparse.check(tensors, _op(opts))
+        _, scope = self._device(tensors, "tensors")
+        exchanges = [_sparse.Exchange(t, f"tensors[{i}]", self._sparse, self._size, self._timeout)
+                     for i, t in enumerate(tensors)]
+
+        def finish():
+            for ex in exchanges:
+                ex.finish()
+
+        return self._work([functools.partial(ex.start, self._comm) for ex in exchanges], finish,
+                          tensors, what, opts, scope=scope)
 
     @_collective
     def allreduce_coalesced(self, tensors, opts=None):

@@ -1,6 +1,7 @@
 """What the backend does when a call goes wrong: refusals are raised, failures end the job.
 
-Two kinds, told apart by where they happen (backend._collective, backend._work):
+Two kinds, told apart by where they happen (backend._collective, backend._work), and a
+third that some calls find in what the ranks exchanged:
 
 - a **refusal**: the call's arguments were checked and refused before this
   rank sent or posted anything for it (TypeError/ValueError).  It is raised
@@ -11,6 +12,10 @@ Two kinds, told apart by where they happen (backend._collective, backend._work):
   MPI error), where the other ranks may wait in the call.  With
   ``MPICOLL_TORCH_ON_ERROR=abort`` (the default) the rank ends the job
   (:func:`end_job`); with ``raise`` it raises.
+- an **agreed** error: a mismatch that every rank finds alike in what the
+  ranks exchanged (sparse all_reduce's gathered sizes, mpicoll.torch.sparse),
+  before any data moved.  Every rank raises it from the call's Work in
+  every mode: no rank waits for another, so it ends no job (:func:`agreed`).
 
 A refusal on some ranks only leaves the others waiting in the call.  If
 the refused rank then ends with the error uncaught, its MPI cannot finalize
@@ -32,6 +37,7 @@ from .. import abort
 
 _FORWARD_S = 0.5  # time for the launcher to forward a failing rank's message before its abort
 _MARK = "_mpicoll_refused"  # on a refusal raised in abort mode: (what, group rank, group size)
+_AGREED = "_mpicoll_agreed"  # on an error every rank of the group raises alike
 _hooked: list = []
 
 
@@ -43,6 +49,18 @@ def end_job(what: str, exc: BaseException, rank: int, size: int) -> None:
          f"{rank} of the group of {size} ({type(exc).__name__}: {exc}); ending the job, as the "
          f"other ranks of the group would wait for this rank (MPICOLL_TORCH_ON_ERROR=raise "
          f"raises the error instead)\n")
+
+
+def agreed(exc: BaseException) -> BaseException:
+    """Mark ``exc`` (returned) as an error every rank of the group raises alike, from data they
+    all exchanged: a Work raises it without ending the job (:func:`is_agreed`)."""
+    setattr(exc, _AGREED, True)
+    return exc
+
+
+def is_agreed(exc: BaseException) -> bool:
+    """Whether ``exc`` was marked by :func:`agreed`."""
+    return getattr(exc, _AGREED, False)
 
 
 def note_refusal(exc: BaseException, what: str, rank: int, size: int) -> None:

@@ -45,8 +45,8 @@ _world: list = [None]  # the default group's communicator (COMM_WORLD in torch-r
 # the group's method -> the backend's: every name torch 2.14's Python functions call on a
 # group, the older names included
 _FORWARDED = {name: name for name in (
-    "allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "all_gather_single",
-    "all_gather_single_coalesced", "reduce_scatter", "reduce_scatter_single",
+    "allreduce", "allreduce_coalesced", "allreduce_sparse", "allgather", "allgather_coalesced",
+    "all_gather_single", "all_gather_single_coalesced", "reduce_scatter", "reduce_scatter_single",
     "reduce_scatter_single_coalesced", "broadcast", "barrier", "reduce", "gather", "scatter",
     "all_to_all_single", "alltoall", "send", "recv", "recv_anysource")}
 _FORWARDED.update({
@@ -87,9 +87,13 @@ def create(dist_opts, backend_opts=None):
     # rank that later skips a collective makes the others time out in that
     # collective's work, not in a set-up inside the call
     allreduce(np.zeros(1), comm=comm, timeout=_seconds(dist_opts.timeout))
+    # sparse all_reduce's data run on a duplicate of their own (mpicoll.torch.sparse), made
+    # and set up by mpicoll now for the same reason
+    sparse_comm = comm.Dup()
+    allreduce(np.zeros(1), comm=sparse_comm, timeout=_seconds(dist_opts.timeout))
     # that first call read mpicoll's options for the communicator (core.config)
     backend = MpicollBackend(comm, rank, size, dist_opts.timeout,
-                             on_error=_config.get("torch_on_error"))
+                             on_error=_config.get("torch_on_error"), sparse_comm=sparse_comm)
     return ProcessGroupMpicoll(backend)
 
 

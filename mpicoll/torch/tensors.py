@@ -72,10 +72,11 @@ def bfloat16():
     return _ML_BF16[0]
 
 
-def check_tensor(t, what: str, index=None) -> None:
-    """TypeError unless ``t`` is a tensor of a supported dtype (before any message).
+def check_tensor(t, what: str, index=None, sparse: bool = False) -> None:
+    """TypeError unless ``t`` is a dense tensor of a supported dtype (before any message).
 
-    ``what`` names it in the message, as ``what[index]`` where ``index`` is given.
+    ``what`` names it in the message, as ``what[index]`` where ``index`` is given;
+    ``sparse``: the call also takes sparse COO tensors (all_reduce), as the message says.
     """
     if type(t) is torch.Tensor and t.dtype in _SUPPORTED and t.layout is torch.strided:
         return  # (the usual case, without composing the name)
@@ -88,7 +89,8 @@ def check_tensor(t, what: str, index=None) -> None:
         raise TypeError(f"{what}: dtype {str(t.dtype).replace('torch.', '')} is not supported "
                         f"by the mpicoll backend (supported: {names})")
     if t.layout is not torch.strided:
-        raise TypeError(f"{what}: expected a dense (strided) tensor, got layout {t.layout}")
+        kinds = "a dense (strided) or sparse COO tensor" if sparse else "a dense (strided) tensor"
+        raise TypeError(f"{what}: expected {kinds}, got layout {t.layout}")
 
 
 def check_same(tensors, dtype, what: str, output: bool = False) -> None:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ..api import requests as _requests
 from ..core.errors import CollectiveTimeout, MpicollError
+from . import failures
 
 _SPIN_S = 20e-6  # a caller's pause between tests of an MPI built-in's request
 # A blocking wait first tests for this long without sleeping: a timed mpicoll wait
@@ -275,7 +276,8 @@ class Work(dist._Work):
         except BaseException as exc:  # kept for wait() and the future, never lost
             self._error = exc if isinstance(exc, Exception) else MpicollError(repr(exc))
             self._pieces.clear()
-            if self._fail is not None:  # the group aborts the job (failures.end_job)
+            # the group aborts the job (failures.end_job), unless every rank raises this alike
+            if self._fail is not None and not failures.is_agreed(self._error):
                 self._fail(self._what, self._error)
         return True
 
