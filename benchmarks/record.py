@@ -10,7 +10,7 @@ The command runs as written, from the repository's root, with ``python`` and
 (``PATH=$PWD/.venv/bin:$PATH`` for Open MPI, ``$PWD/.venv-mpich/bin`` for
 MPICH; as root Open MPI also wants ``OMPI_ALLOW_RUN_AS_ROOT=1
 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1``).  The tool (``python -m mpicoll.bench``,
-``mpicoll.tools.latency`` or ``mpicoll.tools.overlap``) writes its records
+``benchmarks/latency.py`` or ``benchmarks/overlap.py``) writes its records
 with ``--json`` to a temporary file; this script keeps the fields its table
 shows (result files stay small), refuses a run with a wrong result or with
 another MPI library than the file had (an Open MPI table cannot get MPICH
@@ -33,8 +33,16 @@ from pathlib import Path
 
 import render
 
-TOOLS = {"mpicoll.bench": "bench", "mpicoll.tools.latency": "latency",
-         "mpicoll.tools.overlap": "overlap"}
+# what a command runs (``-m MODULE`` or a script's path) -> the table's layout
+TOOLS = {"mpicoll.bench": "bench", "benchmarks/latency.py": "latency",
+         "benchmarks/overlap.py": "overlap"}
+
+
+def tool_of(command: str) -> str | None:
+    """The layout of what ``command`` runs (:data:`TOOLS`), or None."""
+    words = shlex.split(command)
+    ran = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-m"] + words
+    return next((TOOLS[w] for w in ran if w in TOOLS), None)
 KEEP = {
     "bench": ("collective", "algorithm", "bytes", "count", "selected", "time_us", "inplace_time_us",
               "builtin_time_us", "ratio", "busbw_gbps", "inplace_busbw_gbps",
@@ -94,7 +102,7 @@ def main(argv=None) -> int:
         if old is None:
             p.error(f"{path} does not exist: give the command after --")
         command = old["command"]
-    tool = next((t for mod, t in TOOLS.items() if f"-m {mod} " in command + " "), None)
+    tool = tool_of(command)
     if tool is None:
         p.error(f"the command runs none of {', '.join(TOOLS)}: {command}")
     if args.source:

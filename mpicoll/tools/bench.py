@@ -129,10 +129,6 @@ def build_parser():
     p.add_argument("--memory", action="store_true",
                    help="also measure mpicoll's work memory per size: the scratch bytes its "
                         "context holds and the tracemalloc peak during one call (fresh communicator)")
-    p.add_argument("--overlap", metavar="SIZE", type=_cli.size_arg,
-                   help="afterwards, measure how much an iallreduce of SIZE bytes per rank "
-                        "overlaps NumPy matrix products (python -m mpicoll.tools.overlap; "
-                        "host arrays only)")
     p.add_argument("--json", metavar="PATH", help="write one record per measurement as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one row per measurement as CSV")
     p.add_argument("--plot", metavar="PATH.png",
@@ -169,8 +165,6 @@ def check_args(comm, parser, args):
             _types.check_op_applies(_types.predefined_op(args.op), category, str(args.dtype))
         except TypeError as exc:
             parser.error(f"-o/--op: {exc}".replace("op: ", ""))
-    if args.overlap is not None and args.device != "cpu":
-        parser.error("--overlap: measures host arrays only; drop --device gpu or run it alone")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -413,9 +407,6 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
         table.footer(records)
         out.flush()
     bad = any(r[k] for r in records for k in ("wrong", "inplace_wrong", "builtin_wrong"))
-    if args.overlap is not None:
-        from . import overlap as _overlap
-        bad = _overlap.main(["--size", str(args.overlap)], comm=comm, out=out) != 0 or bad
     if root:  # (last: a file that cannot be written ends rank 0 alone, after every collective)
         if args.json:
             _records.write_json(args.json, records)

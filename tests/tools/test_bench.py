@@ -278,20 +278,6 @@ def test_check_cost_and_no_check():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.ranks(2)  # (the overlap tool calibrates and repeats: a few seconds)
-def test_overlap_after_the_table():
-    """``--overlap SIZE``: the overlap measurement (tools.overlap) follows the table."""
-    status, text = _run(["-C", "allgather", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "-q",
-                         "--overlap", "64K"])
-    assert status == 0
-    if WORLD.rank == 0:
-        assert text.index("# allgather") < text.index("# mpicoll overlap")
-        assert "iallreduce of 8192 x float64" in text
-        assert "wrong elements over all ranks and runs: 0" in text
-        assert all(f" {mode} " in text for mode in ("comm", "compute", "wait", "test", "thread"))
-
-
-@pytest.mark.timeout(120)
 def test_memory_columns(shared_dir):
     jpath = os.path.join(shared_dir, "m.json")
     status, text = _run(["-C", "allreduce,reduce_scatter", "-a", "ring", "-b", "64K", "-e", "64K",
@@ -377,7 +363,7 @@ def test_an_algorithm_list_runs_each_name_where_it_applies(shared_dir):
     (["-d", "bool"], "invalid choice"),
     (["-o", "minloc"], "argument -o/--op: invalid choice: 'minloc'"),
     (["-o", "Band", "-d", "float64", "-C", "reduce_scatter"], "MPI.BAND does not apply"),
-    (["--device", "gpu", "--overlap", "1M"], "--overlap: measures host arrays only"),
+    (["--overlap", "1M"], "unrecognized arguments: --overlap 1M"),  # (benchmarks/overlap.py)
     (["--json", "/nonexistent-dir/r.json"], "--json: cannot write /nonexistent-dir/r.json"),
     (["--csv", "."], "--csv: cannot write .: is a directory"),
 ])
@@ -464,52 +450,6 @@ def test_gpu_path_with_fake_device():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.ranks(2, 3)  # the floors exist at 2 ranks only; 3: the columns without them
-def test_latency_tool_checks_every_variant(capsys, monkeypatch):
-    """``python -m mpicoll.tools.latency``: a table row per size and collective, every
-    variant judged against the built-in (a wrong one makes it fail), requests freed."""
-    from mpicoll.tools import latency
-    argv = ["--sizes", "16", "4096", "--reps", "1", "--inner", "2", "--warmup", "1"]
-    assert latency.main(argv) == 0
-    if MPI.COMM_WORLD.rank == 0:
-        rows = [line.split() for line in capsys.readouterr().out.splitlines()
-                if line and line[0] == " " and line.split()[0].isdigit()]
-        assert [(r[0], r[1]) for r in rows] == [(s, c) for s in ("16", "4096")
-                                                for c in latency.COLLECTIVES]
-        width = 11 if MPI.COMM_WORLD.size == 2 else 9  # with sendrecv and persist, or "-"
-        assert all(len(r) == width for r in rows), rows
-    # --timeout T: the array function under a timeout too (its timed plan), one more column
-    assert latency.main(argv + ["--collectives", "allreduce", "--timeout", "30"]) == 0
-    if MPI.COMM_WORLD.rank == 0:
-        out = capsys.readouterr().out
-        assert "array+T" in out, out
-        rows = [line.split() for line in out.splitlines()
-                if line and line[0] == " " and line.split()[0].isdigit()]
-        assert len(rows) == 2 and all(len(r) == width + 2 for r in rows), rows
-    # the non-blocking and persistent forms: six columns (the built-in's two persistent
-    # ones only with an MPI-4 library, which both PyPI MPIs are)
-    assert latency.main(argv + ["--forms", "nonblocking"]) == 0
-    if MPI.COMM_WORLD.rank == 0:
-        out = capsys.readouterr().out
-        rows = [line.split() for line in out.splitlines()
-                if line and line[0] == " " and line.split()[0].isdigit()]
-        assert len(rows) == 6 and all(len(r) == 13 for r in rows), out
-        assert "I-Comm" in out and "P-Comm" in out, out
-    # a variant that gets it wrong is reported
-    real = latency._variants
-
-    def wrong(collective, *args):
-        out, held = real(collective, *args)
-        fn, y = out["Comm"]
-        out["Comm"] = ((lambda: (fn(), y.__setitem__(0, y[0] + 1))), y)
-        return out, held
-
-    monkeypatch.setattr(latency, "_variants", wrong)
-    assert latency.main(["--sizes", "16", "--collectives", "allreduce", "--reps", "1",
-                         "--inner", "1", "--warmup", "0"]) == 1
-
-
-@pytest.mark.timeout(120)
 @pytest.mark.ranks(4)  # two emulated nodes of two ranks
 def test_selected_is_what_auto_runs_across_nodes(shared_dir, monkeypatch):
     """The "selected" field is the engine's choice with the communicator's node layout: across
@@ -529,75 +469,3 @@ def test_selected_is_what_auto_runs_across_nodes(shared_dir, monkeypatch):
         assert ran == "hierarchical" and rec["selected"] == ran, (rec["selected"], ran)
     finally:
         comm.Free()
-
-
-class _FakeCupy:
-    """The part of CuPy the overlap tool's GPU mode uses, over the fake GPU
-    (tests/support/fakegpu.py): arrays, streams as context managers, matmul, fill."""
-
-    def __init__(self, rt):
-        import types
-
-        from support import fakegpu
-
-        class Array(fakegpu.FakeArray):  # (a subclass: the fake backend still claims it)
-            def fill(self, value):
-                h = self._h
-                rt.launch(lambda: h.fill(value), "kernel fill")
-
-        class Stream:
-            def __init__(self, non_blocking=False):
-                self.stream = rt.new_stream()
-
-            def __enter__(self):
-                self._using = rt.using(self.stream)
-                return self._using.__enter__()
-
-            def __exit__(self, *exc):
-                return self._using.__exit__(*exc)
-
-            def synchronize(self):
-                rt.synchronize(self.stream)
-
-        self.rt, self.Array = rt, Array
-        self.cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=rt.current_stream)
-
-    def asarray(self, host):
-        return self.Array(self.rt, np.array(host, copy=True), owndata=True)
-
-    def empty(self, shape, dtype):
-        return self.Array(self.rt, self.rt.xp.empty(shape, dtype)._h, owndata=True)
-
-    def asnumpy(self, a):
-        return self.rt.to_host(a)
-
-    def matmul(self, a, b, out):
-        ah, bh, oh = a._h, b._h, out._h
-        self.rt.launch(lambda: np.matmul(ah, bh, out=oh), "kernel matmul")
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.ranks(1, 2)  # the tool's modes do not depend on the rank count beyond 2
-def test_overlap_gpu_mode_on_the_fake_gpu():
-    """``overlap --device gpu``: the AllReduce on device arrays beside products queued on a
-    stream of their own, every mode timed and its result checked (on the fake GPU, whose
-    queued work runs only when something waits for it: a missing wait shows as wrong data)."""
-    from support import fakegpu
-
-    from mpicoll.tools import overlap
-    backend = fakegpu.fake_backend(compute="lazy", copies="lazy")
-    out = io.StringIO()
-    with fakegpu.registered(backend):
-        status = overlap.main(["--device", "gpu", "--size", "64K", "--reps", "2", "--warmup", "1",
-                               "--matrix", "8", "--dtype", "float32"], out=out,
-                              cupy=_FakeCupy(backend.rt))
-    assert status == 0, out.getvalue()
-    if WORLD.rank == 0:
-        text = out.getvalue()
-        assert "device gpu" in text and "CuPy float32, on their own stream" in text, text
-        assert "wrong elements over all ranks and runs: 0" in text, text
-        assert all(f" {mode} " in text for mode in overlap.MODES)
-    # the products went to their own stream, the AllReduce's work to the current one
-    queued = [e for e in backend.rt.log if e[0] == "queue"]
-    assert any(e[1] != "compute" and e[2] == "kernel matmul" for e in queued)
-    assert not any(e[1] == "compute" and e[2] == "kernel matmul" for e in queued)
