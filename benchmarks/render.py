@@ -13,9 +13,10 @@ and the table is made from ``benchmarks/results/bench-openmpi.json`` (written by
 ``benchmarks/record.py``): a line saying what ran where, the table, and the
 commands that reproduce and regenerate it.  The file's ``tool`` picks the
 table's layout.  A file holds several runs of its command: a measured value is
-``[minimum, median, maximum]`` over the runs, and a cell shows the median with
-the range beside it, ``0.46 (0.44-0.49)``, so one noisy run moves the range,
-not the number.  No MPI and no mpicoll import: the renderer reads JSON only.
+``[minimum, median, maximum]`` over the runs; a cell shows the median, and a
+ratio (each run's mpicoll time over its built-in's) the range beside it,
+``0.46 (0.44-0.49)``, so one noisy run moves the range, not the number.  No MPI
+and no mpicoll import: the renderer reads JSON only.
 """
 
 from __future__ import annotations
@@ -68,15 +69,16 @@ def median(value):
     return value[1] if isinstance(value, list) else value
 
 
-def cell(value, fmt=_num, bold: bool = False) -> str:
-    """``median (min-max)`` of a measured value; ``-`` where it was not measured."""
+def cell(value, fmt=_num, bold: bool = False, spread: bool = True) -> str:
+    """``median (min-max)`` of a measured value (``spread=False``: the median alone);
+    ``-`` where it was not measured."""
     if value is None:
         return "-"
     if not isinstance(value, list):
         value = [value] * 3
     lo, mid, hi = (fmt(v) for v in value)
     text = f"**{mid}**" if bold else mid
-    return text if lo == hi else f"{text} ({lo}–{hi})"
+    return text if lo == hi or not spread else f"{text} ({lo}–{hi})"
 
 
 def caption(data: dict) -> str:
@@ -87,8 +89,9 @@ def caption(data: dict) -> str:
     nodes = env.get("nodes") or 1
     on = "one node" if nodes == 1 else f"{nodes} nodes"
     runs = data.get("runs", 1)
+    ranged = "each value" if data["tool"] == "overlap" else "each ratio"
     spread = ("one run" if runs == 1 else
-              f"each cell the median of {runs} runs, the lowest and highest beside it")
+              f"the median of {runs} runs, {ranged} with the lowest and highest beside it")
     return (f"{mpi_name(env['mpi_library'])}, {env['nranks']} ranks on {on} ({where}); "
             f"mpicoll {env['mpicoll']}, mpi4py {env['mpi4py']}, NumPy {env['numpy']}, "
             f"Python {env['python']}"
@@ -111,7 +114,8 @@ def algorithms_table(data: dict) -> list[str]:
             name = f"`{r['algorithm']}`" + (f" (`{r['selected']}`)" if r["algorithm"] == "auto"
                                             else "")
             rows.append(f"| {collective if i == 0 else ''} | {_size(nbytes) if i == 0 else ''} "
-                        f"| {cell(builtin['builtin_time_us']) if i == 0 else ''} | {name} "
+                        f"| {cell(builtin['builtin_time_us'], spread=False) if i == 0 else ''} "
+                        f"| {name} "
                         f"| {cell(r['ratio'], _ratio)} |")
     return rows
 
@@ -119,20 +123,19 @@ def algorithms_table(data: dict) -> list[str]:
 def bench_table(data: dict) -> list[str]:
     if len({r.get("algorithm", "auto") for r in data["records"]}) > 1:
         return algorithms_table(data)
-    rows = ["| collective | size | `auto` ran | form | mpicoll (µs) | built-in (µs) "
+    # each size twice: out of place, then in place (its own row, against MPI's in place)
+    rows = ["| collective | size | `auto` ran | mpicoll (µs) | built-in (µs) "
             "| mpicoll / built-in | busbw (GB/s) |",
-            "|---|---:|---|---|---:|---:|---:|---:|"]
+            "|---|---:|---|---:|---:|---:|---:|"]
     for r in data["records"]:
-        for form, p, ratio in (("out of place", "", "ratio"),
-                               ("in place", "inplace_", "inplace_ratio")):
-            first = form == "out of place"
+        for first, p, ratio in ((True, "", "ratio"), (False, "inplace_", "inplace_ratio")):
             rows.append(f"| {r['collective'] if first else ''} "
-                        f"| {_size(r['bytes']) if first else ''} "
-                        f"| {'`' + r['selected'] + '`' if first else ''} | {form} "
-                        f"| {cell(r[p + 'time_us'])} "
-                        f"| {cell(r.get('builtin_' + p + 'time_us'))} "
+                        f"| {_size(r['bytes']) if first else 'in place'} "
+                        f"| {'`' + r['selected'] + '`' if first else ''} "
+                        f"| {cell(r[p + 'time_us'], spread=False)} "
+                        f"| {cell(r.get('builtin_' + p + 'time_us'), spread=False)} "
                         f"| {cell(r.get(ratio), _ratio, bold=True)} "
-                        f"| {cell(r[p + 'busbw_gbps'])} |")
+                        f"| {cell(r[p + 'busbw_gbps'], spread=False)} |")
     return rows
 
 
@@ -156,7 +159,8 @@ def latency_table(data: dict) -> list[str]:
     rows = ["| size | collective | built-in (µs) | " + " | ".join(t for _, t in cols) + " |",
             "|---:|---|---:|" + "---:|" * len(cols)]
     for (nbytes, collective), v in cells.items():
-        rows.append(f"| {_size(nbytes)} | {collective} | {cell(v['builtin']['time_us'])} | "
+        rows.append(f"| {_size(nbytes)} | {collective} "
+                    f"| {cell(v['builtin']['time_us'], spread=False)} | "
                     + " | ".join(cell(v[k]["ratio"], _ratio) if k in v else "-" for k, _ in cols)
                     + " |")
     return rows

@@ -317,3 +317,38 @@ def test_the_pointer_reader_finds_what_is_written(tmp_path):
     assert [pointers.problem(p) for p in links] == [
         None, None, "guide.md has no heading with the anchor #nowhere", "no page none.md"]
 
+
+# -- the guides are for users ----------------------------------------------------------
+
+# What a maintainer's page says and a user's does not: a measurement owed or provisional,
+# the development machine, the CI and the device check's procedures (they are on the
+# Developing page, docs/developing.md).
+MAINTAINERS = re.compile(
+    r"\bprovisional\b|\bowed\b|\bquiet machine\b|\b\d+-core (?:VM|machine)\b"
+    r"|\bthe development machine\b|\.ci/run|run_device_check|run_slurm_ci|\bchrt\b", re.I)
+
+
+def user_pages() -> list[pathlib.Path]:
+    """The pages of docs/index.md's toctrees but Background and Developing: the guides and
+    the reference, in reading order."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    found = []
+    for caption, body in re.findall(r"```\{toctree\}\n:caption: (.*?)\n(.*?)```", index, re.S):
+        if caption not in ("Background", "Developing"):
+            found += [ROOT / "docs" / f"{line.strip()}.md" for line in body.splitlines()
+                      if line.strip() and not line.startswith(":")]
+    return found
+
+
+def test_the_user_pages_are_the_guides_and_the_reference():
+    names = [p.stem for p in user_pages()]
+    assert {"install", "tutorial", "gpu", "torch", "api", "options"} <= set(names), names
+    assert "developing" not in names and all(p.exists() for p in user_pages())
+
+
+@pytest.mark.parametrize("path", user_pages(), ids=lambda p: p.name)
+def test_a_user_page_holds_no_maintainers_material(path):
+    found = [(n, m.group(0)) for n, line in enumerate(prose(path.read_text(encoding="utf-8")), 1)
+             for m in MAINTAINERS.finditer(line)]
+    assert not found, f"{path.name}: maintainers' material (it goes to docs/developing.md, an " \
+        f"open question to CHANGELOG.md): " + "; ".join(f"line {n}: {t!r}" for n, t in found)
