@@ -131,7 +131,7 @@ LEGITIMATE = [
     "the pointer 0x7f3a2b1c4d5e, a cliff at 256-272 B, 1.10 -> 1.56 us",
     "load 64 MiB of input; a load 4 bytes wide",
     "```\nThis communicator cannot be used again; end the job\n```",
-    "    mpirun -n 2 python benchmarks/overlap.py   # run it again to compare",
+    "    mpirun -n 2 python -m mpicoll.tools.overlap   # run it again to compare",
     "a `retry again` code span, Sep 16, 2026 in a version string",
     "the issues of a schedule, 2(n-1)/n of the array, 2 log2 n steps",
 ]
