@@ -12,7 +12,11 @@ docs/performance.md marks each table's place with two comments::
 and the table is made from ``benchmarks/results/bench-openmpi.json`` (written by
 ``benchmarks/record.py``): a line saying what ran where, the table, and the
 commands that reproduce and regenerate it.  The file's ``tool`` picks the
-table's layout.  No MPI and no mpicoll import: the renderer reads JSON only.
+table's layout.  A file holds several runs of its command: a measured value is
+``[minimum, median, maximum]`` over the runs; a cell shows the median, and a
+ratio (each run's mpicoll time over its built-in's) the range beside it,
+``0.46 (0.44-0.49)``, so one noisy run moves the range, not the number.  No MPI
+and no mpicoll import: the renderer reads JSON only.
 """
 
 from __future__ import annotations
@@ -56,6 +60,27 @@ def _num(x: float) -> str:
     return f"{x:.2f}" if x >= 1 else f"{x:.3f}"
 
 
+def _ratio(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def median(value):
+    """The median of a measured value (``[min, median, max]``), or the value itself."""
+    return value[1] if isinstance(value, list) else value
+
+
+def cell(value, fmt=_num, bold: bool = False, spread: bool = True) -> str:
+    """``median (min-max)`` of a measured value (``spread=False``: the median alone);
+    ``-`` where it was not measured."""
+    if value is None:
+        return "-"
+    if not isinstance(value, list):
+        value = [value] * 3
+    lo, mid, hi = (fmt(v) for v in value)
+    text = f"**{mid}**" if bold else mid
+    return text if lo == hi or not spread else f"{text} ({lo}–{hi})"
+
+
 def caption(data: dict) -> str:
     env, machine = data["environment"], data.get("machine", {})
     where = f"{machine.get('cpu', 'unknown CPU')}, {machine.get('cores', '?')} cores"
@@ -63,47 +88,62 @@ def caption(data: dict) -> str:
         where += f", {machine['note']}"
     nodes = env.get("nodes") or 1
     on = "one node" if nodes == 1 else f"{nodes} nodes"
+    runs = data.get("runs", 1)
+    ranged = "each value" if data["tool"] == "overlap" else "each ratio"
+    spread = ("one run" if runs == 1 else
+              f"the median of {runs} runs, {ranged} with the lowest and highest beside it")
     return (f"{mpi_name(env['mpi_library'])}, {env['nranks']} ranks on {on} ({where}); "
             f"mpicoll {env['mpicoll']}, mpi4py {env['mpi4py']}, NumPy {env['numpy']}, "
             f"Python {env['python']}"
-            + (f"; `auto` from the {env['selection']}" if env.get("selection") else "") + ".")
+            + (f"; `auto` from the {env['selection']}" if env.get("selection") else "")
+            + f"; {spread}.")
 
 
 def algorithms_table(data: dict) -> list[str]:
-    """Several algorithms in one run: a row per collective and size, mpicoll's time over the
-    built-in's for each algorithm (``auto`` with what it ran)."""
-    names, cells = [], {}
+    """Several algorithms in one run: a row per collective, size and algorithm, mpicoll's
+    time over the built-in's (``auto`` with what it ran)."""
+    cells = {}  # (collective, bytes) -> the records of its algorithms, in the run's order
     for r in data["records"]:
-        if r["algorithm"] not in names:
-            names.append(r["algorithm"])
-        cells.setdefault((r["collective"], r["bytes"]), {})[r["algorithm"]] = r
-    rows = ["| collective | size | built-in (µs) | " + " | ".join(f"`{a}`" for a in names) + " |",
-            "|---|---:|---:|" + "---:|" * len(names)]
-    for (collective, nbytes), v in cells.items():
-        builtin = sorted(r["builtin_time_us"] for r in v.values())[len(v) // 2]
-        rows.append(f"| {collective} | {_size(nbytes)} | {_num(builtin)} | " + " | ".join(
-            "-" if a not in v else f"{v[a]['ratio']:.2f}"
-            + (f" (`{v[a]['selected']}`)" if a == "auto" else "") for a in names) + " |")
+        cells.setdefault((r["collective"], r["bytes"]), []).append(r)
+    rows = ["| collective | size | built-in (µs) | algorithm | mpicoll / built-in |",
+            "|---|---:|---:|---|---:|"]
+    for (collective, nbytes), recs in cells.items():
+        # the built-in ran beside each algorithm: its middle time of those runs
+        builtin = sorted(recs, key=lambda r: median(r["builtin_time_us"]))[len(recs) // 2]
+        for i, r in enumerate(recs):
+            name = f"`{r['algorithm']}`" + (f" (`{r['selected']}`)" if r["algorithm"] == "auto"
+                                            else "")
+            rows.append(f"| {collective if i == 0 else ''} | {_size(nbytes) if i == 0 else ''} "
+                        f"| {cell(builtin['builtin_time_us'], spread=False) if i == 0 else ''} "
+                        f"| {name} "
+                        f"| {cell(r['ratio'], _ratio)} |")
     return rows
 
 
 def bench_table(data: dict) -> list[str]:
     if len({r.get("algorithm", "auto") for r in data["records"]}) > 1:
         return algorithms_table(data)
-    rows = ["| collective | size | `auto` ran | mpicoll (µs) | in place (µs) | built-in (µs) "
-            "| mpicoll / built-in | busbw mpicoll (GB/s) | busbw built-in (GB/s) |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    # each size twice: out of place, then in place (its own row, against MPI's in place)
+    rows = ["| collective | size | `auto` ran | mpicoll (µs) | built-in (µs) "
+            "| mpicoll / built-in | busbw (GB/s) |",
+            "|---|---:|---|---:|---:|---:|---:|"]
     for r in data["records"]:
-        rows.append(f"| {r['collective']} | {_size(r['bytes'])} | `{r['selected']}` "
-                    f"| {_num(r['time_us'])} | {_num(r['inplace_time_us'])} "
-                    f"| {_num(r['builtin_time_us'])} | **{r['ratio']:.2f}** "
-                    f"| {_num(r['busbw_gbps'])} | {_num(r['builtin_busbw_gbps'])} |")
+        for first, p, ratio in ((True, "", "ratio"), (False, "inplace_", "inplace_ratio")):
+            rows.append(f"| {r['collective'] if first else ''} "
+                        f"| {_size(r['bytes']) if first else 'in place'} "
+                        f"| {'`' + r['selected'] + '`' if first else ''} "
+                        f"| {cell(r[p + 'time_us'], spread=False)} "
+                        f"| {cell(r.get('builtin_' + p + 'time_us'), spread=False)} "
+                        f"| {cell(r.get(ratio), _ratio, bold=True)} "
+                        f"| {cell(r[p + 'busbw_gbps'], spread=False)} |")
     return rows
 
 
+WRONG = ("wrong", "inplace_wrong", "builtin_wrong", "builtin_inplace_wrong")
+
+
 def _wrong(data: dict) -> int:
-    return sum(r.get(k) or 0 for r in data["records"]
-               for k in ("wrong", "inplace_wrong", "builtin_wrong"))
+    return sum(r.get(k) or 0 for r in data["records"] for k in WRONG)
 
 
 LATENCY_COLUMNS = (("Comm", "`Comm`"), ("array", "array `out=`"),
@@ -119,8 +159,9 @@ def latency_table(data: dict) -> list[str]:
     rows = ["| size | collective | built-in (µs) | " + " | ".join(t for _, t in cols) + " |",
             "|---:|---|---:|" + "---:|" * len(cols)]
     for (nbytes, collective), v in cells.items():
-        rows.append(f"| {_size(nbytes)} | {collective} | {_num(v['builtin']['time_us'])} | "
-                    + " | ".join(f"{v[k]['ratio']:.2f}x" if k in v else "-" for k, _ in cols)
+        rows.append(f"| {_size(nbytes)} | {collective} "
+                    f"| {cell(v['builtin']['time_us'], spread=False)} | "
+                    + " | ".join(cell(v[k]["ratio"], _ratio) if k in v else "-" for k, _ in cols)
                     + " |")
     return rows
 
@@ -128,13 +169,14 @@ def latency_table(data: dict) -> list[str]:
 def overlap_table(data: dict) -> list[str]:
     recs = {r["mode"]: r for r in data["records"]}
     first = data["records"][0]
-    rows = [f"{_size(first['bytes'])} per rank ({first['dtype']}) beside {first['products']} "
-            f"products of {first['matrix']}x{first['matrix']} ({first['device']}):", "",
+    rows = [f"{_size(first['bytes'])} per rank ({first['dtype']}) beside "
+            f"{round(median(first['products']))} products of {first['matrix']}x{first['matrix']} "
+            f"({first['device']}):", "",
             "| mode | time (ms) | overlap |", "|---|---:|---:|"]
     for mode in ("comm", "compute", "wait", "test", "thread"):
         r = recs[mode]
-        ov = "" if r["overlap"] is None else f"{r['overlap']:.2f}"
-        rows.append(f"| {mode} | {_num(r['time_ms'])} | {ov} |")
+        ov = "" if r["overlap"] is None else cell(r["overlap"], _ratio)
+        rows.append(f"| {mode} | {cell(r['time_ms'])} | {ov} |")
     return rows
 
 

@@ -57,9 +57,9 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False  # "Returns:" reads as one description, not a type
 
-html_theme = "alabaster"
+# furo: a fluid layout, so result comments in code and wide tables get the window's
+# width instead of a fixed column (docs/check_layout.py checks every page in a browser)
+html_theme = "furo"
 html_title = f"mpicoll {release}"
-html_theme_options = {
-    "description": "Collectives built on MPI point-to-point messages",
-    "fixed_sidebar": True,
-}
+html_static_path = ["_static"]
+html_css_files = ["mpicoll.css"]  # program output wraps; long code spans in tables break

@@ -22,9 +22,17 @@ HERE = Path(__file__).resolve().parent
 
 
 def read_renames(path: Path) -> list[tuple[str, str]]:
-    """The (old, new) pairs of a renames file, tests' own lines before files' lines."""
+    """The (old, new) pairs of a renames file, tests' own lines before files' lines.
+
+    A line is ``OLD NEW``, or ``OLD => NEW`` where an ID holds spaces (a parameter's text).
+    """
     pairs = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        if " => " in line:
+            pairs.append(tuple(part.strip() for part in line.split(" => ", 1)))
+            continue
         line = line.split("#", 1)[0].strip()
         if not line:
             continue

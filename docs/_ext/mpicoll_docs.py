@@ -13,6 +13,12 @@ from it at every build, so they cannot drift:
 ``mpicoll-auto``
     what ``algorithm="auto"`` picks, from ``mpicoll.engine.select.THRESHOLDS``.
 
+And one transform: a pointer into the documentation in running text --
+``docs/numerics.md`` or ``docs/numerics.md, "Overflow, NaN and Inf"`` in a
+docstring, an option's help, a page -- becomes a link to that page and section
+(``pointers.py`` reads pointers, for this and for the test that keeps them
+resolving); one that resolves to nothing stops the build.
+
 The tables are written as Markdown and parsed in place (the pages are MyST).
 mpicoll is imported with the modules of ``autodoc_mock_imports`` mocked, as
 autodoc imports it (docs/conf.py says why that is honest).
@@ -22,9 +28,14 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
+import pointers
 from docutils import nodes
+from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
+
+_LOG = logging.getLogger(__name__)
 
 _NAMES = {"allreduce": "AllReduce", "reduce_scatter": "ReduceScatter", "allgather": "AllGather"}
 
@@ -147,7 +158,48 @@ class AutoTable(_Generated):
         return _table(("collective", "size ≤", "power-of-two ranks", "other rank counts"), rows)
 
 
+# text inside these is code or already a link: left as written
+_NOT_PROSE = (nodes.literal, nodes.literal_block, nodes.reference, nodes.raw, nodes.comment,
+              nodes.target)
+
+
+def link_pointers(app, doctree, docname):
+    """Every ``docs/X.md`` (with its quoted section) in running text becomes a link."""
+    docs = Path(app.srcdir)
+    for text in list(doctree.findall(nodes.Text)):
+        if any(isinstance(a, _NOT_PROSE) for a in _ancestors(text)):
+            continue
+        source = str(text)
+        found = list(pointers.PATH.finditer(source))
+        if not found:
+            continue
+        parts, pos = [], 0
+        for m in found:
+            page = docs / f"{m.group('page')}.md"
+            section = m.group("section")
+            anchor = pointers.anchor_of(page, pointers.clean(section)) if section else None
+            if not page.is_file() or (section and anchor is None):
+                _LOG.warning(f"a pointer to nothing: {m.group(0)!r} (no such page or section)",
+                             location=text.parent)
+                continue
+            uri = app.builder.get_relative_uri(docname, m.group("page"))
+            parts += [nodes.Text(source[pos:m.start()]),
+                      nodes.reference("", m.group(0), internal=True,
+                                      refuri=uri + (f"#{anchor}" if anchor else ""))]
+            pos = m.end()
+        if parts:
+            text.parent.replace(text, [*parts, nodes.Text(source[pos:])])
+
+
+def _ancestors(node):
+    node = node.parent
+    while node is not None:
+        yield node
+        node = node.parent
+
+
 def setup(app):
+    app.connect("doctree-resolved", link_pointers)
     app.add_directive("mpicoll-options", OptionsTable)
     app.add_directive("mpicoll-algorithms", AlgorithmsTable)
     app.add_directive("mpicoll-auto", AutoTable)

@@ -34,8 +34,8 @@ The chunks in flight
     PIPELINE_DEPTH``: chunk c opens only once chunk c - PIPELINE_DEPTH has
     ended, so work memory is :data:`PIPELINE_DEPTH` chunks' worth.
 
-The sizes are the emulated cluster's best (docs/performance.md): deeper or
-finer gained nothing there, 2 in flight lost at 16 MiB.
+The sizes are the emulated cluster's best (docs/cluster.md, "Measuring on it"):
+deeper or finer gained nothing there, 2 in flight lost at 16 MiB.
 """
 
 from __future__ import annotations

@@ -290,8 +290,8 @@ class PieceBuilder(Builder):
 
     A whole step sent as one message runs slower than the same bytes in
     pieces: two 64 MiB flows on one TCP link reached 50-67% of it, 1 MiB
-    pieces 97-98% (measured on the emulated cluster, docs/performance.md).
-    Inside a node every piece is a rendezvous of its own in MPI's
+    pieces 97-98% (measured on the emulated cluster: docs/cluster.md,
+    "Measuring on it").  Inside a node every piece is a rendezvous of its own in MPI's
     shared-memory transport, and nothing overlaps the pieces (the
     reductions wait for the whole message): a 2-rank recursive doubling
     AllGather in 1 MiB pieces took 1.17-1.33x the built-in from 8 MiB, the
@@ -456,8 +456,8 @@ class Ring:
       Then every block is cut into the same number of segments (an empty one
       still travels) and the segments are taken in groups, the first step's
       segments of a group sent first, so that this bounded memory cannot
-      deadlock (docs/algorithms.md, "Bounded work memory for the ring
-      ReduceScatter");
+      deadlock (docs/design.md, "Bounded work memory for the ring ReduceScatter, and
+      why it cannot deadlock");
     * where the steps switch from reducing to copying, sends still reading
       blocks the copies may receive into are waited for (all but the last
       step's, which carry this rank's own, complete block).

@@ -160,7 +160,7 @@ OPTIONS = (
     Option("node_piece_bytes", "MPICOLL_NODE_PIECE_BYTES", parse_bytes, 1 << 20, False,
            "messages to a rank of another node move in pieces of at most this size; the "
            "communicator takes its ranks' least (transport.channel; Open MPI over TCP: 60K, "
-           "under its eager limit, docs/performance.md)"),
+           "under its eager limit: docs/tuning.md, \"What the tool does\")"),
     Option("fake_nodes", "MPICOLL_FAKE_NODES", parse_text, None, False,
            "node layout for tests: block:K, cyclic:K or one label per COMM_WORLD rank"),
     Option("trace", "MPICOLL_TRACE", parse_text, None, False,

@@ -5,9 +5,10 @@ Usage (every rank runs it; rank 0 prints)::
     mpirun -n 4 python -m mpicoll.bench -C allreduce -b 8 -e 64M -f 2 -d float32 -o sum
     mpirun -n 4 python -m mpicoll.bench --algorithm all -b 1K -e 1M --json out.json
 
-For each collective, algorithm and size it times three variants in the same
-run, on the same input (:mod:`mpicoll.tools.harness`): mpicoll out of place,
-mpicoll in place and MPI's built-in (out of place):
+For each collective, algorithm and size it times four variants in the same
+run, on the same input (:mod:`mpicoll.tools.harness`): mpicoll out of place and
+in place, and MPI's built-in out of place and in place (``MPI.IN_PLACE``, the
+form torch and DDP use):
 
 * warm-up: ``-w`` calls of each;
 * timed: ``-n`` calls of each, in alternating batches of ``--batch`` calls,
@@ -16,8 +17,8 @@ mpicoll in place and MPI's built-in (out of place):
   time is that of the slowest rank;
 * reported: the median over calls, algbw = size / time and busbw = algbw x
   the collective's factor (AllReduce 2(n-1)/n, AllGather and ReduceScatter
-  (n-1)/n, as nccl-tests), and the time ratio mpicoll / built-in (out of
-  place);
+  (n-1)/n, as nccl-tests), and the time ratios mpicoll / built-in, out of
+  place and in place (each form against MPI's same form);
 * checked (``-c 1``): the inputs are small integers (exact in every type);
   each output is compared with the exact expected values by the one rule of
   :mod:`mpicoll.tools.results` (integers exactly, floating SUM/PROD within
@@ -64,14 +65,17 @@ FIRST_WARMUP_MAX_BYTES = 64 << 10
 
 # the variants' column groups, in the table's order: (variant, title, record prefix)
 GROUPS = (("mpicoll", "out-of-place", ""), ("in_place", "in-place", "inplace_"),
-          ("builtin", "MPI built-in", "builtin_"))
+          ("builtin", "MPI built-in", "builtin_"),
+          ("builtin_in_place", "MPI built-in in-place", "builtin_inplace_"))
 
 RECORD_FIELDS = (
     "collective", "algorithm", "selected", "nranks", "dtype", "op", "bytes", "count",
     "time_us", "algbw_gbps", "busbw_gbps", "wrong",
     "inplace_time_us", "inplace_algbw_gbps", "inplace_busbw_gbps", "inplace_wrong",
     "builtin_time_us", "builtin_algbw_gbps", "builtin_busbw_gbps", "builtin_wrong",
-    "ratio", "check_time_us", "check_overhead", "scratch_bytes", "peak_alloc_bytes",
+    "builtin_inplace_time_us", "builtin_inplace_algbw_gbps", "builtin_inplace_busbw_gbps",
+    "builtin_inplace_wrong", "ratio", "inplace_ratio", "check_time_us", "check_overhead",
+    "scratch_bytes", "peak_alloc_bytes",
     "device", "api", "warmup", "iters", "mpi_library", "mpicoll", "mpi4py", "numpy", "python",
     "host", "cores", "nodes", "date", "selection",
 )
@@ -129,10 +133,6 @@ def build_parser():
     p.add_argument("--memory", action="store_true",
                    help="also measure mpicoll's work memory per size: the scratch bytes its "
                         "context holds and the tracemalloc peak during one call (fresh communicator)")
-    p.add_argument("--overlap", metavar="SIZE", type=_cli.size_arg,
-                   help="afterwards, measure how much an iallreduce of SIZE bytes per rank "
-                        "overlaps NumPy matrix products (python -m mpicoll.tools.overlap; "
-                        "host arrays only)")
     p.add_argument("--json", metavar="PATH", help="write one record per measurement as JSON")
     p.add_argument("--csv", metavar="PATH", help="write one row per measurement as CSV")
     p.add_argument("--plot", metavar="PATH.png",
@@ -169,8 +169,6 @@ def check_args(comm, parser, args):
             _types.check_op_applies(_types.predefined_op(args.op), category, str(args.dtype))
         except TypeError as exc:
             parser.error(f"-o/--op: {exc}".replace("op: ", ""))
-    if args.overlap is not None and args.device != "cpu":
-        parser.error("--overlap: measures host arrays only; drop --device gpu or run it alone")
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -215,6 +213,8 @@ def measure(comm, case, args, meta, warmup=None) -> dict:
                     prefix + "busbw_gbps": bw(t[variant]) * factor,
                     prefix + "wrong": wrong.get(variant)})
     rec["ratio"] = t["mpicoll"] / t["builtin"] if t["builtin"] > 0 else float("inf")
+    rec["inplace_ratio"] = (t["in_place"] / t["builtin_in_place"] if t["builtin_in_place"] > 0
+                            else float("inf"))
     rec["check_time_us"] = t["check"] * 1e6 if "check" in t else None
     rec["check_overhead"] = t["check"] / t["mpicoll"] if "check" in t and t["mpicoll"] > 0 else None
     if args.memory:
@@ -291,7 +291,8 @@ class Table:
           f", timed {args.iters} calls of each variant "
           f"(batches of {args.batch}, interleaved, Barrier before each batch);\n"
           f"# time: median over calls of the slowest rank; busbw factors: allreduce 2(n-1)/n, "
-          f"allgather and reduce_scatter (n-1)/n; ratio: out-of-place time / built-in time\n")
+          f"allgather and reduce_scatter (n-1)/n; ratio: out-of-place time / built-in time; "
+          f"ip ratio: in-place time / built-in in-place time\n")
         w(f"# auto: {meta['selection']}\n")
         w(f"# check {args.check}: #wrong = wrong elements over all ranks (each variant against "
           f"the exact values, mpicoll.tools.results' rule)\n")
@@ -313,11 +314,11 @@ class Table:
         units = f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"
         w("#\n")
         w(f"# {collective}, algorithm {algorithm}\n")
-        w(("#" + " " * 61 + groups + " " * 7 + h1).rstrip() + "\n")
+        w(("#" + " " * 61 + groups + " " * 14 + h1).rstrip() + "\n")
         w(f"#{'size':>11} {'count':>12} {'type':>10} {'redop':>6} {'algorithm':>18}"
-          + "".join(" " + names for _ in GROUPS) + f" {'ratio':>6}{h2}\n")
+          + "".join(" " + names for _ in GROUPS) + f" {'ratio':>6} {'ip':>6}{h2}\n")
         w((f"#{'(B)':>11} {'(elements)':>12} {'':>10} {'':>6} {'':>18}"
-           + "".join(" " + units for _ in GROUPS) + f" {'':>6}{h3}").rstrip() + "\n")
+           + "".join(" " + units for _ in GROUPS) + f" {'':>6} {'ratio':>6}{h3}").rstrip() + "\n")
 
     def row(self, rec):
         redop = rec["op"] if rec["collective"] != "allgather" else "none"
@@ -326,7 +327,7 @@ class Table:
         for _, _, p in GROUPS:
             line += (f" {_fmt_time(rec[p + 'time_us'])} {_fmt_num(rec[p + 'algbw_gbps'], 7, 2)} "
                      f"{_fmt_num(rec[p + 'busbw_gbps'], 7, 2)} {_fmt_wrong(rec[p + 'wrong']):>6}")
-        line += f" {_fmt_num(rec['ratio'], 6, 2)}"
+        line += f" {_fmt_num(rec['ratio'], 6, 2)} {_fmt_num(rec['inplace_ratio'], 6, 2)}"
         for _, cols in self.extra:
             line += "".join(" " + fmt(rec).rjust(width) for _, _, width, fmt in cols)
         self.out.write(line + "\n")
@@ -340,11 +341,15 @@ class Table:
                 continue
             avg = {p: sum(r[p + "busbw_gbps"] for r in recs) / len(recs) for _, _, p in GROUPS}
             ratios = sorted(r["ratio"] for r in recs)
+            ip_ratios = sorted(r["inplace_ratio"] for r in recs)
             w(f"# {collective}: avg bus bandwidth mpicoll {avg['']:.3f} GB/s (in place "
-              f"{avg['inplace_']:.3f}), built-in {avg['builtin_']:.3f} GB/s; "
-              f"median time ratio {ratios[len(ratios) // 2]:.2f} over {len(recs)} sizes\n")
+              f"{avg['inplace_']:.3f}), built-in {avg['builtin_']:.3f} GB/s (in place "
+              f"{avg['builtin_inplace_']:.3f}); median time ratio "
+              f"{ratios[len(ratios) // 2]:.2f} (in place {ip_ratios[len(ip_ratios) // 2]:.2f}) "
+              f"over {len(recs)} sizes\n")
         mine = [r[k] for r in records for k in ("wrong", "inplace_wrong") if r[k] is not None]
-        theirs = [r["builtin_wrong"] for r in records if r["builtin_wrong"] is not None]
+        theirs = [r[k] for r in records for k in ("builtin_wrong", "builtin_inplace_wrong")
+                  if r[k] is not None]
         if mine or theirs:
             w(f"# Out of bounds values : {sum(mine)} wrong (mpicoll), {sum(theirs)} wrong (built-in) "
               f"{'OK' if not sum(mine) and not sum(theirs) else 'FAILED'}\n")
@@ -412,10 +417,8 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
     if root:
         table.footer(records)
         out.flush()
-    bad = any(r[k] for r in records for k in ("wrong", "inplace_wrong", "builtin_wrong"))
-    if args.overlap is not None:
-        from . import overlap as _overlap
-        bad = _overlap.main(["--size", str(args.overlap)], comm=comm, out=out) != 0 or bad
+    bad = any(r[k] for r in records
+              for k in ("wrong", "inplace_wrong", "builtin_wrong", "builtin_inplace_wrong"))
     if root:  # (last: a file that cannot be written ends rank 0 alone, after every collective)
         if args.json:
             _records.write_json(args.json, records)

@@ -27,8 +27,9 @@ A piece is :data:`PIECE_BYTES` between nodes by default (the option
 ``node_piece_bytes``, agreed by the ranks when the context is made): two 64 MiB
 flows on one TCP link reached 50-67 % of it, 1 MiB pieces 97-98 %; with Open
 MPI's TCP transport, exchanges back to back in pieces above its eager limit
-(64 KiB) move at half the line and in 60 KiB pieces at the line
-(docs/performance.md).
+(64 KiB) move at half the line and in 60 KiB pieces at the line (docs/design.md,
+"Transport and pieces"; the tuning tool measures the piece: docs/tuning.md, "What the
+tool does").
 Inside a node it is :data:`LOCAL_PIECE_BYTES`: every piece is a rendezvous of
 its own in MPI's shared-memory transport: with 1 MiB pieces a 2-rank
 AllGather of 4 MiB took 1.30x the built-in, 1.10x with one message per block

@@ -58,9 +58,10 @@ from . import timeout as _timeout
 from .channel import TAG
 
 # Bytes of one slot (each rank's buffer in a region holds two).  Host: a chunk of this
-# size is one sync of two ranks apart (docs/performance.md, "Shared memory inside a node");
-# device: a chunk of this size takes tens of microseconds of the GPU's memory bandwidth,
-# against the same order for a stream synchronisation and a 0-byte message.
+# size is one sync of two ranks apart (the shared algorithms' host times: docs/performance.md,
+# "Inside a node: the shared-memory algorithms"); device: a chunk of this size takes tens
+# of microseconds of the GPU's memory bandwidth, against the same order for a stream
+# synchronisation and a 0-byte message.
 HOST_SLOT_BYTES = 1 << 20
 DEVICE_SLOT_BYTES = 32 << 20
 

@@ -6,7 +6,7 @@ place, blocking and not, uneven blocks (empty ones, fewer elements than ranks, c
 divisible by the rank count): bitwise the rank-order fold in float32 rounded once, the
 same bits on every rank; on inputs whose float32 sums are exact, the exact sum rounded
 once.  The route moves the input type's bytes (the ring's), and "auto" takes it where
-docs/numerics.md measured it faster.
+benchmarks/accumulate.py measured it faster.
 """
 
 from __future__ import annotations
@@ -235,10 +235,11 @@ def test_deterministic_mode_takes_it():
     assert t.bytes_sent == 2 * ((len(x) - mine) + (WORLD.size - 1) * mine)
 
 
-# What "auto" takes, by collective, rank count and input bytes (docs/numerics.md, "Which
-# schedule"): where the direct route measured faster on both MPIs it must stay on it, and on
-# float32 on the wire where that one did (AllReduce: 1 KiB and below; 4 KiB at 3 ranks on
-# Open MPI, at 4 ranks even).
+# What "auto" takes, by collective, rank count and input bytes (measured with
+# benchmarks/accumulate.py: docs/developing.md, "Recording measurements"): where the
+# direct route measured faster on both MPIs it must stay on it, and on float32 on the wire
+# where that one did (AllReduce: 1 KiB and below; 4 KiB at 3 ranks on Open MPI, at 4 ranks
+# even).
 _LARGE = (16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 AUTO_DIRECT = {"allreduce": {2: (4 << 10,) + _LARGE, 3: _LARGE, 4: _LARGE},
                "reduce_scatter": {2: (1 << 10, 4 << 10) + _LARGE, 3: (4 << 10,) + _LARGE,

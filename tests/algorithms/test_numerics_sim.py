@@ -119,7 +119,7 @@ def test_direct_reduce_scatter_work_memory(n):
     of place only the other n - 2 peers' pieces take work memory (none at 2 ranks, as the
     ring's), and in place rank 0, whose block is its output, folds there with no staging
     buffer.  (Rank 0 received into work memory and folded out of it: a third array of the
-    block per call, docs/numerics.md "Cost".)"""
+    block per call, slower: benchmarks/direct.py times the two.)"""
     counts = tuple(split(10 * n, n)[0])
     window, piece = 2, 3
     for r in range(n):

@@ -838,25 +838,3 @@ def test_device_arrays(cuda_aware):
                     ("ireduce_scatter", r3, builtin_reduce_scatter(s, rs_counts, MPI.MAX)),
                     ("Iallreduce", rmin, builtin_allreduce(a, MPI.MIN))])
     util.assert_all(WORLD, not bad, bad)
-
-
-# ---------------------------------------------------------------------------
-# python -m mpicoll.tools.overlap
-# ---------------------------------------------------------------------------
-
-
-def test_overlap_formula():
-    from mpicoll.tools.overlap import overlap
-    assert overlap(10.0, 10.0, 10.0) == 1.0    # the shorter hidden completely
-    assert overlap(10.0, 4.0, 14.0) == 0.0     # one after the other
-    assert overlap(10.0, 4.0, 12.0) == 0.5
-    assert overlap(10.0, 4.0, 16.0) == -0.5    # together slower than in sequence
-
-
-def test_overlap_tool_runs_and_checks(capsys):
-    from mpicoll.tools import overlap
-    rc = overlap.main(["--size", "64K", "--reps", "1", "--warmup", "0", "--matrix", "16"])
-    out = capsys.readouterr().out
-    ok = rc == 0 and (RANK != 0 or ("wrong elements over all ranks and runs: 0" in out
-                                    and all(m in out for m in overlap.MODES)))
-    util.assert_all(WORLD, ok, f"rc={rc}\n{out}")

@@ -6,8 +6,8 @@
 #     bash tests/device/fetch_wheels.sh          # -> tests/device/wheels/
 #
 # The folder is git-ignored through .git/info/exclude (added here if missing)
-# and travels with the `run` tool's `carry` option (docs/gpu.md), at most
-# 64 MiB with the working tree (about 33 MB of wheels).  Wheels are for CPython
+# and travels with the checkout to the GPU machine (docs/developing.md, "The
+# GPU device check"), at most 64 MiB with the working tree (about 33 MB of wheels).  Wheels are for CPython
 # 3.10-3.13 on x86-64 manylinux: the PyPI MPIs (Open MPI and MPICH, each a
 # self-contained library), mpi4py (the build that loads either, one wheel per
 # CPython version), pytest-mpi (versions as CI tests with), and libucx-cu13:

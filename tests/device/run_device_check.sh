@@ -2,7 +2,8 @@
 # =============================================================================
 # The GPU device check of mpicoll: ONE run of at most BUDGET_S seconds (360)
 # on a machine with a GPU, CuPy and NumPy but no package index (the project's
-# lent H200; docs/gpu.md says how to call it).  Run from anywhere:
+# lent H200; docs/developing.md, "The GPU device check", says how).  Run from
+# anywhere:
 #
 #     bash tests/device/run_device_check.sh
 #     SECTIONS="routea shared" bash tests/device/run_device_check.sh   # a rerun

@@ -54,7 +54,8 @@ def test_every_table_section_can_be_named(tmp_path):
 
 def test_every_default_section_has_lines_and_names_files_that_exist():
     """A default section without lines reports "not configured" on the device, and a moved
-    test file fails its line there: both are found here, before a device run is spent."""
+    test file, script or module fails its line there: all are found here, before a device
+    run is spent."""
     import re
     import shlex
 
@@ -67,11 +68,16 @@ def test_every_default_section_has_lines_and_names_files_that_exist():
             lines[section].append(text)
     assert lines and all(lines[s] for s in lines if lines[s] is not None), \
         [s for s in lines if lines[s] == []]
-    missing = [word for body in (line.split("|", 1)[1] for group in lines.values() if group
-                                 for line in group)
-               for word in shlex.split(body)
-               if re.fullmatch(r"(tests|examples)/[\w/.-]+\.(py|sh)", word)
+    words = [shlex.split(line.split("|", 1)[1]) for group in lines.values() if group
+             for line in group]
+    missing = [word for line in words for word in line
+               if re.fullmatch(r"(tests|examples|benchmarks)/[\w/.-]+\.(py|sh)", word)
                and not (ROOT / word).exists()]
+    # a module run with -m (python -m mpicoll.bench) that moved or went
+    import importlib.util
+    missing += [f"-m {line[i + 1]}" for line in words for i, word in enumerate(line[:-1])
+                if word == "-m" and line[i + 1].startswith("mpicoll")
+                and importlib.util.find_spec(line[i + 1]) is None]
     assert not missing, missing
 
 

@@ -20,6 +20,7 @@ import importlib
 import inspect
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -242,3 +243,112 @@ def test_readme_is_short_and_keeps_the_setup_commands():
     blocks = re.findall(r"^```bash\n(.*?)^```", section.group(0), re.M | re.S)
     assert len(blocks) >= 2, "README.md: the set-up section needs two ```bash blocks"
     assert "examples/allreduce.py" in blocks[0] and "tests/run_tests.sh" in blocks[1]
+
+
+# -- pointers into the documentation resolve -------------------------------------------
+
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+import pointers  # noqa: E402  (docs/_ext/pointers.py: the one reader of pointers)
+
+POINTER_SUFFIXES = {".py", ".c", ".sh", ".md", ".txt", ".sbatch", ".toml", ".cfg", ".rst"}
+# Where pointers are looked for: every text file of these parts of the repository (the
+# lead's engine apart, so that a broken pointer there names its own case).
+POINTER_SCOPES = {
+    "mpicoll/engine": ["mpicoll/engine/**/*"],
+    "mpicoll": ["mpicoll/**/*"],
+    "benchmarks": ["benchmarks/**/*"],
+    "tests": ["tests/**/*"],
+    "docs": ["docs/**/*"],
+    "jobscripts, examples, the top level": ["jobscripts/**/*", "examples/**/*", "README.md",
+                                            "CHANGELOG.md", "setup.cfg", "pyproject.toml",
+                                            ".ci/**/*"],
+}
+
+
+def _scope_files(scope: str) -> list[pathlib.Path]:
+    found = set()
+    for pattern in POINTER_SCOPES[scope]:
+        found |= {p for p in ROOT.glob(pattern) if p.is_file()}
+    if scope == "mpicoll":
+        found = {p for p in found if (ROOT / "mpicoll" / "engine") not in p.parents}
+    return sorted(p for p in found if (p.suffix in POINTER_SUFFIXES or p.name == "run")
+                  and not {"_build", "__pycache__"} & set(p.parts))
+
+
+@pytest.mark.parametrize("scope", list(POINTER_SCOPES))
+def test_every_pointer_into_the_docs_resolves(scope):
+    """Every ``docs/X.md`` (with its quoted section) and every Markdown link ``X.md#anchor``
+    names a page and a heading that exist (docs/_ext/pointers.py reads them)."""
+    files = _scope_files(scope)
+    assert files, scope
+    broken = []
+    for path in files:
+        for p in pointers.find(path.read_text(encoding="utf-8", errors="replace"), path,
+                               ROOT / "docs"):
+            why = pointers.problem(p)
+            if why:
+                broken.append(f"{path.relative_to(ROOT)}:{p.line}: {why} ({p.text!r})")
+    assert not broken, "pointers into the docs that resolve to nothing:\n" + "\n".join(broken)
+
+
+def test_the_pointer_reader_finds_what_is_written(tmp_path):
+    """Planted pointers, good and broken, in the forms the code writes them."""
+    D = "docs"  # (not written out here: this file is read for pointers too)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text("# Guide\n\n## Timeouts (`MPICOLL_TIMEOUT`)\n\n```\n"
+                                   "# not a heading\n```\n### Shared memory inside a node\n")
+    text = (f'x = 1  # why: {D}/guide.md, "Timeouts (MPICOLL_TIMEOUT)"\n'
+            f'# a comment ({D}/guide.md, "Shared\n# memory inside a node") goes on\n'
+            f'"""{D}/guide.md ("Not a heading") and {D}/guide.md\'s "not a heading"."""\n'
+            f"see {D}/gone.md and {D}/guide.md\n")
+    found = pointers.find(text, tmp_path / "x.py", docs)
+    assert [(p.line, p.page.name, p.section) for p in found] == [
+        (1, "guide.md", "timeouts (mpicoll_timeout)"), (2, "guide.md", "shared memory inside a node"),
+        (4, "guide.md", "not a heading"), (4, "guide.md", "not a heading"),
+        (5, "gone.md", None), (5, "guide.md", None)]
+    assert [pointers.problem(p) for p in found] == [
+        None, None, "guide.md has no section 'not a heading'",
+        "guide.md has no section 'not a heading'", "no page gone.md", None]
+    page = tmp_path / "page.md"
+    page.write_text(f"[a]({D}/guide.md#timeouts-mpicoll_timeout) [b]({D}/guide.md#timeouts-mpicoll-timeout) "
+                    f"[c]({D}/guide.md#nowhere) [d]({D}/none.md) [e](https://x.invalid/a.md)\n")
+    links = pointers.find(page.read_text(), page, docs)
+    assert [pointers.problem(p) for p in links] == [
+        None, None, "guide.md has no heading with the anchor #nowhere", "no page none.md"]
+
+
+# -- the guides are for users ----------------------------------------------------------
+
+# What a maintainer's page says and a user's does not: a measurement owed or provisional,
+# the development machine, the CI and the device check's procedures (they are on the
+# Developing page, docs/developing.md).
+MAINTAINERS = re.compile(
+    r"\bprovisional\b|\bowed\b|\bquiet machine\b|\b\d+-core (?:VM|machine)\b"
+    r"|\bthe development machine\b|\.ci/run|run_device_check|run_slurm_ci|\bchrt\b", re.I)
+
+
+def user_pages() -> list[pathlib.Path]:
+    """The pages of docs/index.md's toctrees but Background and Developing: the guides and
+    the reference, in reading order."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    found = []
+    for caption, body in re.findall(r"```\{toctree\}\n:caption: (.*?)\n(.*?)```", index, re.S):
+        if caption not in ("Background", "Developing"):
+            found += [ROOT / "docs" / f"{line.strip()}.md" for line in body.splitlines()
+                      if line.strip() and not line.startswith(":")]
+    return found
+
+
+def test_the_user_pages_are_the_guides_and_the_reference():
+    names = [p.stem for p in user_pages()]
+    assert {"install", "tutorial", "gpu", "torch", "api", "options"} <= set(names), names
+    assert "developing" not in names and all(p.exists() for p in user_pages())
+
+
+@pytest.mark.parametrize("path", user_pages(), ids=lambda p: p.name)
+def test_a_user_page_holds_no_maintainers_material(path):
+    found = [(n, m.group(0)) for n, line in enumerate(prose(path.read_text(encoding="utf-8")), 1)
+             for m in MAINTAINERS.finditer(line)]
+    assert not found, f"{path.name}: maintainers' material (it goes to docs/developing.md, an " \
+        f"open question to CHANGELOG.md): " + "; ".join(f"line {n}: {t!r}" for n, t in found)

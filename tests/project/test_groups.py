@@ -153,3 +153,27 @@ def test_the_readme_shows_the_matrix():
     shown = readme.split("## The matrix", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     assert shown.strip("\n") == res.stdout.strip("\n")
 
+
+
+def test_check_ids_maps_renames_and_finds_a_lost_test(tmp_path):
+    """tests/check_ids.py: an ID moved by a renames line (``OLD NEW``, or ``OLD => NEW``
+    for an ID with spaces) is not lost; an ID that went nowhere is, and fails the check."""
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    after.mkdir()
+    (before / "np2.txt").write_text("tests/a.py::test_x\ntests/a.py::test_y[a b]\n"
+                                    "tests/a.py::test_z\n")
+    renames = tmp_path / "renames.txt"
+    renames.write_text("# a comment => not a rename\ntests/a.py::test_x  tests/b.py::test_x\n"
+                       "tests/a.py::test_y[a b] => tests/b.py::test_y[c d]\n")
+    (after / "np2.txt").write_text("tests/b.py::test_x\ntests/b.py::test_y[c d]\ntests/a.py::test_z\n")
+
+    def check():
+        return subprocess.run([sys.executable, str(TESTS / "check_ids.py"), str(before), str(after),
+                               "--renames", str(renames)], capture_output=True, text=True,
+                              timeout=60)
+    run = check()
+    assert run.returncode == 0 and "no test lost" in run.stdout, run.stdout
+    (after / "np2.txt").write_text("tests/b.py::test_x\ntests/b.py::test_y[c d]\n")
+    run = check()
+    assert run.returncode == 1 and "lost: tests/a.py::test_z" in run.stdout, run.stdout

@@ -20,6 +20,7 @@ build their command lines.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -280,6 +281,19 @@ def run_job(cmd, env, limit: float) -> subprocess.CompletedProcess:
         pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {limit} s\n"
                     f"--- stdout\n{out}\n--- stderr\n{err}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def benchmark(name: str):
+    """The measurement script ``benchmarks/<name>.py`` as a module (the scripts live
+    beside the package, not in it: a user runs ``python benchmarks/<name>.py``).
+    Loaded once per process, so a test's ``monkeypatch`` of it holds for its ``main``."""
+    key = f"benchmarks.{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 
 
 def as_function(collective: str, build):

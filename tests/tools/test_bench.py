@@ -68,15 +68,17 @@ def _assert_rounds(text, lo, hi, what):
 def _check_row(r, factor):
     """One table row is one statistic per implementation, to the digits printed.
 
-    algbw = size / time, busbw = algbw * factor and ratio = time / built-in
-    time, where each printed number stands for any value that rounds to it:
+    algbw = size / time, busbw = algbw * factor, ratio = time / built-in time
+    and the in-place ratio = in-place time / the built-in's in-place time,
+    where each printed number stands for any value that rounds to it:
     the bounds come from the printed time's interval, never from a rounded
     number multiplied again (which would add its rounding error to the check).
     """
     size = int(r[0])
     times = {}
     for name, (t, algbw, busbw) in (("mpicoll", (5, 6, 7)), ("in place", (9, 10, 11)),
-                                    ("built-in", (13, 14, 15))):
+                                    ("built-in", (13, 14, 15)),
+                                    ("built-in in place", (17, 18, 19))):
         t_lo, t_hi = times[name] = _printed(r[t])
         assert t_lo > 0, f"{name} time {r[t]}"
         bw_lo, bw_hi = size / (t_hi * 1e3), size / (t_lo * 1e3)  # bytes / us -> GB/s
@@ -84,7 +86,9 @@ def _check_row(r, factor):
         _assert_rounds(r[busbw], bw_lo * factor, bw_hi * factor,
                        f"{name} busbw of {size} B in {r[t]} us, factor {factor:g}")
     (m_lo, m_hi), (b_lo, b_hi) = times["mpicoll"], times["built-in"]
-    _assert_rounds(r[17], m_lo / b_hi, m_hi / b_lo, f"ratio of {r[5]} us and {r[13]} us")
+    _assert_rounds(r[21], m_lo / b_hi, m_hi / b_lo, f"ratio of {r[5]} us and {r[13]} us")
+    (m_lo, m_hi), (b_lo, b_hi) = times["in place"], times["built-in in place"]
+    _assert_rounds(r[22], m_lo / b_hi, m_hi / b_lo, f"in-place ratio of {r[9]} us and {r[17]} us")
 
 
 def _table_row(rec):
@@ -96,7 +100,7 @@ def _table_row(rec):
 
 def _record(nbytes, time_us, builtin_time_us, factor, collective="allreduce", algbw_us=None):
     """A record as bench.measure() makes it (algbw from ``algbw_us`` if given: inconsistent;
-    in place as fast as out of place)."""
+    in place as fast as out of place, for mpicoll and the built-in alike)."""
     algbw = nbytes / (algbw_us or time_us) / 1e3
     inplace = nbytes / time_us / 1e3
     builtin = nbytes / builtin_time_us / 1e3
@@ -106,7 +110,10 @@ def _record(nbytes, time_us, builtin_time_us, factor, collective="allreduce", al
             "inplace_algbw_gbps": inplace, "inplace_busbw_gbps": inplace * factor,
             "inplace_wrong": 0, "builtin_time_us": builtin_time_us,
             "builtin_algbw_gbps": builtin, "builtin_busbw_gbps": builtin * factor,
-            "builtin_wrong": 0, "ratio": time_us / builtin_time_us}
+            "builtin_wrong": 0, "builtin_inplace_time_us": builtin_time_us,
+            "builtin_inplace_algbw_gbps": builtin, "builtin_inplace_busbw_gbps": builtin * factor,
+            "builtin_inplace_wrong": 0, "ratio": time_us / builtin_time_us,
+            "inplace_ratio": time_us / builtin_time_us}
 
 
 def test_row_check_is_exact_about_rounding():
@@ -166,7 +173,7 @@ def test_table_json_csv(shared_dir):
             assert count * 4 == size and dtype == "float32"
             assert redop == ("none" if coll == "allgather" else "sum")
             assert algo in _select.ALGORITHMS[coll]
-            assert r[8] == r[12] == r[16] == "0"
+            assert r[8] == r[12] == r[16] == r[20] == "0"
             _check_row(r, factors[coll])
 
     records = json.load(open(jpath))
@@ -176,20 +183,25 @@ def test_table_json_csv(shared_dir):
                       "time_us", "busbw_gbps", "builtin_time_us", "ratio", "wrong",
                       "mpi_library", "date"):
             assert field in rec, field
-        assert rec["nranks"] == n and rec["wrong"] == rec["inplace_wrong"] == rec["builtin_wrong"] == 0
+        assert rec["nranks"] == n
+        assert rec["wrong"] == rec["inplace_wrong"] == rec["builtin_wrong"] == rec["builtin_inplace_wrong"] == 0
         assert rec["algorithm"] == "auto" and rec["selected"] in _select.ALGORITHMS[rec["collective"]]
         # one statistic per implementation: every field follows from its time
         factor = factors[rec["collective"]]
-        for prefix in ("", "inplace_", "builtin_"):
+        for prefix in ("", "inplace_", "builtin_", "builtin_inplace_"):
             algbw = rec["bytes"] / rec[prefix + "time_us"] / 1e3
             assert rec[prefix + "algbw_gbps"] == pytest.approx(algbw, rel=1e-12)
             assert rec[prefix + "busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-12)
         assert rec["ratio"] == pytest.approx(rec["time_us"] / rec["builtin_time_us"], rel=1e-12)
+        assert rec["inplace_ratio"] == pytest.approx(
+            rec["inplace_time_us"] / rec["builtin_inplace_time_us"], rel=1e-12)
         assert rec["check_time_us"] is None
     for r, rec in zip(rows, records):  # the table prints the records, rounded
         _assert_rounds(r[5], rec["time_us"], rec["time_us"], "time")
         _assert_rounds(r[9], rec["inplace_time_us"], rec["inplace_time_us"], "in-place time")
         _assert_rounds(r[13], rec["builtin_time_us"], rec["builtin_time_us"], "built-in time")
+        _assert_rounds(r[17], rec["builtin_inplace_time_us"], rec["builtin_inplace_time_us"],
+                       "built-in in-place time")
     with open(cpath, newline="") as f:
         rows_csv = list(csv.DictReader(f))
     assert len(rows_csv) == len(records)
@@ -210,7 +222,7 @@ def test_every_algorithm_and_dtypes(shared_dir):
                 recs = json.load(open(jpath))
                 assert {r["algorithm"] for r in recs} == set(_select.ALGORITHMS[coll])
                 assert all(r["selected"] == r["algorithm"] for r in recs)
-                assert all(r["wrong"] == r["inplace_wrong"] == r["builtin_wrong"] == 0
+                assert all(r["wrong"] == r["inplace_wrong"] == r["builtin_wrong"] == r["builtin_inplace_wrong"] == 0
                            for r in recs)
                 assert all(r["dtype"] == dtype for r in recs)
             WORLD.Barrier()
@@ -272,23 +284,9 @@ def test_check_cost_and_no_check():
     if WORLD.rank == 0:
         assert "with check" in text
         row = _rows(text)[0]
-        assert row[8] == row[12] == row[16] == "N/A"
-        assert len(row) == 20 and float(row[18]) > 0 and float(row[19]) > 0
+        assert row[8] == row[12] == row[16] == row[20] == "N/A"
+        assert len(row) == 25 and float(row[23]) > 0 and float(row[24]) > 0
         assert "not checked (-c 0)" in text
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.ranks(2)  # (the overlap tool calibrates and repeats: a few seconds)
-def test_overlap_after_the_table():
-    """``--overlap SIZE``: the overlap measurement (tools.overlap) follows the table."""
-    status, text = _run(["-C", "allgather", "-b", "64", "-e", "64", "-n", "2", "-w", "1", "-q",
-                         "--overlap", "64K"])
-    assert status == 0
-    if WORLD.rank == 0:
-        assert text.index("# allgather") < text.index("# mpicoll overlap")
-        assert "iallreduce of 8192 x float64" in text
-        assert "wrong elements over all ranks and runs: 0" in text
-        assert all(f" {mode} " in text for mode in ("comm", "compute", "wait", "test", "thread"))
 
 
 @pytest.mark.timeout(120)
@@ -303,7 +301,7 @@ def test_memory_columns(shared_dir):
         for rec in recs:
             assert rec["peak_alloc_bytes"] >= rec["scratch_bytes"] >= 0
             row = [r for r in _rows(text) if r[4] == "ring"]
-            assert all(len(r) == 20 for r in row)
+            assert all(len(r) == 25 for r in row)
         # out of place the ring AllReduce needs no work memory, the ring
         # ReduceScatter at most 2 * window segments (1 MiB each by default)
         for r in recs:
@@ -334,7 +332,7 @@ def test_wrong_results_are_counted(monkeypatch):
     if WORLD.rank == 0:
         row = _rows(text)[0]
         assert 0 < int(row[8]) <= 256 * WORLD.size and 0 < int(row[12]) <= 256 * WORLD.size
-        assert row[16] == "0" and "FAILED" in text
+        assert row[16] == row[20] == "0" and "FAILED" in text
 
 
 @pytest.mark.timeout(120)
@@ -346,8 +344,9 @@ def test_op_in_any_case(shared_dir):
     assert status == 0, text
     if WORLD.rank == 0:
         assert [r[3] for r in _rows(text)] == ["prod", "prod"]
-        assert [(r["op"], r["wrong"], r["inplace_wrong"], r["builtin_wrong"])
-                for r in json.load(open(jpath))] == [("prod", 0, 0, 0)] * 2
+        assert [(r["op"], r["wrong"], r["inplace_wrong"], r["builtin_wrong"],
+                 r["builtin_inplace_wrong"])
+                for r in json.load(open(jpath))] == [("prod", 0, 0, 0, 0)] * 2
 
 
 @pytest.mark.timeout(120)
@@ -377,7 +376,7 @@ def test_an_algorithm_list_runs_each_name_where_it_applies(shared_dir):
     (["-d", "bool"], "invalid choice"),
     (["-o", "minloc"], "argument -o/--op: invalid choice: 'minloc'"),
     (["-o", "Band", "-d", "float64", "-C", "reduce_scatter"], "MPI.BAND does not apply"),
-    (["--device", "gpu", "--overlap", "1M"], "--overlap: measures host arrays only"),
+    (["--overlap", "1M"], "unrecognized arguments: --overlap 1M"),  # (benchmarks/overlap.py)
     (["--json", "/nonexistent-dir/r.json"], "--json: cannot write /nonexistent-dir/r.json"),
     (["--csv", "."], "--csv: cannot write .: is a directory"),
 ])
@@ -460,53 +459,7 @@ def test_gpu_path_with_fake_device():
     assert status == 0, text
     if WORLD.rank == 0:
         assert "device gpu" in text
-        assert all(r[8] == r[12] == r[16] == "0" for r in _rows(text))
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.ranks(2, 3)  # the floors exist at 2 ranks only; 3: the columns without them
-def test_latency_tool_checks_every_variant(capsys, monkeypatch):
-    """``python -m mpicoll.tools.latency``: a table row per size and collective, every
-    variant judged against the built-in (a wrong one makes it fail), requests freed."""
-    from mpicoll.tools import latency
-    argv = ["--sizes", "16", "4096", "--reps", "1", "--inner", "2", "--warmup", "1"]
-    assert latency.main(argv) == 0
-    if MPI.COMM_WORLD.rank == 0:
-        rows = [line.split() for line in capsys.readouterr().out.splitlines()
-                if line and line[0] == " " and line.split()[0].isdigit()]
-        assert [(r[0], r[1]) for r in rows] == [(s, c) for s in ("16", "4096")
-                                                for c in latency.COLLECTIVES]
-        width = 11 if MPI.COMM_WORLD.size == 2 else 9  # with sendrecv and persist, or "-"
-        assert all(len(r) == width for r in rows), rows
-    # --timeout T: the array function under a timeout too (its timed plan), one more column
-    assert latency.main(argv + ["--collectives", "allreduce", "--timeout", "30"]) == 0
-    if MPI.COMM_WORLD.rank == 0:
-        out = capsys.readouterr().out
-        assert "array+T" in out, out
-        rows = [line.split() for line in out.splitlines()
-                if line and line[0] == " " and line.split()[0].isdigit()]
-        assert len(rows) == 2 and all(len(r) == width + 2 for r in rows), rows
-    # the non-blocking and persistent forms: six columns (the built-in's two persistent
-    # ones only with an MPI-4 library, which both PyPI MPIs are)
-    assert latency.main(argv + ["--forms", "nonblocking"]) == 0
-    if MPI.COMM_WORLD.rank == 0:
-        out = capsys.readouterr().out
-        rows = [line.split() for line in out.splitlines()
-                if line and line[0] == " " and line.split()[0].isdigit()]
-        assert len(rows) == 6 and all(len(r) == 13 for r in rows), out
-        assert "I-Comm" in out and "P-Comm" in out, out
-    # a variant that gets it wrong is reported
-    real = latency._variants
-
-    def wrong(collective, *args):
-        out, held = real(collective, *args)
-        fn, y = out["Comm"]
-        out["Comm"] = ((lambda: (fn(), y.__setitem__(0, y[0] + 1))), y)
-        return out, held
-
-    monkeypatch.setattr(latency, "_variants", wrong)
-    assert latency.main(["--sizes", "16", "--collectives", "allreduce", "--reps", "1",
-                         "--inner", "1", "--warmup", "0"]) == 1
+        assert all(r[8] == r[12] == r[16] == r[20] == "0" for r in _rows(text))
 
 
 @pytest.mark.timeout(120)
@@ -529,75 +482,3 @@ def test_selected_is_what_auto_runs_across_nodes(shared_dir, monkeypatch):
         assert ran == "hierarchical" and rec["selected"] == ran, (rec["selected"], ran)
     finally:
         comm.Free()
-
-
-class _FakeCupy:
-    """The part of CuPy the overlap tool's GPU mode uses, over the fake GPU
-    (tests/support/fakegpu.py): arrays, streams as context managers, matmul, fill."""
-
-    def __init__(self, rt):
-        import types
-
-        from support import fakegpu
-
-        class Array(fakegpu.FakeArray):  # (a subclass: the fake backend still claims it)
-            def fill(self, value):
-                h = self._h
-                rt.launch(lambda: h.fill(value), "kernel fill")
-
-        class Stream:
-            def __init__(self, non_blocking=False):
-                self.stream = rt.new_stream()
-
-            def __enter__(self):
-                self._using = rt.using(self.stream)
-                return self._using.__enter__()
-
-            def __exit__(self, *exc):
-                return self._using.__exit__(*exc)
-
-            def synchronize(self):
-                rt.synchronize(self.stream)
-
-        self.rt, self.Array = rt, Array
-        self.cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=rt.current_stream)
-
-    def asarray(self, host):
-        return self.Array(self.rt, np.array(host, copy=True), owndata=True)
-
-    def empty(self, shape, dtype):
-        return self.Array(self.rt, self.rt.xp.empty(shape, dtype)._h, owndata=True)
-
-    def asnumpy(self, a):
-        return self.rt.to_host(a)
-
-    def matmul(self, a, b, out):
-        ah, bh, oh = a._h, b._h, out._h
-        self.rt.launch(lambda: np.matmul(ah, bh, out=oh), "kernel matmul")
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.ranks(1, 2)  # the tool's modes do not depend on the rank count beyond 2
-def test_overlap_gpu_mode_on_the_fake_gpu():
-    """``overlap --device gpu``: the AllReduce on device arrays beside products queued on a
-    stream of their own, every mode timed and its result checked (on the fake GPU, whose
-    queued work runs only when something waits for it: a missing wait shows as wrong data)."""
-    from support import fakegpu
-
-    from mpicoll.tools import overlap
-    backend = fakegpu.fake_backend(compute="lazy", copies="lazy")
-    out = io.StringIO()
-    with fakegpu.registered(backend):
-        status = overlap.main(["--device", "gpu", "--size", "64K", "--reps", "2", "--warmup", "1",
-                               "--matrix", "8", "--dtype", "float32"], out=out,
-                              cupy=_FakeCupy(backend.rt))
-    assert status == 0, out.getvalue()
-    if WORLD.rank == 0:
-        text = out.getvalue()
-        assert "device gpu" in text and "CuPy float32, on their own stream" in text, text
-        assert "wrong elements over all ranks and runs: 0" in text, text
-        assert all(f" {mode} " in text for mode in overlap.MODES)
-    # the products went to their own stream, the AllReduce's work to the current one
-    queued = [e for e in backend.rt.log if e[0] == "queue"]
-    assert any(e[1] != "compute" and e[2] == "kernel matmul" for e in queued)
-    assert not any(e[1] == "compute" and e[2] == "kernel matmul" for e in queued)

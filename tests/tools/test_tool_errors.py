@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from support import util
 
 pytestmark = pytest.mark.local
 
@@ -35,17 +36,17 @@ def _one_rank_tuning(path):
 
 
 CASES = [
-    # (tool module, arguments, exit status, the message's words)
+    # (tool module or benchmarks.SCRIPT, arguments, exit status, the message's words)
     ("mpicoll.tools.tune", ["--predict", "8", "--file", "{one_rank}"], 1,
      "mpicoll.tune: {one_rank}: no measured entry with an exchange curve"),
     ("mpicoll.tools.tune", ["--check", "{missing}"], 1, "mpicoll.tune: cannot read the tuning file"),
     ("mpicoll.tools.tune", ["--ranks-per-node", "4"], 2, "--ranks-per-node: only with --predict"),
     ("mpicoll.tools.bench", ["-C", "allreduce", "--json", "{missing}/r.json"], 2,
      "--json: cannot write {missing}/r.json: no directory"),
-    ("mpicoll.tools.overlap", ["--size", "lots"], 2, "argument --size: expected a size"),
-    ("mpicoll.tools.overlap", ["--json", "{missing}/o.json"], 2, "--json: cannot write"),
-    ("mpicoll.tools.latency", ["--reps", "0"], 2, "argument --reps: expected a positive integer"),
-    ("mpicoll.tools.latency", ["--json", "{missing}/l.json"], 2, "--json: cannot write"),
+    ("benchmarks.overlap", ["--size", "lots"], 2, "argument --size: expected a size"),
+    ("benchmarks.overlap", ["--json", "{missing}/o.json"], 2, "--json: cannot write"),
+    ("benchmarks.latency", ["--reps", "0"], 2, "argument --reps: expected a positive integer"),
+    ("benchmarks.latency", ["--json", "{missing}/l.json"], 2, "--json: cannot write"),
 ]
 
 
@@ -55,7 +56,8 @@ def test_a_mistake_is_one_line(module, argv, status, message, tmp_path, capsys):
     names = {"one_rank": _one_rank_tuning(tmp_path / "one-rank.json"),
              "missing": str(tmp_path / "missing")}
     argv = [a.format(**names) for a in argv]
-    main = importlib.import_module(module).main
+    main = (util.benchmark(module.split(".", 1)[1]) if module.startswith("benchmarks.")
+            else importlib.import_module(module)).main
     try:
         got = main(argv)
     except SystemExit as exc:
@@ -80,8 +82,9 @@ def test_no_gpu_is_one_line(capsys):
     """``--device gpu`` where CuPy is missing: one line, exit status 1."""
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed: the refusal needs a machine without it")
-    from mpicoll.tools import bench, overlap
-    for name, main in (("mpicoll.bench", bench.main), ("mpicoll.tools.overlap", overlap.main)):
+    from mpicoll.tools import bench
+    overlap = util.benchmark("overlap")
+    for name, main in (("mpicoll.bench", bench.main), ("benchmarks/overlap.py", overlap.main)):
         assert main(["--device", "gpu"]) == 1
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"{name}: --device gpu: "), lines

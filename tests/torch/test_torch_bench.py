@@ -1,9 +1,10 @@
-"""``python -m mpicoll.torch.bench``: its table, every variant timed (interleaved).  (The DDP
+"""``benchmarks/torch_bench.py``: its table, every variant timed (interleaved).  (The DDP
 step's model takes seconds to build: not run here.)"""
 
 from __future__ import annotations
 
 import pytest
+from support import util
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -13,7 +14,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.t
 def test_bench_prints_a_row_per_size(capsys):
     from mpi4py import MPI
 
-    from mpicoll.torch import bench
+    bench = util.benchmark("torch_bench")
     assert not dist.is_initialized()  # (main() makes and ends its own default group)
     assert bench.main(["--sizes", "16,4K", "-n", "2", "-w", "1", "--ddp-steps", "0"]) == 0
     assert not dist.is_initialized()
@@ -33,7 +34,7 @@ def test_bench_json_records(tmp_path):
 
     from mpi4py import MPI
 
-    from mpicoll.torch import bench
+    bench = util.benchmark("torch_bench")
     comm = MPI.COMM_WORLD
     path = comm.bcast(str(tmp_path / "bench.json"), root=0)
     assert bench.main(["--sizes", "4K", "-n", "2", "-w", "1", "--ddp-steps", "0",
@@ -52,7 +53,7 @@ def test_bench_json_records(tmp_path):
 def test_bench_cuda_without_a_gpu_says_so():
     import torch
 
-    from mpicoll.torch import bench
+    bench = util.benchmark("torch_bench")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     with pytest.raises(SystemExit, match="no CUDA device"):

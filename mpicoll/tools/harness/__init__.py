@@ -1,9 +1,9 @@
 """The one benchmark harness of mpicoll's tools.
 
-``python -m mpicoll.bench``, ``python -m mpicoll.tools.latency``,
-``python -m mpicoll.tools.overlap``, ``python -m mpicoll.torch.bench`` and
-``python -m mpicoll.tune`` time, check and record through these modules and
-nothing else:
+``python -m mpicoll.bench`` and ``python -m mpicoll.tune``, and the
+measurement scripts in the repository's ``benchmarks/`` (``latency.py``,
+``overlap.py``, ``torch_bench.py``), time, check and record through these
+modules and nothing else:
 
 :mod:`~mpicoll.tools.harness.timing`
     :class:`Variant` and :func:`time_variants`: warm-up, interleaved batches

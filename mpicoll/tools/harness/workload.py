@@ -1,8 +1,8 @@
 """One collective call as the tools run it, and its check against the exact result.
 
 :class:`Case` holds, for one (collective, algorithm, size), the input, the
-mpicoll call out of place and in place and MPI's built-in on the same input,
-as :class:`~mpicoll.tools.harness.timing.Variant` objects; :func:`check_case`
+mpicoll call out of place and in place and MPI's built-in the same two ways on
+the same input, as :class:`~mpicoll.tools.harness.timing.Variant` objects; :func:`check_case`
 compares each output with the exact values.
 
 Sizes follow nccl-tests: ``nbytes`` is the whole array (AllReduce: each rank's
@@ -170,6 +170,12 @@ class HostDevice(_arrays.NumpyArrays):
             call(sbuf, rbuf)
         return run
 
+    def builtin_in_place_call(self, call, buf):
+        """The built-in collective in place (``MPI.IN_PLACE``) on ``buf``."""
+        def run():
+            call(buf)
+        return run
+
 
 class GpuDevice(_arrays.DeviceArrays):
     """Device arrays of a registered mpicoll device backend (CuPy by default)."""
@@ -203,6 +209,20 @@ class GpuDevice(_arrays.DeviceArrays):
             rt.synchronize(stream)
         return run
 
+    def builtin_in_place_call(self, call, buf):
+        """The built-in in place on a pinned host copy of ``buf``, copied back."""
+        hb = self._pinned(len(buf), buf.dtype)
+        rt, stream_of = self.rt, self.rt.current_stream
+
+        def run():
+            stream = stream_of()
+            rt.d2h(hb, buf, stream)
+            rt.synchronize(stream)
+            call(hb)
+            rt.h2d(buf, hb, stream)
+            rt.synchronize(stream)
+        return run
+
 
 def gpu_device(comm, backend=None) -> GpuDevice:
     """Bind this rank's GPU (``mpicoll.bind_device``, collective) and return the device
@@ -228,10 +248,11 @@ def _unchecked():
 class Case:
     """Buffers and calls for one (collective, algorithm, size).
 
-    ``variants``: ``"mpicoll"`` (out of place), ``"in_place"`` and ``"builtin"``
-    (MPI's, out of place), each a :class:`Variant`.  ``api``: ``"comm"`` times
-    :class:`mpicoll.Comm` methods (``MPI.IN_PLACE`` in place), ``"array"`` the
-    array functions (``out=x`` in place).
+    ``variants``: ``"mpicoll"`` (out of place), ``"in_place"``, ``"builtin"`` (MPI's,
+    out of place) and ``"builtin_in_place"`` (MPI's with ``MPI.IN_PLACE``, the form torch
+    and DDP use), each a :class:`Variant`.  ``api``: ``"comm"`` times
+    :class:`mpicoll.Comm` methods (``MPI.IN_PLACE`` in place), ``"array"`` the array
+    functions (``out=x`` in place).
     """
 
     def __init__(self, comm, device, collective, algorithm, nbytes, dtype, op: str,
@@ -257,15 +278,16 @@ class Case:
         # in place: the buffer holds the input where the collective reads it
         self.inplace = device.empty(count, dtype)
         sbuf_b = self.sbuf
+        self.host_in_b = self.host_in  # the built-in's input
         if _types.accumulation_dtype(dtype) is not None:  # no MPI datatype (module docstring)
             if collective == "allgather":
                 words = _types.view_dtype(dtype)
-                sbuf_b = device.upload(self.host_in.view(words))
-                self.out_b = device.empty(out_len, words)
+                self.host_in_b = self.host_in.view(words)
             else:
-                wide = _types.accumulation_dtype(dtype)
-                sbuf_b = device.upload(self.host_in.astype(wide))
-                self.out_b = device.empty(out_len, wide)
+                self.host_in_b = self.host_in.astype(_types.accumulation_dtype(dtype))
+            sbuf_b = device.upload(self.host_in_b)
+            self.out_b = device.empty(out_len, self.host_in_b.dtype)
+        self.inplace_b = device.empty(count, self.host_in_b.dtype)
         sync = device.sync
         s, om, ip = self.sbuf, self.out_m, self.inplace
         algo = algorithm
@@ -301,8 +323,15 @@ class Case:
             "allgather": lambda a, b: comm.Allgather(a, b),
             "reduce_scatter": lambda a, b: comm.Reduce_scatter_block(a, b, mop),
         }[collective]
+        IN_PLACE = MPI.IN_PLACE
+        builtin_in_place = {
+            "allreduce": lambda b: comm.Allreduce(IN_PLACE, b, mop),
+            "allgather": lambda b: comm.Allgather(IN_PLACE, b),
+            "reduce_scatter": lambda b: comm.Reduce_scatter_block(IN_PLACE, b, mop),
+        }[collective]
         self.call = run(call)
         self.call_in_place = run(call_in_place)
+        self.call_builtin_in_place = device.builtin_in_place_call(builtin_in_place, self.inplace_b)
         self.reset_in_place()
         self.variants = {
             "mpicoll": Variant(self.call, _unchecked),
@@ -310,6 +339,7 @@ class Case:
             # and an overflow would time NumPy's floating-point error handling)
             "in_place": Variant(self.call_in_place, _unchecked, reset=self.reset_in_place),
             "builtin": Variant(device.builtin_call(builtin, sbuf_b, self.out_b)),
+            "builtin_in_place": Variant(self.call_builtin_in_place, reset=self.reset_in_place),
         }
         kw = {} if collective == "allgather" else {"op": mop}
 
@@ -320,15 +350,22 @@ class Case:
 
         self.call_on = call_on
 
-    def reset_in_place(self) -> None:
-        """Put the input back into the in-place buffer (every call overwrites it)."""
-        host = np.zeros(self.count, self.dtype)
+    def _in_place_input(self, host_in):
+        """The whole in-place buffer holding ``host_in`` where the collective reads it."""
+        host = np.zeros(self.count, host_in.dtype)
         if self.collective == "allgather":
             r = self.comm.rank
-            host[r * self.per:(r + 1) * self.per] = self.host_in
+            host[r * self.per:(r + 1) * self.per] = host_in
         else:
-            host[:] = self.host_in
-        self.inplace = _refill(self.device, self.inplace, host)
+            host[:] = host_in
+        return host
+
+    def reset_in_place(self) -> None:
+        """Put the input back into the in-place buffers, mpicoll's and the built-in's (every
+        call overwrites them)."""
+        self.inplace = _refill(self.device, self.inplace, self._in_place_input(self.host_in))
+        self.inplace_b = _refill(self.device, self.inplace_b,
+                                 self._in_place_input(self.host_in_b))
 
     def ran(self) -> str:
         """The algorithm mpicoll runs for this case (one call, seen by ``mpicoll.traffic()``;
@@ -350,8 +387,8 @@ def _refill(device, buf, host):
 
 def check_case(comm, case, builtin: bool = True, in_place: bool = True) -> dict:
     """Wrong elements, summed over ranks, per variant (``mpicoll``, ``in_place``,
-    ``builtin``): the outputs of the calls timed last, and one in-place call on the input
-    put back, against the exact values."""
+    ``builtin``, ``builtin_in_place``): the outputs of the calls timed last, and one
+    in-place call of each on the input put back, against the exact values."""
     n, device = comm.size, case.device
     want = expected(case.collective, n, case.count, case.dtype, case.op, comm.rank)
     scale = error_scale(case.collective, n, case.count, case.dtype, case.op, comm.rank)
@@ -359,18 +396,26 @@ def check_case(comm, case, builtin: bool = True, in_place: bool = True) -> dict:
     def wrong(got):
         return count_wrong(got, want, case.dtype, n, case.op, scale)
 
+    def result(got):
+        """An in-place buffer's result part, in the case's type."""
+        if case.collective == "reduce_scatter":
+            got = got[:case.per]
+        if got.dtype != case.dtype:  # float32 or words (module docstring)
+            got = got.view(case.dtype) if got.dtype.kind == "u" else got.astype(case.dtype)
+        return got
+
     local = {"mpicoll": wrong(device.download(case.out_m))}
     if in_place:
         case.reset_in_place()
         with _unchecked():
             case.call_in_place()
-        got = device.download(case.inplace)
-        local["in_place"] = wrong(got[:case.per] if case.collective == "reduce_scatter" else got)
+        local["in_place"] = wrong(result(device.download(case.inplace)))
     if builtin:
-        got = device.download(case.out_b)
-        if got.dtype != case.dtype:  # float32 or words (module docstring)
-            got = got.view(case.dtype) if got.dtype.kind == "u" else got.astype(case.dtype)
-        local["builtin"] = wrong(got)
+        local["builtin"] = wrong(result(device.download(case.out_b)))
+    if builtin and in_place:
+        case.reset_in_place()
+        case.call_builtin_in_place()
+        local["builtin_in_place"] = wrong(result(device.download(case.inplace_b)))
     names = list(local)
     total = comm.allreduce(np.array([local[k] for k in names], dtype=np.int64))
     return {k: int(v) for k, v in zip(names, total)}

@@ -193,7 +193,7 @@ def time_size(comm, device, collective, variants: dict, nbytes, dtype, iters, wa
     then its output checked; the built-in keeps its fastest.
 
     One loop of several variants would evict each other's buffers from the cache
-    between batches and penalise the cache-sensitive algorithms (docs/performance.md).
+    between batches and penalise the cache-sensitive algorithms.
     """
     out, builtin, wrong = {}, math.inf, 0
     batch = max(1, min(5, iters))

@@ -1,9 +1,9 @@
-"""``python -m mpicoll.torch.bench``: the mpicoll backend against gloo, and against mpicoll itself.
+"""``python benchmarks/torch_bench.py``: the mpicoll backend against gloo, and against mpicoll itself.
 
-    mpirun -n 2 python -m mpicoll.torch.bench                  # float32 SUM, 16 B .. 64 MiB, DDP
-    mpirun -n 2 python -m mpicoll.torch.bench --sizes 4K,1M --ddp-steps 0
-    mpirun -n 2 python -m mpicoll.torch.bench --timeout 0      # the group without a timeout
-    mpirun -n 2 python -m mpicoll.torch.bench --device cuda --json out.json
+    mpirun -n 2 python benchmarks/torch_bench.py                  # float32 SUM, 16 B .. 64 MiB, DDP
+    mpirun -n 2 python benchmarks/torch_bench.py --sizes 4K,1M --ddp-steps 0
+    mpirun -n 2 python benchmarks/torch_bench.py --timeout 0      # the group without a timeout
+    mpirun -n 2 python benchmarks/torch_bench.py --device cuda --json out.json
 
 For each size, the same float32 tensor is all-reduced (SUM, in place) three ways
 in one run: ``dist.all_reduce`` on the mpicoll backend, ``dist.all_reduce`` on a
@@ -46,14 +46,13 @@ from mpi4py import MPI
 from torch import nn
 
 import mpicoll
-
-from ..tools.harness import cli as _cli
-from ..tools.harness import records as _records
-from ..tools.harness.timing import Variant, time_variants
-from ..tools.harness.workload import BUSBW_FACTOR
-from . import BACKEND  # noqa: F401 -- importing the package registers the backend
-from .tensors import memory_view
-from .work import Finished
+import mpicoll.torch  # registers the backend "mpicoll" with torch.distributed
+from mpicoll.tools.harness import cli as _cli
+from mpicoll.tools.harness import records as _records
+from mpicoll.tools.harness.timing import Variant, time_variants
+from mpicoll.tools.harness.workload import BUSBW_FACTOR
+from mpicoll.torch.tensors import memory_view
+from mpicoll.torch.work import Finished
 
 
 def _sizes(text):
@@ -66,7 +65,7 @@ def _sizes(text):
 
 
 def build_parser():
-    p = _cli.Parser(prog="python -m mpicoll.torch.bench", description=__doc__.splitlines()[0])
+    p = _cli.Parser(prog="python benchmarks/torch_bench.py", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=_sizes, default=_sizes("16,4K,64K,1M,16M,64M"),
                    help="message sizes in bytes per rank (default 16,4K,64K,1M,16M,64M)")
     p.add_argument("-n", "--iters", type=_cli.positive_int, default=50,
@@ -126,14 +125,14 @@ def _ddp_model():
                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
 
 
-@_cli.tool("mpicoll.torch.bench")
+@_cli.tool("benchmarks/torch_bench.py")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     comm = MPI.COMM_WORLD
     cuda = args.device == "cuda"
     if cuda:
         if not torch.cuda.is_available():
-            raise SystemExit("mpicoll.torch.bench: --device cuda: torch sees no CUDA device")
+            raise SystemExit("benchmarks/torch_bench.py: --device cuda: torch sees no CUDA device")
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         torch.cuda.set_device(local.Get_rank() % torch.cuda.device_count())
         local.Free()

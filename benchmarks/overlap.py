@@ -2,9 +2,9 @@
 
 Usage (every rank runs it; rank 0 prints)::
 
-    mpirun -n 2 python -m mpicoll.tools.overlap
-    mpirun -n 2 python -m mpicoll.tools.overlap --size 64M --reps 9 --dtype float32
-    mpirun -n 4 python -m mpicoll.tools.overlap --device gpu --size 64M --dtype float32
+    mpirun -n 2 python benchmarks/overlap.py
+    mpirun -n 2 python benchmarks/overlap.py --size 64M --reps 9 --dtype float32
+    mpirun -n 4 python benchmarks/overlap.py --device gpu --size 64M --dtype float32
 
 One rank's array of ``--size`` bytes is reduced with ``mpicoll.iallreduce``
 beside a run of matrix products: ``--matrix`` square products, as many as
@@ -45,18 +45,17 @@ import numpy as np
 from mpi4py import MPI
 
 import mpicoll
-
-from .harness import cli as _cli
-from .harness import records as _records
-from .harness.timing import Variant, time_variants
-from .harness.workload import count_wrong, expected, rank_data
+from mpicoll.tools.harness import cli as _cli
+from mpicoll.tools.harness import records as _records
+from mpicoll.tools.harness.timing import Variant, time_variants
+from mpicoll.tools.harness.workload import count_wrong, expected, rank_data
 
 MODES = ("comm", "compute", "wait", "test", "thread")
 MATRIX = {"cpu": 256, "gpu": 2048}  # --matrix by device: a product of a fraction of a ms
 
 
 def _parser():
-    p = _cli.Parser(prog="python -m mpicoll.tools.overlap", description=__doc__.splitlines()[0])
+    p = _cli.Parser(prog="python benchmarks/overlap.py", description=__doc__.splitlines()[0])
     p.add_argument("--size", type=_cli.size_arg, default=32 << 20,
                    help="bytes per rank's array (default 32M)")
     p.add_argument("--dtype", default="float64", choices=("float32", "float64", "int32", "int64"))
@@ -187,7 +186,7 @@ def _cupy(comm):
     return cupy
 
 
-@_cli.tool("mpicoll.tools.overlap")
+@_cli.tool("benchmarks/overlap.py")
 def main(argv=None, *, comm=None, out=None, cupy=None) -> int:
     """Measure and print (rank 0, to ``out``: default stdout); 1 if a result was wrong.
 

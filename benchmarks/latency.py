@@ -2,8 +2,8 @@
 
 Run under an MPI launcher (2 ranks for the floors)::
 
-    mpirun -n 2 python -m mpicoll.tools.latency            # 16 B and 4 KiB, float64 SUM
-    mpirun -n 2 python -m mpicoll.tools.latency --sizes 8 16 4096 --reps 41
+    mpirun -n 2 python benchmarks/latency.py            # 16 B and 4 KiB, float64 SUM
+    mpirun -n 2 python benchmarks/latency.py --sizes 8 16 4096 --reps 41
 
 For every size and collective it interleaves, in one run, rep after rep:
 
@@ -46,10 +46,10 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from .harness import cli as _cli
-from .harness import records as _records
-from .harness.timing import Variant, time_variants
-from .harness.workload import count_wrong, expected, rank_data
+from mpicoll.tools.harness import cli as _cli
+from mpicoll.tools.harness import records as _records
+from mpicoll.tools.harness.timing import Variant, time_variants
+from mpicoll.tools.harness.workload import count_wrong, expected, rank_data
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 DTYPE = np.dtype(np.float64)
@@ -165,7 +165,7 @@ def _nonblocking_variants(collective, comm, mc, x, n, rank, timeout=None):
 
 
 def build_parser():
-    p = _cli.Parser(prog="python -m mpicoll.tools.latency", description=__doc__.split("\n")[0])
+    p = _cli.Parser(prog="python benchmarks/latency.py", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=_cli.positive_int, nargs="+", default=[16, 4096],
                    help="bytes per rank's input (default 16 4096)")
     p.add_argument("--collectives", nargs="+", default=list(COLLECTIVES), choices=COLLECTIVES)
@@ -184,7 +184,7 @@ def build_parser():
     return p
 
 
-@_cli.tool("mpicoll.tools.latency")
+@_cli.tool("benchmarks/latency.py")
 def main(argv=None, *, comm=None) -> int:
     import mpicoll
 
