@@ -20,6 +20,7 @@ import time
 from mpi4py import MPI
 
 from ...core.config import parse_bytes
+from ...core.paths import unwritable as _unwritable
 
 __all__ = ["ToolError", "tool", "Parser", "size_arg", "positive_int", "nonnegative_int",
            "factor_arg", "sizes", "human", "check_outputs", "write_file", "Progress"]
@@ -111,19 +112,6 @@ def human(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
     return f"{nbytes} B"
-
-
-def _unwritable(path: str) -> str | None:
-    """Why ``path`` cannot be written (None: it can)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "is a directory"
-    if not os.path.isdir(folder):
-        return f"no directory {folder}"
-    if not os.access(folder, os.W_OK | os.X_OK) or \
-            (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "not writable"
-    return None
 
 
 def check_outputs(comm, parser, outputs: dict, make_dirs: bool = False) -> None:
