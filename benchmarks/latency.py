@@ -177,9 +177,9 @@ def build_parser():
                    help="untimed calls of each variant first (default 200)")
     p.add_argument("--forms", choices=("blocking", "nonblocking"), default="blocking",
                    help="blocking calls and the floors, or the non-blocking and persistent forms")
-    p.add_argument("--timeout", type=float, default=None, metavar="T",
+    p.add_argument("--timeout", type=_cli.seconds_arg, default=None, metavar="T",
                    help="also time the array function with timeout=T (blocking forms)")
-    p.add_argument("--json", metavar="PATH",
+    p.add_output("--json", metavar="PATH",
                    help="write one record per size, collective and variant as JSON")
     return p
 
@@ -188,10 +188,8 @@ def build_parser():
 def main(argv=None, *, comm=None) -> int:
     import mpicoll
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
     world = MPI.COMM_WORLD if comm is None else comm
-    _cli.check_outputs(world, parser, {"--json": args.json})
+    args = build_parser().parse_args(argv, comm=world)
     make = _variants if args.forms == "blocking" else _nonblocking_variants
     comm = world.Dup()
     mc = mpicoll.Comm(comm)

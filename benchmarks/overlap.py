@@ -68,7 +68,7 @@ def _parser():
                    help="timed repetitions per mode (default 7)")
     p.add_argument("--warmup", type=_cli.nonnegative_int, default=2,
                    help="untimed repetitions first (default 2)")
-    p.add_argument("--json", metavar="PATH", help="write one record per mode as JSON")
+    p.add_output("--json", metavar="PATH", help="write one record per mode as JSON")
     return p
 
 
@@ -194,11 +194,9 @@ def main(argv=None, *, comm=None, out=None, cupy=None) -> int:
     ``cupy``: with ``--device gpu``, the CuPy module to use, its device already bound
     (tests); default: bind this rank's GPU and import CuPy.
     """
-    parser = _parser()
-    args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD if comm is None else comm
+    args = _parser().parse_args(argv, comm=comm)
     out = sys.stdout if out is None else out
-    _cli.check_outputs(comm, parser, {"--json": args.json})
     rank, size = comm.Get_rank(), comm.Get_size()
     dtype = np.dtype(args.dtype)
     side = args.matrix or MATRIX[args.device]

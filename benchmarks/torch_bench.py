@@ -72,13 +72,14 @@ def build_parser():
                    help="timed iterations per size (fewer above 1 MiB: at least 8; default 50)")
     p.add_argument("-w", "--warmup", type=_cli.nonnegative_int, default=5,
                    help="untimed iterations first (default 5)")
-    p.add_argument("--timeout", type=float, default=None, help="the mpicoll group's timeout in "
-                   "seconds, also passed to mpicoll.allreduce (0: none; default: torch's, 30 min)")
+    p.add_argument("--timeout", type=_cli.seconds_or_zero_arg, default=None,
+                   help="the mpicoll group's timeout in seconds, also passed to "
+                        "mpicoll.allreduce (0: none; default: torch's, 30 min)")
     p.add_argument("--ddp-steps", type=_cli.nonnegative_int, default=10,
                    help="timed DDP steps per backend (0: none; default 10)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the tensors live (default cpu)")
-    p.add_argument("--json", metavar="FILE", default=None,
+    p.add_output("--json", metavar="FILE", default=None,
                    help="write one JSON record per size to FILE (rank 0)")
     return p
 

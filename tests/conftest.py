@@ -39,7 +39,10 @@ hand) every test collected runs, at any rank count: the markers only select in
 * With ``MPICOLL_TEST_SUMMARY=PREFIX`` each rank writes its outcome counts
   to ``PREFIX.<rank>`` (``tests/run_tests.sh`` adds them up); with
   ``MPICOLL_TEST_IDS=FILE`` rank 0 writes the IDs of the tests the run keeps
-  to ``FILE``, one a line (``run_tests.sh --collect``).
+  to ``FILE``, one a line (``run_tests.sh --collect``); with
+  ``MPICOLL_TEST_PROGRESS=PREFIX`` each rank keeps ``PREFIX.<rank>`` saying
+  which test it runs (``support/progress.py``: ``run_tests.sh``'s watchdog
+  reads them).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from support import util
+
+pytest_plugins = ["support.progress"]  # each rank's current test, for run_tests.sh's watchdog
 
 
 def _cupy_status() -> str:

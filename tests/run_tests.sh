@@ -18,8 +18,12 @@
 # machine's other core: the two sides take about as long); their output is printed
 # when they are done.
 #
-# Every run is under an outer `timeout`; each test under pytest-timeout (thread
-# method: a rank stuck inside MPI is killed and the launcher ends the job).
+# Each test is under pytest-timeout (thread method: a rank stuck inside MPI is killed and
+# the launcher ends the job); every run is under a watchdog (tests/watchdog.sh), the
+# backstop: a run goes on as long as its tests keep starting and finishing, however slow
+# the machine, and is stopped only when none did for MPICOLL_RUN_TIMEOUT seconds (each
+# rank writes which test it runs: conftest.py, support/progress.py); then it says which
+# test each rank was running and why it stopped the run, and the run counts as failed.
 # Only rank 0's pytest output is shown; the other ranks write to log files that
 # are printed when their run fails.  The closing line is "N passed, M failed"
 # summed over all runs (verify counts as one test); the exit status is 0 only
@@ -29,8 +33,9 @@
 # (torch rows included: put torch on PYTHONPATH) would run to DIR/<run>.txt, one a line
 # (tests/check_ids.py compares two such folders).
 #
-# Environment: PYTHON (default: python), MPICOLL_RUN_TIMEOUT (seconds per run,
-# default 600), MPICOLL_TEST_TIMEOUT (seconds per test without a timeout mark, default 120),
+# Environment: PYTHON (default: python), MPICOLL_RUN_TIMEOUT (seconds a run may go without
+# a test starting or finishing before the watchdog stops it, default 900: longer than any
+# test's own limit), MPICOLL_TEST_TIMEOUT (seconds per test without a timeout mark, default 120),
 # MPICOLL_TEST_ARGS (extra pytest arguments, e.g. "-k allreduce"), MPICOLL_TEST_JUNIT
 # (a directory: rank 0 of each run writes <run>.xml there, for a per-test record),
 # MPICOLL_TEST_RANKS (the mpi runs' rank counts, e.g. "1 2 3 4"; default: the matrix's;
@@ -63,9 +68,11 @@ esac
 
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python}
-RUN_TIMEOUT=${MPICOLL_RUN_TIMEOUT:-600}
+RUN_TIMEOUT=${MPICOLL_RUN_TIMEOUT:-900}
 TEST_TIMEOUT=${MPICOLL_TEST_TIMEOUT:-120}
 command -v "$PY" >/dev/null || { echo "run_tests.sh: no '$PY' on PATH (activate the venv)" >&2; exit 2; }
+[[ "$RUN_TIMEOUT" =~ ^[1-9][0-9]*$ ]] \
+    || { echo "run_tests.sh: MPICOLL_RUN_TIMEOUT: expected a number of seconds > 0, got '$RUN_TIMEOUT'" >&2; exit 2; }
 
 library=$("$PY" -c "from mpi4py import MPI; print(MPI.Get_library_version().replace(chr(0), '').strip().splitlines()[0].strip())" 2>&1) \
     || { echo "run_tests.sh: mpi4py does not load: $library" >&2; exit 2; }
@@ -137,19 +144,24 @@ if [ -n "${MPICOLL_TEST_RANKS:-}" ]; then
     done
 fi
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/mpicoll-tests.XXXXXX")
+# watch_run LABEL LIMIT MARKS -- COMMAND...: COMMAND under the watchdog
+# shellcheck source=tests/watchdog.sh
+source tests/watchdog.sh
+export WATCH_DIR=$logdir  # (LABEL.stopped: why the watchdog stopped a run)
 beside=""  # pid of the runs in the background, while they run
-# at exit (also on a signal): stop the background runs (their `timeout`s end pytest) and
-# remove the logs
+# at exit (also on a signal): stop the run being watched and the background runs (each
+# pytest or launcher ends on TERM), and remove the logs
 # shellcheck disable=SC2317  # called from the EXIT trap
-stop_beside() {
+stop_runs() {
+    [ -z "${WATCHED:-}" ] || kill "$WATCHED" 2>/dev/null
     [ -n "$beside" ] || return 0
     local kids
-    kids=$(pgrep -P "$beside")  # the `timeout`s: each ends its pytest or launcher on TERM
+    kids=$(pgrep -P "$beside")  # its watched run and the watchdog's sleep
     kill "$beside" 2>/dev/null
     # shellcheck disable=SC2086  # a list of pids
     [ -z "$kids" ] || kill $kids 2>/dev/null
 }
-trap 'stop_beside; rm -rf "$logdir"' EXIT
+trap 'stop_runs; rm -rf "$logdir"' EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 pytest_opts=(-p no:cacheprovider --timeout="$TEST_TIMEOUT" --timeout-method=thread)
@@ -180,7 +192,7 @@ fi
 source tests/outcome.sh
 
 # start_pytest LABEL NRANKS (0: plain pytest) PYTEST-ARGS...: run one pytest run, under the
-# outer timeout; its exit status and seconds go to $logdir/LABEL.rc and .secs for account.
+# watchdog; its exit status and seconds go to $logdir/LABEL.rc and .secs for account.
 start_pytest() {
     local label=$1 nranks=$2; shift 2
     local prefix="$logdir/$label" start rc
@@ -189,14 +201,17 @@ start_pytest() {
     echo "=== $label: $([ "$nranks" = 0 ] && echo "plain pytest" || echo "$launcher -n $nranks") ==="
     local junit=${MPICOLL_TEST_JUNIT:+--junitxml=$MPICOLL_TEST_JUNIT/$label.xml}
     if [ "$nranks" = 0 ]; then
-        MPICOLL_TEST_SUMMARY=$prefix timeout -k 10 "$RUN_TIMEOUT" "$PY" -m pytest "${pytest_opts[@]}" \
-            ${junit:+"$junit"} "$@"
+        watch_run "$label" "$RUN_TIMEOUT" "$prefix.now.*" -- \
+            env MPICOLL_TEST_SUMMARY="$prefix" MPICOLL_TEST_PROGRESS="$prefix.now" \
+            "$PY" -m pytest "${pytest_opts[@]}" ${junit:+"$junit"} "$@"
         rc=$?
     else
         # rank 0 writes to the terminal, the others to $prefix.rank<r>.log
         # shellcheck disable=SC2016  # expanded by the bash each rank runs
-        MPICOLL_TEST_SUMMARY=$prefix MPICOLL_TEST_LOG=$prefix MPICOLL_TEST_JUNIT_OPT=$junit \
-            timeout -k 10 "$RUN_TIMEOUT" "$launcher" -n "$nranks" "${launch_opts[@]}" bash -c '
+        watch_run "$label" "$RUN_TIMEOUT" "$prefix.now.*" -- \
+            env MPICOLL_TEST_SUMMARY="$prefix" MPICOLL_TEST_PROGRESS="$prefix.now" \
+            MPICOLL_TEST_LOG="$prefix" MPICOLL_TEST_JUNIT_OPT="$junit" \
+            "$launcher" -n "$nranks" "${launch_opts[@]}" bash -c '
                 r=${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-0}}}
                 if [ "$r" = 0 ]; then exec "$@" ${MPICOLL_TEST_JUNIT_OPT:+"$MPICOLL_TEST_JUNIT_OPT"}; fi
                 exec "$@" >"$MPICOLL_TEST_LOG.rank$r.log" 2>&1' bash \
@@ -215,6 +230,9 @@ account() {
     rc=$(cat "$prefix.rc" 2>/dev/null || echo "none")
     result=$(pytest_outcome "$prefix" "$((nranks > 0 ? nranks : 1))" "$rc")
     read -r passed failed skipped problem <<<"$result"
+    if [ -e "$logdir/$label.stopped" ]; then  # (the watchdog's reason, first)
+        problem="$(head -n 1 "$logdir/$label.stopped" | sed 's/^!!! [^:]*: //')${problem:+; $problem}"
+    fi
     if [ -n "$problem" ] && ((failed == 0)); then failed=1; fi
     total_passed=$((total_passed + passed))
     total_failed=$((total_failed + failed))
@@ -222,7 +240,6 @@ account() {
         "$failed" "$skipped" "$(cat "$prefix.secs" 2>/dev/null || echo '?')" "${problem:+  -- $problem}")")
     if ((failed > 0)); then
         status=1
-        [ "$rc" = 124 ] && echo "!!! $label: killed after $RUN_TIMEOUT s (MPICOLL_RUN_TIMEOUT)"
         for log in "$prefix".rank*.log; do
             [ -e "$log" ] || continue
             echo "--- $(basename "$log") (last 150 lines) ---"
@@ -243,8 +260,10 @@ run_verify() {
     echo
     echo "=== verify: $launcher -n $nranks $PY -m mpicoll.verify $* ==="
     start=$(date +%s)
-    timeout -k 10 "$RUN_TIMEOUT" "$launcher" -n "$nranks" "${launch_opts[@]}" "$PY" -m mpicoll.verify "$@" \
-        >"$logdir/verify.log" 2>&1
+    # shellcheck disable=SC2094  # (the watchdog only looks at the log's time)
+    # (unbuffered: each row reaches the log as it is checked, and the watchdog sees it)
+    watch_run verify "$RUN_TIMEOUT" "$logdir/verify.log" -- env PYTHONUNBUFFERED=1 \
+        "$launcher" -n "$nranks" "${launch_opts[@]}" "$PY" -m mpicoll.verify "$@" >"$logdir/verify.log" 2>&1
     rc=$?
     # the table has hundreds of rows: show the header, anything not ok, and the verdict
     grep -v -E ' ok$' "$logdir/verify.log" | grep -v -E '^-+$' | head -n 200
@@ -254,8 +273,10 @@ run_verify() {
     else
         total_failed=$((total_failed + 1))
         status=1
-        summary+=("$(printf '%-12s %5d passed, %3d failed  (%ss)  -- exit status %s' verify 0 1 \
-            "$(($(date +%s) - start))" "$rc")")
+        local why="exit status $rc"
+        [ -e "$logdir/verify.stopped" ] && why=$(head -n 1 "$logdir/verify.stopped" | sed 's/^!!! [^:]*: //')
+        summary+=("$(printf '%-12s %5d passed, %3d failed  (%ss)  -- %s' verify 0 1 \
+            "$(($(date +%s) - start))" "$why")")
     fi
 }
 
@@ -274,7 +295,8 @@ collect_ids() {
     local cmd=("$PY" -m pytest -p no:cacheprovider --collect-only -q "$@")
     [ "$nranks" = 0 ] || cmd=("$launcher" -n "$nranks" "${launch_opts[@]}" "${cmd[@]}")
     rm -f "$collect/$label.txt"
-    MPICOLL_TEST_IDS=$collect/$label.txt timeout -k 10 "$RUN_TIMEOUT" "${cmd[@]}" >"$logdir/$label.log" 2>&1
+    watch_run "$label" "$RUN_TIMEOUT" "$logdir/$label.now.*" -- env MPICOLL_TEST_IDS="$collect/$label.txt" \
+        MPICOLL_TEST_PROGRESS="$logdir/$label.now" "${cmd[@]}" >"$logdir/$label.log" 2>&1
     rc=$?
     if { [ "$rc" = 0 ] || [ "$rc" = 5 ]; } && [ -e "$collect/$label.txt" ]; then
         printf '%-12s %5d tests\n' "$label" "$(wc -l <"$collect/$label.txt")"
@@ -308,8 +330,8 @@ if [ "$quick" = 1 ]; then
 else
     # local (the tests that need no peer) and then np1 in the background, beside the
     # launch tests and then verify: one core each on a two-core machine.  Their output
-    # goes to a file, printed once they are done; each is under its own outer timeout
-    # like any run.
+    # goes to a file, printed once they are done; each is under its own watchdog like any
+    # run.
     (
         ! has_row local || start_pytest local 0 --group local "${local_args[@]}" ${extra[@]+"${extra[@]}"}
         # shellcheck disable=SC2046  # word splitting of the paths is intended

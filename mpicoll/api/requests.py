@@ -172,10 +172,10 @@ class Request:
 
     @classmethod
     def Waitall(cls, requests, statuses=None) -> bool:
-        """Wait for every request (any mix of mpicoll requests); returns True.
+        """Wait for every request (any mix of mpicoll's and mpi4py's); returns True.
 
         Each wait advances every operation in flight, so the order does not matter."""
-        requests = list(requests)
+        requests = _items(requests, "requests", _REQUESTS, _REQUESTS_EXPECTED)
         for i, req in enumerate(requests):
             req.Wait(None if statuses is None else statuses[i])
         return True
@@ -183,7 +183,7 @@ class Request:
     @classmethod
     def Testall(cls, requests, statuses=None) -> bool:
         """Advance every request once; True when all are complete."""
-        requests = list(requests)
+        requests = _items(requests, "requests", _REQUESTS, _REQUESTS_EXPECTED)
         done = True
         for req in requests:
             done &= req.Test()
@@ -257,13 +257,35 @@ class _DoneOp:
 _Done = _DoneOp()
 
 
+_REQUESTS = (Request, MPI.Request)
+_REQUESTS_EXPECTED = "an mpicoll.Request or mpi4py.MPI.Request"
+_HANDLES = (Handle, Request, MPI.Request)
+_HANDLES_EXPECTED = "an mpicoll.Handle, mpicoll.Request or mpi4py.MPI.Request"
+
+
+def _items(items, argname: str, kinds: tuple, expected: str) -> list:
+    """``items`` as a list, every one an instance of ``kinds``: TypeError naming the first
+    that is not, before any of them is waited for or advanced."""
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"{argname}: expected a sequence of {argname}, "
+                        f"got {type(items).__name__}") from None
+    for i, item in enumerate(items):
+        if not isinstance(item, kinds):
+            raise TypeError(f"{argname}[{i}]: expected {expected}, got {type(item).__name__}")
+    return items
+
+
 def waitall(handles) -> list:
     """Wait for every handle or request; the results (arrays for handles, True for requests)."""
+    handles = _items(handles, "handles", _HANDLES, _HANDLES_EXPECTED)
     return [h.wait() if isinstance(h, Handle) else h.Wait() for h in handles]
 
 
 def testall(handles) -> bool:
     """Advance every handle or request once; True when all are complete."""
+    handles = _items(handles, "handles", _HANDLES, _HANDLES_EXPECTED)
     done = True
     for h in handles:
         done &= h.test() if isinstance(h, Handle) else h.Test()

@@ -42,7 +42,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms.schedule import offsets
+from ..core.comms import check_comm
 from ..core.config import bump, get
+from ..core.paths import unwritable
 
 ENV = "MPICOLL_TRACE"
 EXIT_WAIT_S = 60.0
@@ -150,8 +152,12 @@ def trace(path: str | None = None, *, comm=None) -> Trace:
 
     Args:
         path: if given, the merged trace is saved there when the block ends
-            without an exception (collective over ``comm``).
-        comm: communicator whose ranks' events are merged (default ``MPI.COMM_WORLD``).
+            without an exception (collective over ``comm``; rank 0 of ``comm``
+            writes).  Its folder must exist and be writable, checked here on
+            every rank (ValueError otherwise), so a mistake is refused before
+            the work, not after it.
+        comm: communicator whose ranks' events are merged (default ``MPI.COMM_WORLD``);
+            an intra-communicator.
 
     Returns:
         A :class:`Trace`: ``.events`` (this rank), ``.save(path)`` and
@@ -165,7 +171,15 @@ def trace(path: str | None = None, *, comm=None) -> Trace:
     """
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a str or None, got {type(path).__name__}")
-    return Trace(None if path is None else os.fspath(path), comm)
+    if comm is not None:
+        check_comm(comm)
+    if path is not None:
+        path = os.fspath(path)
+        # (on every rank: where all see the same folder, all raise alike, before any message)
+        why = unwritable(path)
+        if why is not None:
+            raise ValueError(f"path: expected a file this rank can write, got {path!r}: {why}")
+    return Trace(path, comm)
 
 
 # -- merging --------------------------------------------------------------------

@@ -133,11 +133,12 @@ def build_parser():
     p.add_argument("--memory", action="store_true",
                    help="also measure mpicoll's work memory per size: the scratch bytes its "
                         "context holds and the tracemalloc peak during one call (fresh communicator)")
-    p.add_argument("--json", metavar="PATH", help="write one record per measurement as JSON")
-    p.add_argument("--csv", metavar="PATH", help="write one row per measurement as CSV")
-    p.add_argument("--plot", metavar="PATH.png",
-                   help="plot bus bandwidth and time ratio against size (needs matplotlib: "
-                        "pip install 'mpicoll[plot]')")
+    p.add_output("--json", metavar="PATH", help="write one record per measurement as JSON")
+    p.add_output("--csv", metavar="PATH", help="write one row per measurement as CSV")
+    p.add_output("--plot", metavar="PATH.png", plot=True,
+                 help="plot bus bandwidth and time ratio against size, in the format its "
+                      "extension names (png, pdf, svg, ...; needs matplotlib: "
+                      f"{_cli.PLOT_PACKAGE})")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
     return p
 
@@ -169,13 +170,6 @@ def check_args(comm, parser, args):
             _types.check_op_applies(_types.predefined_op(args.op), category, str(args.dtype))
         except TypeError as exc:
             parser.error(f"-o/--op: {exc}".replace("op: ", ""))
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            parser.error("--plot needs matplotlib, which is not installed; "
-                         "install it with: pip install 'mpicoll[plot]'")
-    _cli.check_outputs(comm, parser, {"--json": args.json, "--csv": args.csv, "--plot": args.plot})
 
 
 sizes = _cli.sizes
@@ -377,7 +371,7 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
     comm = MPI.COMM_WORLD if comm is None else comm
     out = sys.stdout if out is None else out
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv, comm=comm)
     check_args(comm, parser, args)
     root = comm.rank == 0
     device = (_workload.HostDevice() if args.device == "cpu"

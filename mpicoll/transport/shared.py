@@ -13,19 +13,29 @@ timeout) and succeeds only if every rank's does; otherwise no rank uses
 that backend's node memory on this communicator again, and the reason is
 kept (``python -m mpicoll.info`` prints it).
 
-Host arrays: POSIX shared memory
-    Each rank creates a file under ``/dev/shm`` (``O_CREAT | O_EXCL |
-    O_NOFOLLOW``, mode 0600, a random name) holding a random token and its
-    buffer, and maps it; the names go to every rank (one message to each);
-    each rank opens the files of the ranks of its node (refusing one that is
-    not a regular file of this user, or whose token differs: another machine's
-    file of the same name), maps them, and every rank learns in a second
-    exchange whether all ranks could.  Then each rank removes its file:
-    the mappings stay, the kernel frees the memory with the last one, and no
-    file is left behind even if a rank dies later.  Freeing is local (a
-    mapping goes when nothing refers to it), which MPI's shared windows do not
-    allow: ``MPI_Win_free`` is a blocking collective, which at a
-    communicator's free could wait for a rank that first waits for this one.
+Host arrays: anonymous shared memory (memfd)
+    Each rank creates memory of no name (``memfd_create``, mode 0600),
+    reserves all of it at once (``posix_fallocate``: where memory is short,
+    the set-up fails, never a write mid-collective with SIGBUS), seals its
+    size, maps it and writes a random token at its start; the handles
+    (``<pid>:<fd>``) go to every rank (one message to each); each rank opens
+    its node peers' memory through ``/proc/<pid>/fd/<fd>`` (only a memfd of
+    mpicoll's, a regular file of this user of the right size and token:
+    another machine's pid names something else), maps it, and every rank
+    learns in a second exchange whether all ranks could.  Then each rank
+    closes its descriptor: the mappings stay, the kernel frees the memory
+    with the last one.  Nothing has a name in any file system, so nothing is
+    left behind however a process ends (``MPI_Abort``, a signal, a
+    scheduler's limit).  Where ``/proc/<pid>/fd`` of a peer cannot be opened
+    (another user, a process made undumpable, a ``/proc`` mounted with
+    ``hidepid``, ranks in different PID namespaces), or the memory cannot be
+    reserved, the set-up fails on every rank alike: the calls that would
+    have used it run MPI's algorithms, and one that names a shared algorithm
+    raises MpicollError with the reason (docs/reliability.md).
+    Freeing is local (a mapping goes when nothing refers to it), which MPI's
+    shared windows do not allow: ``MPI_Win_free`` is a blocking collective,
+    which at a communicator's free could wait for a rank that first waits
+    for this one.
 
 Device arrays: CUDA IPC
     Each rank allocates a dedicated device buffer (not from a pool: a handle
@@ -43,6 +53,7 @@ Device arrays: CUDA IPC
 from __future__ import annotations
 
 import atexit
+import fcntl
 import mmap
 import os
 import secrets
@@ -70,87 +81,93 @@ _HANDLE, _TOKEN, _DEVICE = slice(8, 72), slice(72, 88), slice(88, 120)
 _NONE, _EXPORTED, _FAILED = 0, 1, 2
 _EMPTY = np.empty(0, np.uint8)  # what a 0-byte message of a device schedule hands MPI
 
-SHM_DIR = "/dev/shm"
 _HEADER = 64  # bytes before a host segment's buffer: its token, padded
+_MEMFD_NAME = "mpicoll-node-memory"  # (what /proc/<pid>/fd shows: "/memfd:<name> (deleted)")
 
 
-# --- host memory: POSIX shared memory ---------------------------------------------------
+# --- host memory: anonymous shared memory (memfd) ----------------------------------------
 
 class HostSegment:
-    """A file of POSIX shared memory, mapped: a token, then ``nbytes`` of buffer."""
+    """Anonymous shared memory, mapped: a token, then ``nbytes`` of buffer.
 
-    def __init__(self, name: str, mm, token: bytes, nbytes: int):
-        self.name, self.token, self.nbytes = name, token, nbytes
+    ``handle``: how a peer of the same node opens it while the creator keeps its
+    descriptor (until :meth:`settle`): ``"<pid>:<fd>"``, the creator's
+    ``/proc/<pid>/fd/<fd>``.
+    """
+
+    def __init__(self, handle: str, mm, token: bytes, nbytes: int, fd: int | None = None):
+        self.handle, self.token, self.nbytes = handle, token, nbytes
         self._mm = mm
+        self._fd = fd  # the creator's descriptor, open until settle()
 
     @property
-    def path(self) -> str:
-        return os.path.join(SHM_DIR, self.name)
+    def name(self) -> str:
+        return self.handle
 
     @classmethod
     def create(cls, nbytes: int) -> HostSegment:
-        """A new segment of this user only (mode 0600), never an existing file or link."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
-            | getattr(os, "O_CLOEXEC", 0)
-        for _ in range(8):
-            name = f"mpicoll-{os.getpid()}-{secrets.token_hex(8)}"
-            try:
-                fd = os.open(os.path.join(SHM_DIR, name), flags, 0o600)
-                break
-            except FileExistsError:
-                continue
-        else:  # pragma: no cover - 8 random names all taken
-            raise OSError(f"no free name for a shared memory file in {SHM_DIR}")
+        """New memory of no name (``memfd_create``), all of it reserved now: OSError here
+        (``ENOSPC``, ``ENOMEM``) rather than SIGBUS at its first write mid-collective.
+        Its size is sealed, so no holder can shrink it under the others' mappings."""
+        if not hasattr(os, "memfd_create"):
+            raise OSError("no memfd_create on this system (Linux only)")
+        size = _HEADER + nbytes
+        fd = os.memfd_create(_MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
-            os.ftruncate(fd, _HEADER + nbytes)
-            mm = mmap.mmap(fd, _HEADER + nbytes)
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
-            _unlink(os.path.join(SHM_DIR, name))
             raise
-        os.close(fd)
         token = secrets.token_bytes(16)
         mm[:16] = token
-        return cls(name, mm, token, nbytes)
+        return cls(f"{os.getpid()}:{fd}", mm, token, nbytes, fd)
 
     @classmethod
-    def open(cls, name: str, token: bytes, nbytes: int) -> HostSegment:
-        """The segment another rank created; OSError unless it is a regular file of this
-        user, private to it, of the right size and token."""
-        if "/" in name or not name.startswith("mpicoll-"):
-            raise OSError(f"not a segment name: {name!r}")
-        fd = os.open(os.path.join(SHM_DIR, name),
-                     os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    def open(cls, handle: str, token: bytes, nbytes: int) -> HostSegment:
+        """The memory another rank of this node created, through its descriptor; OSError
+        unless that is this job's node memory (a memfd of this user of the right size and
+        token: a pid of another machine, or one reused, names something else)."""
+        pid, _, fd = handle.partition(":")
+        if not (pid.isdigit() and fd.isdigit()):
+            raise OSError(f"not a node memory handle: {handle!r}")
+        path = f"/proc/{pid}/fd/{fd}"
+        # (the link is the kernel's name of the peer's descriptor: only a memfd is opened,
+        # never a device, FIFO or socket the number might name)
+        target = os.readlink(path)
+        if not target.startswith(f"/memfd:{_MEMFD_NAME}"):
+            raise OSError(f"{path}: not node memory ({target})")
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() \
-                    or st.st_mode & 0o077 or st.st_size != _HEADER + nbytes:
-                raise OSError(f"{name}: not a private segment of this user of "
-                              f"{_HEADER + nbytes} bytes")
+                    or st.st_size != _HEADER + nbytes:
+                raise OSError(f"{path}: not node memory of this user of {_HEADER + nbytes} bytes")
             mm = mmap.mmap(fd, _HEADER + nbytes)
         finally:
             os.close(fd)
         if mm[:16] != token:
-            raise OSError(f"{name}: another segment of that name (not on this rank's machine?)")
-        return cls(name, mm, token, nbytes)
+            raise OSError(f"{path}: another process's memory (not on this rank's machine?)")
+        return cls(handle, mm, token, nbytes)
 
     def array(self):
         """The buffer as a uint8 array (it keeps the mapping alive)."""
         return np.frombuffer(self._mm, np.uint8, self.nbytes, _HEADER)
 
-    def unlink(self) -> None:
-        _unlink(self.path)
+    def settle(self) -> None:
+        """Close the creator's descriptor: no peer opens it any more (the mappings stay)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def close(self) -> None:
         """Drop this reference to the mapping: it goes once no array of it is left."""
+        self.settle()
         self._mm = None
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class _Host:
@@ -167,20 +184,19 @@ class _Host:
 
     def export(self, nbytes):
         seg = HostSegment.create(nbytes)
-        return seg.name.encode(), seg.token, seg.array(), seg
+        return seg.handle.encode(), seg.token, seg.array(), seg
 
     def open(self, handle: bytes, token: bytes, nbytes: int, identity: bytes):
         seg = HostSegment.open(handle.rstrip(b"\0").decode(), token, nbytes)
         return seg.array(), seg
 
     def settled(self, seg) -> None:
-        seg.unlink()
+        seg.settle()
 
     def close(self, seg) -> None:
         seg.close()
 
     def free(self, seg) -> None:
-        seg.unlink()
         seg.close()
 
 

@@ -800,6 +800,38 @@ for var, value, match in ENV_BAD:
         add(f"{entry}: {var}={value}", env_case(entry, var, value, match))
 add("trace: path int", plain_case(TypeError, r"^path: expected a str or None, got int",
                                   lambda fx: mpicoll.trace(3)))
+add("trace: path in a missing folder", plain_case(
+    ValueError, r"^path: expected a file this rank can write, got 'no-such-folder/t\.json': "
+                r"no directory .*no-such-folder$",
+    lambda fx: mpicoll.trace("no-such-folder/t.json")))
+add("trace: path a folder", plain_case(
+    ValueError, r"^path: expected a file this rank can write, got '\.': is a directory$",
+    lambda fx: mpicoll.trace(".")))
+add("trace: comm str", plain_case(TypeError, r"^comm: expected an mpi4py\.MPI\.Intracomm, got str",
+                                  lambda fx: mpicoll.trace(comm="x")))
+add("trace: comm COMM_NULL", plain_case(
+    ValueError, r"^comm: expected a valid communicator, got MPI\.COMM_NULL",
+    lambda fx: mpicoll.trace(comm=MPI.COMM_NULL)))
+HANDLES = r"mpicoll\.Handle, mpicoll\.Request or mpi4py\.MPI\.Request"
+REQUESTS = r"mpicoll\.Request or mpi4py\.MPI\.Request"
+ITEMS_BAD = [
+    ("waitall: None", rf"^handles\[0\]: expected an {HANDLES}, got NoneType$",
+     lambda: mpicoll.waitall([None])),
+    ("testall: str", rf"^handles\[0\]: expected an {HANDLES}, got str$",
+     lambda: mpicoll.testall(["x"])),
+    ("waitall: int after a null request", rf"^handles\[1\]: expected an {HANDLES}, got int$",
+     lambda: mpicoll.waitall([MPI.REQUEST_NULL, 3])),
+    ("waitall: not a sequence", r"^handles: expected a sequence of handles, got NoneType$",
+     lambda: mpicoll.waitall(None)),
+    ("Request.Waitall: object", rf"^requests\[0\]: expected an {REQUESTS}, got object$",
+     lambda: mpicoll.Request.Waitall([object()])),
+    ("Request.Testall: int", rf"^requests\[0\]: expected an {REQUESTS}, got int$",
+     lambda: mpicoll.Request.Testall([1])),
+    ("Request.Testall: not a sequence", r"^requests: expected a sequence of requests, got int$",
+     lambda: mpicoll.Request.Testall(1)),
+]
+for label, match, call in ITEMS_BAD:
+    add(label, plain_case(TypeError, match, lambda fx, call=call: call()))
 add("abort: comm str", plain_case(TypeError, r"^comm: expected an mpi4py\.MPI\.Comm, got str",
                                   lambda fx: mpicoll.abort("world")))
 add("abort: errorcode float", plain_case(TypeError, r"^errorcode: expected an int, got float",

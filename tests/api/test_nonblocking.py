@@ -182,6 +182,33 @@ def test_test_polling_to_completion():
                      bad or f"again={again} status_ok={status_ok}")
 
 
+def test_a_bad_item_is_refused_before_any_wait(monkeypatch):
+    """waitall/testall and Request.Waitall/Testall with a good request first and a bad item
+    after it: TypeError naming the bad item, and nothing waited for or advanced before it
+    (the good request completes afterwards, right)."""
+    x = rank_data(33, RANK, np.float64, salt=4)
+    y = np.full_like(x, SENTINEL)
+    req, h = COMM.Iallreduce(x, y), mpicoll.iallreduce(x)
+    touched = []
+    for cls, name in ((_requests.Request, "Wait"), (_requests.Request, "Test"),
+                      (_requests.Handle, "wait"), (_requests.Handle, "test")):
+        monkeypatch.setattr(cls, name, lambda self, *a, name=name: touched.append(name))
+    refused = []
+    for fn, good in ((mpicoll.waitall, h), (mpicoll.testall, h), (mpicoll.waitall, req),
+                     (mpicoll.Request.Waitall, req), (mpicoll.Request.Testall, req)):
+        try:
+            fn([good, None])
+        except TypeError as exc:
+            refused.append(str(exc).startswith(("handles[1]: ", "requests[1]: ")))
+    monkeypatch.undo()
+    result = h.wait()
+    req.Wait()
+    bad = problems([("Iallreduce", y, builtin_allreduce(x)), ("iallreduce", result,
+                                                               builtin_allreduce(x))])
+    ok = not bad and not touched and refused == [True] * 5
+    util.assert_all(WORLD, ok, bad or f"touched={touched} refused={refused}")
+
+
 def test_waitall_and_testall():
     data = [rank_data(n, RANK, np.float64, salt=10 + n) for n in (0, 1, SIZE - 1, 33)]
     outs = [np.full_like(d, SENTINEL) for d in data]

@@ -13,8 +13,10 @@ Runs at any rank count (1 rank: the trivial schedules, no node memory).
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
+import stat
 import time
 import warnings
 
@@ -49,11 +51,16 @@ NAMES = {"Allreduce": [_algorithms.ONESHOT, _algorithms.TWOSHOT],
 SLOT = 256  # bytes per slot in the small-slot tests: 8 clongdouble, 32 float64, 256 int8
 
 
-def _mine(pattern="mpicoll-*"):
-    """This job's node memory files (their names start with the creator's pid)."""
-    pids = set(WORLD.allgather(os.getpid()))
-    return [p for p in glob.glob(os.path.join(_shared.SHM_DIR, pattern))
-            if int(os.path.basename(p).split("-")[1]) in pids]
+def _mine():
+    """This job's node memory files under /dev/shm (names that start with a pid of the
+    job): node memory has no name, so none may ever exist, during a job or after it."""
+    pids = {str(q) for q in WORLD.allgather(os.getpid())}
+    return [p for p in glob.glob("/dev/shm/mpicoll-*") if os.path.basename(p).split("-")[1] in pids]
+
+
+def _no_space(fd, offset, length):
+    """os.posix_fallocate where the memory is short (a full tmpfs, a memory limit)."""
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 @pytest.fixture
@@ -339,12 +346,13 @@ def test_ranks_that_disagree_take_rank_0s_option():
 @one_node
 @pytest.mark.skipif(SIZE < 2, reason="needs a node peer")
 def test_a_set_up_failing_on_one_rank(monkeypatch):
-    """Rank 0 cannot create its file: every rank learns it, "auto" keeps the MPI algorithms
-    and an explicit shared algorithm raises MpicollError on every rank, naming why."""
+    """Rank 0 cannot reserve its memory (ENOSPC): every rank learns it, "auto" keeps the
+    MPI algorithms and an explicit shared algorithm raises MpicollError on every rank,
+    naming why."""
     comm = WORLD.Dup()
     try:
         if RANK == 0:
-            monkeypatch.setattr(_shared, "SHM_DIR", "/nonexistent-mpicoll-test")
+            monkeypatch.setattr(os, "posix_fallocate", _no_space)
         with mpicoll.options(intranode="shared"), mpicoll.traffic() as t:
             y = mpicoll.allreduce(rank_data(9, RANK), comm=comm)  # tries node memory first
         err = None
@@ -352,7 +360,7 @@ def test_a_set_up_failing_on_one_rank(monkeypatch):
             mpicoll.allgather(np.ones(2), comm=comm, algorithm="shared")
         except mpicoll.MpicollError as exc:
             err = str(exc)
-        why = "cannot allocate" if RANK == 0 else "rank 0 of this node could not allocate"
+        why = "No space left on device" if RANK == 0 else "rank 0 of this node could not allocate"
         ok = t.calls[0].algorithm not in NAMES["allreduce"] \
             and np.array_equal(y, _builtin("allreduce", rank_data(9, RANK), comm=comm)) \
             and err is not None and "node memory unavailable" in err and why in err
@@ -360,6 +368,88 @@ def test_a_set_up_failing_on_one_rank(monkeypatch):
     finally:
         comm.Free()
     assert not _mine()
+
+
+@one_node
+@pytest.mark.skipif(SIZE < 2, reason="needs a node peer")
+@pytest.mark.timeout(120)
+def test_memory_that_cannot_be_reserved(monkeypatch):
+    """No rank can reserve its node memory (a full tmpfs, a memory limit): the set-up says
+    so on every rank, a 2 MiB AllReduce under intranode="shared" runs MPI's algorithms and
+    is right, and a shared algorithm the call names raises MpicollError, naming ENOSPC;
+    no signal, no hang, nothing left."""
+    comm = WORLD.Dup()
+    try:
+        monkeypatch.setattr(os, "posix_fallocate", _no_space)
+        x = rank_data(1 << 18, RANK)  # 2 MiB of float64
+        with mpicoll.options(intranode="shared"), mpicoll.traffic() as t:
+            y = mpicoll.allreduce(x, comm=comm)
+        err = None
+        try:
+            mpicoll.allreduce(x, comm=comm, algorithm=_algorithms.ONESHOT)
+        except mpicoll.MpicollError as exc:
+            err = str(exc)
+        ok = t.calls[0].algorithm not in NAMES["allreduce"] \
+            and np.array_equal(y, _builtin("allreduce", x, comm=comm)) \
+            and err is not None and "node memory unavailable" in err \
+            and "No space left on device" in err
+        util.assert_all(comm, ok, f"{t.calls[0].algorithm} {err}")
+    finally:
+        comm.Free()
+    assert not _mine()
+
+
+@pytest.mark.local
+def test_host_memory_is_reserved_sealed_and_nameless():
+    """A host segment: every byte reserved at creation (a short memory fails here, not at a
+    write mid-collective), its size sealed, no name under /dev/shm; a peer maps it through
+    the creator's descriptor until the creator settles it."""
+    size = 1 << 20
+    seg = _shared.HostSegment.create(size)
+    try:
+        fd = seg._fd
+        st = os.fstat(fd)
+        assert st.st_blocks * 512 >= size and stat.S_IMODE(st.st_mode) == 0o600, st
+        assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:mpicoll"), fd
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+        assert not glob.glob(f"/dev/shm/mpicoll-{os.getpid()}-*")
+        peer = _shared.HostSegment.open(seg.handle, seg.token, size)
+        seg.array()[:3] = (7, 8, 9)
+        assert list(peer.array()[:3]) == [7, 8, 9]
+        peer.close()
+        seg.settle()
+        with pytest.raises(OSError):
+            _shared.HostSegment.open(seg.handle, seg.token, size)
+        with pytest.raises(OSError):
+            os.fstat(fd)  # (settled: the creator's descriptor is closed)
+    finally:
+        seg.close()
+
+
+@pytest.mark.local
+def test_host_memory_opens_nothing_else(tmp_path):
+    """A handle naming another descriptor (a file, a pipe: opened without blocking), a wrong
+    token or size, or no handle at all: OSError, nothing mapped."""
+    seg = _shared.HostSegment.create(4096)
+    r, w = os.pipe()
+    f = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(f, 64 + 4096)
+    try:
+        pid = os.getpid()
+        for handle, token, size, words in [
+                (f"{pid}:{f}", seg.token, 4096, "not node memory"),
+                (f"{pid}:{r}", seg.token, 4096, "not node memory"),
+                (seg.handle, bytes(16), 4096, "another process's memory"),
+                (seg.handle, seg.token, 8192, "of 8256 bytes"),
+                ("/dev/shm/x", seg.token, 4096, "not a node memory handle")]:
+            with pytest.raises(OSError, match=words):
+                _shared.HostSegment.open(handle, token, size)
+    finally:
+        os.close(f)
+        os.close(r)
+        os.close(w)
+        seg.close()
 
 
 SKIPPER = 1
@@ -540,7 +630,7 @@ def test_info_says_whether_node_memory_maps(capsys, monkeypatch):
     want = "host memory: yes (" if SIZE > 1 else "host memory: not used (no rank"
     ok = RANK != 0 or ("intranode: auto (MPICOLL_INTRANODE)" in out and want in out)
     if RANK == 0:
-        monkeypatch.setattr(_shared, "SHM_DIR", "/nonexistent-mpicoll-test")
+        monkeypatch.setattr(os, "posix_fallocate", _no_space)
     info.main([], comm=WORLD)
     out = capsys.readouterr().out
     ok = ok and (RANK != 0 or SIZE == 1 or "host memory: no (cannot allocate" in out)

@@ -1,6 +1,6 @@
 """The shared-memory path on device arrays, on the fake GPU (tests/support/fakegpu.py).
 
-The fake runtime's CUDA IPC maps buffers across processes through POSIX
+The fake runtime's CUDA IPC maps buffers across processes through the host's
 shared memory, and its streams run queued work only when forced: a flag sent
 before the device work it publishes leaves stale bytes where a peer reads, and
 the results come out wrong.  Here: every collective with slots of a few

@@ -18,7 +18,7 @@ CUDA, as a *runtime* object that replaces :class:`mpicoll.backends.devices.CupyR
   the test sees wrong data instead of passing by luck.
 * :class:`FakeRuntime`: the runtime interface (array module ``xp``, streams,
   events, pinned buffers, async copies, device count/names/selection, CUDA IPC
-  over POSIX shared memory, so that ranks map each other's buffers as with
+  over the host's node memory (memfd), so that ranks map each other's buffers as with
   real IPC) plus a ``log`` of what happened, in order, for tests of the
   stream contract.
 
@@ -335,7 +335,7 @@ class FakeRuntime:
         dh = dev._h
         self.launch(lambda: np.copyto(dh, snapshot), "to_device")
 
-    # node memory (mpicoll.transport.shared): CUDA IPC over POSIX shared memory, so ranks
+    # node memory (mpicoll.transport.shared): CUDA IPC over the host's shared memory, so ranks
     # in other processes map each other's fake device buffers as they would real ones
     def ipc_export(self, nbytes):
         if self.ipc_error is not None:
@@ -358,11 +358,10 @@ class FakeRuntime:
         seg.close()
 
     def ipc_settled(self, seg):
-        seg.unlink()
+        seg.settle()
 
     def ipc_free(self, seg):
         self.log.append(("ipc free", seg.name))
-        seg.unlink()
         seg.close()
 
     def ipc_device(self):

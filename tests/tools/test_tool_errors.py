@@ -35,6 +35,9 @@ def _one_rank_tuning(path):
     return str(path)
 
 
+SMALL_BENCH = ["-C", "allgather", "-b", "8", "-e", "8", "-n", "1", "-w", "0", "-q"]
+SMALL_LATENCY = ["--sizes", "16", "--collectives", "allreduce", "--reps", "1", "--inner", "1",
+                 "--warmup", "0"]
 CASES = [
     # (tool module or benchmarks.SCRIPT, arguments, exit status, the message's words)
     ("mpicoll.tools.tune", ["--predict", "8", "--file", "{one_rank}"], 1,
@@ -47,6 +50,19 @@ CASES = [
     ("benchmarks.overlap", ["--json", "{missing}/o.json"], 2, "--json: cannot write"),
     ("benchmarks.latency", ["--reps", "0"], 2, "argument --reps: expected a positive integer"),
     ("benchmarks.latency", ["--json", "{missing}/l.json"], 2, "--json: cannot write"),
+    # (a few small sizes after the mistake: a tool that took it would run quickly, then fail)
+    ("mpicoll.tools.bench", ["--plot=out.txt", *SMALL_BENCH], 2,
+     "argument --plot: expected a file name ending in ."),
+    ("mpicoll.tools.bench", ["--plot", "{missing}/p.png", *SMALL_BENCH], 2,
+     "--plot: cannot write {missing}/p.png: no directory"),
+    ("benchmarks.latency", ["--timeout=0", *SMALL_LATENCY], 2,
+     "argument --timeout: expected a number of seconds > 0, got '0'"),
+    ("benchmarks.latency", ["--timeout=-1", *SMALL_LATENCY], 2,
+     "argument --timeout: expected a number of seconds > 0, got '-1'"),
+    ("benchmarks.latency", ["--timeout=nan", *SMALL_LATENCY], 2,
+     "argument --timeout: expected a number of seconds > 0, got 'nan'"),
+    ("benchmarks.overlap", ["--json={missing}/o.json", "--size", "64K", "--reps", "1",
+                               "--warmup", "0", "--matrix", "16"], 2, "--json: cannot write"),
 ]
 
 
@@ -66,6 +82,27 @@ def test_a_mistake_is_one_line(module, argv, status, message, tmp_path, capsys):
     assert got == status, err
     assert "Traceback" not in err
     assert message.format(**names) in err.splitlines()[-1], err
+    if "file name ending" in message:  # (matplotlib's formats, named)
+        assert ".png, " in err.splitlines()[-1] and "(matplotlib's formats)" in err, err
+
+
+TOOLS = ["mpicoll.tools.bench", "mpicoll.tools.latency", "mpicoll.tools.overlap",
+         "mpicoll.tools.tune.cli", "mpicoll.torch.bench"]
+
+
+@pytest.mark.parametrize("module", TOOLS, ids=[m.split(".", 1)[1] for m in TOOLS])
+def test_every_output_file_is_checked_before_the_run(module):
+    """Every option that names a file a tool writes is declared as an output (harness
+    ``Parser.add_output``), so parse_args refuses it before anything runs; the tuning's
+    ``-o`` is checked by the tool itself (it creates a missing folder, and ``--check``
+    writes nothing)."""
+    if module.startswith("mpicoll.torch"):
+        pytest.importorskip("torch.distributed")
+    mod = importlib.import_module(module)
+    parser = (getattr(mod, "build_parser", None) or mod._parser)()
+    declared = set(parser._outputs)
+    written = {a.dest for a in parser._actions if a.dest in ("json", "csv", "plot")}
+    assert written <= declared, f"{module}: {sorted(written - declared)} not checked before the run"
 
 
 @pytest.mark.timeout(60)

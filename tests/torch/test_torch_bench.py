@@ -58,3 +58,25 @@ def test_bench_cuda_without_a_gpu_says_so():
         pytest.skip("a CUDA device is present")
     with pytest.raises(SystemExit, match="no CUDA device"):
         bench.main(["--device", "cuda", "--sizes", "16", "--ddp-steps", "0"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--json", "/nonexistent-mpicoll-dir/x.json"],
+     "--json: cannot write /nonexistent-mpicoll-dir/x.json: no directory"),
+    (["--timeout", "-1"], "argument --timeout: expected a number of seconds >= 0, got '-1'"),
+    (["--timeout", "nan"], "argument --timeout: expected a number of seconds >= 0, got 'nan'"),
+], ids=["json in a missing folder", "timeout -1", "timeout nan"])
+def test_bad_arguments_are_refused_before_the_run(argv, message, capsys):
+    """Refused before any group is made or anything is timed: exit status 2 on every rank,
+    one line on rank 0 (a small run: a bench that took the argument would end quickly)."""
+    from mpi4py import MPI
+
+    from mpicoll.torch import bench
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--sizes", "16", "-n", "1", "-w", "0", "--ddp-steps", "0", *argv])
+    assert exc.value.code == 2 and not dist.is_initialized()
+    err = capsys.readouterr().err
+    if MPI.COMM_WORLD.rank == 0:
+        assert message in err.splitlines()[-1] and "Traceback" not in err, err
+    else:
+        assert err == "", err

@@ -5,7 +5,11 @@ that cannot be read or written, a tuning file that cannot answer the
 question, a device that is not there) ends the tool with one line on stderr,
 ``<tool>: <what was wrong>``, and its exit status (1; 2 for arguments),
 never a traceback.  Arguments are checked by argparse before anything is
-measured (:class:`Parser`: exit status 2, the message printed once, by rank 0).
+measured (:class:`Parser`: exit status 2, the message printed once, by rank 0):
+numbers by the argument types here, output files by :meth:`Parser.add_output`
+(a plot's format from its name when the arguments are read; whether rank 0
+can write each file by :meth:`Parser.parse_args`, every rank learning rank
+0's answer), so no tool measures first and fails when it writes.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import math
 import os
 import sys
 import time
@@ -20,9 +25,11 @@ import time
 from mpi4py import MPI
 
 from ...core.config import parse_bytes
+from ...core.paths import unwritable as _unwritable
 
 __all__ = ["ToolError", "tool", "Parser", "size_arg", "positive_int", "nonnegative_int",
-           "factor_arg", "sizes", "human", "check_outputs", "write_file", "Progress"]
+           "factor_arg", "seconds_arg", "seconds_or_zero_arg", "plot_path", "sizes", "human",
+           "check_outputs", "write_file", "Progress"]
 
 
 class ToolError(Exception):
@@ -58,11 +65,37 @@ def tool(prog: str):
 
 class Parser(argparse.ArgumentParser):
     """argparse that prints only on rank 0 of the world (every rank exits the same way:
-    all ranks parse the same arguments)."""
+    all ranks parse the same arguments), and refuses output files before anything runs.
+
+    Output files are declared with :meth:`add_output`; :meth:`parse_args` then checks
+    that rank 0 can write each one given (collective over its ``comm``).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._outputs: dict = {}  # dest -> the option as the user reads it ("--json")
 
     def _print_message(self, message, file=None):
         if MPI.COMM_WORLD.Get_rank() == 0:
             super()._print_message(message, file)
+
+    def add_output(self, *flags, plot: bool = False, **kwargs):
+        """An output file argument (``add_argument``'s arguments), checked before the run;
+        ``plot``: a figure whose name must end in one of matplotlib's formats."""
+        if plot:
+            kwargs["type"] = plot_path
+        action = self.add_argument(*flags, **kwargs)
+        self._outputs[action.dest] = "/".join(action.option_strings)
+        return action
+
+    def parse_args(self, args=None, namespace=None, comm=None):
+        """argparse's, then every output file given refused (``error``, exit status 2, on
+        every rank of ``comm``, default the world) unless rank 0 of ``comm`` can write it."""
+        parsed = super().parse_args(args, namespace)
+        if self._outputs:
+            check_outputs(MPI.COMM_WORLD if comm is None else comm, self,
+                          {option: getattr(parsed, dest) for dest, option in self._outputs.items()})
+        return parsed
 
 
 def size_arg(text):
@@ -96,6 +129,40 @@ def factor_arg(text):
     return _bounded(text, float, lambda v: v > 1, "a number > 1")
 
 
+def seconds_arg(text):
+    """argparse type: a finite number of seconds > 0 (a timeout)."""
+    return _bounded(text, float, lambda v: 0 < v < math.inf, "a number of seconds > 0")
+
+
+def seconds_or_zero_arg(text):
+    """argparse type: a finite number of seconds >= 0 (a timeout where 0 says none)."""
+    return _bounded(text, float, lambda v: 0 <= v < math.inf, "a number of seconds >= 0")
+
+
+PLOT_PACKAGE = "pip install 'mpicoll[plot]'"
+
+
+def plot_formats() -> list[str]:
+    """The file formats matplotlib writes (ImportError without matplotlib)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def plot_path(text):
+    """argparse type: a figure's file name, its extension one of matplotlib's formats."""
+    try:
+        formats = plot_formats()
+    except ImportError:
+        raise argparse.ArgumentTypeError(
+            f"needs matplotlib, which is not installed; install it with: {PLOT_PACKAGE}") from None
+    ext = os.path.splitext(text)[1][1:].lower()
+    if ext not in formats:
+        raise argparse.ArgumentTypeError(
+            f"expected a file name ending in .{', .'.join(formats)} (matplotlib's formats), "
+            f"got {text!r}")
+    return text
+
+
 def sizes(minbytes: int, maxbytes: int, factor: float) -> list[int]:
     """minbytes, minbytes*factor, ... up to maxbytes (each step at least one byte more)."""
     out = []
@@ -111,19 +178,6 @@ def human(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
     return f"{nbytes} B"
-
-
-def _unwritable(path: str) -> str | None:
-    """Why ``path`` cannot be written (None: it can)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "is a directory"
-    if not os.path.isdir(folder):
-        return f"no directory {folder}"
-    if not os.access(folder, os.W_OK | os.X_OK) or \
-            (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "not writable"
-    return None
 
 
 def check_outputs(comm, parser, outputs: dict, make_dirs: bool = False) -> None:

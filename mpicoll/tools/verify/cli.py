@@ -13,6 +13,7 @@ from mpi4py import MPI
 from ...core import types as _types
 from ...engine import select as _select
 from .. import arrays as _arrays
+from ..harness import cli as _cli
 from .cases import COLLECTIVES, REDUCTION_OPS, algorithms_for, available_types, ops_for
 from .runner import prepare_case, run_case
 
@@ -80,17 +81,6 @@ def _op_spelling(text):
         return text
 
 
-def _seconds(text):
-    """argparse type: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     all_algos = sorted({a for table in _select.ALGORITHMS.values() for a in table})
     type_names = [t.name for t in available_types()]
@@ -110,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated algorithms (default: every registered one)")
     p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu",
                    help="where the buffers live: NumPy (cpu), CuPy (gpu), or gpu if usable")
-    p.add_argument("--timeout", type=_seconds, default=120.0,
+    p.add_argument("--timeout", type=_cli.seconds_arg, default=120.0,
                    help="seconds to wait for the other ranks after a case before aborting")
     p.add_argument("--deterministic", action="store_true",
                    help="run every case in deterministic mode (mpicoll.options(deterministic=True)) "
