@@ -44,6 +44,7 @@ from ..core.comms import check_comm
 from ..core.types import Call, Msg
 from ..engine import run as _run
 from ..engine import select as _select
+from . import derived as _derived
 
 # -- checks both APIs share ---------------------------------------------------------
 
@@ -299,11 +300,11 @@ def _check_no_overlap(smsg, rmsg):
                     "MPI.IN_PLACE as sendbuf for the in-place form")
 
 
-def _send(sendbuf, rmsg, count=None, shown=None, what="receive count", blocks=0):
+def _send(sendbuf, rmsg, count=None, shown=None, what="receive count", blocks=0, op=None):
     """The send message of a call not in place, checked against the receive message: one
     type, ``count`` elements (None: checked elsewhere; the message shows ``shown``, default
-    ``count``, as the ``what``), no memory shared."""
-    smsg = message(sendbuf, "sendbuf", writable=False, blocks=blocks)
+    ``count``, as the ``what``), no memory shared.  ``op``: the reduction's (message)."""
+    smsg = message(sendbuf, "sendbuf", writable=False, blocks=blocks, op=op)
     check_same_type(smsg, rmsg)
     if count is not None and smsg.count != count:
         raise ValueError(f"mismatch in send count {smsg.count} and {what} "
@@ -328,10 +329,10 @@ def _comm_call(comm, collective, smsg, rmsg, counts=None, displs=None, op=None) 
 def Allreduce(comm, sendbuf, recvbuf, op=MPI.SUM):
     """The Call of ``comm.Allreduce(sendbuf, recvbuf, op)``."""
     _types.check_op(op)
-    rmsg = message(recvbuf, "recvbuf", writable=True)
+    rmsg = message(recvbuf, "recvbuf", writable=True, op=op)
     smsg = None
     if not is_in_place(sendbuf):
-        smsg = _send(sendbuf, rmsg, rmsg.count)
+        smsg = _send(sendbuf, rmsg, rmsg.count, op=op)
     check_op_applies(op, rmsg.dtype, rmsg.category, rmsg.typename)
     return _comm_call(comm, "allreduce", smsg, rmsg, op=op)
 
@@ -355,7 +356,12 @@ def Allgatherv(comm, sendbuf, recvbuf):
     smsg = None
     if not is_in_place(sendbuf):
         smsg = _send(sendbuf, rmsg, rmsg.counts[rank], what=f"receive count counts[{rank}]")
-    _check_disjoint_blocks(rmsg.counts, rmsg.displs)
+    if rmsg.layout is None:
+        _check_disjoint_blocks(rmsg.counts, rmsg.displs)
+    else:  # (the blocks as given, in elements of the datatype: packed ones never overlap)
+        layout = rmsg.layout
+        _check_disjoint_blocks([c for _, c in layout.segments],
+                               [offset // layout.extent for offset, _ in layout.segments])
     return _comm_call(comm, "allgather", smsg, rmsg, tuple(rmsg.counts), tuple(rmsg.displs))
 
 
@@ -364,14 +370,14 @@ def Reduce_scatter_block(comm, sendbuf, recvbuf, op=MPI.SUM):
     _types.check_op(op)
     size = comm.Get_size()
     if is_in_place(sendbuf):
-        rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size)
+        rmsg = message(recvbuf, "recvbuf", writable=True, blocks=size, op=op)
         per = rmsg.count // size
         smsg = None
     else:
-        rmsg = message(recvbuf, "recvbuf", writable=True)
+        rmsg = message(recvbuf, "recvbuf", writable=True, op=op)
         per = rmsg.count
         # as in mpi4py, a count in the send spec is per rank (block)
-        smsg = _send(sendbuf, rmsg, per * size, blocks=size)
+        smsg = _send(sendbuf, rmsg, per * size, blocks=size, op=op)
     check_op_applies(op, rmsg.dtype, rmsg.category, rmsg.typename)
     counts, displs = _blocks(per, size)
     return _comm_call(comm, "reduce_scatter", smsg, rmsg, counts, displs, op)
@@ -394,7 +400,7 @@ def Reduce_scatter(comm, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
             mine = (rmsg.count, smsg.count, 0)
         except (TypeError, ValueError) as exc:
             error, mine = exc, (0, 0, 1)
-        table = _exchange(comm, mine, "reduce_scatter.recvcounts")
+        table = exchange(comm, mine, "reduce_scatter.recvcounts")
         if error is not None:
             raise error
         refused = [r for r, (_, _, bad) in enumerate(table) if bad]
@@ -419,8 +425,10 @@ def _reduce_scatter_local(comm, sendbuf, recvbuf, recvcounts, op):
     """(smsg or None, rmsg, counts or None) of a Reduce_scatter call, checked locally."""
     _types.check_op(op)
     size, rank = comm.Get_size(), comm.Get_rank()
-    rmsg = message(recvbuf, "recvbuf", writable=True)
+    rmsg = message(recvbuf, "recvbuf", writable=True, op=op)
     counts = None if recvcounts is None else as_counts(recvcounts, size, "recvcounts")
+    if counts is not None and rmsg.layout is not None:  # (in the message's elements)
+        counts = tuple(c * rmsg.layout.n for c in counts)
     smsg = None
     if is_in_place(sendbuf):
         if counts is None:
@@ -431,14 +439,14 @@ def _reduce_scatter_local(comm, sendbuf, recvbuf, recvcounts, op):
                 f"mismatch in receive count {rmsg.count} and sum(counts) {sum(counts)}"
             )
     else:
-        smsg = _send(sendbuf, rmsg)
+        smsg = _send(sendbuf, rmsg, op=op)
         if counts is not None:
             _check_rs_counts(smsg.count, rmsg.count, counts, rank)
     check_op_applies(op, rmsg.dtype, rmsg.category, rmsg.typename)
     return smsg, rmsg, counts
 
 
-def _exchange(comm, values, label):
+def exchange(comm, values, label):
     """Every rank's tuple of ints ``values`` (metadata, one allgather on mpicoll's channel)."""
     size, k = comm.Get_size(), len(values)
     out = np.zeros(size * k, dtype=np.int64)
@@ -703,14 +711,16 @@ def _vector_layout(avail, counts, displs, blocks, argname):
     return counts, displs
 
 
-def message(spec, argname, *, writable, blocks=0, vector=False) -> Msg:
+def message(spec, argname, *, writable, blocks=0, vector=False, op=None) -> Msg:
     """Normalise one mpi4py-style buffer argument (not IN_PLACE).
 
     ``blocks``: the number of equal blocks the buffer holds (a block collective's
     ``recvbuf``): an inferred count is the buffer's elements over ``blocks``, a
     given count is per block, and the message covers ``count * blocks``
     elements.  ``vector``: ``Allgatherv``'s receive spec (``blocks`` ranks), whose
-    Msg is the whole buffer with ``counts`` and ``displs``.
+    Msg is the whole buffer with ``counts`` and ``displs``.  ``op``: the call's
+    reduction (None: none); a derived datatype's message depends on it
+    (:func:`derived_message`).
     """
     if spec is MPI.IN_PLACE or spec is MPI.BOTTOM:
         name = "MPI.IN_PLACE" if spec is MPI.IN_PLACE else "MPI.BOTTOM"
@@ -718,6 +728,9 @@ def message(spec, argname, *, writable, blocks=0, vector=False) -> Msg:
     data, count, displ, datatype = _unpack(spec, argname, vector)
     if datatype is not None:
         datatype = _as_datatype(datatype, argname)
+        if _derived.is_derived(datatype):
+            return derived_message(data, count, displ, datatype, argname, writable, blocks,
+                                   vector, op)
 
     if data is None:
         if datatype is None:
@@ -774,6 +787,94 @@ def message(spec, argname, *, writable, blocks=0, vector=False) -> Msg:
     if start or total != avail:
         arr = arr[start:start + total]
     return Msg(arr, dtype, category, mpitype, typename, backend, optype=optype)
+
+
+def derived_message(data, count, displ, datatype, argname, writable, blocks, vector, op) -> Msg:
+    """:func:`message` of a spec whose datatype is derived (api.derived).
+
+    Counts and displacements are in elements of the datatype and displacements
+    count its extent, as in mpi4py; an inferred count is the buffer's length over
+    the extent.  Unlike mpi4py (which leaves it to MPI), the bytes every element
+    reaches must lie in the buffer.  Raises api.derived.Delegate where MPI runs
+    the call.
+    """
+    info = _derived.decode(datatype)
+    if data is None:
+        backend, arr = NUMPY, np.empty(0, np.uint8)
+    else:
+        backend, arr = _to_array(data, argname)
+        _check_layout(arr, argname, writable)
+    _derived.check_runs(info, backend)
+    raw = _flat(arr)
+    if raw.dtype.itemsize:
+        raw = raw.view(np.uint8)  # (the buffer's bytes: the datatype says what they hold)
+    extent, nbytes = info.extent, len(raw)
+    if vector:
+        counts, displs = _derived_vector(nbytes, count, displ, blocks, extent, argname)
+        segments = [(d * extent, c) for c, d in zip(counts, displs)]
+    else:
+        start = 0 if displ is None else _as_count(displ, argname, "displacement") * extent
+        if start > nbytes:
+            raise ValueError(f"{argname}: displacement {start // extent} exceeds the buffer's "
+                             f"{nbytes // extent} elements of extent {extent}")
+        if count is None:
+            left = _derived_elements(nbytes - start, extent, argname)
+            if blocks > 1 and left % blocks:
+                raise ValueError(f"{argname}: holds {left} elements, not a multiple of the "
+                                 f"{blocks} ranks")
+            per = left // max(blocks, 1)
+        else:
+            per = _as_count(count, argname)
+            if data is None and per:
+                raise ValueError(f"{argname}: got no data but a count of {count}")
+        segments = [(start, per * max(blocks, 1))]
+    for offset, c in segments:
+        _derived.check_bounds(info, nbytes, offset, c, argname)
+    return _derived.message(info, datatype, raw, backend, segments, vector, op)
+
+
+def _derived_elements(nbytes, extent, argname) -> int:
+    """Elements of a datatype of ``extent`` in ``nbytes`` (ValueError unless a multiple)."""
+    if nbytes % extent:
+        raise ValueError(f"{argname}: buffer length {nbytes} is not a multiple of datatype "
+                         f"extent {extent}")
+    return nbytes // extent
+
+
+def _derived_vector(nbytes, counts, displs, blocks, extent, argname):
+    """(counts, displs) of a vector spec in elements of a derived datatype, as mpi4py fills
+    them in (checked against the buffer by the caller, byte by byte)."""
+    if counts is None:
+        avail = _derived_elements(nbytes, extent, argname)
+        counts = tuple(avail // blocks + (avail % blocks > i) for i in range(blocks))
+    elif isinstance(counts, (int, np.integer)) and not isinstance(counts, bool):
+        counts = (_as_count(counts, argname),) * blocks
+    else:
+        counts = as_counts(counts, blocks, argname)
+    if displs is None:
+        displs = tuple(offsets(counts)[:-1])
+    elif isinstance(displs, (int, np.integer)) and not isinstance(displs, bool):
+        stride = _as_count(displs, argname, "displacement")
+        displs = tuple(stride * i for i in range(blocks))
+    else:
+        displs = as_counts(displs, blocks, argname, "displacement")
+    return counts, displs
+
+
+def count_of(spec, argname) -> int:
+    """The element count of a simple spec as mpi4py reads it (given, or the buffer's length
+    from the displacement over the datatype's extent): what a call MPI runs receives
+    (api.delegate)."""
+    data, count, displ, datatype = _unpack(spec, argname, False)
+    if count is not None:
+        return _as_count(count, argname)
+    if data is None:
+        return 0
+    arr = _to_array(data, argname)[1]
+    extent = arr.dtype.itemsize if datatype is None else \
+        _as_datatype(datatype, argname).Get_extent()[1]
+    start = (0 if displ is None else _as_count(displ, argname, "displacement")) * extent
+    return max(arr.nbytes - start, 0) // max(extent, 1)
 
 
 def check_same_type(smsg: Msg, rmsg: Msg) -> None:

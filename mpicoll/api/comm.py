@@ -9,6 +9,8 @@ from ..core import types as _types
 from ..core.comms import check_comm
 from ..engine import run as _run
 from . import args as _args
+from . import delegate as _delegate
+from . import derived as _derived
 from . import requests as _requests
 
 _repeat = _run.repeat
@@ -112,7 +114,25 @@ class Comm(MPI.Intracomm):
     # Each one first tries the cache of bound calls (engine.cache): the same buffer
     # objects as a call it remembered run again with no validation.  Otherwise api.args
     # validates into a Call (the one validation path, also used by the non-blocking and
-    # persistent forms) and engine.run runs it.
+    # persistent forms) and engine.run runs it (:meth:`_run_call`).
+
+    def _run_call(self, method, args, validate, key=None):
+        """Run a blocking call: ``validate()`` (api.args) makes its Call, which engine.run
+        runs (remembered under ``key()``, read once the arguments are valid), the messages
+        of derived datatypes packed around it (api.derived); a call mpicoll does not run
+        is MPI's own (api.delegate), on ``args`` as given."""
+        try:
+            call = validate()
+        except _derived.Delegate:
+            _delegate.run(self, method, args)
+            return
+        packing = _derived.packing(call)
+        if packing is None:
+            _run.run(call, None if key is None else key())
+            return
+        packing.pack()
+        _run.run(call)
+        packing.complete()
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Combine ``sendbuf`` of every rank with ``op`` into every rank's ``recvbuf``."""
@@ -122,8 +142,9 @@ class Comm(MPI.Intracomm):
         ran, s, r = _bare_repeat(self, "Comm.Allreduce", sendbuf, recvbuf, op, algorithm)
         if ran:
             return
-        call = _args.Allreduce(self, sendbuf, recvbuf, op)  # (the specs: errors name them)
-        _run.run(call, _key("Comm.Allreduce", (s, r, op, algorithm, None), op))
+        self._run_call("Allreduce", (sendbuf, recvbuf, op),
+                       lambda: _args.Allreduce(self, sendbuf, recvbuf, op),  # (errors name the specs)
+                       lambda: _key("Comm.Allreduce", (s, r, op, algorithm, None), op))
 
     def Allgather(self, sendbuf, recvbuf):
         """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order."""
@@ -133,8 +154,9 @@ class Comm(MPI.Intracomm):
         ran, s, r = _bare_repeat(self, "Comm.Allgather", sendbuf, recvbuf, None, algorithm)
         if ran:
             return
-        call = _args.Allgather(self, sendbuf, recvbuf)
-        _run.run(call, _key("Comm.Allgather", (s, r, None, algorithm, None)))
+        self._run_call("Allgather", (sendbuf, recvbuf),
+                       lambda: _args.Allgather(self, sendbuf, recvbuf),
+                       lambda: _key("Comm.Allgather", (s, r, None, algorithm, None)))
 
     def Allgatherv(self, sendbuf, recvbuf):
         """Gather ``counts[r]`` elements from each rank r into ``recvbuf``.
@@ -144,7 +166,8 @@ class Comm(MPI.Intracomm):
         (the same count from every rank), a bare buffer (split as evenly as
         possible), with None for what is inferred.
         """
-        _run.run(_args.Allgatherv(self, sendbuf, recvbuf))
+        self._run_call("Allgatherv", (sendbuf, recvbuf),
+                       lambda: _args.Allgatherv(self, sendbuf, recvbuf))
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         """Reduce ``sendbuf`` (size*count elements) and leave block ``rank`` in ``recvbuf``.
@@ -161,8 +184,10 @@ class Comm(MPI.Intracomm):
                                  algorithm)
         if ran:
             return
-        call = _args.Reduce_scatter_block(self, sendbuf, recvbuf, op)
-        _run.run(call, _key("Comm.Reduce_scatter_block", (s, r, op, algorithm, None), op))
+        self._run_call("Reduce_scatter_block", (sendbuf, recvbuf, op),
+                       lambda: _args.Reduce_scatter_block(self, sendbuf, recvbuf, op),
+                       lambda: _key("Comm.Reduce_scatter_block", (s, r, op, algorithm, None),
+                                    op))
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         """Reduce ``sendbuf`` and leave ``recvcounts[rank]`` elements of block ``rank`` in ``recvbuf``.
@@ -172,7 +197,8 @@ class Comm(MPI.Intracomm):
         verdict on its own arguments travels with its count, so every rank
         raises if any rank's arguments are bad (none is left waiting).
         """
-        _run.run(_args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op))
+        self._run_call("Reduce_scatter", (sendbuf, recvbuf, recvcounts, op),
+                       lambda: _args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op))
 
     # -- non-blocking and persistent collectives (see mpicoll.api.requests) ----------
     # The same validation as the blocking calls (api.args), then engine.run.start; the
@@ -180,12 +206,28 @@ class Comm(MPI.Intracomm):
     # one's request seen complete) restarts the operation the cache remembered
     # (engine.cache.restart): no validation.
 
-    def _start(self, call, buffers, persistent=False):
+    def _start(self, method, args, validate, persistent=False, key=None):
+        """The request of ``validate()``'s call (api.args) started (``persistent``: bound, not
+        started; remembered under ``key()``), its derived datatypes' messages packed at
+        each start and written back when it completes (api.derived); a call mpicoll does
+        not run is MPI's own (api.delegate), on ``args`` as given."""
         _requests.check_progress()
+        try:
+            call = validate()
+        except _derived.Delegate:
+            return _delegate.start(self, method, args, persistent)
+        buffers = args[:2]
+        packing = _derived.packing(call)
+        if packing is None:
+            op = _run.persistent(call) if persistent else \
+                _run.start(call, None if key is None else key())
+            return _requests.Request(op, buffers, persistent)
+        if not persistent:
+            packing.pack()
         op = _run.persistent(call) if persistent else _run.start(call)
-        return _requests.Request(op, buffers, persistent)
+        return _requests.Request(op, buffers, persistent, via=packing)
 
-    def _istart(self, name, validate, sendbuf, recvbuf, op=None):
+    def _istart(self, name, method, validate, sendbuf, recvbuf, op=None):
         """A request of ``name``'s remembered operation restarted, else of a new one started
         on ``validate()`` (an api.args call) and remembered for the call's repeat."""
         _requests.check_progress()
@@ -194,28 +236,29 @@ class Comm(MPI.Intracomm):
         operation = _run.restart(self, name, s, r, op, algorithm)
         if operation is not None:
             return _requests.Request(operation, (s, r))
-        call = validate()
-        key = _key(name, (s, r, op, algorithm, None), op)
-        return _requests.Request(_run.start(call, key), (sendbuf, recvbuf))
+        args = (sendbuf, recvbuf) if op is None else (sendbuf, recvbuf, op)
+        return self._start(method, args, validate,
+                           key=lambda: _key(name, (s, r, op, algorithm, None), op))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an :meth:`Allreduce`; returns a request (``Test``/``Wait``)."""
-        return self._istart("Comm.Iallreduce",
+        return self._istart("Comm.Iallreduce", "Allreduce",
                             lambda: _args.Allreduce(self, sendbuf, recvbuf, op), sendbuf, recvbuf,
                             op)
 
     def Iallgather(self, sendbuf, recvbuf):
         """Start an :meth:`Allgather`; returns a request (``Test``/``Wait``)."""
-        return self._istart("Comm.Iallgather",
+        return self._istart("Comm.Iallgather", "Allgather",
                             lambda: _args.Allgather(self, sendbuf, recvbuf), sendbuf, recvbuf)
 
     def Iallgatherv(self, sendbuf, recvbuf):
         """Start an :meth:`Allgatherv`; returns a request (``Test``/``Wait``)."""
-        return self._start(_args.Allgatherv(self, sendbuf, recvbuf), (sendbuf, recvbuf))
+        return self._start("Allgatherv", (sendbuf, recvbuf),
+                           lambda: _args.Allgatherv(self, sendbuf, recvbuf))
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start a :meth:`Reduce_scatter_block`; returns a request (``Test``/``Wait``)."""
-        return self._istart("Comm.Ireduce_scatter_block",
+        return self._istart("Comm.Ireduce_scatter_block", "Reduce_scatter_block",
                             lambda: _args.Reduce_scatter_block(self, sendbuf, recvbuf, op),
                             sendbuf, recvbuf, op)
 
@@ -225,31 +268,35 @@ class Comm(MPI.Intracomm):
         Without ``recvcounts`` the receive counts are exchanged first, before
         this returns (as for the blocking call).
         """
-        return self._start(_args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op),
-                           (sendbuf, recvbuf))
+        return self._start("Reduce_scatter", (sendbuf, recvbuf, recvcounts, op),
+                           lambda: _args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op))
 
     def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL):
         """A persistent :meth:`Allreduce` (MPI-4): inactive until ``Start()``; ``Free()`` at the end."""
-        return self._start(_args.Allreduce(self, sendbuf, recvbuf, op), (sendbuf, recvbuf), True)
+        return self._start("Allreduce", (sendbuf, recvbuf, op),
+                           lambda: _args.Allreduce(self, sendbuf, recvbuf, op), True)
 
     def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL):
         """A persistent :meth:`Allgather` (MPI-4): inactive until ``Start()``."""
-        return self._start(_args.Allgather(self, sendbuf, recvbuf), (sendbuf, recvbuf), True)
+        return self._start("Allgather", (sendbuf, recvbuf),
+                           lambda: _args.Allgather(self, sendbuf, recvbuf), True)
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL):
         """A persistent :meth:`Allgatherv` (MPI-4): inactive until ``Start()``."""
-        return self._start(_args.Allgatherv(self, sendbuf, recvbuf), (sendbuf, recvbuf), True)
+        return self._start("Allgatherv", (sendbuf, recvbuf),
+                           lambda: _args.Allgatherv(self, sendbuf, recvbuf), True)
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL):
         """A persistent :meth:`Reduce_scatter_block` (MPI-4): inactive until ``Start()``."""
-        return self._start(_args.Reduce_scatter_block(self, sendbuf, recvbuf, op),
-                           (sendbuf, recvbuf), True)
+        return self._start("Reduce_scatter_block", (sendbuf, recvbuf, op),
+                           lambda: _args.Reduce_scatter_block(self, sendbuf, recvbuf, op), True)
 
     def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM,
                             info=MPI.INFO_NULL):
         """A persistent :meth:`Reduce_scatter` (MPI-4): inactive until ``Start()``."""
-        return self._start(_args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op),
-                           (sendbuf, recvbuf), True)
+        return self._start("Reduce_scatter", (sendbuf, recvbuf, recvcounts, op),
+                           lambda: _args.Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op),
+                           True)
 
 
 def _bare(spec):

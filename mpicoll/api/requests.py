@@ -87,10 +87,15 @@ class Request:
         algorithm: the algorithm the collective runs.
     """
 
-    __slots__ = ("_op", "_buffers", "persistent", "_algorithm", "_started", "__weakref__")
+    __slots__ = ("_op", "_buffers", "persistent", "_algorithm", "_started", "_via",
+                 "__weakref__")
 
-    def __init__(self, op, buffers=(), persistent=False):
+    def __init__(self, op, buffers=(), persistent=False, via=None):
         self._op = op
+        # how the operation starts again, completes and is released where that is not the
+        # engine's alone: ``start(op)``, ``complete(op)``, ``free(op)`` (a derived datatype's
+        # packing, api.derived.Packing; MPI's own collective, api.delegate); None: the engine's
+        self._via = via
         self._algorithm = op.algorithm
         # started and its completion not yet seen by Test/Wait: MPI's "active" (a
         # persistent request may not be started again before that)
@@ -117,6 +122,8 @@ class Request:
             return True
         done = self._op.test()
         if done:
+            if self._via is not None:
+                self._via.complete(self._op)
             self._seen_complete()
             self._started = False
             _empty_status(status)
@@ -126,6 +133,8 @@ class Request:
         """Block until complete; returns True (mpi4py's ``Literal[True]``)."""
         if self._op is not None:
             self._op.wait()
+            if self._via is not None:
+                self._via.complete(self._op)
             self._seen_complete()
         self._started = False
         _empty_status(status)
@@ -152,7 +161,10 @@ class Request:
         if self._started:
             raise ValueError("Start: expected an inactive request (completed by Wait or a Test "
                              "returning True), got an active one")
-        start_persistent(self._op)
+        if self._via is None:
+            start_persistent(self._op)
+        else:
+            self._via.start(self._op)
         self._started = True
         _progress(self._op)
 
@@ -161,10 +173,14 @@ class Request:
         op, self._op = self._op, None
         if op is not None:
             try:
-                if self.persistent:
+                if self.persistent and self._via is not None:
+                    self._via.free(op)
+                elif self.persistent:
                     free_persistent(op)
                 else:
                     op.wait()
+                    if self._via is not None:
+                        self._via.complete(op)
             finally:
                 if op.owner is self:
                     op.owner = None

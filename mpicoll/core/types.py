@@ -310,10 +310,10 @@ class Msg:
     """One buffer's elements and their type: a 1-D view and how MPI carries it."""
 
     __slots__ = ("array", "dtype", "category", "mpitype", "typename", "backend",
-                 "counts", "displs", "optype")
+                 "counts", "displs", "optype", "layout")
 
     def __init__(self, array, dtype, category, mpitype, typename, backend,
-                 counts=None, displs=None, optype=None):
+                 counts=None, displs=None, optype=None, layout=None):
         self.array = array        # 1-D view, exactly the message's elements
         self.dtype = dtype
         self.category = category
@@ -324,6 +324,9 @@ class Msg:
         self.backend = backend
         self.counts = counts      # vector specs only
         self.displs = displs
+        # a spec with a derived datatype: where its elements are in the user's buffer
+        # (api.derived.Layout); None for every other message
+        self.layout = layout
 
     @property
     def count(self) -> int:

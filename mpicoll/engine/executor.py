@@ -424,8 +424,9 @@ class Operation:
             else:  # (what _end does for a kept operation's start that ended well)
                 self._active = False
                 self.done = True
-        if self.ctx.notes:
-            self.ctx.flush_notes()
+        ctx = self.ctx
+        if ctx is not None and ctx.notes:
+            ctx.flush_notes()
 
     def start(self) -> None:
         """One start, in flight: it advances in every wait (the progress rule), and in the
@@ -496,13 +497,14 @@ class Operation:
             raise MpicollError(f"this operation failed earlier and cannot start again: "
                                f"{self.error}")
         ctx = self.ctx
-        if ctx.mpicoll_unusable is not None:  # (a timeout left messages in flight)
-            _observe.check_usable(ctx)
         bound = self.bound
-        if bound.claims:
-            bound.claim(self)
-        ctx.seq += 1
-        self.seq = ctx.seq
+        if ctx is not None:  # (None: MPI's own collective on the user's, api.delegate)
+            if ctx.mpicoll_unusable is not None:  # (a timeout left messages in flight)
+                _observe.check_usable(ctx)
+            if bound.claims:
+                bound.claim(self)
+            ctx.seq += 1
+            self.seq = ctx.seq
         if self._epoch != EPOCH[0]:
             self._decide()
         if self._plain:

@@ -22,6 +22,7 @@ schedule the call runs (:meth:`Observed.use_schedule`).
 from __future__ import annotations
 
 import functools
+import itertools
 from time import perf_counter
 
 from mpi4py import MPI
@@ -109,6 +110,35 @@ def timeout_error(ctx, label, seq, algorithm, what, messages, nsteps, idle, time
         text, collective=label, seq=seq, algorithm=algorithm, rank=ctx.rank, peer=peer,
         phase="check" if phase == "check" else kind,
         step=None if lab is None or phase == "check" else lab.step, timeout=timeout)
+
+
+class Delegated:
+    """A call handed to MPI's own collective (api.delegate) as counters and traces see it:
+    the algorithm ``"delegated"``, no message of mpicoll's (zero messages and bytes), one
+    "collective" interval in a trace.  Delegated calls are numbered among themselves, in
+    the order this process made them (``seq``), as they have no mpicoll context."""
+
+    algorithm = "delegated"
+    total = wire = 0  # (no payload of mpicoll's: a trace's "bytes" of the call)
+    events: tuple = ()
+    _made = itertools.count(1)
+
+    def __init__(self, label):
+        self.label = label
+        self.seq = next(Delegated._made)
+        self.recorders = tuple(_traffic.ACTIVE)
+        self.tracers = _trace.active()
+        self.t0 = perf_counter()
+
+    def end(self, failed: bool) -> None:
+        """Hand the call to the recorders active when it started (also after an error)."""
+        t1 = perf_counter()
+        record = _traffic.CallTraffic(self.label, self.seq, self.algorithm, 0, 0, 0, 0,
+                                      None, None)
+        for rec in self.recorders:
+            rec._add(record)
+        for tr in self.tracers:
+            tr._add(self, self.t0, t1, failed)
 
 
 class Req:

@@ -27,6 +27,10 @@ arrays and, where every rank sees a GPU, for device arrays (CUDA IPC), each
 ``yes`` or ``no (why not)``, found by setting it up on a duplicate of the
 communicator as a collective would (the ``intranode`` option's value first).
 
+``datatypes:`` lines say which buffer datatypes of ``mpicoll.Comm`` mpicoll
+runs itself and which it hands to MPI's own collective ("delegated", as
+``mpicoll.trace`` and ``mpicoll.traffic`` show those calls; docs/api.md).
+
 ``--probe`` adds one line, ``probe: passed|failed (...)``: one device
 ``Sendrecv`` tried in a child process (see :func:`mpicoll.backends.cuda.probe_transfer`),
 on rank 0 only; it exits 1 when the probe contradicts a "yes".
@@ -45,6 +49,7 @@ from mpi4py import MPI
 
 import mpicoll
 
+from ..api import derived as _derived
 from ..backends import cuda as _cuda
 from ..core import config as _config
 from ..engine import select as _select
@@ -181,6 +186,8 @@ def main(argv=None, comm=None) -> int:
     lines += intranode
     lines.append(f"selection: {comm.Get_size()} ranks on {nodes} node(s)")
     lines += [f"  {line}" for line in sel_lines]
+    lines.append("datatypes: who runs mpicoll.Comm's calls")
+    lines += [f"  {what}: {who}" for what, who in _derived.ROUTES]
     status = 1 if dict(mine)["cuda-aware"].startswith("unknown") else 0
     if sel_lines[0].startswith("source: none"):
         status = 1
