@@ -36,6 +36,7 @@ import itertools
 import numpy as np
 from mpi4py import MPI
 
+from mpicoll.backends import cuda as _cuda
 from mpicoll.backends import devices as _devices
 from mpicoll.backends import registry as _registry
 from mpicoll.transport import shared as _shared
@@ -430,12 +431,21 @@ def fake_backend(**runtime_options) -> FakeBackend:
 
 @contextlib.contextmanager
 def registered(backend):
-    """Put ``backend`` first in mpicoll's list of device backends for a block."""
+    """Put ``backend`` first in mpicoll's list of device backends for a block.
+
+    Its memory is host memory, which MPI reads whatever its transport: in the
+    block a forced yes (``cuda_aware=True``) stands whatever UCX this process
+    loaded (mpicoll refuses it where that UCX has no CUDA transport, for real
+    device memory).
+    """
+    saved = _cuda._ucx_without_cuda
+    _cuda._ucx_without_cuda = lambda: None
     _registry.register(backend, first=True)
     try:
         yield backend
     finally:
         _registry.unregister(backend)
+        _cuda._ucx_without_cuda = saved
 
 
 def produce(rt, host):
