@@ -197,8 +197,12 @@ def _mpit_flag(lib, names) -> bool | None:
                       ctypes.POINTER(ctypes.c_int)]
     read.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     free.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    # the thread level MPI runs at: Open MPI takes MPI_T's as the process's own
+    # (MPI_THREAD_SINGLE here would turn its thread safety off)
+    mpi = sys.modules.get("mpi4py.MPI")
+    level = mpi.Query_thread() if _mpi_initialized() else mpi.THREAD_SINGLE if mpi else 0
     provided = ctypes.c_int(0)
-    if init(0, ctypes.byref(provided)) != MPI_SUCCESS:  # (MPI_THREAD_SINGLE: MPI_T's own level)
+    if init(level, ctypes.byref(provided)) != MPI_SUCCESS:
         return None
     try:
         for name in names:

@@ -244,7 +244,11 @@ def test_this_process_evidence_is_gathered():
     from mpi4py import MPI
 
     libs = _cuda._loaded_mpi_libraries()
+    level = MPI.Query_thread()
     ev = _cuda._evidence(libs)
+    # (Open MPI takes MPI_T's thread level as the process's: asking at a lower one turned
+    # its thread safety off, MPI_THREAD_MULTIPLE became MPI_THREAD_SINGLE)
+    assert MPI.Query_thread() == level
     if os.path.exists("/proc/self/maps"):
         assert any(os.path.basename(p).startswith("libmpi") for p in ev.mapped)
     if MPI.get_vendor()[0] == "Open MPI":
