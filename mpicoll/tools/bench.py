@@ -133,7 +133,9 @@ def build_parser():
                    help="afterwards, measure how much an iallreduce of SIZE bytes per rank "
                         "overlaps NumPy matrix products (python -m mpicoll.tools.overlap; "
                         "host arrays only)")
-    p.add_argument("--json", metavar="PATH", help="write one record per measurement as JSON")
+    p.add_argument("--json", metavar="PATH",
+                   help="write one record per measurement as JSON (the file is rewritten as each "
+                        "measurement ends, so a run cut short keeps what it measured)")
     p.add_argument("--csv", metavar="PATH", help="write one row per measurement as CSV")
     p.add_argument("--plot", metavar="PATH.png",
                    help="plot bus bandwidth and time ratio against size (needs matplotlib: "
@@ -408,6 +410,8 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
             if root:
                 table.row(rec)
                 out.flush()
+                if args.json:  # (a run stopped by a time limit keeps its measurements)
+                    _records.keep_json(args.json, records)
     progress.end()
     if root:
         table.footer(records)
