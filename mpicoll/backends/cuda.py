@@ -572,7 +572,8 @@ def _runs_info_probe(argv) -> bool:
         if word == "-m" or (word.startswith("-m") and len(word) > 2):
             module = word[2:] or (argv[i + 1] if i + 1 < len(argv) else "")
             rest = argv[i + (1 if word[2:] else 2):]
-            return module in ("mpicoll.info", "mpicoll.tools.info") and "--probe" in rest
+            return (module in ("mpicoll.info", "mpicoll.tools.info") and "--probe" in rest
+                    and not {"-h", "--help"} & set(rest))
         if word == "-c" or word == "-" or not word.startswith("-"):  # a program or a script
             return False
         i += 2 if word in ("-W", "-X") else 1  # (the options that take a value)

@@ -368,12 +368,111 @@ def test_the_probe_job_command(monkeypatch, tmp_path):
     assert ok is False and "no mpiexec beside" in text and not started
 
 
+class _Job:
+    """A stand-in for the probe job's launcher process: ``subprocess.Popen`` returns it; its
+    exit status and output, or a hang until the job's process group is killed."""
+
+    pid = 4242
+
+    def __init__(self, rc=0, out="", err="", hang=False):
+        self.rc, self.out, self.err, self.hang = rc, out, err, hang
+        self.killed, self.argv, self.kwargs, self.returncode = [], None, None, None
+
+    def __call__(self, argv, **kwargs):
+        self.argv, self.kwargs = argv, kwargs
+        return self
+
+    def communicate(self, timeout=None):
+        import subprocess
+
+        if self.hang and not self.killed:
+            raise subprocess.TimeoutExpired(self.argv, timeout)
+        self.returncode = -9 if self.killed else self.rc
+        return self.out, self.err
+
+
+@pytest.fixture
+def job(monkeypatch):
+    """``job(**answer)``: run probe_transfer as before MPI_Init, its launcher a :class:`_Job`."""
+    import subprocess
+
+    def run(**answer):
+        child = _Job(**answer)
+        monkeypatch.setattr(_cuda, "_mpi_initialized", lambda: False)
+        monkeypatch.setattr(_cuda, "find_launcher", lambda python, environ: "/opt/mpi/bin/mpiexec")
+        monkeypatch.setattr(subprocess, "Popen", child)
+        monkeypatch.setattr(os, "killpg", lambda pid, sig: child.killed.append((pid, sig)))
+        return child, _cuda.probe_transfer(timeout=1)
+    return run
+
+
+@pytest.mark.parametrize("rc, err", [
+    (139, "[vm:1] *** Process received signal ***\n---\nprterun noticed that process rank 1 with "
+          "PID 7 on node vm exited on\nsignal 11 (Segmentation fault).\n---"),
+    (11, "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Segmentation fault (signal 11)"),
+], ids=["open-mpi", "mpich"])
+def test_probe_transfer_crash_is_no(job, rc, err):
+    """A rank that read a device pointer as host memory: the signal named, as either
+    launcher reports it."""
+    _, (ok, text) = job(rc=rc, err=err)
+    assert ok is False and "crashed (SIGSEGV): MPI cannot read device memory" in text, text
+
+
+def test_probe_transfer_wrong_data_is_no(job):
+    _, (ok, text) = job(rc=1, out="wrong data: a device buffer arrived changed (64 KiB or 8 MiB)\n",
+                        err="-" * 40 + "\nprterun detected that one or more processes exited\n"
+                            + "-" * 40 + "\n")
+    assert ok is False and "failed (exit 1): wrong data: a device buffer arrived changed" in text
+
+
+def test_probe_transfer_rank_error_is_named(job):
+    """MPI's own error in a rank (MPICH's cross-process copy of an unreadable buffer): the
+    rank's line, not the launcher's report after it."""
+    _, (ok, text) = job(rc=1, err="rank 1: Exception: Other MPI error, error stack:\n"
+                                  "copy_iovs(224): process_vm_readv failed (errno 14)\n"
+                                  "Abort(1) on node 1 (rank 1 in comm 0): application called "
+                                  "MPI_Abort(MPI_COMM_WORLD, 1) - process 1\n")
+    assert ok is False and text.endswith("failed (exit 1): rank 1: Exception: Other MPI error, "
+                                         "error stack:"), text
+
+
+def test_probe_transfer_hang_is_no(job):
+    """No answer in the timeout: the launcher's whole process group is ended."""
+    child, (ok, text) = job(hang=True)
+    assert ok is False and "hung (no answer in 1 s)" in text
+    assert child.killed and child.killed[0][0] == _Job.pid
+
+
+def test_probe_transfer_pass_is_yes(job):
+    child, (ok, text) = job(rc=0, out="ok\n")
+    assert ok is True and "passed: a device buffer went from rank 0 to rank 1 intact" in text
+    assert child.argv[0] == "/opt/mpi/bin/mpiexec" and child.kwargs["start_new_session"]
+
+
+def test_probe_transfer_child_keeps_mpi_settings_not_launcher_variables(job, monkeypatch):
+    """The job runs on the transport this process was configured for (a CUDA-aware UCX
+    route is only OMPI_MCA_*/UCX_* settings), two ranks, and joins no job of this one."""
+    settings = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^uct,ofi", "UCX_TLS": "self,sm,cuda_copy",
+                "MPIR_CVAR_NOLOCAL": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1"}
+    launcher = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_FILE_LOCATION": "/tmp/x", "PMIX_RANK": "3",
+                "PRTE_LAUNCHED": "1", "PMI_RANK": "3", "PMI_FD": "9", "HYDI_CONTROL_FD": "7",
+                "MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4"}
+    for name, value in {**settings, **launcher}.items():
+        monkeypatch.setenv(name, value)
+    child, (ok, _) = job(rc=0, out="ok\n")
+    env = child.kwargs["env"]
+    assert ok and {k: env.get(k) for k in settings} == settings
+    assert not [k for k in launcher if k in env]
+    assert child.argv[child.argv.index("-n"):child.argv.index("-n") + 2] == ["-n", "2"]
+
+
 @pytest.mark.parametrize("argv, runs", [
     (["python", "-m", "mpicoll.info", "--probe"], True),
     (["python3", "-X", "dev", "-W", "error", "-m", "mpicoll.info", "--require-cuda-aware", "--probe"], True),
     (["python", "-mmpicoll.info", "--probe"], True),
     (["python", "-m", "mpicoll.tools.info", "--probe"], True),
     (["python", "-m", "mpicoll.info"], False),
+    (["python", "-m", "mpicoll.info", "--probe", "--help"], False),
     (["python", "-m", "mpicoll.bench", "--probe"], False),
     (["python", "script.py", "-m", "mpicoll.info", "--probe"], False),
     (["python", "-c", "import mpicoll", "-m", "mpicoll.info", "--probe"], False),
