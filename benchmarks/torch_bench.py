@@ -80,7 +80,8 @@ def build_parser():
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the tensors live (default cpu)")
     p.add_output("--json", metavar="FILE", default=None,
-                   help="write one JSON record per size to FILE (rank 0)")
+                 help="write one JSON record per size to FILE (rank 0), rewritten as each "
+                      "size ends")
     return p
 
 
@@ -177,6 +178,8 @@ def main(argv=None) -> int:
                         "busbw_gbps": BUSBW_FACTOR["allreduce"](size) * nbytes / b / 1e9,
                         "gloo_time_us": g * 1e6, "mpicoll_time_us": m * 1e6,
                         "torch_time_us": f * 1e6, "gloo_ratio": b / g})
+        if args.json and rank == 0:  # (a run stopped by a time limit keeps its sizes)
+            _records.keep_json(args.json, records)
     if args.json and rank == 0:
         with open(args.json, "w") as out:
             json.dump(records, out, indent=1)

@@ -5,6 +5,7 @@ plus latency-optimal algorithms for small messages, on NumPy arrays and
 (with CuPy) GPU arrays, checked against MPI's built-in collectives.
 """
 
+from . import _before_mpi  # noqa: F401  (first: see there)
 from .api.arrays import allgather, allreduce, iallgather, iallreduce, ireduce_scatter, reduce_scatter
 from .api.comm import Comm
 from .api.requests import Handle, Request, testall, waitall

@@ -168,7 +168,7 @@ def _gather_lanes(b, s, lay, src_of, into, reduce_slots):
     ``reduce_slots``: reduce (AllReduce, ReduceScatter) or place (AllGather).
     Returns the send handles.
     """
-    seg, sends = s.segment, []
+    seg, sends = s.message_segment, []
     peers = [q for q in lay.local if q != s.rank]
     for q in peers:  # (peers receive from this rank in this order too)
         i = lay.local.index(q)
@@ -300,7 +300,7 @@ def _span(s, lay, i):
 def _share(b, s, lay, step, have, want):
     """Last step: owner of lane i sends rank q the regions ``want(i, q)`` (in the same order
     as ``have(i)`` lists its own copies of them); every rank receives the lanes it does not own."""
-    seg = s.segment
+    seg = s.message_segment
     mine = lay.index if lay.index < lay.lanes else None
     recvs = []
     for i in range(lay.lanes):

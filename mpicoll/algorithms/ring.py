@@ -77,7 +77,7 @@ def reduce_scatter_schedule(shape) -> Schedule:
     out = DST if not shape.in_place or own == 0 else b.buffer("ring reduce_scatter: in-place result", size)
     ring = Ring(b, shape, _blocks_of(shape, lambda r: Region(out, 0, size) if r == rank else None,
                                      lambda r: Region(SRC, displs[r], displs[r] + counts[r])),
-                "reduce-scatter", shape.segment)
+                "reduce-scatter", shape.message_segment)
     ring.send(p - 1)                   # step 1: send my part of block p-1
     for k in range(2, n):              # step k: block p-k arrived in step k-1; add mine, send it
         ring.recv_reduce_send(p - k)
@@ -94,8 +94,9 @@ def allgather_schedule(shape) -> Schedule:
     ``SRC`` is this rank's block, unless in place (already in ``DST``).
     Nothing is reduced on the way, so small segments only add messages: the
     AllGather's segments are ``AG_SEGMENT_FACTOR`` times longer, unless every
-    message is staged through a host copy (``shape.staged``), where a segment
-    is what lets the copies overlap the transfers.
+    message is staged through a host copy (``shape.staged``), where the staged
+    segment (``shape.message_segment``) is what lets the copies overlap the
+    transfers.
     """
     n, rank, p = shape.size, shape.rank, shape.ring_pos
     lo, size = shape.displs[rank], shape.counts[rank]
@@ -110,7 +111,7 @@ def allgather_schedule(shape) -> Schedule:
 
     mine = home(rank) if shape.in_place else Region(SRC, 0, size)
     ring = Ring(b, shape, _blocks_of(shape, home, lambda r: mine if r == rank else None),
-                "allgather", (1 if shape.staged else AG_SEGMENT_FACTOR) * shape.segment)
+                "allgather", shape.message_segment if shape.staged else AG_SEGMENT_FACTOR * shape.segment)
     ring.copy_send(p)                  # step 1: send my block (and put it in its place)
     for k in range(2, n):              # step k: block p-k+1 arrived in step k-1; keep it, send it
         ring.recv_copy_send(p - k + 1)
@@ -134,7 +135,7 @@ def allreduce_schedule(shape) -> Schedule:
     counts, displs = split(N, n)
     blocks = [Block(q, c, Region(SRC, d, d + c), Region(DST, d, d + c))
               for q, (c, d) in enumerate(zip(counts, displs))]
-    ring = Ring(b, shape, blocks, "reduce-scatter", shape.segment)
+    ring = Ring(b, shape, blocks, "reduce-scatter", shape.message_segment)
     ring.send(p - 1)                   # ReduceScatter step 1: send my part of block p-1
     for k in range(2, n):              # step k: block p-k arrived in step k-1; add mine, send it
         ring.recv_reduce_send(p - k)

@@ -113,6 +113,14 @@ class Copy(NamedTuple):
     src: Region
 
 
+# A staged message (Shape.staged: device arrays through pinned host memory) costs a copy
+# each way, its events and an MPI message whatever its length, so it is this many segments
+# long: 4 MiB at the default 1 MiB segment.  A staged ring AllReduce of 64 MiB at 4 ranks
+# (one H200, window 2) moved 4.40 GB/s of bus bandwidth in 4 MiB segments, 2.87 in 1 MiB
+# and 0.80 in 256 KiB (docs/gpu.md, "Staged segment x window").
+STAGED_SEGMENT_FACTOR = 4
+
+
 class Shape(NamedTuple):
     """What a schedule depends on: the communicator, the call's counts, the tuning.
 
@@ -125,9 +133,11 @@ class Shape(NamedTuple):
     type and whose reductions happen at one place can honour it (direct).
     ``staged``: every message goes through a pinned host copy (device arrays
     on the staging path, transport.staging), which stages a message whole: so
-    no message is longer than a segment, to any peer (the ring AllGather's
-    and the pieces inside a node included), and each copy overlaps the
-    transfers of the others and takes a pinned buffer of one segment.
+    every message is :attr:`message_segment` long at most
+    (:data:`STAGED_SEGMENT_FACTOR` segments), to any peer (the ring
+    AllGather's and the pieces inside a node included), and each copy
+    overlaps the transfers of the others and takes a pinned buffer of that
+    size.
     """
 
     size: int
@@ -145,10 +155,16 @@ class Shape(NamedTuple):
     # the type partial results are folded in where it is wider than the call's (a NumPy
     # dtype; None: the call's own), for the schedules that fold at the owner (direct)
     accumulate: object = None
-    staged: bool = False  # every message through a host copy: none longer than a segment
+    staged: bool = False  # every message through a host copy: none longer than message_segment
     # elements of one slot of node memory (algorithms.shared: each rank's buffer holds two);
     # 0: not set by the engine (a builder then takes a slot of its own choosing)
     shared: int = 0
+
+    @property
+    def message_segment(self) -> int:
+        """Elements per segment of the ring's and the pieces' messages: the segment, or
+        :data:`STAGED_SEGMENT_FACTOR` segments where every message is staged."""
+        return self.segment * STAGED_SEGMENT_FACTOR if self.staged else self.segment
 
 
 class Schedule(NamedTuple):
@@ -317,11 +333,12 @@ class PieceBuilder(Builder):
     @classmethod
     def of(cls, shape) -> PieceBuilder:
         """The builder of ``shape``: its segment and window, its node labels (a staged
-        shape's pieces are one segment to every peer: :class:`Shape`)."""
+        shape's pieces are its message segment to every peer: :class:`Shape`)."""
         nodes = shape.nodes
         local = tuple(x == nodes[shape.rank] for x in nodes) if nodes else ()
-        factor = 1 if shape.staged else LOCAL_PIECE_FACTOR
-        return cls(shape.segment, shape.window, local, factor * shape.segment)
+        piece = shape.message_segment
+        return cls(piece, shape.window, local,
+                   piece if shape.staged else LOCAL_PIECE_FACTOR * shape.segment)
 
     def piece_for(self, peer: int) -> int:
         """Elements per piece of a message to or from ``peer``."""

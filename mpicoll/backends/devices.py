@@ -23,6 +23,7 @@ Local reduction
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -105,8 +106,12 @@ class CupyRuntime:
     def synchronize(self, stream):
         stream.synchronize()
 
-    def record(self, stream):
-        event = self.xp.cuda.Event(disable_timing=True)
+    def event(self):
+        return self.xp.cuda.Event(disable_timing=True)
+
+    def record(self, stream, event=None):
+        """Record ``event`` (a new one if None) on ``stream``; returns it."""
+        event = self.event() if event is None else event
         event.record(stream)
         return event
 
@@ -212,8 +217,32 @@ class DeviceReducer(_backend.Reducer):
         rt.to_device(out, hout)
 
 
+class _Call:
+    """The device state of one call: its context, device key and stream (:meth:`DeviceBackend._begin`),
+    and its staging channel (None on the other paths)."""
+
+    __slots__ = ("ctx", "key", "stream", "staging")
+
+    def __init__(self, ctx, key, stream):
+        self.ctx, self.key, self.stream, self.staging = ctx, key, stream, None
+
+
+class _Running(threading.local):
+    """What a thread runs: the device call it is in (``call``: a device call runs from its
+    start to its end in the thread that starts it, engine.run) and the device work mpicoll
+    queued there (``launches``).  Per thread, so that calls running at once in several
+    threads, each on its own communicator, keep their own state."""
+
+    call = None
+    launches = 0
+
+
 class DeviceBackend:
     """GPU arrays through a runtime object (:class:`CupyRuntime` or a test double).
+
+    The state of a call in progress (its stream, staging channel, the
+    work it queued) is the call's own (:class:`_Call`), kept for the thread
+    that runs it, not the backend's: one backend serves every thread.
 
     Args:
         runtime: a zero-argument callable returning the runtime; called on
@@ -227,9 +256,17 @@ class DeviceBackend:
         self._make_runtime = runtime
         self._rt = None
         self.name = name
-        self.launches = 0  # device kernels/copies queued by mpicoll (for DirectChannel)
-        self._open = None  # (ctx, key, stream) of the call in progress, for finish()
-        self._staging = None  # the StagingChannel of the call in progress (see writes())
+        self._running = _Running()
+
+    @property
+    def launches(self) -> int:
+        """Device kernels and copies mpicoll queued in this thread (DirectChannel and the node
+        channel synchronise only when it moved)."""
+        return self._running.launches
+
+    @launches.setter
+    def launches(self, value: int) -> None:
+        self._running.launches = value
 
     @property
     def rt(self):
@@ -275,9 +312,9 @@ class DeviceBackend:
     def writes(self, out):
         """mpicoll queues device work writing ``out``: the staging channel of this call
         must not forward data that landed there from its pinned buffer any more."""
-        ch = self._staging
-        if ch is not None:
-            ch.forget(out)
+        call = self._running.call
+        if call is not None and call.staging is not None:
+            call.staging.forget(out)
 
     def may_share_memory(self, a, b):
         return bool(self.rt.xp.may_share_memory(a, b))
@@ -294,15 +331,17 @@ class DeviceBackend:
         waited for (staging makes that stream wait on the copy), so an event
         recorded on it now follows every use of the context's device memory.
         """
-        opened = self._open
-        if opened is None:
+        call = self._running.call
+        if call is None:
             return
-        self._open = None
-        if self._staging is not None:
-            self._staging.close()
-            self._staging = None
-        ctx, key, stream = opened
-        ctx.devices.setdefault("done", {})[key] = self.rt.record(stream)
+        self._running.call = None
+        if call.staging is not None:
+            call.staging.close()
+        done = call.ctx.devices.setdefault("done", {})
+        events = self.events(call.ctx)
+        previous = done.get(call.key)
+        done[call.key] = events.record(call.stream)
+        events.release(previous)  # (the next call waits for the new one)
 
     def reducer(self, op, mpitype, category):
         name = _types.op_name(op)
@@ -328,21 +367,21 @@ class DeviceBackend:
         inner = self.host_channel(ctx, mpitype)
         stream = self._begin(ctx)
         if ctx.cuda_aware():
-            self._staging = None
             return _staging.DirectChannel(inner, self, stream)
-        self._staging = _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
-        return self._staging
+        call = self._running.call
+        call.staging = _staging.StagingChannel(inner, self, self.staging_pool(ctx), stream)
+        return call.staging
 
     def _begin(self, ctx):
-        """Order this call after the previous one on ``ctx`` (see :meth:`channel`); its stream."""
+        """Start this thread's call on ``ctx`` (its state, until :meth:`finish`), ordered
+        after the previous call on ``ctx`` (see :meth:`channel`); its stream."""
         rt = self.rt
         stream = rt.current_stream()
         key = (self.name, rt.current_device())
         previous = ctx.devices.get("done", {}).get(key)
         if previous is not None:
             rt.wait_event(stream, previous)
-        self._open = (ctx, key, stream)
-        self._staging = None
+        self._running.call = _Call(ctx, key, stream)
         return stream
 
     def stages_per_step(self, ctx, nbytes) -> bool:
@@ -367,12 +406,21 @@ class DeviceBackend:
         return WholeStage(self, ctx, msg, op)
 
     def staging_pool(self, ctx):
-        """The pinned buffers and copy streams kept for ``ctx`` on the current device."""
+        """The pinned buffers, copy streams and events kept for ``ctx`` on the current device."""
         pools = ctx.devices.setdefault("staging pools", {})
         key = (self.name, self.rt.current_device())
         pool = pools.get(key)
         if pool is None:
-            pool = pools[key] = _staging.StagingPool(self.rt)
+            pool = pools[key] = _staging.StagingPool(self.rt, events=self.events(ctx))
+        return pool
+
+    def events(self, ctx):
+        """The CUDA events kept for ``ctx`` on the current device (transport.staging.EventPool)."""
+        pools = ctx.devices.setdefault("events", {})
+        key = (self.name, self.rt.current_device())
+        pool = pools.get(key)
+        if pool is None:
+            pool = pools[key] = _staging.EventPool(self.rt)
         return pool
 
 
@@ -424,7 +472,9 @@ class WholeStage:
         for host, dev in copies:
             rt.d2h(host, dev, stream)
         if copies:
-            rt.event_synchronize(rt.record(stream))
+            copied = self.pool.events.record(stream)
+            rt.event_synchronize(copied)
+            self.pool.events.reuse(copied)
         self._out = (dst, hdst)
         return hsrc, hdst
 

@@ -107,18 +107,22 @@ def _host_id() -> int:
 
 
 _AWARE: list = []
+REFUSED = -1  # (a rank's answer where its setting forces device buffers its MPI cannot take)
 
 
-def _device_aware() -> int:
-    """1 where this rank would hand device buffers to MPI (backends.cuda decides), else 0;
-    0 without CuPy (no device arrays can come)."""
+def _device_aware():
+    """(1 where this rank would hand device buffers to MPI, else 0, or :data:`REFUSED`; why it
+    refused or None): backends.cuda decides; 0 without CuPy (no device arrays can come)."""
     if not _AWARE:
         import importlib.util
         _AWARE.append(importlib.util.find_spec("cupy") is not None)
     if not _AWARE[0] and not _config.configured("cuda_aware") and not _config.text("cuda_aware"):
-        return 0
+        return 0, None
     from ..backends import cuda as _cuda  # (no CUDA is touched without CuPy)
-    return int(_cuda.cuda_aware_mpi().aware)
+    try:
+        return int(_cuda.cuda_aware_mpi().aware), None
+    except ValueError as exc:  # (said on every rank, at the first device call: cuda_aware())
+        return REFUSED, str(exc)
 
 
 def _delete_state(comm, keyval, state):
@@ -204,7 +208,7 @@ class Context:
         self._timeout, self._describe = timeout, describe
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        aware = _device_aware()
+        aware, self._refusal = _device_aware()
         _reap()
         # 2. the private duplicate
         dup, req = comm.Idup()
@@ -250,8 +254,9 @@ class Context:
         # every rank, as both ends of a message must cut it alike)
         self.node_piece = self._node_piece_wanted()
         # device buffers straight to MPI only where every rank's MPI takes them
-        self.aware = bool(table[:, 2].all())
-        if table[:, 2].any() and not self.aware:
+        self.aware = bool((table[:, 2] == 1).all())
+        self._refused = [r for r in range(self.size) if table[r, 2] == REFUSED]
+        if (table[:, 2] == 1).any() and not self.aware and not self._refused:
             self.notes.append(f"mpicoll: device buffers are staged through host memory on "
                               f"every rank: the MPI of rank(s) "
                               f"{[r for r in range(self.size) if not table[r, 2]]} does not "
@@ -289,7 +294,12 @@ class Context:
         setting (``mpicoll.configure(cuda_aware=...)``), else what every rank's MPI does
         (agreed at set-up; backends.cuda decides each rank's)."""
         if _config.configured("cuda_aware"):
-            return bool(_config.get("cuda_aware"))
+            from ..backends import cuda as _cuda
+            return _cuda.cuda_aware_mpi().aware  # (a setting its MPI cannot honour: refused)
+        if self._refused:  # (a rank's MPICOLL_CUDA_AWARE=1: refused on every rank alike)
+            raise ValueError(self._refusal or (
+                f"MPICOLL_CUDA_AWARE: rank(s) {self._refused} force device buffers to MPI, "
+                f"which their MPI cannot read (their error says why)"))
         return self.aware
 
     def flush_notes(self) -> None:

@@ -133,7 +133,9 @@ def build_parser():
     p.add_argument("--memory", action="store_true",
                    help="also measure mpicoll's work memory per size: the scratch bytes its "
                         "context holds and the tracemalloc peak during one call (fresh communicator)")
-    p.add_output("--json", metavar="PATH", help="write one record per measurement as JSON")
+    p.add_output("--json", metavar="PATH",
+                 help="write one record per measurement as JSON (the file is rewritten as each "
+                      "measurement ends, so a run cut short keeps what it measured)")
     p.add_output("--csv", metavar="PATH", help="write one row per measurement as CSV")
     p.add_output("--plot", metavar="PATH.png", plot=True,
                  help="plot bus bandwidth and time ratio against size, in the format its "
@@ -407,6 +409,8 @@ def main(argv=None, *, comm=None, out=None, device_backend=None) -> int:
             if root:
                 table.row(rec)
                 out.flush()
+                if args.json:  # (a run stopped by a time limit keeps its measurements)
+                    _records.keep_json(args.json, records)
     progress.end()
     if root:
         table.footer(records)

@@ -31,9 +31,14 @@ communicator as a collective would (the ``intranode`` option's value first).
 runs itself and which it hands to MPI's own collective ("delegated", as
 ``mpicoll.trace`` and ``mpicoll.traffic`` show those calls; docs/api.md).
 
-``--probe`` adds one line, ``probe: passed|failed (...)``: one device
-``Sendrecv`` tried in a child process (see :func:`mpicoll.backends.cuda.probe_transfer`),
-on rank 0 only; it exits 1 when the probe contradicts a "yes".
+``--probe`` adds one line, ``probe: passed|failed|not run (...)``: a device
+buffer sent from rank 0 to rank 1 of a two-process child job, under the
+launcher of this Python's MPI (see :func:`mpicoll.backends.cuda.probe_transfer`).
+No process is started after MPI_Init, so the job runs when this command
+starts, before it initialises MPI (on rank 0 only, under a launcher); run
+from a program that already initialised MPI, it is "not run".  The command
+exits 1 when the probe contradicts a "yes", and says how to use the direct
+path (``MPICOLL_CUDA_AWARE=1``) when it passes beside a "no".
 ``--require-cuda-aware`` exits 1 unless the decision is "yes" (and, with
 ``--probe``, the probe passed): a job's check that its MPI takes device buffers.
 """
@@ -142,6 +147,9 @@ def _intranode(comm) -> list[str]:
     return out
 
 
+_PROBE_WORD = {True: "passed", False: "failed", None: "not run"}
+
+
 def _version(module: str) -> str:
     return importlib.import_module(module).__version__
 
@@ -156,7 +164,8 @@ def main(argv=None, comm=None) -> int:
     """
     parser = argparse.ArgumentParser(prog="python -m mpicoll.info", description=__doc__.splitlines()[0])
     parser.add_argument("--probe", action="store_true",
-                        help="also try one device Sendrecv in a child process (needs CuPy and a GPU)")
+                        help="also send a device buffer between the two ranks of a child job, "
+                             "before this process initialises MPI (needs CuPy and a GPU)")
     parser.add_argument("--require-cuda-aware", action="store_true",
                         help="exit 1 unless device buffers go straight to MPI (cuda-aware: yes, "
                              "and with --probe the probe passed)")
@@ -193,14 +202,15 @@ def main(argv=None, comm=None) -> int:
         status = 1
     aware = dict(mine)["cuda-aware"]
     if args.probe:
-        ok, text = _cuda.probe_transfer()
-        lines.append(f"probe: {'passed' if ok else 'failed'} ({text})")
-        if not ok and aware.startswith("yes"):
+        # (run when this command started, before MPI_Init: backends.cuda.probe_first)
+        ok, text = _cuda.early_probe() or _cuda.probe_transfer()
+        lines.append(f"probe: {_PROBE_WORD[ok]} ({text})")
+        if ok is False and aware.startswith("yes"):
             lines.append("probe: contradicts cuda-aware: yes; set MPICOLL_CUDA_AWARE=0 to stage")
             status = 1
         elif ok and aware.startswith("no") and "(forced by" not in aware:
-            lines.append("probe: a self-message took a device buffer, though the decision is no: "
-                         "MPICOLL_CUDA_AWARE=1 uses the direct path (check with 2 ranks first)")
+            lines.append("probe: device buffers passed between two processes, though the decision "
+                         "is no: MPICOLL_CUDA_AWARE=1 uses the direct path")
         if args.require_cuda_aware and not ok:
             status = 1
     if args.require_cuda_aware and not aware.startswith("yes"):

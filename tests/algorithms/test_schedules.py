@@ -308,21 +308,25 @@ def test_every_message_is_a_piece(collective, algorithm, build):
                          ids=[f"{c}-{a}" for c, a, _ in BUILDERS])
 def test_staged_messages_are_one_segment(collective, algorithm, build):
     """Staged through host copies (device arrays, transport.staging), no message is longer
-    than a segment, to any peer: the staging channel copies a message whole into one pinned
-    buffer, so a longer one would hold that much pinned memory and copy without overlap."""
+    than the staged segment (STAGED_SEGMENT_FACTOR segments), to any peer, and the ring's
+    and the pieces' are that long: the staging channel copies a message whole into one
+    pinned buffer, so a longer one would hold that much pinned memory and copy without
+    overlap, and a shorter one pays a copy's and a message's cost for fewer bytes."""
     if WORLD.rank != 0:
         pytest.skip("single-process check, run on rank 0")
     n, seg, nodes = 6, 8, (0, 0, 0, 1, 1, 2)
-    counts = ring.split(1001, n)[0]
+    staged = seg * schedule.STAGED_SEGMENT_FACTOR
+    counts = ring.split(4001, n)[0]
     longest = 0
     for r in range(n):
         sh = sim.shape(collective, n, r, counts=None if collective == "allreduce" else counts,
-                       total=1001 if collective == "allreduce" else None, segment=seg,
+                       total=4001 if collective == "allreduce" else None, segment=seg,
                        nodes=nodes, staged=True)
+        assert sh.message_segment == staged
         for o in build(sh).sends():
-            assert o.region.count <= seg, (algorithm, r, o)
+            assert o.region.count <= staged, (algorithm, r, o)
             longest = max(longest, o.region.count)
-    assert longest == seg, longest
+    assert longest == staged, longest
 
 
 # --- the checks catch broken schedules ------------------------------------------------

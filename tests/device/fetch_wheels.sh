@@ -7,14 +7,15 @@
 #
 # The folder is git-ignored through .git/info/exclude (added here if missing)
 # and travels with the checkout to the GPU machine (docs/developing.md, "The
-# GPU device check"), at most 64 MiB with the working tree (about 33 MB of wheels).  Wheels are for CPython
+# GPU device check"), at most 64 MiB with the working tree (about 38 MB of wheels).  Wheels are for CPython
 # 3.10-3.13 on x86-64 manylinux: the PyPI MPIs (Open MPI and MPICH, each a
 # self-contained library), mpi4py (the build that loads either, one wheel per
-# CPython version), pytest-mpi (versions as CI tests with), and libucx-cu13:
-# UCX 1.22 with its CUDA transports (cuda_copy, cuda_ipc; CUDA 13, the device's
-# driver 580), which makes either MPI wheel CUDA-aware (routes A and B,
-# docs/gpu.md), trimmed by trim_wheel.py from 43 to about 6 MB: the libraries
-# by their SONAME, the UCX modules, the CUDA runtime they link and ucx_info.
+# CPython version), pytest-mpi (versions as CI tests with), and libucx-cu12 and
+# libucx-cu13: UCX 1.22 with its CUDA transports (cuda_copy, cuda_ipc) for a
+# CUDA 12 or a CUDA 13 driver (the run loads the one its driver takes), which
+# makes either MPI wheel CUDA-aware (routes A and B, docs/gpu.md), each trimmed
+# by trim_wheel.py from 43 to about 6 MB: the libraries by their SONAME, the
+# UCX modules, the CUDA runtime they link and ucx_info.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=tests/device/wheels
@@ -39,12 +40,14 @@ for pyver in 3.10 3.11 3.12 3.13; do
 done
 "$PY" -m pip download --quiet --no-deps --only-binary=:all: -d "$dest" \
     "pytest-mpi==${PYTEST_MPI_VERSION:-0.6}"
-"$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp "${platforms[@]}" -d "$dest" "libucx-cu13==${LIBUCX_VERSION:-1.22.0}"
-for wheel in "$dest"/libucx_cu13-*.whl; do
-    "$PY" tests/device/trim_wheel.py "$wheel" 'libucx/*.py' libucx/GIT_COMMIT \
-        libucx/UCX_WHEEL_VERSION.txt libucx/bin/ucx_info 'libucx/etc/*' 'libucx/lib/lib*.so.0' \
-        'libucx/lib/ucx/libuct_*.so.0' 'libucx/lib/ucx/libucm_*.so.0' 'libucx_cu13.libs/libcudart-*'
+for cuda in 12 13; do
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp "${platforms[@]}" -d "$dest" "libucx-cu$cuda==${LIBUCX_VERSION:-1.22.0}"
+    for wheel in "$dest"/libucx_cu"$cuda"-*.whl; do
+        "$PY" tests/device/trim_wheel.py "$wheel" 'libucx/*.py' libucx/GIT_COMMIT \
+            libucx/UCX_WHEEL_VERSION.txt libucx/bin/ucx_info 'libucx/etc/*' 'libucx/lib/lib*.so.0' \
+            'libucx/lib/ucx/libuct_*.so.0' 'libucx/lib/ucx/libucm_*.so.0' "libucx_cu$cuda.libs/libcudart-*"
+    done
 done
 ls -l "$dest"
 du -sh "$dest"

@@ -10,8 +10,9 @@ record, with the tags given.  Two yardsticks:
   (``busbw`` x time) through a device-to-host copy, MPI and a host-to-device
   copy, pipelined, so it cannot beat the slowest of the three::
 
-      floor_gbps = min(d2h_pinned, h2d_pinned, mpi_host_p2p)  (per process, largest size,
-                                                            measured with the most processes)
+      floor_gbps = min(d2h_pinned, h2d_pinned, mpi_host_p2p)  (each process's share of
+                                                            the largest size's window, with
+                                                            the most processes measured)
       fraction   = busbw_gbps / floor_gbps                     (1.0: at the floor)
 
   for mpicoll and for the built-in (MPI on host copies, the copies included);
@@ -19,7 +20,8 @@ record, with the tags given.  Two yardsticks:
   CUDA-aware MPI, CUDA IPC between ranks) is bounded by the GPU's copy
   bandwidth, shared by the ranks on it::
 
-      d2d_gbps     = d2d gbps_total at the largest size, measured with as many
+      d2d_gbps     = d2d gbps_total at the largest size: the bytes every process
+                     copied in one timed window (ceilings.py), measured with as many
                      processes as the record's ranks (else the most measured)
       d2d_fraction = busbw_gbps / d2d_gbps
 

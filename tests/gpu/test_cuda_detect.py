@@ -3,12 +3,16 @@
 Plain unit tests (no messages); they run the same at any number of ranks.
 The library's query functions are exercised through test doubles of the
 loaded library, and the real probe runs on whatever MPI this process uses.
+The decision starts no process; the probe job runs only before MPI_Init (its
+runs: tests/launch/test_launch_probe.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
+from pathlib import Path
 
 import pytest
 from support import util
@@ -19,6 +23,8 @@ from mpicoll.core import config as _config
 
 # no messages: the same at any rank count (the local group)
 pytestmark = pytest.mark.local
+
+FAKECUPY = Path(__file__).resolve().parents[1] / "support" / "fakecupy"  # an importable cupy
 
 
 class FakeLib:
@@ -46,7 +52,9 @@ def gpu_query(flag, rc=0, calls=None):
 
 @pytest.fixture
 def clean(monkeypatch):
-    """No explicit setting from the environment or configure()."""
+    """No explicit setting from the environment or configure(); a forced yes not refused for
+    the UCX this process loaded (the refusal's own tests set what it sees: ucx_sees)."""
+    monkeypatch.setattr(_cuda, "_ucx_without_cuda", lambda: None)
     env = util.env_options(monkeypatch)  # (read again at once, as a new communicator would)
     env.delenv("MPICOLL_CUDA_AWARE", raising=False)
     previous = mpicoll.configure(cuda_aware=None)
@@ -210,7 +218,7 @@ def test_open_mpi_yes_without_ucx_cuda_transport_is_no():
 
 def test_open_mpi_yes_but_built_without_cuda_is_no():
     aware, reason = _open_mpi_yes(_cuda.Evidence(built_with_cuda=False, mapped=UCX_CUDA))
-    assert not aware and "mpi_built_with_cuda_support:false" in reason
+    assert not aware and "mpi_built_with_cuda_support=false" in reason
 
 
 def test_open_mpi_yes_with_ucx_tls_without_cuda_is_no():
@@ -221,62 +229,229 @@ def test_open_mpi_yes_with_ucx_tls_without_cuda_is_no():
 def test_open_mpi_yes_with_evidence_is_yes_and_says_why():
     aware, reason = _open_mpi_yes(_cuda.Evidence(True, UCX_CUDA), {"UCX_TLS": "rc,cuda_copy,cuda_ipc"})
     assert aware
-    assert "mpi_built_with_cuda_support:true" in reason and "libuct_cuda" in reason
+    assert "mpi_built_with_cuda_support=true" in reason and "libuct_cuda" in reason
 
 
 def test_open_mpi_yes_without_ucx_is_yes():
     """ob1 with the smcuda BTL (no UCX loaded): the query and the build decide."""
     aware, reason = _open_mpi_yes(_cuda.Evidence(True, ("/opt/ompi/lib/libmpi.so.40",)))
-    assert aware and "mpi_built_with_cuda_support:true" in reason
+    assert aware and "mpi_built_with_cuda_support=true" in reason
 
 
 def test_this_process_evidence_is_gathered():
-    """The evidence of this process: its mapped objects include the MPI library."""
+    """The evidence of this process: its mapped objects include the MPI library; Open MPI's
+    build, read from its MPI_T variable (not ompi_info, a process), is a bool."""
+    from mpi4py import MPI
+
     libs = _cuda._loaded_mpi_libraries()
+    level = MPI.Query_thread()
     ev = _cuda._evidence(libs)
+    # (Open MPI takes MPI_T's thread level as the process's: asking at a lower one turned
+    # its thread safety off, MPI_THREAD_MULTIPLE became MPI_THREAD_SINGLE)
+    assert MPI.Query_thread() == level
     if os.path.exists("/proc/self/maps"):
         assert any(os.path.basename(p).startswith("libmpi") for p in ev.mapped)
-    assert ev.built_with_cuda in (None, False, True)
+    if MPI.get_vendor()[0] == "Open MPI":
+        assert isinstance(ev.built_with_cuda, bool)
+    else:
+        assert ev.built_with_cuda in (None, False, True)
 
 
-# -- the opt-in device Sendrecv probe (child process) --------------------------------------
+def test_open_mpi_build_read_from_mpi_t_as_ompi_info_says():
+    """Open MPI's MPI_T variable gives what ompi_info prints (the PyPI wheel: false); an MPI
+    without the variable (MPICH) gives None."""
+    import shutil
+    import subprocess
 
-def test_probe_transfer_crash_is_no():
-    ok, text = _cuda.probe_transfer(code="import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
-    assert not ok and "crashed (SIGSEGV)" in text
+    from mpi4py import MPI
 
-
-def test_probe_transfer_wrong_data_is_no():
-    ok, text = _cuda.probe_transfer(code="raise SystemExit('wrong data')")
-    assert not ok and "failed (exit 1): wrong data" in text
-
-
-def test_probe_transfer_hang_is_no():
-    ok, text = _cuda.probe_transfer(code="import time; time.sleep(30)", timeout=1)
-    assert not ok and "hung" in text
-
-
-def test_probe_transfer_fake_device_sendrecv_passes():
-    """The child's MPI Sendrecv of a CUDA-array-interface buffer (fake GPU: host memory)."""
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = (
-        f"import sys; sys.path[:0] = [{tests!r}, {os.path.dirname(tests)!r}]\n"
-        "import numpy as np\n"
-        "from support import fakegpu\n"
-        "from mpi4py import MPI\n"
-        "rt = fakegpu.FakeRuntime()\n"
-        "a = rt.xp.asarray(np.arange(1000.0)); b = rt.xp.asarray(np.zeros(1000))\n"
-        "MPI.COMM_SELF.Sendrecv([a, MPI.DOUBLE], 0, 7, [b, MPI.DOUBLE], 0, 7)\n"
-        "assert np.array_equal(b.get(), np.arange(1000.0))\n"
-        "print('ok')\n"
-    )
-    ok, text = _cuda.probe_transfer(code=code, timeout=120)
-    assert ok, text
+    libs = _cuda._loaded_mpi_libraries()
+    if MPI.get_vendor()[0] != "Open MPI":
+        assert all(_cuda._mpit_flag(lib, ("mpi_built_with_cuda_support",)) is None
+                   for _, lib in libs)
+        return
+    prefix_bin = os.path.join(os.path.dirname(os.path.dirname(libs[0][0])), "bin")
+    tool = shutil.which("ompi_info", path=prefix_bin) or shutil.which("ompi_info")
+    if tool is None:
+        pytest.skip("no ompi_info beside this Open MPI to compare with")
+    out = subprocess.run([tool, "--parsable", "--all", "--level", "9"], capture_output=True,
+                         text=True, timeout=120).stdout
+    said = [line.endswith(":true") for line in out.splitlines()
+            if re.search(r":(mpi|opal)_built_with_cuda_support:value:(true|false)$", line)]
+    assert said and _cuda._evidence(libs).built_with_cuda is said[0]
 
 
-def test_probe_transfer_child_keeps_mpi_settings_not_launcher_variables(monkeypatch):
-    """The child runs on the transport its parent was configured for (a CUDA-aware UCX
-    route is only OMPI_MCA_*/UCX_* settings), and is no rank of the parent's job."""
+# -- no process inside a job ------------------------------------------------------------
+
+def _no_processes(monkeypatch) -> list:
+    """Make every way of starting a process fail the test; the list of attempts."""
+    import subprocess
+
+    started = []
+
+    def refuse(*args, **kwargs):
+        started.append(args[:1])
+        raise AssertionError(f"a process was started: {args[:1]}")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
+    return started
+
+
+@pytest.mark.parametrize("answer", [1, 0], ids=["yes", "no"])
+def test_the_decision_inside_a_job_starts_no_process(clean, monkeypatch, tmp_path, answer):
+    """The in-job decision reads this process only: an Open MPI yes is weighed without
+    ompi_info (a process), and a no beside UCX's CUDA transports starts no probe child,
+    though an ompi_info sits beside the library and CuPy is importable."""
+    from mpi4py import MPI
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()
+    tool = tmp_path / "bin" / "ompi_info"
+    tool.write_text("#!/bin/sh\necho mca:mpi:base:param:mpi_built_with_cuda_support:value:true\n")
+    tool.chmod(0o755)
+    monkeypatch.syspath_prepend(str(FAKECUPY))
+    lib = FakeLib(MPIX_Query_cuda_support=query_cuda(answer))
+    path = str(tmp_path / "lib" / "libmpi.so.40")
+    monkeypatch.setattr(_cuda, "_loaded_mpi_libraries", lambda: [(path, lib)])
+    monkeypatch.setattr(_cuda, "_mapped_paths", lambda maps=None: list(UCX_CUDA))
+    monkeypatch.setattr(MPI, "get_vendor", lambda: ("Open MPI", (5, 0, 11)))
+    _cuda._probe_this_process.cache_clear()
+    started = _no_processes(monkeypatch)
+    try:
+        aware, reason = mpicoll.cuda_aware_mpi()
+    finally:
+        _cuda._probe_this_process.cache_clear()
+    assert not started
+    if answer:
+        assert aware and "libuct_cuda" in reason, reason
+    else:
+        assert not aware and "python -m mpicoll.info --probe" in reason, reason
+
+
+def test_the_probe_is_not_run_after_mpi_init(monkeypatch):
+    """This pytest process initialised MPI: the probe job is not started, and says why."""
+    started = _no_processes(monkeypatch)
+    ok, text = _cuda.probe_transfer()
+    assert ok is None and not started
+    assert text.startswith("MPI is initialised in this process, and no process is started")
+
+
+def test_the_probe_job_command(monkeypatch, tmp_path):
+    """Two ranks of this Python under the launcher beside it (Open MPI's oversubscribing),
+    the launcher variables of this process's job removed, the MPI settings kept."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python, launcher = bin_dir / "python", bin_dir / "mpiexec"
+    for f in (python, launcher):
+        f.write_text("#!/bin/sh\n")
+        f.chmod(0o755)
+    environ = {"PATH": "/nowhere", "OMPI_MCA_pml": "ucx", "UCX_TLS": "self,sm,cuda_copy",
+               "MPIR_CVAR_NOLOCAL": "1", "LD_LIBRARY_PATH": "/opt/ucx/lib",
+               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0",
+               "PMI_FD": "9", "HYDI_CONTROL_FD": "7", "PRTE_LAUNCHED": "1", "MPI_LOCALNRANKS": "4"}
+    argv, env = _cuda.probe_job(str(python), "print('ok')", environ=environ)
+    assert argv == [str(launcher), "-n", "2", str(python), "-c", "print('ok')"]
+    assert env == {k: environ[k] for k in ("PATH", "OMPI_MCA_pml", "UCX_TLS", "MPIR_CVAR_NOLOCAL",
+                                           "LD_LIBRARY_PATH", "OMPI_ALLOW_RUN_AS_ROOT")}
+    (bin_dir / "ompi_info").write_text("")  # Open MPI's: more ranks than the slots it counts
+    argv, _ = _cuda.probe_job(str(python), "print('ok')", environ=environ)
+    assert argv[:4] == [str(launcher), "--oversubscribe", "-n", "2"]
+    launcher.unlink()
+    assert _cuda.probe_job(str(python), "x", environ=environ) == (None, None)
+    monkeypatch.setattr(_cuda, "_mpi_initialized", lambda: False)
+    monkeypatch.setattr(_cuda, "find_launcher", lambda python, environ: None)
+    started = _no_processes(monkeypatch)
+    ok, text = _cuda.probe_transfer(str(python))
+    assert ok is False and "no mpiexec beside" in text and not started
+
+
+class _Job:
+    """A stand-in for the probe job's launcher process: ``subprocess.Popen`` returns it; its
+    exit status and output, or a hang until the job's process group is killed."""
+
+    pid = 4242
+
+    def __init__(self, rc=0, out="", err="", hang=False):
+        self.rc, self.out, self.err, self.hang = rc, out, err, hang
+        self.killed, self.argv, self.kwargs, self.returncode = [], None, None, None
+
+    def __call__(self, argv, **kwargs):
+        self.argv, self.kwargs = argv, kwargs
+        return self
+
+    def communicate(self, timeout=None):
+        import subprocess
+
+        if self.hang and not self.killed:
+            raise subprocess.TimeoutExpired(self.argv, timeout)
+        self.returncode = -9 if self.killed else self.rc
+        return self.out, self.err
+
+
+@pytest.fixture
+def job(monkeypatch):
+    """``job(**answer)``: run probe_transfer as before MPI_Init, its launcher a :class:`_Job`."""
+    import subprocess
+
+    def run(**answer):
+        child = _Job(**answer)
+        monkeypatch.setattr(_cuda, "_mpi_initialized", lambda: False)
+        monkeypatch.setattr(_cuda, "find_launcher", lambda python, environ: "/opt/mpi/bin/mpiexec")
+        monkeypatch.setattr(subprocess, "Popen", child)
+        monkeypatch.setattr(os, "killpg", lambda pid, sig: child.killed.append((pid, sig)))
+        return child, _cuda.probe_transfer(timeout=1)
+    return run
+
+
+@pytest.mark.parametrize("rc, err", [
+    (139, "[vm:1] *** Process received signal ***\n---\nprterun noticed that process rank 1 with "
+          "PID 7 on node vm exited on\nsignal 11 (Segmentation fault).\n---"),
+    (11, "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Segmentation fault (signal 11)"),
+], ids=["open-mpi", "mpich"])
+def test_probe_transfer_crash_is_no(job, rc, err):
+    """A rank that read a device pointer as host memory: the signal named, as either
+    launcher reports it."""
+    _, (ok, text) = job(rc=rc, err=err)
+    assert ok is False and "crashed (SIGSEGV): MPI cannot read device memory" in text, text
+
+
+def test_probe_transfer_wrong_data_is_no(job):
+    _, (ok, text) = job(rc=1, out="wrong data: a device buffer arrived changed (64 KiB or 8 MiB)\n",
+                        err="-" * 40 + "\nprterun detected that one or more processes exited\n"
+                            + "-" * 40 + "\n")
+    assert ok is False and "failed (exit 1): wrong data: a device buffer arrived changed" in text
+
+
+def test_probe_transfer_rank_error_is_named(job):
+    """MPI's own error in a rank (MPICH's cross-process copy of an unreadable buffer): the
+    rank's line, not the launcher's report after it."""
+    _, (ok, text) = job(rc=1, err="rank 1: Exception: Other MPI error, error stack:\n"
+                                  "copy_iovs(224): process_vm_readv failed (errno 14)\n"
+                                  "Abort(1) on node 1 (rank 1 in comm 0): application called "
+                                  "MPI_Abort(MPI_COMM_WORLD, 1) - process 1\n")
+    assert ok is False and text.endswith("failed (exit 1): rank 1: Exception: Other MPI error, "
+                                         "error stack:"), text
+
+
+def test_probe_transfer_hang_is_no(job):
+    """No answer in the timeout: the launcher's whole process group is ended."""
+    child, (ok, text) = job(hang=True)
+    assert ok is False and "hung (no answer in 1 s)" in text
+    assert child.killed and child.killed[0][0] == _Job.pid
+
+
+def test_probe_transfer_pass_is_yes(job):
+    child, (ok, text) = job(rc=0, out="ok\n")
+    assert ok is True and "passed: a device buffer went from rank 0 to rank 1 intact" in text
+    assert child.argv[0] == "/opt/mpi/bin/mpiexec" and child.kwargs["start_new_session"]
+
+
+def test_probe_transfer_child_keeps_mpi_settings_not_launcher_variables(job, monkeypatch):
+    """The job runs on the transport this process was configured for (a CUDA-aware UCX
+    route is only OMPI_MCA_*/UCX_* settings), two ranks, and joins no job of this one."""
     settings = {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^uct,ofi", "UCX_TLS": "self,sm,cuda_copy",
                 "MPIR_CVAR_NOLOCAL": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1"}
     launcher = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_FILE_LOCATION": "/tmp/x", "PMIX_RANK": "3",
@@ -284,52 +459,112 @@ def test_probe_transfer_child_keeps_mpi_settings_not_launcher_variables(monkeypa
                 "MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4"}
     for name, value in {**settings, **launcher}.items():
         monkeypatch.setenv(name, value)
-    code = (f"import os\nsettings, launcher = {settings!r}, {sorted(launcher)!r}\n"
-            "got = {k: os.environ.get(k) for k in settings}\n"
-            "assert got == settings, got\n"
-            "left = [k for k in launcher if k in os.environ]\n"
-            "assert not left, left\n"
-            "print('ok')\n")
-    ok, text = _cuda.probe_transfer(code=code)
-    assert ok, text
+    child, (ok, _) = job(rc=0, out="ok\n")
+    env = child.kwargs["env"]
+    assert ok and {k: env.get(k) for k in settings} == settings
+    assert not [k for k in launcher if k in env]
+    assert child.argv[child.argv.index("-n"):child.argv.index("-n") + 2] == ["-n", "2"]
 
 
-# -- step 3: the library says no, UCX's CUDA transports are loaded: a device transfer decides --
+@pytest.mark.parametrize("argv, runs", [
+    (["python", "-m", "mpicoll.info", "--probe"], True),
+    (["python3", "-X", "dev", "-W", "error", "-m", "mpicoll.info", "--require-cuda-aware", "--probe"], True),
+    (["python", "-mmpicoll.info", "--probe"], True),
+    (["python", "-m", "mpicoll.tools.info", "--probe"], True),
+    (["python", "-m", "mpicoll.info"], False),
+    (["python", "-m", "mpicoll.info", "--probe", "--help"], False),
+    (["python", "-m", "mpicoll.bench", "--probe"], False),
+    (["python", "script.py", "-m", "mpicoll.info", "--probe"], False),
+    (["python", "-c", "import mpicoll", "-m", "mpicoll.info", "--probe"], False),
+    (["python", "-m", "pytest", "tests/gpu/test_gpu_info.py"], False),
+])
+def test_which_command_probes_before_mpi_init(argv, runs):
+    assert _cuda._runs_info_probe(argv) is runs
 
-class Transfer:
-    """A probe_transfer double: its answer, and how often it was asked."""
 
-    def __init__(self, ok, text):
-        self.answer, self.calls = (ok, text), 0
-
-    def __call__(self):
-        self.calls += 1
-        return self.answer
+def test_probe_first_leaves_a_started_mpi_alone(monkeypatch):
+    """Importing mpicoll in any other program, or once MPI is up, starts nothing."""
+    started = _no_processes(monkeypatch)
+    _cuda.probe_first(["python", "-m", "mpicoll.info", "--probe"])  # (mpi4py.MPI is imported)
+    _cuda.probe_first(["python", "-m", "pytest"])
+    assert not started and _cuda.early_probe() is None
 
 
-PASSED = "the device Sendrecv probe passed (a device buffer through MPI_COMM_SELF)"
+# -- a forced yes refused where the UCX transport cannot carry device memory ----------------
+
+_UCX_CHECK = _cuda._ucx_without_cuda
 
 
-def _open_mpi_no(transfer, mapped=UCX_CUDA, environ=None):
+@pytest.fixture
+def ucx_sees(monkeypatch):
+    """``see(mapped, tls)``: the forced-yes check reads ``mapped`` (and ``UCX_TLS``) as this
+    process's, afresh."""
+    def see(mapped, tls=None):
+        monkeypatch.setattr(_cuda, "_ucx_without_cuda", _UCX_CHECK)
+        monkeypatch.setattr(_cuda, "_UCX_HERE", [])
+        monkeypatch.setattr(_cuda, "_mapped_paths", lambda maps=None: list(mapped))
+        if tls is None:
+            monkeypatch.delenv("UCX_TLS", raising=False)
+        else:
+            monkeypatch.setenv("UCX_TLS", tls)
+    return see
+
+
+@pytest.mark.parametrize("how", ["argument", "configure", "environment"])
+def test_forced_yes_without_ucx_cuda_transport_is_refused(clean, ucx_sees, how):
+    """MPI would read device pointers as host memory: refused, naming the setting and what
+    is missing; forbidding is never refused."""
+    ucx_sees(UCX_NO_CUDA)
+    setting = {"argument": r"the argument cuda_aware=True",
+               "configure": r"mpicoll\.configure\(cuda_aware=True\)",
+               "environment": r"MPICOLL_CUDA_AWARE=1"}[how]
+    if how == "environment":
+        clean.setenv("MPICOLL_CUDA_AWARE", "1")
+    with mpicoll.options(cuda_aware=True if how == "configure" else None):
+        with pytest.raises(ValueError, match=setting + r": expected an MPI that can read device "
+                           r"memory, but the UCX transport loaded no CUDA transport \(no libuct_cuda"):
+            mpicoll.cuda_aware_mpi(True if how == "argument" else None)
+        assert mpicoll.cuda_aware_mpi(False).aware is False
+
+
+def test_forced_yes_with_ucx_tls_without_cuda_is_refused(clean, ucx_sees):
+    ucx_sees(UCX_CUDA, "rc,sm,self")
+    with pytest.raises(ValueError, match="limited to UCX_TLS=rc,sm,self"):
+        mpicoll.cuda_aware_mpi(True)
+
+
+@pytest.mark.parametrize("mapped", [UCX_CUDA, ("/opt/mpich/lib/libmpi.so.12",)],
+                         ids=["ucx-cuda", "no-ucx"])
+def test_forced_yes_where_ucx_can_or_is_absent(clean, ucx_sees, mapped):
+    ucx_sees(mapped, "self,sm,cuda_copy,cuda_ipc")
+    assert mpicoll.cuda_aware_mpi(True) == (True, "forced by the argument cuda_aware=True")
+
+
+def test_the_ucx_check_is_read_once_mpi_is_up(monkeypatch, ucx_sees):
+    """Not /proc/self/maps at every collective: once MPI is initialised the answer is kept."""
+    ucx_sees(UCX_NO_CUDA)
+    reads = util.spy(monkeypatch, _cuda, ["_mapped_paths"])
+    first = _cuda._ucx_without_cuda()
+    assert first and "no libuct_cuda" in first
+    assert _cuda._ucx_without_cuda() == first and reads == ["_mapped_paths"]
+
+
+# -- a no beside UCX's CUDA transports: staged, and the reason says how to test and use them --
+
+def _open_mpi_no(mapped=UCX_CUDA, environ=None):
     lib = FakeLib(MPIX_Query_cuda_support=query_cuda(0))
     return _cuda.probe([("/opt/ompi/lib/libmpi.so.40", lib)], "Open MPI 5.0.11", environ or {},
-                       transfer=transfer, mapped=mapped)
+                       mapped=mapped)
 
 
-def test_query_no_but_ucx_cuda_and_transfer_passes_is_yes():
-    """The PyPI Open MPI with a UCX that has CUDA transports: 0 from the query, the probe decides."""
-    transfer = Transfer(True, PASSED)
-    aware, reason = _open_mpi_no(transfer, environ={"UCX_TLS": "self,sm,cuda_copy,cuda_ipc"})
-    assert aware and transfer.calls == 1
-    assert "MPIX_Query_cuda_support() returned 0" in reason
-    assert "libuct_cuda" in reason and "probe passed" in reason and "staging" not in reason
-
-
-def test_query_no_ucx_cuda_transfer_fails_is_no_with_both_reasons():
-    transfer = Transfer(False, "the device Sendrecv probe crashed (SIGSEGV): MPI cannot read device memory")
-    aware, reason = _open_mpi_no(transfer)
-    assert not aware and transfer.calls == 1
-    assert "returned 0" in reason and "crashed (SIGSEGV)" in reason and "staging" in reason
+def test_query_no_but_ucx_cuda_says_how_to_test_and_use_it():
+    """The PyPI Open MPI with a UCX that has CUDA transports: 0 from the query; staged, and
+    the reason names the probe job and the switch."""
+    aware, reason = _open_mpi_no(environ={"UCX_TLS": "self,sm,cuda_copy,cuda_ipc"})
+    assert not aware
+    assert "MPIX_Query_cuda_support() returned 0" in reason and "libuct_cuda" in reason
+    assert "python -m mpicoll.info --probe" in reason and "MPICOLL_CUDA_AWARE=1" in reason
+    assert reason.endswith("staging through host memory")
 
 
 @pytest.mark.parametrize("mapped, environ", [
@@ -338,41 +573,32 @@ def test_query_no_ucx_cuda_transfer_fails_is_no_with_both_reasons():
     (UCX_CUDA, {"UCX_TLS": "^cuda_copy"}),            # CUDA copies excluded
     (("/opt/ompi/lib/libmpi.so.40",), {}),            # no UCX at all (ob1)
 ])
-def test_query_no_without_usable_ucx_cuda_never_starts_the_probe(mapped, environ):
-    transfer = Transfer(True, PASSED)
-    aware, reason = _open_mpi_no(transfer, mapped, environ)
-    assert not aware and transfer.calls == 0
+def test_query_no_without_usable_ucx_cuda_names_the_build_switch(mapped, environ):
+    aware, reason = _open_mpi_no(mapped, environ)
+    assert not aware and "--probe" not in reason
     assert reason.startswith("Open MPI 5.0.11 reports no CUDA support") and "staging" in reason
+    assert "OMPI_MCA_opal_cuda_support" in reason
 
 
-def test_query_no_ucx_cuda_without_cupy_is_no():
-    """transfer=None (CuPy not installed): nothing to probe with, the library's answer stands."""
-    aware, reason = _open_mpi_no(None)
-    assert not aware and "OMPI_MCA_opal_cuda_support" in reason
-
-
-def test_mpich_query_no_ucx_cuda_transfer_passes_is_yes():
-    """The PyPI MPICH (ch4:ucx) with the same UCX: the GPU query sets 0, the probe decides."""
+def test_mpich_query_no_ucx_cuda_says_how_to_test():
+    """The PyPI MPICH (ch4:ucx) with the same UCX: the GPU query sets 0."""
     lib = FakeLib(MPIX_GPU_query_support=gpu_query(0))
-    transfer = Transfer(True, PASSED)
     aware, reason = _cuda.probe([("libmpi.so.12", lib)], "MPICH 5.0.2", {"UCX_TLS": "^cuda_ipc"},
-                                transfer=transfer, mapped=UCX_CUDA)
-    assert aware and "MPIX_GPU_query_support(CUDA) set 0" in reason and transfer.calls == 1
+                                mapped=UCX_CUDA)
+    assert not aware and "MPIX_GPU_query_support(CUDA) set 0" in reason and "--probe" in reason
 
 
-def test_no_query_function_ucx_cuda_transfer_decides():
-    transfer = Transfer(True, PASSED)
-    aware, reason = _cuda.probe([("libmpi.so", FakeLib())], "Some MPI 1.0", {},
-                                transfer=transfer, mapped=UCX_CUDA)
-    assert aware and "exports neither" in reason and "probe passed" in reason
+def test_no_query_function_ucx_cuda_says_how_to_test():
+    aware, reason = _cuda.probe([("libmpi.so", FakeLib())], "Some MPI 1.0", {}, mapped=UCX_CUDA)
+    assert not aware and "exports neither" in reason and "--probe" in reason
 
 
-def test_query_yes_never_starts_the_probe():
-    transfer = Transfer(False, "should not run")
+def test_query_yes_is_weighed_not_probed():
+    """A yes with UCX's CUDA transports: believed on the evidence, no hint to probe."""
     lib = FakeLib(MPIX_Query_cuda_support=query_cuda(1))
-    aware, _ = _cuda.probe([("/opt/ompi/lib/libmpi.so.40", lib)], "Open MPI 5.0.5", {},
-                           _cuda.Evidence(True, UCX_CUDA), transfer=transfer, mapped=UCX_CUDA)
-    assert aware and transfer.calls == 0
+    aware, reason = _cuda.probe([("/opt/ompi/lib/libmpi.so.40", lib)], "Open MPI 5.0.5", {},
+                                _cuda.Evidence(True, UCX_CUDA), mapped=UCX_CUDA)
+    assert aware and "--probe" not in reason
 
 
 @pytest.mark.parametrize("tls, usable", [

@@ -81,6 +81,48 @@ def test_every_default_section_has_lines_and_names_files_that_exist():
     assert not missing, missing
 
 
+def _table():
+    """{section: (budget, kind, [(env, ranks, seconds, label, command)])} of checks.txt."""
+    import re
+
+    sections, current = {}, None
+    for text in (DEVICE / "checks.txt").read_text().splitlines():
+        head = re.match(r"^\[(\w+)\]\s+(\d+)\s+(default|extra)\s", text)
+        if head:
+            current = sections[head.group(1)] = (int(head.group(2)), head.group(3), [])
+            continue
+        line = re.match(r"^(ompi|mpich|a|b)\s+(\d+)\s+(\d+)\s+([^|]*?)\s*\|\s*(.*)$", text)
+        if line and current is not None:
+            env, ranks, secs, label, command = line.groups()
+            current[2].append((env, int(ranks), int(secs), label, command))
+    return sections
+
+
+def test_the_default_run_fits_its_budget_with_room():
+    """Each default section's lines fit its budget, and the default sections with the
+    preflight (about 75 s) fit the run's BUDGET_S with 30 s left for lines still to come;
+    BUDGET_S fits the device tool's 7-minute call."""
+    import re
+
+    budget_s = int(re.search(r"BUDGET_S=\$\{BUDGET_S:-(\d+)\}", SCRIPT.read_text()).group(1))
+    sections = _table()
+    over = [f"[{name}] lines {sum(s for _, _, s, _, _ in lines)} s > {budget} s"
+            for name, (budget, kind, lines) in sections.items()
+            if kind == "default" and sum(s for _, _, s, _, _ in lines) > budget]
+    assert not over, over
+    default = sum(budget for budget, kind, _ in sections.values() if kind == "default")
+    assert default + 75 + 30 <= budget_s <= 7 * 60 - 20, (default, budget_s)
+
+
+def test_route_lines_force_the_path():
+    """Route A and B lines that run mpicoll set MPICOLL_CUDA_AWARE (the wheels say no CUDA
+    support, so mpicoll's own decision stages there); only the judges do not."""
+    unforced = [label for _, _, lines in _table().values() for env, _, _, label, command in lines
+                if env in ("a", "b") and "judge.py" not in command
+                and not command.startswith(("MPICOLL_CUDA_AWARE=1 ", "MPICOLL_CUDA_AWARE=0 "))]
+    assert not unforced, unforced
+
+
 @pytest.mark.parametrize("table, says", [
     ("ompi 2 10 a line before its section | -c 1\n", "before any [section] line"),
     ("[x] 10 default a section\nompi two 5 ranks not a number | -c 1\n", "checks.txt:2: not '[section]"),

@@ -19,6 +19,7 @@ from mpi4py import MPI
 from support import fakegpu, gpucases, util
 
 import mpicoll
+from mpicoll.backends import cuda as _cuda
 from mpicoll.backends import devices as _devices
 from mpicoll.engine import context as _context
 from mpicoll.transport import staging as _staging
@@ -268,6 +269,28 @@ def test_device_errors_before_any_message(comm):
         with pytest.raises(TypeError, match="expected a fakegpu"):
             mpicoll.allreduce(x, comm=comm, out=np.zeros(8))
         assert np.array_equal(x.get(), np.zeros(8))
+    assert not _mpi_calls(rt)
+
+
+def test_forced_direct_without_ucx_cuda_transport_refused_before_any_message(comm):
+    """cuda_aware=True where the MPI's UCX has no CUDA transport (real device memory would
+    be read as host memory): ValueError naming the setting and what is missing, on every
+    rank, before any message; the input untouched."""
+    be = fakegpu.fake_backend()
+    rt = be.rt
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=True):
+        accepted = _cuda._ucx_without_cuda  # (the fake GPU's stand-in, restored below)
+        _cuda._ucx_without_cuda = lambda: (
+            "the UCX transport loaded no CUDA transport (no libuct_cuda in this process)")
+        try:
+            x = rt.xp.asarray(np.arange(16.0) + comm.rank)
+            util.raises_everywhere(
+                comm, ValueError, r"mpicoll\.configure\(cuda_aware=True\): expected an MPI "
+                r"that can read device memory, but the UCX transport loaded no CUDA transport",
+                lambda: mpicoll.allreduce(x, comm=comm))
+        finally:
+            _cuda._ucx_without_cuda = accepted
+        assert np.array_equal(x.get(), np.arange(16.0) + comm.rank)
     assert not _mpi_calls(rt)
 
 

@@ -25,6 +25,13 @@ _KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_
          "OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 
 
+@pytest.fixture(autouse=True)
+def forced_yes_accepted(monkeypatch):
+    """A forced yes stands for the UCX this process loaded (its refusal: test_forced_yes_refused)."""
+    from mpicoll.backends import cuda as _cuda
+    monkeypatch.setattr(_cuda, "_ucx_without_cuda", lambda: None)
+
+
 def _cupy_state():
     try:
         import cupy  # noqa: F401
@@ -142,18 +149,39 @@ def test_probe_contradicting_yes_fails(capsys, monkeypatch):
         assert rc == 0 and out == ""
 
 
-def test_probe_runs_a_child(capsys, monkeypatch):
-    """The real probe: without CuPy the child fails to import it, and says so."""
+def test_probe_inside_a_started_mpi_is_not_run(capsys, monkeypatch):
+    """main() in a process that initialised MPI (this one): no child job, and the line says
+    why (``python -m mpicoll.info --probe`` runs it before MPI_Init: tests/launch)."""
+    import subprocess
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or 1 / 0)
     monkeypatch.delenv("MPICOLL_CUDA_AWARE", raising=False)
     with mpicoll.options(cuda_aware=False):
         rc = info.main(["--probe"])
     out = capsys.readouterr().out
+    assert not started
     if WORLD.rank != 0:
         return
     assert rc == 0
     line = next(line for line in out.splitlines() if line.startswith("probe: "))
-    if _cupy_state() == "not installed":
-        assert "failed" in line and "cupy" in line
+    assert line.startswith("probe: not run (MPI is initialised in this process"), line
+
+
+def test_forced_yes_refused(capsys, monkeypatch):
+    """MPICOLL_CUDA_AWARE=1 where the UCX transport has no CUDA transport: the report says the
+    setting is refused and why, exit 1."""
+    from mpicoll.backends import cuda as _cuda
+    monkeypatch.setattr(_cuda, "_ucx_without_cuda", lambda: "the UCX transport loaded no CUDA "
+                        "transport (no libuct_cuda in this process)")
+    monkeypatch.setenv("MPICOLL_CUDA_AWARE", "1")
+    with mpicoll.options(cuda_aware=None):
+        rc = info.main([])
+    out = capsys.readouterr().out
+    if WORLD.rank == 0:
+        assert rc == 1
+        assert ("cuda-aware: unknown (MPICOLL_CUDA_AWARE=1: expected an MPI that can read device "
+                "memory, but the UCX transport loaded no CUDA transport") in out, out
 
 
 def test_ucx_line(capsys, monkeypatch):
@@ -202,3 +230,4 @@ def test_probe_passing_under_a_no_names_the_switch(capsys, monkeypatch):
         assert rc == 0
         assert "probe: passed (the device Sendrecv probe passed)" in out
         assert "MPICOLL_CUDA_AWARE=1 uses the direct path" in out
+        assert "passed between two processes" in out

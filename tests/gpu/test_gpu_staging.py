@@ -14,6 +14,7 @@ from mpi4py import MPI
 from support import fakegpu, gpucases, util
 
 import mpicoll
+from mpicoll.algorithms.schedule import STAGED_SEGMENT_FACTOR
 from mpicoll.backends import devices as _devices
 from mpicoll.engine import context as _context
 from mpicoll.engine import intranode
@@ -28,7 +29,7 @@ WORLD = MPI.COMM_WORLD
 @pytest.fixture(scope="module")
 def comm():
     c = WORLD.Dup()
-    _context.context(c).segment_bytes = 256
+    _context.context(c).segment_bytes = 64  # staged messages of 256 bytes (STAGED_SEGMENT_FACTOR)
     yield c
     c.Free()
 
@@ -112,7 +113,8 @@ def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
             log = rt.log[start:]
             copies = sum(1 for e in log if e == ("queue", d2h, "d2h"))
             sends = sum(1 for e in log if e[0] == "mpi isend")
-            seg = _context.context(comm).segment_bytes // 8  # staged: pieces of a segment
+            # staged: pieces of the staged segment
+            seg = _context.context(comm).segment_bytes * STAGED_SEGMENT_FACTOR // 8
             own = -(-counts[comm.rank] // seg)
             if copies != own:
                 problems.append(f"call {k}: {copies} device-to-host copies for {sends} sends; "
@@ -126,19 +128,21 @@ def test_allgather_forwards_from_pinned_receive_buffer(comm, in_place):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
 def test_staged_messages_take_pinned_buffers_of_one_segment(collective):
-    """Every algorithm's messages on the staging path are one segment at most, so each
-    pinned buffer is a segment, and the ring's ("auto" there: its receives are windowed)
-    are a few segments in all, whatever the array.  The ring AllGather's pieces of
-    AG_SEGMENT_FACTOR segments and the pairwise schedules' pieces of LOCAL_PIECE_FACTOR
-    inside a node each took a pinned buffer of that size (on an H200, 40-75 MiB held for
-    16 MiB arrays with 1 MiB segments), copied whole before the send.  At 3 ranks and
-    more, in pieces this short, the pairwise schedules also deadlocked on the send
-    buffers (transport.staging's docstring); the timeout turns a hang into a failure."""
+    """Every algorithm's messages on the staging path are one staged segment
+    (STAGED_SEGMENT_FACTOR segments) at most, so each pinned buffer is one, and the ring's
+    ("auto" there: its receives are windowed) are a few in all, whatever the array.  The
+    ring AllGather's pieces of AG_SEGMENT_FACTOR segments and the pairwise schedules'
+    pieces of LOCAL_PIECE_FACTOR inside a node each took a pinned buffer of that size (on
+    an H200, 40-75 MiB held for 16 MiB arrays with 1 MiB segments), copied whole before
+    the send.  At 3 ranks and more, in pieces this short, the pairwise schedules also
+    deadlocked on the send buffers (transport.staging's docstring); the timeout turns a
+    hang into a failure."""
     be = fakegpu.fake_backend()
     rt = be.rt
     c = WORLD.Dup()
     ctx = _context.context(c)
-    ctx.segment_bytes = seg = 64 << 10  # _MIN_PINNED: a longer message needs a larger buffer
+    ctx.segment_bytes = (64 << 10) // STAGED_SEGMENT_FACTOR
+    seg = 64 << 10  # the staged segment, _MIN_PINNED: a longer message needs a larger buffer
     per_rank = (1 << 20) // 4 + 5  # float32 elements: 1 MiB and a little, 17 segments
     n = per_rank if collective == "allgather" else per_rank * c.size
     problems = []
@@ -155,7 +159,7 @@ def test_staged_messages_take_pinned_buffers_of_one_segment(collective):
             if largest > seg:
                 problems.append(f"{algorithm}: a pinned buffer of {largest} bytes > {seg}")
             pool = be.staging_pool(ctx)
-            limit = (pool.max_send + pool.max_recv) * seg  # of one segment each
+            limit = (pool.max_send + pool.max_recv) * seg  # of one staged segment each
             if algorithm == "ring" and pool.allocated > limit:
                 problems.append(f"ring: {pool.allocated} pinned bytes held > {limit}")
     c.Free()
@@ -204,3 +208,44 @@ def test_auto_on_staged_device_arrays_takes_the_ring(collective):
     if collective != "allgather":
         assert _select.choose(collective, "auto", 1 << 10, 4, False, staged=True) == \
             "recursive_doubling"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["staging", "whole", "direct"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_events_are_reused_across_calls(comm, collective, transport, monkeypatch):
+    """CUDA events come from the context's pool, reused once complete: every staged message
+    took two new ones at each end (369 for a 64 MiB AllReduce at 4 ranks), at every call.
+
+    Whole-array staging and the direct path use one event per call (its end): a repeat
+    creates none (from the third call: the second finds the first's not yet seen done).
+    Staged per message, a send or receive holds two at most at once, so ten calls create
+    at most what one call's sends and receives hold together, however far a rank runs
+    ahead (its queued sends hold theirs); at two per send or receive and call, ten calls
+    took 20 per send or receive."""
+    if transport == "whole":
+        monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 1 << 30)
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    rt = be.rt
+    n = 300 * comm.size + 7  # float64: with 64-byte segments, many staged messages per call
+    created, messages = [], []
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=transport == "direct", timeout=None):
+        for _ in range(10):
+            before, moved = rt.events_created, len(_mpi_calls(rt))
+            op = None if collective == "allgather" else "SUM"
+            problem = gpucases.RUNNERS[collective](comm, _device(rt), (n, op, "float64", "fn",
+                                                                        False, "ring"))
+            assert problem is None, problem
+            created.append(rt.events_created - before)
+            messages.append(len(_mpi_calls(rt)) - moved)
+    problems = []
+    if transport != "staging" and any(created[2:]):
+        problems.append(f"calls 3-10 created {created[2:]} events")
+    if transport == "staging" and sum(created) > 2 * messages[0] + 4:
+        problems.append(f"10 calls created {sum(created)} events for {messages[0]} sends and "
+                        f"receives each")
+    util.assert_all(comm, not problems, "; ".join(problems) + f" (created per call: {created})")
+
+
+def _mpi_calls(rt):
+    return [e for e in rt.log if e[0] in ("mpi isend", "mpi irecv")]

@@ -10,6 +10,9 @@ ran on, produces wrong results.
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -93,3 +96,66 @@ def test_alternating_streams(comm, transport, collective, algorithm, monkeypatch
                 bad = np.flatnonzero(got != ref)[:3].tolist()
                 problems.append(f"call {k} on {stream.name}: wrong at {bad}")
     util.assert_all(comm, not problems, "; ".join(problems))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["staging", "direct", "whole"])
+def test_threads_each_on_their_own_communicator(transport, monkeypatch):
+    """Two threads run device collectives at once, each on its own communicator and stream,
+    through the one backend: every result right, and every call's end event is its own,
+    recorded on its thread's stream for its communicator (the runtime's log names the
+    stream of every event recorded).  The state of a call in progress was the backend's:
+    the threads finished each other's calls, or none."""
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        pytest.skip("MPI runs without MPI_THREAD_MULTIPLE")
+    monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 1 << 30 if transport == "whole" else 0)
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    rt = be.rt
+    comms = [WORLD.Dup() for _ in range(2)]
+    for c in comms:
+        _context.context(c).segment_bytes = 64  # (collective: set up before the threads)
+    key = (be.name, rt.current_device())
+    n, calls = 40 * WORLD.size + 3, 12
+    problems = [[] for _ in comms]
+
+    def run(i):
+        comm, mine = comms[i], problems[i]
+        ctx = _context.context(comm)
+        stream = fakegpu.FakeStream(rt, f"thread{i}")
+        try:
+            with rt.using(stream):
+                for k in range(calls):
+                    h = gpucases.data(n, "float64", comm.rank, salt=10 * i + k)
+                    x = fakegpu.produce(rt, h)
+                    y = mpicoll.allreduce(x, comm=comm, algorithm="ring")
+                    end = ctx.devices.get("done", {}).get(key)
+                    if end is None or end.stream is not stream or end.pos != stream.queued:
+                        mine.append(f"call {k}: its end event is "
+                                    f"{'missing' if end is None else f'on {end.stream.name}@{end.pos}'}"
+                                    f", not on thread{i}@{stream.queued}")
+                    ref = np.empty_like(h)
+                    comm.Allreduce(h, ref)
+                    if not np.array_equal(y.get(), ref):
+                        mine.append(f"call {k}: wrong result")
+        except Exception as exc:  # reported with the others, on every rank
+            mine.append(f"{type(exc).__name__}: {exc}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # (switch threads often: calls interleave)
+    try:
+        with fakegpu.registered(be), mpicoll.options(cuda_aware=transport == "direct",
+                                                     timeout=60):
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        for c in comms:
+            c.Free()
+    found = [f"thread{i}: {p}" for i, ps in enumerate(problems) for p in ps[:2]]
+    records = {e[1] for e in rt.log if e[0] == "record"}
+    if not {"thread0", "thread1"} <= records:
+        found.append(f"events recorded on {sorted(records)}")
+    util.assert_all(WORLD, not found, "; ".join(found[:4]))

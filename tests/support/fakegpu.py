@@ -16,11 +16,11 @@ CUDA, as a *runtime* object that replaces :class:`mpicoll.backends.devices.CupyR
   ``eager`` one runs it at once, like a fast engine.  So a missing
   synchronisation leaves stale bytes in host memory where MPI reads them, and
   the test sees wrong data instead of passing by luck.
-* :class:`FakeRuntime`: the runtime interface (array module ``xp``, streams,
-  events, pinned buffers, async copies, device count/names/selection, CUDA IPC
-  over the host's node memory (memfd), so that ranks map each other's buffers as with
-  real IPC) plus a ``log`` of what happened, in order, for tests of the
-  stream contract.
+* :class:`FakeRuntime`: the runtime interface (array module ``xp``, streams
+  with a current one per thread, events, pinned buffers, async copies, device
+  count/names/selection, CUDA IPC over the host's node memory (memfd), so that
+  ranks map each other's buffers as with real IPC) plus a ``log`` of what
+  happened, in order, for tests of the stream contract, and ``events_created``.
 
 :func:`fake_backend` wraps a runtime in mpicoll's real
 :class:`~mpicoll.backends.devices.DeviceBackend`, so the staging channel, the
@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 
 import numpy as np
 from mpi4py import MPI
 
+from mpicoll.backends import cuda as _cuda
 from mpicoll.backends import devices as _devices
 from mpicoll.backends import registry as _registry
 from mpicoll.transport import shared as _shared
@@ -174,9 +176,12 @@ class FakeXp:
 
 
 class FakeEvent:
+    """An event: the work of ``stream`` up to ``pos`` when it was last recorded (recorded again,
+    it stands for later work, as a CUDA event does)."""
+
     __slots__ = ("stream", "pos", "queries")
 
-    def __init__(self, stream, pos):
+    def __init__(self, stream=None, pos=0):
         self.stream = stream
         self.pos = pos
         self.queries = 0
@@ -240,7 +245,8 @@ class FakeRuntime:
         self.slow_queries = slow_queries
         self.query_lag = (1 if slow_queries else 0) if query_lag is None else query_lag
         self.null = FakeStream(self, "compute", eager=compute == "eager")
-        self.current = self.null
+        self._thread = threading.local()  # the current stream, per thread (as CuPy's)
+        self.events_created = 0
         self.pinned_buffers = []
         self.mpi_requests = []  # MPI requests of the RecordingChannel (see mpi_outstanding)
         self.devices = devices
@@ -262,6 +268,15 @@ class FakeRuntime:
 
     def ufunc(self, name):
         return getattr(self.xp, _devices._types.NUMPY_UFUNCS[name].__name__)
+
+    @property
+    def current(self):
+        """This thread's current stream (the null stream unless one was made current)."""
+        return getattr(self._thread, "stream", self.null)
+
+    @current.setter
+    def current(self, stream):
+        self._thread.stream = stream
 
     def launch(self, fn, what="kernel"):
         """Queue device work on the current stream (a kernel)."""
@@ -288,11 +303,23 @@ class FakeRuntime:
         self.log.append(("sync", stream.name))
         stream.synchronize()
 
-    def record(self, stream):
-        return FakeEvent(stream, stream.queued)
+    def event(self):
+        """A new event (``events_created`` counts them)."""
+        self.events_created += 1
+        return FakeEvent()
+
+    def record(self, stream, event=None):
+        """Record ``event`` (a new one if None) on ``stream``: it stands for the work queued
+        there so far.  Logged as ("record", stream)."""
+        event = self.event() if event is None else event
+        event.stream, event.pos, event.queries = stream, stream.queued, 0
+        self.log.append(("record", stream.name))
+        return event
 
     def wait_event(self, stream, event):
-        stream.enqueue(lambda: event.stream.run_until(event.pos), f"wait {event.stream.name}@{event.pos}")
+        # (the work the event stands for now: recording it again later changes nothing here)
+        target, pos = event.stream, event.pos
+        stream.enqueue(lambda: target.run_until(pos), f"wait {target.name}@{pos}")
 
     def done(self, event):
         event.queries += 1
@@ -429,12 +456,21 @@ def fake_backend(**runtime_options) -> FakeBackend:
 
 @contextlib.contextmanager
 def registered(backend):
-    """Put ``backend`` first in mpicoll's list of device backends for a block."""
+    """Put ``backend`` first in mpicoll's list of device backends for a block.
+
+    Its memory is host memory, which MPI reads whatever its transport: in the
+    block a forced yes (``cuda_aware=True``) stands whatever UCX this process
+    loaded (mpicoll refuses it where that UCX has no CUDA transport, for real
+    device memory).
+    """
+    saved = _cuda._ucx_without_cuda
+    _cuda._ucx_without_cuda = lambda: None
     _registry.register(backend, first=True)
     try:
         yield backend
     finally:
         _registry.unregister(backend)
+        _cuda._ucx_without_cuda = saved
 
 
 def produce(rt, host):

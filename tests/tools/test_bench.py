@@ -147,6 +147,32 @@ def _expected_sizes(lo, hi, factor, collective):
     return out
 
 
+@pytest.mark.timeout(120)
+def test_json_holds_each_measurement_as_it_ends(shared_dir, monkeypatch):
+    """A run stopped partway (the device check's time limit on a line) leaves the sizes it
+    measured in its --json file, not nothing."""
+    class Stopped(Exception):
+        pass
+
+    jpath = os.path.join(shared_dir, "cut.json")
+    real, done = bench.measure, []
+
+    def measure(*args, **kwargs):
+        if len(done) == 2:  # (every rank stops at the same size)
+            raise Stopped
+        done.append(real(*args, **kwargs))
+        return done[-1]
+
+    monkeypatch.setattr(bench, "measure", measure)
+    with pytest.raises(Stopped):
+        _run(["-C", "allreduce", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "0", "-q",
+              "--json", jpath])
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        with open(jpath) as f:
+            assert [r["bytes"] for r in json.load(f)] == [1024, 4096]
+
+
 @pytest.mark.timeout(300)
 def test_table_json_csv(shared_dir):
     jpath = os.path.join(shared_dir, "r.json")

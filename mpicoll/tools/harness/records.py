@@ -19,7 +19,8 @@ import mpicoll
 
 from .cli import ToolError, write_file
 
-__all__ = ["environment", "mpi_library", "nodes", "write_json", "write_csv", "write_plot"]
+__all__ = ["environment", "mpi_library", "nodes", "write_json", "keep_json", "write_csv",
+           "write_plot"]
 
 
 def mpi_library() -> str:
@@ -56,6 +57,17 @@ def write_json(path, records) -> None:
         json.dump(records, f, indent=1)
         f.write("\n")
     write_file(path, dump)
+
+
+def keep_json(path, records) -> None:
+    """Rewrite ``path`` with the records so far, as each measurement ends (rank 0), so a run
+    stopped by a time limit keeps what it measured.  A file that cannot be written now is
+    left to the final :func:`write_json`, which raises: raised between measurements, the
+    error would end rank 0 alone while the other ranks measure on."""
+    try:
+        write_json(path, records)
+    except ToolError:
+        pass
 
 
 def write_csv(path, records, fields) -> None:
