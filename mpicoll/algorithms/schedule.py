@@ -115,9 +115,8 @@ class Copy(NamedTuple):
 
 # A staged message (Shape.staged: device arrays through pinned host memory) costs a copy
 # each way, its events and an MPI message whatever its length, so it is this many segments
-# long: 4 MiB at the default 1 MiB segment.  A staged ring AllReduce of 64 MiB at 4 ranks
-# (one H200, window 2) moved 4.40 GB/s of bus bandwidth in 4 MiB segments, 2.87 in 1 MiB
-# and 0.80 in 256 KiB (docs/gpu.md, "Staged segment x window").
+# long: 4 MiB at the default 1 MiB segment (docs/gpu.md, "Host staging"; the GPU device
+# check measures the staged path beside the direct one).
 STAGED_SEGMENT_FACTOR = 4
 
 

@@ -221,17 +221,18 @@ def adopted(raw, nranks: int, nodes: int, source: str) -> Selection:
 # puts 2(k-1)/k * N on each of k node links where the ring on n ranks puts
 # 2(n-1)/n * N (AllReduce; ReduceScatter and AllGather: half), and the
 # extra steps inside a node cost latency the ring's sizes absorb.  The node
-# layout is the context's (transport.topology: Split_type(COMM_TYPE_SHARED),
-# or MPICOLL_FAKE_NODES); docs/performance.md "Across nodes".
+# layout is the context's (engine.context: each rank's host and boot, or
+# MPICOLL_FAKE_NODES); docs/algorithms.md, "The hierarchical algorithms".
 HIERARCHICAL_ABOVE = {collective: rows[-2][0] for collective, rows in THRESHOLDS.items()}
 
 
 # "auto" and node memory (the ``intranode`` option, transport.shared): on a communicator
 # whose ranks share one node, the first row of the collective whose size limit holds
 # (max bytes, inclusive; None: no limit) gives the shared algorithm, or None: the table
-# above.  Host rows: measured at 2 ranks with both MPIs (docs/performance.md, "Shared
-# memory inside a node").  Device rows: none until measured on a GPU (docs/gpu.md says
-# how); ``intranode=shared`` takes SHARED_FORCED at every size, and on a communicator
+# above.  Host rows: measured at 2 ranks with both MPIs (docs/performance.md, "Inside a
+# node: the shared-memory algorithms").  Device rows: none until measured on a GPU
+# (docs/gpu.md, "Shared memory inside a node"); ``intranode=shared`` takes SHARED_FORCED
+# at every size, and on a communicator
 # spanning nodes the hierarchical composition (algorithms.shared, commutative ops only);
 # ``intranode=mpi`` never a shared one.
 SHARED_HOST = {
