@@ -231,9 +231,9 @@ HIERARCHICAL_ABOVE = {collective: rows[-2][0] for collective, rows in THRESHOLDS
 # (max bytes, inclusive; None: no limit) gives the shared algorithm, or None: the table
 # above.  Host rows: measured at 2 ranks with both MPIs (docs/performance.md, "Inside a
 # node: the shared-memory algorithms").  Device rows: none until measured on a GPU
-# (docs/gpu.md, "Shared memory inside a node"); ``intranode=shared`` takes SHARED_FORCED
-# at every size, and on a communicator
-# spanning nodes the hierarchical composition (algorithms.shared, commutative ops only);
+# (docs/gpu.md, "Shared memory inside a node (`intranode`)"); ``intranode=shared`` takes
+# SHARED_FORCED at every size, and on a communicator spanning nodes the hierarchical
+# composition (algorithms.shared, commutative ops only);
 # ``intranode=mpi`` never a shared one.
 SHARED_HOST = {
     "allreduce": ((None, None),),
