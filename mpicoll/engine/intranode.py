@@ -30,6 +30,7 @@ from __future__ import annotations
 import weakref
 
 from ..algorithms import shared as _algorithms
+from ..algorithms.schedule import node_role
 from ..core import config as _config
 from ..core.errors import MpicollError
 from ..transport import shared as _memory
@@ -106,13 +107,28 @@ def choose(ctx, collective, algorithm, name, nbytes, backend, commutative, block
 
 def shape(ctx, shape, backend, region, itemsize: int):
     """*run._schedule*: a shared algorithm's shape with the slot of the region it
-    maps (elements; 0 where no rank shares a node: no node memory is used)."""
-    return shape._replace(shared=_memory.slot_elements(ctx, backend, region, itemsize))
+    maps (elements; 0 where no rank shares a node: no node memory is used), and on one
+    node of device arrays ``mapped``: the call's own buffers, registered for CUDA IPC."""
+    return shape._replace(shared=_memory.slot_elements(ctx, backend, region, itemsize),
+                          mapped=not spans_nodes(ctx) and _memory.maps_buffers(ctx, backend))
 
 
-def views(ctx, backend, region, schedule, dtype) -> dict:
-    """*binding* (run.Bound._bind, cache._entry): the node buffers ``schedule`` names."""
-    return _memory.views(ctx, backend, region, schedule, dtype)
+def views(ctx, backend, region, schedule, dtype, bound=None, call=None) -> dict:
+    """*binding* (run.Bound._bind, cache._entry): the node buffers ``schedule`` names.
+
+    Where they include the call's own buffers at the ranks of the node (``Shape.mapped``),
+    ``bound``: the views bound so far ({SRC, DST, ...}); ``call``: the run.Bound (its
+    timeout and description for the exchange that tells the node where they lie)."""
+    buffers = [(name, q, n, node_role(name)) for name, (q, n) in schedule.shared.items()]
+    timeout = describe = None
+    if call is not None:
+        label, seq, name, what = call.about()[:4]
+        timeout = call.timeout
+
+        def describe():
+            return f"{label} #{seq} ({name}, {what})", label, name
+    return _memory.views(ctx, backend, region, buffers, dtype, bound, call, timeout, describe,
+                         wait_for)
 
 
 def claim(ctx, region, operation) -> None:
@@ -149,7 +165,8 @@ def channel(ctx, backend, mpitype, schedule):
     are all 0-byte syncs), else None (the backend's own)."""
     if backend.name == "numpy" or not schedule.shared or spans_nodes(ctx):
         return None
-    return _memory.SyncChannel(backend.host_channel(ctx, mpitype), backend, backend._begin(ctx))
+    return _memory.sync_channel(ctx, backend, backend.host_channel(ctx, mpitype),
+                                backend._begin(ctx))
 
 
 def plain(run) -> bool:

@@ -148,18 +148,20 @@ class Bound:
         if sched.work or self.widen is not None:
             self.lease = self.ctx.work.lease(self.msg.backend if self.stage is None else be)
         views = _executor.work_views(sched, self.lease, self.msg.dtype) if sched.work else {}
-        if self.region is not None:  # node memory (engine.intranode)
-            views.update(_intranode.views(self.ctx, self.msg.backend, self.region, sched,
-                                          self.msg.dtype))
         if self.widen is None:
             views[DST] = dst
             views[SRC] = dst if src is None else src
+        else:
+            # the float32 route (engine.select's dtype policy): in place on the widened copy
+            work = self.lease.take(self.widen, len(src), "widened input")
+            views[SRC] = work
+            views[DST] = work[: len(dst)] if self.call.collective == "reduce_scatter" else work
+        if self.region is not None:  # node memory (engine.intranode)
+            views.update(_intranode.views(self.ctx, self.msg.backend, self.region, sched,
+                                          self.msg.dtype, views, self))
+        if self.widen is None:
             self.steps = _executor.bind(sched, views)
             return
-        # the float32 route (engine.select's dtype policy): in place on the widened copy
-        work = self.lease.take(self.widen, len(src), "widened input")
-        views[SRC] = work
-        views[DST] = work[: len(dst)] if self.call.collective == "reduce_scatter" else work
         self.steps = ((_executor.COPY, work, src),) + _executor.bind(sched, views) + (
             (_executor.COPY, dst, views[DST]),)
 

@@ -12,6 +12,7 @@
   one; this finds it without Sphinx).
 * The README stays short and keeps the two set-up commands where .ci/run
   reads them.
+* docs/gpu.md states the one-shot limits ``engine.select`` has.
 """
 
 from __future__ import annotations
@@ -242,3 +243,13 @@ def test_readme_is_short_and_keeps_the_setup_commands():
     blocks = re.findall(r"^```bash\n(.*?)^```", section.group(0), re.M | re.S)
     assert len(blocks) >= 2, "README.md: the set-up section needs two ```bash blocks"
     assert "examples/allreduce.py" in blocks[0] and "tests/run_tests.sh" in blocks[1]
+
+
+def test_gpu_page_states_the_oneshot_limits():
+    """docs/gpu.md's one-shot limits under ``intranode=shared`` are engine.select's."""
+    from mpicoll.engine import select
+
+    text = " ".join((ROOT / "docs" / "gpu.md").read_text().split())
+    host = select.SHARED_FORCED["allreduce"][0][0] >> 10
+    assert f"one shot up to {host} KiB, then two shot" in text
+    assert f"one shot up to {select.DEVICE_ONESHOT_BYTES >> 10} KiB" in text
