@@ -912,6 +912,12 @@ class SyncChannel:
         test = getattr(self.inner, "testall", None)
         return test(reqs) if test is not None else MPI.Request.Testall(reqs)
 
+    @property
+    def test(self):
+        """The inner channel's own test of one request, where it has one (transport.timeout
+        polls with it under a timeout), else None."""
+        return getattr(self.inner, "test", None)
+
 
 def sync_channel(ctx, backend, inner, stream) -> SyncChannel:
     """The :class:`SyncChannel` of a device schedule on ``ctx`` (its node memory set up)."""

@@ -601,6 +601,11 @@ class RecordingChannel:
         reqs.append(req)
         return req
 
+    def test(self, req):
+        """Whether ``req`` completed (a timed wait polls this), serving meanwhile."""
+        self.rt.serve()
+        return self.inner.testall([req])
+
     def wait(self, req):
         self.waitall([req])
 
