@@ -45,19 +45,23 @@ Algorithms (one node)
 
 The call's own buffers (``Shape.mapped``: device arrays, one node)
     Where the ranks of a node map each other's ``SRC`` and ``DST`` (CUDA IPC
-    registration, transport.shared), AllReduce needs no slots and no chunks:
-    each rank makes its input readable where the others read it (a copy into
-    its own buffer for that, or nothing where that is ``SRC`` itself), syncs,
-    folds in one pass (``Fold``) every rank's input in local-rank order, and
-    syncs again (``node: done``: no peer reads its input or writes its
-    output after that).  One shot: every rank folds the whole array into its
-    ``DST`` (in place: into a work buffer, copied into ``DST`` after the last
-    sync, as the peers read ``SRC`` until then).  Two shot: local rank ``j``
-    folds block ``j`` and writes it into every rank's output; each rank then
-    copies its output into ``DST`` (nothing where it is ``DST``).  Every
-    operand is read once, each rank's bytes written once: the fewest bytes a
-    kernel can move, in two syncs whatever the size.  The fold's order is
-    the one above, so the results are bitwise identical across ranks.
+    registration, transport.shared), no slots and no chunks: each rank makes
+    its input readable where the others read it (a copy into its own buffer
+    for that, or nothing where that is its own array), syncs, does its part
+    in one pass, and syncs again (``node: done``: no peer reads its input or
+    writes its output after that), whatever the size.  AllReduce one shot:
+    every rank folds (``Fold``) every rank's whole input into its ``DST``
+    (in place: into a work buffer, copied into ``DST`` after the last sync,
+    as the peers read ``SRC`` until then).  AllReduce two shot: local rank
+    ``j`` folds block ``j`` of every rank's input and writes it into every
+    rank's output; each rank then copies its output into ``DST`` (nothing
+    where it is ``DST``).  ReduceScatter: each rank folds its block of every
+    rank's input into ``DST`` (in place, unless its block is the start of
+    ``SRC``, through a work buffer as above).  AllGather: each rank copies
+    every peer's block from where it lies in that peer's output.  Every
+    operand is read once and every result written once: the fewest bytes a
+    kernel can move.  The folds keep the order above, so results are bitwise
+    identical across ranks and a non-commutative op keeps its order.
 
 Across nodes
     On a communicator that spans nodes the same phases replace the steps
@@ -345,6 +349,29 @@ def allreduce_twoshot(s: Shape) -> Schedule:
     return b.build(node.step)
 
 
+def _reduce_scatter_mapped(s: Shape) -> Schedule:
+    """ReduceScatter on the ranks' own buffers: one fold of this rank's block of every
+    rank's input into ``DST`` (in place through a work buffer, as :func:`reduce_scatter`),
+    two syncs."""
+    b = Builder()
+    node = _Node(b, s)
+    me, counts, displs = s.rank, s.counts, s.displs
+    extent = max(d + c for c, d in zip(counts, displs))
+    ins = {q: b.peer_buffer(q, INPUT, extent) for q in node.local}
+    b.copy(Region(ins[me], 0, extent), Region(SRC, 0, extent))
+    node.sync(READY)
+    lo, mine = displs[me], counts[me]
+    own_first = lo == 0 and packed(counts, displs)
+    into = Region(b.buffer("shared: rank-order fold", mine), 0, mine) \
+        if s.in_place and mine and not own_first else Region(DST, 0, mine)
+    if mine:
+        b.fold([Region(SRC if q == me else ins[q], lo, lo + mine) for q in node.local],
+               [into])
+    node.sync(DONE)
+    b.copy(Region(DST, 0, mine), into)
+    return b.build(node.step)
+
+
 def reduce_scatter(s: Shape) -> Schedule:
     """ReduceScatter: each rank folds its block from every rank's input, into ``DST``.
 
@@ -356,6 +383,8 @@ def reduce_scatter(s: Shape) -> Schedule:
         return _trivial(s, "reduce_scatter")
     if _spans_nodes(s):
         return _reduce_scatter_nodes(s)
+    if s.mapped:
+        return _reduce_scatter_mapped(s)
     b = Builder()
     node = _Node(b, s)
     counts, displs, mine = s.counts, s.displs, s.counts[s.rank]
@@ -373,12 +402,34 @@ def reduce_scatter(s: Shape) -> Schedule:
     return b.build(node.step)
 
 
+def _allgather_mapped(s: Shape) -> Schedule:
+    """AllGather(v) on the ranks' own buffers: every rank copies each peer's block from
+    where it lies in that peer's output (its own block there first), two syncs.  (In
+    place the binding gives ``SRC`` all of ``DST``: only :func:`own_block` reads it.)"""
+    b = Builder()
+    node = _Node(b, s)
+    me, counts, displs = s.rank, s.counts, s.displs
+    extent = max(d + c for c, d in zip(counts, displs))
+    outs = {q: b.peer_buffer(q, OUTPUT, extent) for q in node.local}
+    own = own_block(b, s)
+    b.copy(Region(outs[me], own.start, own.stop), own)
+    node.sync(READY)
+    for q in node.local:
+        a, z = displs[q], displs[q] + counts[q]
+        if q != me and z > a:
+            b.copy(Region(DST, a, z), Region(outs[q], a, z))
+    node.sync(DONE)
+    return b.build(node.step)
+
+
 def allgather(s: Shape) -> Schedule:
     """AllGather(v): each rank publishes its block; every rank copies the others'."""
     if s.size == 1 or s.total == 0:
         return _trivial(s, "allgather")
     if _spans_nodes(s):
         return _allgather_nodes(s)
+    if s.mapped:
+        return _allgather_mapped(s)
     b = Builder()
     node = _Node(b, s)
     own = own_block(b, s)

@@ -107,10 +107,11 @@ def choose(ctx, collective, algorithm, name, nbytes, backend, commutative, block
 
 def shape(ctx, shape, backend, region, itemsize: int):
     """*run._schedule*: a shared algorithm's shape with the slot of the region it
-    maps (elements; 0 where no rank shares a node: no node memory is used), and on one
+    maps (elements; 0 where no rank shares a node: no node memory is used), or on one
     node of device arrays ``mapped``: the call's own buffers, registered for CUDA IPC."""
-    return shape._replace(shared=_memory.slot_elements(ctx, backend, region, itemsize),
-                          mapped=not spans_nodes(ctx) and _memory.maps_buffers(ctx, backend))
+    if _memory.maps_buffers(ctx, backend):
+        return shape._replace(mapped=True)
+    return shape._replace(shared=_memory.slot_elements(ctx, backend, region, itemsize))
 
 
 def views(ctx, backend, region, schedule, dtype, bound=None, call=None) -> dict:

@@ -29,7 +29,9 @@ Host arrays: POSIX shared memory
 
 Device arrays: CUDA IPC
     Each rank allocates a dedicated device buffer (not from a pool: a handle
-    names a whole allocation) and exports its ``cudaIpcGetMemHandle``, and an
+    names a whole allocation; of a page on a communicator of one node, where
+    the schedules use the calls' own buffers instead of slots) and exports
+    its ``cudaIpcGetMemHandle``, and an
     interprocess event (``cudaEventInterprocess``) with its
     ``cudaIpcGetEventHandle``; the ranks of a node open each other's handles
     once (``cudaIpcMemLazyEnablePeerAccess``) and keep them until the
@@ -52,8 +54,8 @@ Ordering device work: interprocess events (:class:`SyncChannel`)
     GPU: the peer's writes before it, its reads before the next write.
 
 The call's own buffers: registration (``Shape.mapped``)
-    The AllReduce schedules on one node read every rank's input and write
-    every rank's output where they lie (algorithms.shared), so each call
+    The schedules on one node read every rank's input and write every
+    rank's output where they lie (algorithms.shared), so each call
     tells its node where its buffers are (:func:`views`: a record of a few
     hundred bytes to each rank of the node, the same exchange as a set-up's,
     under the call's timeout).  A buffer is named by its allocation (the base and
@@ -400,7 +402,9 @@ def _set_up(ctx, nm, memory, region, timeout, describe, wait_for) -> str | None:
     rank of the communicator takes part.  None when every rank succeeded, else why not
     (the same verdict on every rank)."""
     _reap()
-    nbytes = 2 * memory.slot_bytes
+    # (device arrays on one node use no slots, only the calls' own buffers: maps_buffers;
+    # a buffer of a page still proves that the ranks map each other's memory)
+    nbytes = 2 * memory.slot_bytes if memory is _HOST or _spans(nm) else _PAGE
     mapped = _Mapped(memory, nbytes)
     record = np.zeros(_REC, np.uint8)
     why = None
@@ -642,11 +646,19 @@ def views(ctx, backend, region, buffers, dtype, own=None, call=None, timeout=Non
 
 
 def maps_buffers(ctx, backend) -> bool:
-    """Whether the schedules on ``backend``'s arrays may read and write the call's own
-    buffers at the ranks of the node (``Shape.mapped``): device arrays, a runtime that
-    registers them, a node of more than one rank."""
-    return backend.name != "numpy" and node_memory(ctx).shares \
+    """Whether the schedules on ``backend``'s arrays read and write the call's own buffers
+    at the ranks of the node (``Shape.mapped``): device arrays of a runtime that registers
+    them, on a communicator of one node of more than one rank."""
+    nm = node_memory(ctx)
+    return backend.name != "numpy" and nm.shares and not _spans(nm) \
         and hasattr(backend.rt, "ipc_range")
+
+
+def _spans(nm) -> bool:
+    return len(set(nm.labels)) > 1
+
+
+_PAGE = 4096
 
 
 _ROLES = ("src", "dst")  # the call's buffers a record names, in its order
@@ -712,9 +724,7 @@ class _Registry:
         if got is not None:
             return got
         itemsize = np.dtype(dtype).itemsize
-        need = {}  # role -> elements of it at the largest rank
-        for _, _, n, role in buffers:
-            need[role] = max(need.get(role, 0), n)
+        need = {role: n for _, q, n, role in buffers if q == ctx.rank and n}  # this rank's
         record = np.zeros(1, _RECORD)
         entries = record["buffers"][0]
         mine, published, why = {}, [], None
@@ -747,8 +757,8 @@ class _Registry:
         self._forget(ctx, records)
         out = {}
         for name, q, n, role in buffers:
-            if q == ctx.rank:
-                out[name] = mine[role]
+            if q == ctx.rank or not n:
+                out[name] = mine.get(role, own[role])[:0] if not n else mine[role]
                 continue
             e = records[q]["buffers"][_ROLES.index(role)]
             try:

@@ -14,6 +14,8 @@ and how many syncs a call takes.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from support import schedsim as sim
 from support import util
@@ -93,19 +95,32 @@ MAPPED = [(name, shared.SCHEDULES[("allreduce", name)])
           for name in (shared.ONESHOT, shared.TWOSHOT)]
 
 
-@pytest.mark.parametrize("name,build", MAPPED, ids=[name for name, _ in MAPPED])
+def _mapped_layouts(collective, n):
+    """Counts of one node of ``n``: _layouts', with AllReduce's small totals, and
+    (AllGather) blocks with gaps between them in another order."""
+    if collective == "allreduce":
+        return [([t], [0], t) for t in sorted({0, 1, n - 1, n, 2 * n + 1, 37})]
+    out = [(list(c), list(d), t) for c, d, t in _layouts(collective, n)]
+    if collective == "allgather":
+        counts = [3 + r % 2 for r in range(n)]
+        out.append((counts, *sim.scattered(counts, random.Random(n))))
+    return out
+
+
+@pytest.mark.parametrize("collective,name,build", BUILDERS, ids=IDS)
 @pytest.mark.parametrize("mapped", ["apart", "own"])
-def test_mapped_allreduce(name, build, mapped):
-    """AllReduce on the ranks' own buffers, one node of 1-5 ranks: every count, in place and
+def test_mapped_schedules(collective, name, build, mapped):
+    """On the ranks' own buffers, one node of 1-5 ranks: every count layout, in place and
     not, eager and rendezvous, a sum and a non-commutative op (bitwise the rank-order fold,
     the same bits on every rank), each rank's input and output apart (a buffer of its own)
     or its SRC and DST themselves (registered): every access of a peer's synchronised."""
+    ops = ("sum",) if collective == "allgather" else ("sum", "affine")
     for n in range(1, 6):
-        for total in sorted({0, 1, n - 1, n, 2 * n + 1, 37}):
+        for counts, displs, length in _mapped_layouts(collective, n):
             for in_place in (False, True):
                 for model in sim.MODELS:
-                    for op in ("sum", "affine"):
-                        sim.run_case("allreduce", build, n, [total], [0], total, in_place,
+                    for op in ops:
+                        sim.run_case(collective, build, n, counts, displs, length, in_place,
                                      model, op=op, mapped=mapped)
 
 
@@ -135,6 +150,16 @@ def test_mapped_missing_sync_is_caught(name, build, which, mapped):
     broken = _drop_wait(build, which)
     with pytest.raises(sim.ScheduleError):
         sim.run_case("allreduce", broken, 3, [20], [0], 20, True, "eager", mapped=mapped)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+@pytest.mark.parametrize("which", [0, -1])
+def test_mapped_blocks_missing_sync_is_caught(collective, which):
+    """The same for ReduceScatter and AllGather on the ranks' own buffers."""
+    broken = _drop_wait(shared.SCHEDULES[(collective, shared.NAME)], which)
+    with pytest.raises(sim.ScheduleError):
+        sim.run_case(collective, broken, 3, [4, 5, 3], [0, 4, 9], 12, False, "eager",
+                     mapped="own")
 
 
 def _drop_wait(build, which):

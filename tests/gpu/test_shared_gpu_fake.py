@@ -282,14 +282,17 @@ def test_one_fold_in_rank_order(gpu, name):
 
 
 def test_handles_closed_at_free_and_buffers_freed_after():
-    """Each rank opens its node peers' buffers once per region; the communicator's free
-    closes them, and each exporter frees its buffer once every importer closed it."""
+    """Each rank opens its node peers' buffers once per region (and the allocation of
+    their output, the same in every call); the communicator's free closes them, and each
+    exporter frees its buffer once every importer closed it."""
     be = fakegpu.fake_backend(compute="eager", copies="eager", slow_queries=False)
     rt = be.rt
     comm = WORLD.Dup()
     with fakegpu.registered(be):
+        y = rt.xp.empty(5 * SIZE, np.float64)
         for _ in range(3):
-            mpicoll.allgather(fakegpu.produce(rt, np.ones(5)), comm=comm, algorithm="shared")
+            mpicoll.allgather(fakegpu.produce(rt, np.ones(5)), comm=comm, out=y,
+                              algorithm="shared")
         opened = rt.ipc_opened
         comm.Free()
     closed = rt.ipc_opened
@@ -298,7 +301,7 @@ def test_handles_closed_at_free_and_buffers_freed_after():
         _shared._reap()
         time.sleep(0.001)
     freed = sum(1 for e in rt.log if e[0] == "ipc free")
-    ok = opened == SIZE - 1 and closed == 0 and freed == (1 if SIZE > 1 else 0) \
+    ok = opened == 2 * (SIZE - 1) and closed == 0 and freed == (1 if SIZE > 1 else 0) \
         and not _shared._RETIRED
     util.assert_all(WORLD, ok, f"opened {opened}, then {closed}; freed {freed}")
 
