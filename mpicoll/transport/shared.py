@@ -757,8 +757,11 @@ class _Registry:
         self._forget(ctx, records)
         out = {}
         for name, q, n, role in buffers:
-            if q == ctx.rank or not n:
-                out[name] = mine.get(role, own[role])[:0] if not n else mine[role]
+            if not n:  # (nothing of it is read or written)
+                out[name] = own[role][:0]
+                continue
+            if q == ctx.rank:
+                out[name] = mine[role]
                 continue
             e = records[q]["buffers"][_ROLES.index(role)]
             try:
