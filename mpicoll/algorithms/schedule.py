@@ -45,6 +45,12 @@ Operations, in issue order (``Schedule.ops``):
 ``Copy(dst, src)``
     ``dst = src``, converted to the type of ``dst`` (widening to an
     accumulator, or the one rounding back to the call's type).
+``Fold(xs, outs)``
+    every region of ``outs`` = ``((xs[0] op xs[1]) op xs[2]) op ...``
+    elementwise, all of one length: one pass that reads every operand of an
+    element before it writes that element anywhere, so an output may be an
+    operand (not partly).  The node algorithms on the call's own buffers
+    fold every rank's input in one pass (algorithms.shared).
 
 Every op a schedule issues has completed or been waited for when it ends:
 the builder adds a final ``Wait`` for anything left outstanding.
@@ -113,6 +119,11 @@ class Copy(NamedTuple):
     src: Region
 
 
+class Fold(NamedTuple):
+    xs: tuple    # Regions, left to right
+    outs: tuple  # Regions, each written with the result
+
+
 # A staged message (Shape.staged: device arrays through pinned host memory) costs a copy
 # each way, its events and an MPI message whatever its length, so it is this many segments
 # long: 4 MiB at the default 1 MiB segment (docs/gpu.md, "Host staging"; the GPU device
@@ -158,6 +169,9 @@ class Shape(NamedTuple):
     # elements of one slot of node memory (algorithms.shared: each rank's buffer holds two);
     # 0: not set by the engine (a builder then takes a slot of its own choosing)
     shared: int = 0
+    # the ranks of a node read and write each other's SRC and DST where they lie (device
+    # arrays registered for CUDA IPC, transport.shared), not through slots of node memory
+    mapped: bool = False
 
     @property
     def message_segment(self) -> int:
@@ -171,7 +185,9 @@ class Schedule(NamedTuple):
     work: dict       # purpose -> elements (of the call's dtype unless in ``types``)
     nsteps: int
     types: dict = {}  # purpose -> dtype of the work buffers not of the call's dtype
-    shared: dict = {}  # name -> (rank, elements): node memory of a rank of this rank's node
+    # name -> (rank, elements): node memory of a rank of this rank's node, or where that
+    # rank's SRC or DST lies (Builder.peer_buffer)
+    shared: dict = {}
     # A pipeline's chunks (algorithms.pipeline): ((first op, end), ...), each chunk's ops
     # contiguous and independent of the others'; the executor advances the first ``depth``
     # unfinished ones together (chunk c opens once chunk c - depth has ended); the ops
@@ -203,7 +219,8 @@ class Builder:
 
         ``dtype``: the buffer's element type where it is not the call's (None).
         """
-        if purpose in self.work or purpose in (SRC, DST) or purpose.startswith(_NODE_PREFIX):
+        if purpose in self.work or purpose in (SRC, DST) or \
+                any(purpose.startswith(prefix) for prefix, _ in _ROLES.values()):
             raise ValueError(f"work buffer {purpose!r} declared twice")
         self.work[purpose] = n
         if dtype is not None:
@@ -214,6 +231,16 @@ class Builder:
         """The node memory of ``rank`` (of this rank's node, this rank included), ``n``
         elements of the call's type; its name (see the module docstring)."""
         name = node_buffer_name(rank)
+        self.shared[name] = (rank, max(n, self.shared.get(name, (rank, 0))[1]))
+        return name
+
+    def peer_buffer(self, rank: int, role: str, n: int) -> str:
+        """Where ``rank`` (of this rank's node, this rank included) has its call's ``role``
+        (:data:`INPUT`: ``SRC``; :data:`OUTPUT`: ``DST``), ``n`` elements, for the ranks of
+        its node to read and write (a schedule on ``Shape.mapped``); its name.  The binding
+        may give this rank's own the memory of its ``SRC`` (``DST``): a ``Copy`` between
+        the two is then nothing."""
+        name = node_buffer_name(rank, role)
         self.shared[name] = (rank, max(n, self.shared.get(name, (rank, 0))[1]))
         return name
 
@@ -240,6 +267,9 @@ class Builder:
         if dst != src:
             self.ops.append(Copy(dst, src))
 
+    def fold(self, xs, outs) -> None:
+        self.ops.append(Fold(tuple(xs), tuple(outs)))
+
     def build(self, nsteps: int) -> Schedule:
         if self._open:
             self.ops.append(Wait(tuple(sorted(self._open))))
@@ -252,11 +282,24 @@ EMPTY = Schedule((), {}, 0)
 
 
 _NODE_PREFIX = "node memory of rank "
+INPUT, OUTPUT = "input", "output"  # Builder.peer_buffer's roles
+_ROLES = {"": (_NODE_PREFIX, None), INPUT: ("input of rank ", SRC),
+          OUTPUT: ("output of rank ", DST)}
 
 
-def node_buffer_name(rank: int) -> str:
-    """The name a schedule gives the node memory of ``rank`` (never a work purpose's)."""
-    return f"{_NODE_PREFIX}{rank}"
+def node_buffer_name(rank: int, role: str = "") -> str:
+    """The name a schedule gives the node memory of ``rank`` (never a work purpose's), or
+    (``role``) where that rank's ``SRC`` or ``DST`` lies (:meth:`Builder.peer_buffer`)."""
+    return f"{_ROLES[role][0]}{rank}"
+
+
+def node_role(name: str) -> str | None:
+    """Of a name of ``Schedule.shared``: None for node memory, else which of its rank's
+    buffers it is (``SRC`` or ``DST``)."""
+    for prefix, buf in _ROLES.values():
+        if buf is not None and name.startswith(prefix):
+            return buf
+    return None
 
 
 def own_block(b: Builder, shape: Shape) -> Region:

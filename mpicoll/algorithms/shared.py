@@ -43,6 +43,26 @@ Algorithms (one node)
     array.  ``shared`` ReduceScatter: ``reduce`` over the output blocks, straight
     into ``DST``.  ``shared`` AllGather: ``share`` of every rank's block.
 
+The call's own buffers (``Shape.mapped``: device arrays, one node)
+    Where the ranks of a node map each other's ``SRC`` and ``DST`` (CUDA IPC
+    registration, transport.shared), no slots and no chunks: each rank makes
+    its input readable where the others read it (a copy into its own buffer
+    for that, or nothing where that is its own array), syncs, does its part
+    in one pass, and syncs again (``node: done``: no peer reads its input or
+    writes its output after that), whatever the size.  AllReduce one shot:
+    every rank folds (``Fold``) every rank's whole input into its ``DST``
+    (in place: into a work buffer, copied into ``DST`` after the last sync,
+    as the peers read ``SRC`` until then).  AllReduce two shot: local rank
+    ``j`` folds block ``j`` of every rank's input and writes it into every
+    rank's output; each rank then copies its output into ``DST`` (nothing
+    where it is ``DST``).  ReduceScatter: each rank folds its block of every
+    rank's input into ``DST`` (in place, unless its block is the start of
+    ``SRC``, through a work buffer as above).  AllGather: each rank copies
+    every peer's block from where it lies in that peer's output.  Every
+    operand is read once and every result written once: the fewest bytes a
+    kernel can move.  The folds keep the order above, so results are bitwise
+    identical across ranks and a non-commutative op keeps its order.
+
 Across nodes
     On a communicator that spans nodes the same phases replace the steps
     inside each node of the hierarchical algorithms (algorithms.hierarchical):
@@ -59,7 +79,20 @@ from __future__ import annotations
 
 from . import hierarchical as _hier
 from . import ring as _ring
-from .schedule import DST, SRC, Builder, Label, Region, Schedule, Shape, own_block, packed, split
+from .schedule import (
+    DST,
+    INPUT,
+    OUTPUT,
+    SRC,
+    Builder,
+    Label,
+    Region,
+    Schedule,
+    Shape,
+    own_block,
+    packed,
+    split,
+)
 
 READY = "node: inputs ready"
 SHARED = "node: results ready"
@@ -243,12 +276,43 @@ def _trivial(s: Shape, collective: str):
 
 # --- one node --------------------------------------------------------------------------
 
+def _allreduce_mapped(s: Shape, oneshot: bool) -> Schedule:
+    """AllReduce on the ranks' own buffers (the module docstring): one fold, two syncs."""
+    b = Builder()
+    node = _Node(b, s)
+    n, me = s.total, s.rank
+    ins = {q: b.peer_buffer(q, INPUT, n) for q in node.local}
+    b.copy(Region(ins[me], 0, n), Region(SRC, 0, n))
+
+    def xs(lo, hi):
+        return [Region(SRC if q == me else ins[q], lo, hi) for q in node.local]
+
+    node.sync(READY)
+    if oneshot:
+        into = Region(b.buffer("shared: rank-order fold", n), 0, n) if s.in_place \
+            else Region(DST, 0, n)
+        b.fold(xs(0, n), [into])
+        node.sync(DONE)
+        b.copy(Region(DST, 0, n), into)
+    else:
+        outs = {q: b.peer_buffer(q, OUTPUT, n) for q in node.local}
+        counts, displs = split(n, len(node.local))
+        lo, hi = displs[node.index], displs[node.index] + counts[node.index]
+        if hi > lo:
+            b.fold(xs(lo, hi), [Region(outs[q], lo, hi) for q in node.local])
+        node.sync(DONE)
+        b.copy(Region(DST, 0, n), Region(outs[me], 0, n))
+    return b.build(node.step)
+
+
 def allreduce_oneshot(s: Shape) -> Schedule:
     """One-shot AllReduce: each rank publishes its chunk, then folds every rank's chunk."""
     if _spans_nodes(s):
         return allreduce_twoshot(s)
     if s.size == 1 or s.total == 0:
         return _trivial(s, "allreduce")
+    if s.mapped:
+        return _allreduce_mapped(s, oneshot=True)
     b = Builder()
     node = _Node(b, s)
     w = node.slot
@@ -268,6 +332,8 @@ def allreduce_twoshot(s: Shape) -> Schedule:
         return _trivial(s, "allreduce")
     if _spans_nodes(s):
         return _allreduce_nodes(s)
+    if s.mapped:
+        return _allreduce_mapped(s, oneshot=False)
     b = Builder()
     node = _Node(b, s)
     counts, displs = split(s.total, len(node.local))
@@ -283,6 +349,29 @@ def allreduce_twoshot(s: Shape) -> Schedule:
     return b.build(node.step)
 
 
+def _reduce_scatter_mapped(s: Shape) -> Schedule:
+    """ReduceScatter on the ranks' own buffers: one fold of this rank's block of every
+    rank's input into ``DST`` (in place through a work buffer, as :func:`reduce_scatter`),
+    two syncs."""
+    b = Builder()
+    node = _Node(b, s)
+    me, counts, displs = s.rank, s.counts, s.displs
+    extent = max(d + c for c, d in zip(counts, displs))
+    ins = {q: b.peer_buffer(q, INPUT, extent) for q in node.local}
+    b.copy(Region(ins[me], 0, extent), Region(SRC, 0, extent))
+    node.sync(READY)
+    lo, mine = displs[me], counts[me]
+    own_first = lo == 0 and packed(counts, displs)
+    into = Region(b.buffer("shared: rank-order fold", mine), 0, mine) \
+        if s.in_place and mine and not own_first else Region(DST, 0, mine)
+    if mine:
+        b.fold([Region(SRC if q == me else ins[q], lo, lo + mine) for q in node.local],
+               [into])
+    node.sync(DONE)
+    b.copy(Region(DST, 0, mine), into)
+    return b.build(node.step)
+
+
 def reduce_scatter(s: Shape) -> Schedule:
     """ReduceScatter: each rank folds its block from every rank's input, into ``DST``.
 
@@ -294,6 +383,8 @@ def reduce_scatter(s: Shape) -> Schedule:
         return _trivial(s, "reduce_scatter")
     if _spans_nodes(s):
         return _reduce_scatter_nodes(s)
+    if s.mapped:
+        return _reduce_scatter_mapped(s)
     b = Builder()
     node = _Node(b, s)
     counts, displs, mine = s.counts, s.displs, s.counts[s.rank]
@@ -311,12 +402,34 @@ def reduce_scatter(s: Shape) -> Schedule:
     return b.build(node.step)
 
 
+def _allgather_mapped(s: Shape) -> Schedule:
+    """AllGather(v) on the ranks' own buffers: every rank copies each peer's block from
+    where it lies in that peer's output (its own block there first), two syncs.  (In
+    place the binding gives ``SRC`` all of ``DST``: only :func:`own_block` reads it.)"""
+    b = Builder()
+    node = _Node(b, s)
+    me, counts, displs = s.rank, s.counts, s.displs
+    extent = max(d + c for c, d in zip(counts, displs))
+    outs = {q: b.peer_buffer(q, OUTPUT, extent) for q in node.local}
+    own = own_block(b, s)
+    b.copy(Region(outs[me], own.start, own.stop), own)
+    node.sync(READY)
+    for q in node.local:
+        a, z = displs[q], displs[q] + counts[q]
+        if q != me and z > a:
+            b.copy(Region(DST, a, z), Region(outs[q], a, z))
+    node.sync(DONE)
+    return b.build(node.step)
+
+
 def allgather(s: Shape) -> Schedule:
     """AllGather(v): each rank publishes its block; every rank copies the others'."""
     if s.size == 1 or s.total == 0:
         return _trivial(s, "allgather")
     if _spans_nodes(s):
         return _allgather_nodes(s)
+    if s.mapped:
+        return _allgather_mapped(s)
     b = Builder()
     node = _Node(b, s)
     own = own_block(b, s)
@@ -480,7 +593,9 @@ ABOUT = {
             "Inside a node, through node memory (each rank's buffer mapped into the others'): "
             "every rank copies its chunk in, one synchronisation, and folds every rank's "
             "chunk into its result in rank order. MPI carries only 0-byte messages: for "
-            "small arrays. Across nodes: the hierarchical algorithm with node memory inside."
+            "small arrays. Device arrays on one node: every rank's input read where it lies, "
+            "one fold kernel, two synchronisations. Across nodes: the hierarchical algorithm "
+            "with node memory inside."
         ),
         "steps": "1 sync per chunk", "sends": "0 inside a node",
         "memory": "node memory: 2 slots per rank",
@@ -489,8 +604,10 @@ ABOUT = {
         "summary": (
             "Inside a node, through node memory: each rank reduces its own block from every "
             "rank's buffer, one synchronisation, then copies every reduced block: the least "
-            "memory traffic, for large arrays. Across nodes: the hierarchical algorithm with "
-            "node memory inside."
+            "memory traffic, for large arrays. Device arrays on one node: each rank folds its "
+            "block of every rank's input where it lies into every rank's output, one kernel, "
+            "two synchronisations. Across nodes: the hierarchical algorithm with node memory "
+            "inside."
         ),
         "steps": "2 syncs per chunk", "sends": "0 inside a node",
         "memory": "node memory: 2 slots per rank",

@@ -17,7 +17,9 @@ Local reduction
     MINLOC/MAXLOC cannot read device memory through ``Op.Reduce_local``: their
     operands are copied to the host, reduced there with ``Reduce_local``, and
     the result copied back (synchronous, so slow: prefer predefined ops on
-    GPU data).
+    GPU data).  A schedule's ``Fold`` of a predefined op (the node algorithms,
+    algorithms.shared) is one kernel reading every operand once, generated per
+    (op, dtype, operand count, output count) and kept (:data:`FOLDS`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,46 @@ _DEVICE_DTYPES = frozenset(np.dtype(t) for t in (
 # not one size both ways.  Tests set it to 0 to stage per step.
 STAGE_WHOLE_BYTES = 512 << 10
 
+# The fused fold: ``a = a op b`` as C++ for each predefined op, by the dtype kinds it takes
+# (NumPy's ``dtype.kind``), with the NumPy ufunc's meaning in that type (the result of the
+# pairwise ufuncs, in the same order): bool arithmetic through int and back (SUM is OR,
+# PROD is AND), integers wrapping, float16 through CuPy's float16 type, MAX/MIN keeping a
+# NaN.  Other pairs (LAND on floats, MAX on complex) fold pairwise with the ufuncs.
+FOLDS = {
+    "SUM": (("biufc", "a + b"),),
+    "PROD": (("biufc", "a * b"),),
+    "MAX": (("biu", "(a > b ? a : b)"), ("f", "((a > b || a != a) ? a : b)")),
+    "MIN": (("biu", "(a < b ? a : b)"), ("f", "((a < b || a != a) ? a : b)")),
+    "BAND": (("biu", "a & b"),),
+    "BOR": (("biu", "a | b"),),
+    "BXOR": (("biu", "a ^ b"),),
+    "LAND": (("b", "a && b"),),
+    "LOR": (("b", "a || b"),),
+    "LXOR": (("b", "a != b"),),
+}
+
+
+def fold_expression(name: str, dtype) -> str | None:
+    """The C++ of ``a op b`` for op ``name`` in ``dtype`` (:data:`FOLDS`), or None."""
+    kind = np.dtype(dtype).kind
+    for kinds, expr in FOLDS.get(name, ()):
+        if kind in kinds:
+            return expr
+    return None
+
+
+def fold_source(name: str, dtype, nx: int, nout: int) -> tuple:
+    """(input parameters, output parameters, body) of the elementwise kernel that folds
+    ``nx`` operands of op ``name`` from the left into ``nout`` outputs (CuPy loads every
+    input of an element before the body writes an output, so an output may be an input)."""
+    expr = fold_expression(name, dtype)
+    body = ["T a = x0;"]
+    body += [f"{{ const T b = x{i}; a = {expr}; }}" for i in range(1, nx)]
+    body += [f"y{j} = a;" for j in range(nout)]
+    return (", ".join(f"T x{i}" for i in range(nx)), ", ".join(f"T y{j}" for j in range(nout)),
+            "\n".join(body))
+
+
 _INSTALL_HINT = "install CuPy: pip install 'mpicoll[cuda12]' (CUDA 12) or 'mpicoll[cuda13]' (CUDA 13)"
 
 
@@ -66,6 +108,8 @@ class CupyRuntime:
         self.xp = cupy
         self._cupyx = cupyx
         self._rt = cupy.cuda.runtime
+        self._folds = {}  # (op, dtype, operands, outputs) -> the fold's kernel
+        self._get_attributes = None  # cuPointerGetAttributes, once needed
 
     @property
     def version(self) -> str:
@@ -177,6 +221,80 @@ class CupyRuntime:
         """The current device's PCI bus id (which GPU a rank's buffer is on)."""
         return str(self._rt.deviceGetPCIBusId(self.current_device()))
 
+    def ipc_range(self, ptr: int) -> tuple:
+        """(base, bytes, buffer id) of the allocation holding device pointer ``ptr``: what
+        ``cudaIpcGetMemHandle`` names (``cuPointerGetAttributes``: RANGE_START_ADDR,
+        RANGE_SIZE, BUFFER_ID, a number the driver never gives another allocation of this
+        process).  OSError where another process cannot open it that way (host, managed,
+        ``cudaMallocAsync`` or ``cuMemCreate`` memory, another device)."""
+        import ctypes
+
+        get = self._pointer_attributes()
+        values = (ctypes.c_ulonglong * len(_POINTER_ATTRIBUTES))()
+        data = (ctypes.c_void_p * len(values))(
+            *(ctypes.addressof(values) + 8 * i for i in range(len(values))))
+        attrs = (ctypes.c_int * len(values))(*_POINTER_ATTRIBUTES)
+        status = get(len(values), attrs, data, ctypes.c_ulonglong(ptr))
+        memtype, bid, ordinal, legacy, base, size = (int(v) for v in values)
+        if status != 0 or memtype != _CU_MEMORYTYPE_DEVICE or not legacy or not size:
+            raise OSError(f"device pointer {ptr:#x}: not memory cudaIpcGetMemHandle can share "
+                          f"(cuPointerGetAttributes: status {status}, memory type {memtype}, "
+                          f"legacy IPC {legacy})")
+        if (ordinal & 0xFFFFFFFF) != self.current_device():
+            raise OSError(f"device pointer {ptr:#x}: on device {ordinal}, not the current one")
+        return base, size, bid
+
+    def _pointer_attributes(self):
+        """``cuPointerGetAttributes`` of the CUDA driver CuPy already loaded (RTLD_NOLOAD:
+        nothing is loaded here)."""
+        get = self._get_attributes
+        if get is None:
+            import ctypes
+
+            lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+            get = lib.cuPointerGetAttributes
+            get.restype = ctypes.c_int
+            get.argtypes = (ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong)
+            self._get_attributes = get
+        return get
+
+    def ipc_handle(self, base: int) -> bytes:
+        """``cudaIpcGetMemHandle`` of the allocation starting at ``base``."""
+        return bytes(self._rt.ipcGetMemHandle(base))
+
+    # interprocess events (transport.shared's ordering of node work without host waits)
+    def ipc_event(self):
+        """(handle, event): an event other processes may wait on (``cudaEventInterprocess |
+        cudaEventDisableTiming``) and its ``cudaIpcGetEventHandle``."""
+        event = self.xp.cuda.Event(block=False, disable_timing=True, interprocess=True)
+        return bytes(self._rt.ipcGetEventHandle(event.ptr)), event
+
+    def ipc_open_event(self, handle: bytes):
+        """Another process's event (:meth:`ipc_event`), to wait on."""
+        return self._rt.ipcOpenEventHandle(handle)
+
+    def ipc_close_event(self, event) -> None:
+        self._rt.eventDestroy(event)
+
+    def record_ipc(self, stream, event) -> None:
+        """Record this process's interprocess ``event`` on ``stream``."""
+        event.record(stream)
+
+    def wait_ipc(self, stream, event) -> None:
+        """``stream`` waits for the last record of a peer's event (``cudaStreamWaitEvent``:
+        the record made before this call, whatever the peer records later)."""
+        self._rt.streamWaitEvent(stream.ptr, event)
+
+    def fold(self, name: str, xs, outs) -> None:
+        """Queue ``outs[k] = ((xs[0] op xs[1]) op ...)`` on the current stream: one kernel
+        (:func:`fold_source`), made once per (op, dtype, operand and output count)."""
+        key = (name, xs[0].dtype, len(xs), len(outs))
+        kernel = self._folds.get(key)
+        if kernel is None:
+            kernel = self._folds[key] = self.xp.ElementwiseKernel(
+                *fold_source(name, xs[0].dtype, len(xs), len(outs)), "mpicoll_fold")
+        kernel(*xs, *outs)
+
     # devices
     def device_count(self) -> int:
         return int(self._rt.getDeviceCount())
@@ -194,14 +312,36 @@ class CupyRuntime:
         self._rt.free(0)
 
 
+# cuPointerGetAttributes' attributes (CUpointer_attribute), in the order ipc_range reads them
+_POINTER_ATTRIBUTES = (2, 7, 9, 10, 11, 12)  # MEMORY_TYPE, BUFFER_ID, DEVICE_ORDINAL,
+#                                              IS_LEGACY_CUDA_IPC_CAPABLE, RANGE_START_ADDR, RANGE_SIZE
+_CU_MEMORYTYPE_DEVICE = 2
+
+
 class DeviceReducer(_backend.Reducer):
     """``out = a op b`` on device arrays: a CuPy ufunc, or a host round trip for user ops."""
 
-    __slots__ = ("host",)
+    __slots__ = ("host", "fused")
 
     def __init__(self, op, ufunc, mpitype, backend, category):
         super().__init__(op, ufunc, mpitype, backend)
         self.host = None if ufunc is not None else _backend.NUMPY.reducer(op, mpitype, category)
+        # the op's name where a Fold may be one kernel (the runtime makes it: fold)
+        self.fused = _types.op_name(op) if ufunc is not None else None
+
+    def fold(self, xs, outs):
+        """A schedule's ``Fold``: one kernel where the runtime makes one for the op and
+        dtype (:data:`FOLDS`), else pairwise in the same order (user ops: on the host)."""
+        be = self.backend
+        name, dtype = self.fused, outs[0].dtype
+        if name is not None and len(xs) > 1 and fold_expression(name, dtype) is not None \
+                and all(x.dtype == dtype for x in xs) and hasattr(be.rt, "fold"):
+            be.launches += 1
+            for out in outs:
+                be.writes(out)
+            be.rt.fold(name, xs, outs)
+            return
+        super().fold(xs, outs)
 
     def __call__(self, a, b, out):
         be = self.backend
@@ -305,6 +445,9 @@ class DeviceBackend:
         return self.rt.xp.empty(n, dtype=dtype)
 
     def copy(self, dst, src):
+        if dst.nbytes == src.nbytes and dst.dtype == src.dtype and dst.strides == src.strides \
+                and (not dst.nbytes or _staging.address(dst) == _staging.address(src)):
+            return  # (the same memory: a node buffer bound to the call's own, transport.shared)
         self.launches += 1
         self.writes(dst)
         self.rt.xp.copyto(dst, src)

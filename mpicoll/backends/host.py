@@ -71,6 +71,21 @@ class Reducer:
             self.backend.copy(out, b)
             op.Reduce_local([a, T], [out, T])
 
+    def fold(self, xs, outs):
+        """Every array of ``outs`` = ``((xs[0] op xs[1]) op xs[2]) op ...`` (a schedule's
+        ``Fold``): pairwise in that order into a new array, then copied out, as an output
+        may be an operand."""
+        be = self.backend
+        if len(xs) == 1:
+            acc = xs[0]
+        else:
+            acc = be.empty(len(xs[0]), outs[0].dtype)
+            self(xs[0], xs[1], acc)
+            for x in xs[2:]:
+                self(acc, x, acc)
+        for out in outs:
+            be.copy(out, acc)
+
 
 def _same_memory(x, y) -> bool:
     """Whether two NumPy arrays are views of exactly the same elements."""

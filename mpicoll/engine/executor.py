@@ -79,7 +79,7 @@ from time import perf_counter
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms.schedule import DST, SRC, Copy, Recv, Reduce, Send, Shape, Wait
+from ..algorithms.schedule import DST, SRC, Copy, Fold, Recv, Reduce, Send, Shape, Wait
 from ..backends.host import FP_CONDITIONS, NUMPY
 from ..core import config as _config
 from ..core import types as _types
@@ -95,7 +95,7 @@ IN_FLIGHT: list = []
 _MEMBERS = threading.Lock()  # guards IN_FLIGHT's membership; never held across MPI
 
 # step kinds (the first item of each step tuple)
-SEND, RECV, WAIT, REDUCE, COPY, CALL, AFTER = range(7)
+SEND, RECV, WAIT, REDUCE, COPY, CALL, AFTER, FOLD = range(8)
 
 # Tags 0..CHUNKS-1 are the blocking calls' (transport.channel.TAG, and the chunks of a
 # pipeline), CHUNKS the fingerprint check's (observe.check.TAG); non-blocking and
@@ -224,6 +224,9 @@ def bind(schedule, views: dict) -> tuple:
         elif t is Copy:
             d, s = op.dst, op.src
             out.append((COPY, views[d.buf][d.start:d.stop], views[s.buf][s.start:s.stop]))
+        elif t is Fold:  # (the reducer's fold: one pass over every operand)
+            out.append((FOLD, tuple(views[r.buf][r.start:r.stop] for r in op.xs),
+                        tuple(views[r.buf][r.start:r.stop] for r in op.outs)))
         else:  # pragma: no cover - the schedule module defines no other op
             raise TypeError(f"schedule op {op!r} unknown")
     return tuple(out)
@@ -654,9 +657,14 @@ class Operation:
                         self.red(step[1], step[2], step[3])
                     except FP_CONDITIONS:
                         pass
-                else:  # COPY
+                elif k == COPY:
                     try:
                         self.be.copy(step[1], step[2])
+                    except FP_CONDITIONS:
+                        pass
+                else:  # FOLD: the reducer's one pass over every operand
+                    try:
+                        self.red.fold(step[1], step[2])
                     except FP_CONDITIONS:
                         pass
                 i += 1
@@ -737,7 +745,10 @@ class Operation:
         pending = self._pending(step)
         if not pending:
             return
-        base = _timeout.tester(pending, getattr(self._run_ch, "test", None),
+        ch = self._run_ch
+        if type(ch) is _observe.ObservedChannel:  # (its requests' own channel polls them)
+            ch = ch.inner
+        base = _timeout.tester(pending, getattr(ch, "test", None),
                                getattr(self.call, "windowed", None))
         if base is None:  # (requests no poll reaches: the channel's own wait)
             return

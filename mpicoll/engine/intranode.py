@@ -30,6 +30,7 @@ from __future__ import annotations
 import weakref
 
 from ..algorithms import shared as _algorithms
+from ..algorithms.schedule import node_role
 from ..core import config as _config
 from ..core.errors import MpicollError
 from ..transport import shared as _memory
@@ -140,13 +141,29 @@ def prelude(setup, holder, tag, then) -> tuple:
 
 def shape(ctx, shape, backend, region, itemsize: int):
     """*run._schedule*: a shared algorithm's shape with the slot of the region it
-    maps (elements; 0 where no rank shares a node: no node memory is used)."""
+    maps (elements; 0 where no rank shares a node: no node memory is used), or on one
+    node of device arrays ``mapped``: the call's own buffers, registered for CUDA IPC."""
+    if _memory.maps_buffers(ctx, backend):
+        return shape._replace(mapped=True)
     return shape._replace(shared=_memory.slot_elements(ctx, backend, region, itemsize))
 
 
-def views(ctx, backend, region, schedule, dtype) -> dict:
-    """*binding* (run.Bound._bind, cache._entry): the node buffers ``schedule`` names."""
-    return _memory.views(ctx, backend, region, schedule, dtype)
+def views(ctx, backend, region, schedule, dtype, own=None, bound=None) -> dict:
+    """*binding* (transports.NodeMemory.views): the node buffers ``schedule`` names.
+
+    Where they include the call's own buffers at the ranks of the node (``Shape.mapped``),
+    ``own``: the views bound so far ({SRC, DST, ...}); ``bound``: the run.Bound binding
+    them (its timeout and name for the exchange that tells the node where they lie)."""
+    buffers = [(name, q, n, node_role(name)) for name, (q, n) in schedule.shared.items()]
+    timeout = describe = None
+    if bound is not None:
+        label, what = bound.label, bound.what
+        timeout = ctx.options()["timeout"] if bound.timeout_arg is None else bound.timeout_arg
+
+        def describe():
+            return f"{label} #{ctx.seq + 1} ({bound.name}, {what})", label, bound.name
+    return _memory.views(ctx, backend, region, buffers, dtype, own, bound, timeout, describe,
+                         wait_for)
 
 
 class Holder:
@@ -187,7 +204,8 @@ def channel(ctx, backend, mpitype, schedule):
     are all 0-byte syncs), else None (the backend's own)."""
     if backend.name == "numpy" or not schedule.shared or spans_nodes(ctx):
         return None
-    return _memory.SyncChannel(backend.host_channel(ctx, mpitype), backend, backend._begin(ctx))
+    return _memory.sync_channel(ctx, backend, backend.host_channel(ctx, mpitype),
+                                backend._begin(ctx))
 
 
 def probe(ctx, backend, timeout=None) -> str:

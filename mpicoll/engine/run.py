@@ -58,7 +58,8 @@ class Bound:
 
     __slots__ = ("call", "schedule", "transport", "lease", "steps", "ctx", "label", "what",
                  "wire", "msg", "total", "nbytes", "src", "dst", "widen", "check",
-                 "timeout_arg", "claims", "enters", "ends", "kept", "holds", "__weakref__")
+                 "timeout_arg", "claims", "enters", "ends", "kept", "holds", "name",
+                 "__weakref__")
 
     # -- what executor.Operation asks at each start ----------------------------------
     def claim(self, op) -> None:
@@ -119,11 +120,12 @@ class Bound:
         # a start on a region of node memory first waits for its holder (engine.intranode)
         first = ((_executor.AFTER, t.holder),) if getattr(t, "region", 0) else ()
         if self.widen is None:
-            return first + _executor.bind(sched, t.views(sched, self.lease, dtype, src, dst))
+            return first + _executor.bind(sched, t.views(sched, self.lease, dtype, src, dst,
+                                                         self))
         # the float32 route (engine.select's dtype policy): in place on the widened copy
         work = self.lease.take(self.widen, len(src), "widened input")
         views = t.views(sched, self.lease, dtype, work, work[: len(dst)]
-                        if self.call.collective == "reduce_scatter" else work)
+                        if self.call.collective == "reduce_scatter" else work, self)
         return first + ((_executor.COPY, work, src),) + _executor.bind(sched, views) + (
             (_executor.COPY, dst, views["dst"]),)
 
@@ -187,7 +189,7 @@ def prepare(call: Call, form: str = BLOCKING, *, keep: bool = False) -> Operatio
         c.fallback = name
     b = Bound()
     b.ctx, b.nbytes, b.total, b.widen = ctx, nbytes, call.total, c.widen
-    b.label, b.wire = label, msg.mpitype.Get_size()
+    b.label, b.wire, b.name = label, msg.mpitype.Get_size(), c.name
     b.what = f"{call.total} x {_check.dtype_label(msg)}"
     b.timeout_arg, b.check, b.lease, b.holds = call.timeout, False, None, False
     b.call, b.msg, b.schedule, b.transport = call, msg, None, None
@@ -238,7 +240,7 @@ def _bind(op, c, setup=None, holder=None) -> tuple:
             if c.algorithm != "auto":
                 raise _intranode.unavailable(c.name, why)
             c.name, c.region = c.fallback, None
-            op.algorithm = c.name
+            op.algorithm = b.name = c.name
     src, dst = call.arrays(ctx.rank)
     b.schedule = _schedule(ctx, call, c.name, msg, c.red, call.send is None or c.widen is not None,
                            c.accumulate, c.staged, c.region, c.algorithm == "auto",

@@ -251,6 +251,17 @@ SHARED_FORCED = {
     "reduce_scatter": ((None, _shared.NAME),),
     "allgather": ((None, _shared.NAME),),
 }
+# Device arrays on one node (``intranode=shared``): one shot up to this many bytes, two
+# shot above.  On the ranks' own buffers (algorithms.shared, Shape.mapped) both take two
+# syncs and one fold kernel per rank; one shot reads every rank's whole input (n bytes
+# times the ranks) and writes its own output, two shot reads and writes 2n bytes a rank,
+# part of them in the peers' memory.  The crossover is where one shot's extra reads stop
+# hiding under a kernel launch: the GPU's to say (the device check's shared crossover
+# line times both from 16 KiB to 4 MiB); until measured, 64 KiB: 256 KiB at 4 ranks,
+# well under a microsecond of a GPU's memory bandwidth.
+DEVICE_ONESHOT_BYTES = 64 << 10
+SHARED_FORCED_DEVICE = dict(SHARED_FORCED, allreduce=(
+    (DEVICE_ONESHOT_BYTES, _shared.ONESHOT), (None, _shared.TWOSHOT)))
 
 
 def shared_possible(mode: str, device: bool) -> bool:
@@ -258,7 +269,7 @@ def shared_possible(mode: str, device: bool) -> bool:
     device or host arrays (some row of the table names one)."""
     if mode == "mpi":
         return False
-    rows = SHARED_FORCED if mode == "shared" else SHARED_DEVICE if device else SHARED_HOST
+    rows = _shared_rows(mode, device)
     return any(name is not None for table in rows.values() for _, name in table)
 
 
@@ -273,11 +284,17 @@ def shared_choice(collective: str, nbytes: int, mode: str, device: bool, spans: 
         if mode != "shared" or not commutative:
             return None
         return _shared.TWOSHOT if collective == "allreduce" else _shared.NAME
-    rows = SHARED_FORCED if mode == "shared" else SHARED_DEVICE if device else SHARED_HOST
+    rows = _shared_rows(mode, device)
     for limit, name in rows[collective]:
         if limit is None or nbytes <= limit:
             return name
     return None
+
+
+def _shared_rows(mode: str, device: bool) -> dict:
+    if mode == "shared":
+        return SHARED_FORCED_DEVICE if device else SHARED_FORCED
+    return SHARED_DEVICE if device else SHARED_HOST
 
 
 def spans_nodes(nodes) -> bool:

@@ -50,7 +50,7 @@ class Host:
         self.channel = Channel(ctx.comm, msg.mpitype, local=ctx.local,
                                node_bytes=ctx.node_piece)
 
-    def views(self, schedule, lease, dtype, src, dst) -> dict:
+    def views(self, schedule, lease, dtype, src, dst, bound=None) -> dict:
         views = _executor.work_views(schedule, lease, dtype) if schedule.work else {}
         views[DST] = dst
         views[SRC] = dst if src is None else src
@@ -84,9 +84,10 @@ class NodeMemory(Host):
         self._be = msg.backend
         self._mpitype = msg.mpitype
 
-    def views(self, schedule, lease, dtype, src, dst) -> dict:
+    def views(self, schedule, lease, dtype, src, dst, bound=None) -> dict:
         views = super().views(schedule, lease, dtype, src, dst)
-        views.update(_intranode.views(self.ctx, self._be, self.region, schedule, dtype))
+        views.update(_intranode.views(self.ctx, self._be, self.region, schedule, dtype, views,
+                                      bound))
         return views
 
     def claim(self, op) -> None:

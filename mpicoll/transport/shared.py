@@ -39,15 +39,49 @@ Host arrays: anonymous shared memory (memfd)
 
 Device arrays: CUDA IPC
     Each rank allocates a dedicated device buffer (not from a pool: a handle
-    names a whole allocation) and exports its ``cudaIpcGetMemHandle``; the
-    ranks of a node open each other's handles once
-    (``cudaIpcMemLazyEnablePeerAccess``) and keep them until the
+    names a whole allocation; of a page on a communicator of one node, where
+    the schedules use the calls' own buffers instead of slots) and exports
+    its ``cudaIpcGetMemHandle``, and an
+    interprocess event (``cudaEventInterprocess``) with its
+    ``cudaIpcGetEventHandle``; the ranks of a node open each other's handles
+    once (``cudaIpcMemLazyEnablePeerAccess``) and keep them until the
     communicator is freed.  An exporter must outlive its importers: at the
-    communicator's free each rank closes what it opened, then an ``Ibarrier``
-    tells each exporter when its buffer may go (it is freed once that
-    completes, checked at later set-ups and frees).  All of it goes through
-    the device runtime (backends.devices.CupyRuntime, or the test suite's
-    fake one), so it runs without a GPU in CI.
+    communicator's free each rank waits for its device work on the
+    communicator, closes what it opened, then an ``Ibarrier`` tells each
+    exporter when its buffers and event may go (freed once that completes,
+    checked at later set-ups and frees).  All of it goes through the device
+    runtime (backends.devices.CupyRuntime, or the test suite's fake one), so
+    it runs without a GPU in CI.
+
+Ordering device work: interprocess events (:class:`SyncChannel`)
+    A device schedule's syncs are 0-byte host messages; the GPU work they
+    order never waits on the host.  Before a sync's flags a rank records its
+    event on the compute stream, after the work the flags publish; when a
+    peer's flag has arrived, the stream waits on that peer's event
+    (``cudaStreamWaitEvent``) before the work the sync allows.  A wait is on
+    the record made before the flag (or a later one of the same stream,
+    after it in stream order), so what the host flag promises holds on the
+    GPU: the peer's writes before it, its reads before the next write.
+
+The call's own buffers: registration (``Shape.mapped``)
+    The schedules on one node read every rank's input and write every
+    rank's output where they lie (algorithms.shared), so each call
+    tells its node where its buffers are (:func:`views`: a record of a few
+    hundred bytes to each rank of the node, the same exchange as a set-up's,
+    under the call's timeout).  A buffer is named by its allocation (the base and
+    buffer id of the pointer's attributes, ``cuPointerGetAttributes``) and
+    its offset in it, with the allocation's handle; a peer opens a handle
+    the first time it sees the allocation and keeps it open (a cache per
+    context and peer, keyed by the buffer id, which the driver never gives
+    another allocation of that process), as UCX's ``cuda_ipc`` and NCCL's
+    buffer registration do.  Allocations freed since (the exporter finds
+    out when it registers a new one: the pointer attributes of the old base
+    give another buffer id, or none) are announced in the next record and
+    closed by the peers; everything opened is closed at the communicator's
+    free.  Memory that cannot be shared this way (``cudaMallocAsync`` pools,
+    ``cuMemCreate``, managed memory) goes through a dedicated buffer of the
+    rank's instead (the schedule's copy in and out of it), grown as needed
+    and kept until the communicator's free.
 """
 
 from __future__ import annotations
@@ -67,6 +101,7 @@ from mpi4py import MPI
 from ..core.errors import CollectiveTimeout, MpicollError
 from . import timeout as _timeout
 from .channel import TAG
+from .staging import address as _address
 
 # Bytes of one slot (each rank's buffer in a region holds two).  Host: a chunk of this
 # size is one sync of two ranks apart (the shared algorithms' host times: docs/performance.md,
@@ -76,8 +111,9 @@ from .channel import TAG
 HOST_SLOT_BYTES = 1 << 20
 DEVICE_SLOT_BYTES = 32 << 20
 
-_REC = 128  # bytes of one rank's record in the set-up exchange
+_REC = 192  # bytes of one rank's record in the set-up exchange
 _HANDLE, _TOKEN, _DEVICE = slice(8, 72), slice(72, 88), slice(88, 120)
+_EVENT = slice(120, 184)  # a device set-up's interprocess event handle
 _NONE, _EXPORTED, _FAILED = 0, 1, 2
 _EMPTY = np.empty(0, np.uint8)  # what a 0-byte message of a device schedule hands MPI
 
@@ -234,6 +270,24 @@ class _Device:
     def free(self, keep) -> None:
         self.rt.ipc_free(keep)
 
+    def export_event(self):
+        """(handle, event): this rank's interprocess event (SyncChannel)."""
+        return self.rt.ipc_event()
+
+    def open_event(self, handle: bytes):
+        return self.rt.ipc_open_event(handle)
+
+    def close_event(self, event) -> None:
+        self.rt.ipc_close_event(event)
+
+    def drain(self, devices) -> None:
+        """Wait on the host for this rank's device work on a context (``devices``: its
+        ``ctx.devices``; each call ends by recording an event there, backends.devices'
+        finish): what it queued reading or writing peers' memory is done."""
+        event = devices.get("done", {}).get(self.key)
+        if event is not None:
+            self.rt.event_synchronize(event)
+
 
 def _memory_of(be):
     return _HOST if be.name == "numpy" else _Device(be)
@@ -247,13 +301,15 @@ _HOST = _Host()
 class _Mapped:
     """One region on one backend: this rank's buffer and its node peers' (uint8 arrays)."""
 
-    __slots__ = ("memory", "arrays", "exported", "opened", "nbytes")
+    __slots__ = ("memory", "arrays", "exported", "opened", "nbytes", "event", "events")
 
     def __init__(self, memory, nbytes):
         self.memory, self.nbytes = memory, nbytes
         self.arrays: dict = {}   # rank -> uint8 array of its buffer
         self.exported = None     # what keeps this rank's buffer
         self.opened: list = []   # what keeps the peers' buffers open here
+        self.event = None        # device: this rank's interprocess event
+        self.events: dict = {}   # device: rank -> its event, opened here
 
 
 class NodeMemory:
@@ -263,6 +319,9 @@ class NodeMemory:
         self.mapped: dict = {}    # (backend key, region) -> _Mapped
         self.failed: dict = {}    # backend key -> why its set-up failed (never tried again)
         self.holders: dict = {}   # region -> weak reference to the operation holding it
+        self.events: dict = {}    # device key -> (this rank's event, {rank: peer's event})
+        self.calls: dict = {}     # device key -> _Registry of the calls' own buffers
+        self.devices = ctx.devices  # (the done events of its calls: _Device.drain)
         self.closed = False
         labels = ctx.nodes if len(ctx.nodes) == ctx.size else (0,) * ctx.size
         self.labels = labels
@@ -273,7 +332,7 @@ class NodeMemory:
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-# (Ibarrier request, [(memory, exported)], its communicator): the buffers and the
+# (Ibarrier request, [(memory or None, exported)], its communicator): the buffers and the
 # communicator are freed once the request completes (MPI must not free a communicator
 # with a non-blocking collective pending: Open MPI crashed in MPI_Finalize)
 _RETIRED: list = []
@@ -295,7 +354,8 @@ def _reap() -> None:
         if req.Test():
             _RETIRED.remove(entry)
             for memory, keep in exports:
-                memory.free(keep)
+                if memory is not None:  # (an event goes with its last reference)
+                    memory.free(keep)
             MPI.Comm.Free(comm)
 
 
@@ -306,6 +366,52 @@ class _Message:
 
     def __init__(self, req, kind, peer):
         self.req, self.kind, self.peer, self.done = req, kind, peer, None
+
+
+def _allgather(ctx, mine, timeout, what, describe, wait_for, seq=None):
+    """Every rank's ``mine`` (uint8, the same length on every rank), by rank.
+
+    Point-to-point messages on the context's duplicate with the blocking calls'
+    tag (the set-up runs at the start of a call, before its own messages): a
+    rank that never joins leaves receives that a timeout cancels, never a
+    collective pending on the duplicate.  The operations in flight advance
+    while it waits; under a timeout, CollectiveTimeout after that long without
+    progress (the context is then unusable).  ``wait_for``: the engine's wait
+    (engine.executor.wait_for), which advances the operations in flight.  ``seq``: the
+    number of the call it belongs to (default: the next call's, a set-up's).
+    """
+    seq = ctx.seq + 1 if seq is None else seq
+    out = np.zeros((ctx.size, len(mine)), np.uint8)
+    out[ctx.rank] = mine
+    comm, peers = ctx.comm, [q for q in range(ctx.size) if q != ctx.rank]
+    msgs = [_Message(MPI.Comm.Irecv(comm, out[q], q, TAG), "recv", q) for q in peers]
+    msgs += [_Message(MPI.Comm.Isend(comm, mine, q, TAG), "send", q) for q in peers]
+    reqs = [m.req for m in msgs]
+    if wait_for(lambda: MPI.Request.Testall(reqs), timeout=timeout):
+        return out
+    if timeout is None:
+        MPI.Request.Waitall(reqs)
+        return out
+
+    def expired(left, idle):
+        call, collective, algorithm = describe()
+        late = next((m for m in left if m.kind == "recv"), left[0])
+        # (observe.calls' mark, in its words)
+        ctx.mpicoll_unusable = f"{collective} #{seq} timed out on rank {ctx.rank}"
+        drop = getattr(ctx, "drop_cache", None)
+        if drop is not None:
+            drop()
+        return CollectiveTimeout(
+            f"{call} on rank {ctx.rank}: no progress for {idle:.3g} s (timeout {timeout:g} s) "
+            f"before step 0, setting up node memory ({what}): waiting for rank {late.peer}. "
+            f"Some rank has not joined this call: it may have skipped it, called a collective "
+            f"on another communicator, or be stuck or dead. This communicator cannot be used "
+            f"again; end the job with mpicoll.abort()", collective=collective,
+            seq=seq, algorithm=algorithm, rank=ctx.rank, peer=late.peer,
+            phase=late.kind, step=None, timeout=timeout)
+
+    _timeout.wait(msgs, timeout, expired, _timeout.tester(msgs))
+    return out
 
 
 class SetUp:
@@ -326,7 +432,9 @@ class SetUp:
     def __init__(self, ctx, nm, memory, region, timeout, describe):
         self.ctx, self.nm, self.memory, self.region = ctx, nm, memory, region
         self.timeout, self.describe = timeout, describe
-        self.nbytes = 2 * memory.slot_bytes
+        # (device arrays on one node use no slots, only the calls' own buffers: maps_buffers;
+        # a buffer of a page still proves that the ranks map each other's memory)
+        self.nbytes = 2 * memory.slot_bytes if memory is _HOST or _spans(nm) else _PAGE
         self.mapped = _Mapped(memory, self.nbytes)
         self.why = None
         self.messages: list = []  # (_Message) of the exchange in progress
@@ -369,6 +477,9 @@ class SetUp:
                 record[_TOKEN][:len(token)] = np.frombuffer(token, np.uint8)
                 ident = self.memory.identity()
                 record[_DEVICE][:len(ident)] = np.frombuffer(ident, np.uint8)
+                if self.memory is not _HOST:
+                    ehandle, self.mapped.event = self.memory.export_event()
+                    record[_EVENT][:len(ehandle)] = np.frombuffer(ehandle, np.uint8)
             except Exception as exc:
                 self.why = (f"cannot allocate {self.nbytes} bytes to share "
                             f"({type(exc).__name__}: {exc})")
@@ -399,6 +510,12 @@ class SetUp:
                     break
                 mapped.opened.append(keep)
                 mapped.arrays[q] = arr
+                if self.memory is not _HOST:
+                    try:
+                        mapped.events[q] = self.memory.open_event(rec[_EVENT].tobytes())
+                    except Exception as exc:
+                        self.why = f"cannot open rank {q}'s event ({type(exc).__name__}: {exc})"
+                        break
         self._oks = self._post(np.array([self.why is None], np.uint8),
                                "agreeing whether every rank mapped its node's buffers")
         return self.requests
@@ -416,6 +533,8 @@ class SetUp:
             memory.settled(mapped.exported)  # (every peer opened it or gave up: host files go)
         if oks.all():
             nm.mapped[(memory.key, self.region)] = mapped
+            if mapped.event is not None:  # (the first region's events serve every region)
+                nm.events.setdefault(memory.key, (mapped.event, mapped.events))
             return None
         why = self.why
         if why is None:
@@ -479,6 +598,12 @@ def _undo(memory, mapped, settled) -> None:
         memory.close(keep)
     mapped.opened = []
     mapped.arrays = {}
+    for event in mapped.events.values():
+        memory.close_event(event)
+    mapped.events = {}
+    if mapped.event is not None:
+        _KEPT.append(mapped.event)
+        mapped.event = None
     if mapped.exported is not None:
         if memory is _HOST:
             memory.free(mapped.exported)
@@ -487,12 +612,13 @@ def _undo(memory, mapped, settled) -> None:
         mapped.exported = None
 
 
-_KEPT: list = []  # exported device buffers of failed set-ups, kept until exit
+_KEPT: list = []  # exported device buffers and events of failed set-ups, kept until exit
 
 
 def release(ctx) -> None:
-    """*engine*, Context._release (before its duplicate is freed): close what this rank
-    opened; exported device buffers go once every peer closed them: an Ibarrier on the
+    """*engine*, Context._release (before its duplicate is freed): once this rank's device
+    work on the context is done, close what it opened; exported device buffers and
+    events go once every peer closed them: an Ibarrier on the
     context's duplicate, which this module then frees (``ctx.comm`` becomes
     COMM_NULL) once the barrier completes."""
     nm = getattr(ctx, "node_memory", None)
@@ -501,11 +627,25 @@ def release(ctx) -> None:
     nm.closed = True
     _LIVE.discard(nm)
     exports, device = [], False
+    drained = set()
+    for (key, _), mapped in nm.mapped.items():
+        if key != "host" and key not in drained:  # (its queued work may still use peers')
+            mapped.memory.drain(nm.devices)
+            drained.add(key)
+    for registry in nm.calls.values():
+        registry.close(exports)
+    nm.calls.clear()
     for (key, _), mapped in nm.mapped.items():
         for keep in mapped.opened:
             mapped.memory.close(keep)
         mapped.opened = []
         mapped.arrays = {}
+        for event in mapped.events.values():
+            mapped.memory.close_event(event)
+        mapped.events = {}
+        if mapped.event is not None:
+            exports.append((None, mapped.event))
+            mapped.event = None
         if key != "host":
             device = True
         if mapped.exported is not None:
@@ -515,6 +655,7 @@ def release(ctx) -> None:
                 exports.append((mapped.memory, mapped.exported))
             mapped.exported = None
     nm.mapped.clear()
+    nm.events.clear()
     if device and ctx.comm != MPI.COMM_NULL and not MPI.Is_finalized():
         comm, ctx.comm = ctx.comm, MPI.COMM_NULL
         _RETIRED.append((MPI.Intracomm.Ibarrier(comm), exports, comm))
@@ -526,25 +667,34 @@ EXIT_WAIT_S = 2.0  # how long the exit handler waits for retired buffers' barrie
 
 @atexit.register
 def at_exit() -> None:
-    """Close every opened device handle of the contexts still alive (device calls never
-    stay in flight; buffers go with the process), and complete the barriers of freed
-    contexts for a moment (peers exiting together complete them; a rank that never
-    freed its communicator leaves them to MPI_Finalize)."""
+    """Close every opened device handle and event of the contexts still alive, once their
+    queued device work is done (buffers go with the process), and complete the barriers
+    of freed contexts for a moment (peers exiting together complete them; a rank that
+    never freed its communicator leaves them to MPI_Finalize)."""
     end = time.perf_counter() + EXIT_WAIT_S
     while _RETIRED and time.perf_counter() < end and not MPI.Is_finalized():
         _reap()
         if _RETIRED:
             time.sleep(_timeout.MIN_SLEEP_S)
     for nm in list(_LIVE):
-        for mapped in nm.mapped.values():
-            if mapped.memory is not _HOST:
+        device = [m for m in nm.mapped.values() if m.memory is not _HOST]
+        try:
+            for mapped in device:
+                mapped.memory.drain(nm.devices)
+            for registry in nm.calls.values():
+                registry.close([])
+            for mapped in device:
                 for keep in mapped.opened:
-                    try:
-                        mapped.memory.close(keep)
-                    except Exception:  # (a CUDA context already torn down)
-                        pass
-                mapped.opened = []
-                mapped.arrays = {}
+                    mapped.memory.close(keep)
+                for event in mapped.events.values():
+                    mapped.memory.close_event(event)
+        except Exception:  # (a CUDA context already torn down; a peer already gone)
+            pass
+        for mapped in device:
+            mapped.opened = []
+            mapped.arrays = {}
+            mapped.events = {}
+        nm.calls.clear()
         nm.closed = True
 
 
@@ -564,7 +714,8 @@ def set_up(ctx, backend, region, timeout, describe):
         return None, nm.failed[memory.key]
     if (memory.key, region) in nm.mapped:
         return None, None
-    if memory is not _HOST and not hasattr(memory.rt, "ipc_export"):
+    if memory is not _HOST and not (hasattr(memory.rt, "ipc_export")
+                                    and hasattr(memory.rt, "ipc_event")):
         why = nm.failed[memory.key] = f"the {backend.name} runtime has no CUDA IPC"
         return None, why
     return SetUp(ctx, nm, memory, region, timeout, describe), None
@@ -584,60 +735,335 @@ def slot_elements(ctx, backend, region, itemsize: int) -> int:
     return 0 if mapped is None else mapped.nbytes // 2 // max(itemsize, 1)
 
 
-def views(ctx, backend, region, schedule, dtype) -> dict:
-    """{name: 1-D array of ``dtype``} of every node buffer ``schedule`` names, from ``region``
-    of ``backend``'s node memory."""
-    if not schedule.shared:
+def views(ctx, backend, region, buffers, dtype, own=None, call=None, timeout=None,
+          describe=None, wait_for=None) -> dict:
+    """{name: 1-D array of ``dtype``} of a schedule's node buffers.
+
+    ``buffers``: [(name, rank, elements, role)] of each; ``role`` None for node
+    memory (from ``region`` of ``backend``'s), else which buffer of that rank it
+    stands for (``"src"``, ``"dst"``: the call's own, registered for CUDA IPC,
+    ``Shape.mapped``).  Those take an exchange among the ranks of the node
+    (:class:`_Registry`): ``own`` {role: this rank's array}; ``call``: what
+    binds them (a binding again of the same call exchanges nothing);
+    ``timeout``, ``describe``, ``wait_for`` as for a set-up.
+    """
+    if not buffers:
         return {}
     nm = node_memory(ctx)
-    mapped = nm.mapped.get((_memory_of(backend).key, region))
-    if mapped is None:
+    memory = _memory_of(backend)
+    mapped = nm.mapped.get((memory.key, region))
+    if mapped is None or nm.closed:
         raise MpicollError("communicator freed: its node memory is gone; start operations "
                            "only on a communicator not yet freed")
     itemsize = np.dtype(dtype).itemsize
-    out = {}
-    for name, (q, n) in schedule.shared.items():
+    out, calls = {}, []
+    for name, q, n, role in buffers:
+        if role is not None:
+            calls.append((name, q, n, role))
+            continue
         if n * itemsize > mapped.nbytes:  # pragma: no cover - slots come from the same constants
             raise ValueError(f"{name}: {n} elements exceed the {mapped.nbytes} bytes mapped")
         out[name] = mapped.arrays[q][: n * itemsize].view(dtype)
+    if calls:
+        registry = nm.calls.get(memory.key)
+        if registry is None:
+            registry = nm.calls[memory.key] = _Registry(memory, nm.devices)
+        out.update(registry.views(ctx, calls, dtype, own, call, timeout, describe, wait_for))
     return out
 
 
-class SyncChannel:
-    """The 0-byte messages of a device schedule on one node, on the host channel.
+def maps_buffers(ctx, backend) -> bool:
+    """Whether the schedules on ``backend``'s arrays read and write the call's own buffers
+    at the ranks of the node (``Shape.mapped``): device arrays of a runtime that registers
+    them, on a communicator of one node of more than one rank."""
+    nm = node_memory(ctx)
+    return backend.name != "numpy" and nm.shares and not _spans(nm) \
+        and hasattr(backend.rt, "ipc_range")
 
-    A send is a flag: what the rank's device work wrote before it must be
-    complete first, so the compute stream is synchronised whenever mpicoll
-    queued work on it since the last time (the caller's, at the first send).
-    The messages carry nothing, so MPI never sees a device pointer: it works
-    whether or not MPI is CUDA-aware.
+
+def _spans(nm) -> bool:
+    return len(set(nm.labels)) > 1
+
+
+_PAGE = 4096
+
+
+_ROLES = ("src", "dst")  # the call's buffers a record names, in its order
+_BOUNCE = 1 << 63  # keys of a rank's own buffers for memory that cannot be shared
+_GONE = 8  # keys of allocations gone that one record announces (more: the next call's)
+_ENTRY = np.dtype([("key", "<u8"), ("base", "<u8"), ("size", "<u8"), ("offset", "<u8"),
+                   ("fresh", "<u8"), ("handle", "u1", 64)])
+_RECORD = np.dtype([("failed", "<u8"), ("ngone", "<u8"), ("gone", "<u8", _GONE),
+                    ("buffers", _ENTRY, len(_ROLES))])
+
+
+class _Export:
+    """An allocation of this rank's, registered: its key (the buffer id), where it lies, its
+    handle, and whether every peer opened it (else a record says it is ``fresh``)."""
+
+    __slots__ = ("key", "base", "size", "handle", "agreed")
+
+    def __init__(self, key, base, size, handle):
+        self.key, self.base, self.size, self.handle = key, base, size, handle
+        self.agreed = False
+
+
+class _Import:
+    """A peer's allocation, open here: a uint8 array of all of it, what keeps it open."""
+
+    __slots__ = ("arr", "keep", "base", "size")
+
+    def __init__(self, arr, keep, base, size):
+        self.arr, self.keep, self.base, self.size = arr, keep, base, size
+
+
+class _Registry:
+    """The calls' own buffers of one context on one device, registered for CUDA IPC.
+
+    Exporter side: :attr:`mine`, this rank's allocations by base, each with its
+    buffer id and handle (``cudaIpcGetMemHandle`` once per allocation); the
+    keys of those that went since (:meth:`_sweep`) go out with the next
+    record.  Importer side: :attr:`opened`, the peers' allocations open here by
+    (rank, key), closed when the peer announces them gone, when a new one of
+    that peer overlaps them (what the address range held went), or at the
+    communicator's free.  Memory the pointer attributes refuse goes through
+    :attr:`bounces` (``ipc_export``: a dedicated allocation per role, grown to
+    twice the largest call, outgrown ones kept until the communicator's free:
+    a peer may still hold them open).
     """
 
-    __slots__ = ("inner", "backend", "stream", "_synced")
+    def __init__(self, memory, devices):
+        self.memory, self.devices = memory, devices
+        self.mine: dict = {}     # allocation base -> _Export
+        self.gone: list = []     # keys of this rank's allocations gone, not yet announced
+        self.opened: dict = {}   # (rank, key) -> _Import
+        self.bounces: dict = {}  # role -> (uint8 array, keep, _Export)
+        self.retired: list = []  # keeps of outgrown bounces
+        self.made = 0            # bounces made (their keys)
+        self.bound = weakref.WeakKeyDictionary()  # call -> its views
 
-    def __init__(self, inner, backend, stream):
-        self.inner, self.backend, self.stream = inner, backend, stream
-        self._synced = None  # backend.launches at the last synchronisation
+    def views(self, ctx, buffers, dtype, own, call, timeout, describe, wait_for) -> dict:
+        """{name: array} of ``buffers`` ([(name, rank, elements, role)]), after one exchange
+        of records with every rank (one node: the communicator's), a second where some
+        allocation is new to a peer (every rank agrees that it opened them).  A rank that
+        fails raises, and so does every rank, before the schedule starts."""
+        got = self.bound.get(call) if call is not None else None
+        if got is not None:
+            return got
+        itemsize = np.dtype(dtype).itemsize
+        need = {role: n for _, q, n, role in buffers if q == ctx.rank and n}  # this rank's
+        record = np.zeros(1, _RECORD)
+        entries = record["buffers"][0]
+        mine, published, why = {}, [], None
+        for i, role in enumerate(_ROLES):
+            if role not in need:
+                continue
+            nbytes = need[role] * itemsize
+            try:
+                entry, offset, arr = self._publish(own[role], role, nbytes)
+            except Exception as exc:
+                why = f"cannot share its {role} ({type(exc).__name__}: {exc})"
+                record["failed"] = 1
+                break
+            mine[role] = arr if arr is own[role] else arr[:nbytes].view(dtype)
+            published.append(entry)
+            for field, value in (("key", entry.key), ("base", entry.base), ("size", entry.size),
+                                 ("offset", offset), ("fresh", not entry.agreed)):
+                entries[field][i] = value
+            entries["handle"][i][:len(entry.handle)] = np.frombuffer(entry.handle, np.uint8)
+        gone, self.gone = self.gone[:_GONE], self.gone[_GONE:]
+        record["ngone"] = len(gone)
+        record["gone"][0][:len(gone)] = gone
+        records = _allgather(ctx, record.view(np.uint8), timeout, "exchanging where the "
+                             "call's buffers lie", describe, wait_for, ctx.seq + 1).view(_RECORD)[:, 0]
+        failed = [q for q in range(ctx.size) if records[q]["failed"]]
+        if failed:
+            raise MpicollError(why if failed[0] == ctx.rank else
+                               f"rank {failed[0]} could not share its buffers on its node "
+                               f"(CUDA IPC)")
+        self._forget(ctx, records)
+        out = {}
+        for name, q, n, role in buffers:
+            if not n:  # (nothing of it is read or written)
+                out[name] = own[role][:0]
+                continue
+            if q == ctx.rank:
+                out[name] = mine[role]
+                continue
+            e = records[q]["buffers"][_ROLES.index(role)]
+            try:
+                imp = self._open(q, e)
+            except Exception as exc:
+                why = f"cannot open rank {q}'s {role} ({type(exc).__name__}: {exc})"
+                break
+            lo, nbytes = int(e["offset"]), n * itemsize
+            if lo + nbytes > imp.size:
+                why = f"rank {q}'s {role} holds {imp.size - lo} bytes, not {nbytes}"
+                break
+            out[name] = imp.arr[lo: lo + nbytes].view(dtype)
+        if any(records[q]["buffers"]["fresh"].any() for q in range(ctx.size)):
+            oks = _allgather(ctx, np.array([why is None], np.uint8), timeout, "agreeing "
+                             "whether every rank opened its node's buffers", describe, wait_for,
+                             ctx.seq)[:, 0]
+            if oks.all():
+                for entry in published:
+                    entry.agreed = True
+            elif why is None:
+                why = f"rank {int(np.argmin(oks))} could not open its node's buffers (CUDA IPC)"
+        if why is not None:
+            raise MpicollError(f"node memory: {why}")
+        if call is not None:
+            self.bound[call] = out
+        return out
+
+    def _publish(self, arr, role, nbytes):
+        """(_Export, offset, array) of this rank's ``arr`` for peers: its allocation, or the
+        bounce buffer of ``role`` where that cannot be shared (then that array)."""
+        rt = self.memory.rt
+        if nbytes:
+            ptr = _address(arr)
+            try:
+                base, size, bid = rt.ipc_range(ptr)
+            except Exception:  # (memory another process cannot open: the bounce)
+                base = None
+            if base is not None:
+                entry = self.mine.get(base)
+                if entry is None or entry.key != bid or entry.size != size:
+                    if entry is not None:  # another allocation at its base: it went
+                        del self.mine[base]
+                        self.gone.append(entry.key)
+                    self._sweep()
+                    try:
+                        entry = self.mine[base] = _Export(bid, base, size, rt.ipc_handle(base))
+                    except Exception:
+                        entry = None
+                if entry is not None:
+                    return entry, ptr - base, arr
+        have = self.bounces.get(role)
+        if have is None or have[0].nbytes < nbytes:
+            grown = max(nbytes, 2 * have[0].nbytes if have is not None else 0, 1)
+            handle, barr, keep = rt.ipc_export(grown)
+            if have is not None:
+                self.retired.append(have[1])
+            self.made += 1
+            have = self.bounces[role] = (barr, keep, _Export(
+                _BOUNCE | self.made, _address(barr), grown, handle))
+        return have[2], 0, have[0]
+
+    def _sweep(self) -> None:
+        """Forget this rank's allocations that went (their base's pointer attributes give
+        another buffer id, or none); their keys go to the peers with the next record."""
+        rt = self.memory.rt
+        for base, entry in list(self.mine.items()):
+            try:
+                alive = rt.ipc_range(base)[::2] == (base, entry.key)
+            except Exception:
+                alive = False
+            if not alive:
+                del self.mine[base]
+                self.gone.append(entry.key)
+
+    def _forget(self, ctx, records) -> None:
+        """Close what the peers announce gone."""
+        gone = [(q, int(k)) for q in range(ctx.size) if q != ctx.rank
+                for k in records[q]["gone"][: int(records[q]["ngone"])]]
+        self._close([g for g in gone if g in self.opened])
+
+    def _open(self, q, e) -> _Import:
+        """Rank ``q``'s allocation of record entry ``e``, opened here once."""
+        key, base, size = int(e["key"]), int(e["base"]), int(e["size"])
+        imp = self.opened.get((q, key))
+        if imp is None:
+            self._close([(p, k) for (p, k), o in self.opened.items()
+                         if p == q and o.base < base + size and base < o.base + o.size])
+            arr, keep = self.memory.rt.ipc_open(e["handle"].tobytes(), size)
+            imp = self.opened[(q, key)] = _Import(arr, keep, base, size)
+        return imp
+
+    def _close(self, which) -> None:
+        if which:
+            self.memory.drain(self.devices)  # (queued work may still read or write them)
+            for k in which:
+                self.memory.close(self.opened.pop(k).keep)
+
+    def close(self, exports: list) -> None:
+        """At the communicator's free (device work drained): close every peer's allocation;
+        this rank's bounce buffers join ``exports`` (freed once every peer closed them)."""
+        for imp in self.opened.values():
+            self.memory.close(imp.keep)
+        self.opened.clear()
+        exports.extend((self.memory, keep) for keep in
+                       self.retired + [keep for _, keep, _ in self.bounces.values()])
+        self.retired, self.bounces = [], {}
+
+
+class SyncChannel:
+    """The 0-byte messages of a device schedule on one node, the GPU ordered by events.
+
+    A sync's flags say that this rank's device work before them is queued,
+    not done: before the first flag after a wait, the rank records its
+    interprocess event on the compute stream (after the work the flags
+    publish; the caller's too, at the first); once a peer's flag has
+    arrived (its request waited for), the stream waits on that peer's event
+    (the module docstring).  No host thread waits for the GPU.  The messages
+    carry nothing, so MPI never sees a device pointer: it works whether or
+    not MPI is CUDA-aware.
+    """
+
+    __slots__ = ("inner", "rt", "stream", "event", "peers", "_recorded", "_flags")
+
+    def __init__(self, inner, rt, stream, event, peers):
+        self.inner, self.rt, self.stream = inner, rt, stream
+        self.event, self.peers = event, peers  # this rank's event, {rank: peer's event}
+        self._recorded = False
+        self._flags: list = []  # (request, source) of flags posted, not waited for yet
 
     def isend(self, arr, dest, chunk=0):
-        launches = self.backend.launches
-        if launches != self._synced:
-            self.backend.rt.synchronize(self.stream)
-            self._synced = launches
+        if not self._recorded:
+            self.rt.record_ipc(self.stream, self.event)
+            self._recorded = True
         return self.inner.isend(_EMPTY, dest, chunk)
 
     def irecv(self, arr, source, chunk=0):
-        return self.inner.irecv(_EMPTY, source, chunk)
+        req = self.inner.irecv(_EMPTY, source, chunk)
+        self._flags.append((req, source))
+        return req
 
     def wait(self, req):
         self.inner.wait(req)
+        self._arrived((req,))
 
     def waitall(self, reqs):
         self.inner.waitall(reqs)
+        self._arrived(reqs)
+
+    def _arrived(self, reqs) -> None:
+        """The stream waits on the event of every peer whose flag is among ``reqs``."""
+        self._recorded = False  # (the next flags publish work queued after this point)
+        left = []
+        for req, source in self._flags:
+            if any(r is req for r in reqs):
+                self.rt.wait_ipc(self.stream, self.peers[source])
+            else:
+                left.append((req, source))
+        self._flags = left
 
     def testall(self, reqs) -> bool:
         test = getattr(self.inner, "testall", None)
         return test(reqs) if test is not None else MPI.Request.Testall(reqs)
+
+    @property
+    def test(self):
+        """The inner channel's own test of one request, where it has one (transport.timeout
+        polls with it under a timeout), else None."""
+        return getattr(self.inner, "test", None)
+
+
+def sync_channel(ctx, backend, inner, stream) -> SyncChannel:
+    """The :class:`SyncChannel` of a device schedule on ``ctx`` (its node memory set up)."""
+    memory = _memory_of(backend)
+    event, peers = node_memory(ctx).events[memory.key]
+    return SyncChannel(inner, memory.rt, stream, event, peers)
 
 
 def status(ctx, backend) -> str:

@@ -6,18 +6,22 @@ with vector clocks that no rank reads a peer's element before the write it
 reads was synchronised, overwrites one before the readers were done, or ends
 while a peer's access to its memory is not ordered before its end.  Here:
 every shared builder on node layouts (one node is in test_schedules.py's
-generic cases), broken variants that the checks must catch, and what travels
-as messages (0 bytes) and how many syncs a call takes.
+generic cases), the AllReduce on the ranks' own buffers (``Shape.mapped``,
+each rank's input and output bound apart or to its own SRC and DST), broken
+variants that the checks must catch, and what travels as messages (0 bytes)
+and how many syncs a call takes.
 """
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from support import schedsim as sim
 from support import util
 
 from mpicoll.algorithms import ring, shared
-from mpicoll.algorithms.schedule import Recv, Send, Wait
+from mpicoll.algorithms.schedule import Fold, Recv, Send, Wait, node_role
 from mpicoll.transport import topology
 
 pytestmark = pytest.mark.local  # simulated ranks in one process: no MPI peer
@@ -85,6 +89,77 @@ def test_engine_slot_and_messages(collective, name, build):
         }[(collective, name)]
         assert syncs == want, (collective, name, rank, syncs, want)
         assert sim.traffic(sched, 4).bytes_sent == 0
+
+
+MAPPED = [(name, shared.SCHEDULES[("allreduce", name)])
+          for name in (shared.ONESHOT, shared.TWOSHOT)]
+
+
+def _mapped_layouts(collective, n):
+    """Counts of one node of ``n``: _layouts', with AllReduce's small totals, and
+    (AllGather) blocks with gaps between them in another order."""
+    if collective == "allreduce":
+        return [([t], [0], t) for t in sorted({0, 1, n - 1, n, 2 * n + 1, 37})]
+    out = [(list(c), list(d), t) for c, d, t in _layouts(collective, n)]
+    if collective == "allgather":
+        counts = [3 + r % 2 for r in range(n)]
+        out.append((counts, *sim.scattered(counts, random.Random(n))))
+    return out
+
+
+@pytest.mark.parametrize("collective,name,build", BUILDERS, ids=IDS)
+@pytest.mark.parametrize("mapped", ["apart", "own"])
+def test_mapped_schedules(collective, name, build, mapped):
+    """On the ranks' own buffers, one node of 1-5 ranks: every count layout, in place and
+    not, eager and rendezvous, a sum and a non-commutative op (bitwise the rank-order fold,
+    the same bits on every rank), each rank's input and output apart (a buffer of its own)
+    or its SRC and DST themselves (registered): every access of a peer's synchronised."""
+    ops = ("sum",) if collective == "allgather" else ("sum", "affine")
+    for n in range(1, 6):
+        for counts, displs, length in _mapped_layouts(collective, n):
+            for in_place in (False, True):
+                for model in sim.MODELS:
+                    for op in ops:
+                        sim.run_case(collective, build, n, counts, displs, length, in_place,
+                                     model, op=op, mapped=mapped)
+
+
+@pytest.mark.parametrize("name,build", MAPPED, ids=[name for name, _ in MAPPED])
+def test_mapped_one_fold_two_syncs(name, build):
+    """On the ranks' own buffers: no slots, 0-byte messages, two syncs, one Fold of every
+    rank's input in local-rank order (two shot: into every rank's output)."""
+    n, total = 4, 50
+    for rank in range(n):
+        sched = build(sim.shape("allreduce", n, rank, total=total, mapped=True))
+        roles = sorted({node_role(k) for k in sched.shared})
+        assert roles == (["src"] if name == shared.ONESHOT else ["dst", "src"]), roles
+        assert sorted({q for q, _ in sched.shared.values()}) == list(range(n))
+        assert all(op.region.count == 0 for op in sched.sends() + sched.recvs())
+        assert len({op.label.step for op in sched.sends()}) == 2
+        folds = [op for op in sched.ops if type(op) is Fold]
+        assert len(folds) == 1 and len(folds[0].xs) == n
+        assert len(folds[0].outs) == (1 if name == shared.ONESHOT else n)
+
+
+@pytest.mark.parametrize("name,build", MAPPED, ids=[name for name, _ in MAPPED])
+@pytest.mark.parametrize("which", [0, -1])
+@pytest.mark.parametrize("mapped", ["apart", "own"])
+def test_mapped_missing_sync_is_caught(name, build, which, mapped):
+    """Leave out the sync before the fold or the last one: caught, also where each rank's
+    input is its SRC itself (no copy into a buffer of its own to see)."""
+    broken = _drop_wait(build, which)
+    with pytest.raises(sim.ScheduleError):
+        sim.run_case("allreduce", broken, 3, [20], [0], 20, True, "eager", mapped=mapped)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+@pytest.mark.parametrize("which", [0, -1])
+def test_mapped_blocks_missing_sync_is_caught(collective, which):
+    """The same for ReduceScatter and AllGather on the ranks' own buffers."""
+    broken = _drop_wait(shared.SCHEDULES[(collective, shared.NAME)], which)
+    with pytest.raises(sim.ScheduleError):
+        sim.run_case(collective, broken, 3, [4, 5, 3], [0, 4, 9], 12, False, "eager",
+                     mapped="own")
 
 
 def _drop_wait(build, which):

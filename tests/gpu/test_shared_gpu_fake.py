@@ -1,17 +1,24 @@
 """The shared-memory path on device arrays, on the fake GPU (tests/support/fakegpu.py).
 
-The fake runtime's CUDA IPC maps buffers across processes through the host's
-shared memory, and its streams run queued work only when forced: a flag sent
-before the device work it publishes leaves stale bytes where a peer reads, and
-the results come out wrong.  Here: every collective with slots of a few
-elements, lazy and eager streams, CUDA-aware MPI or not (MPI only ever sees
-0-byte host messages); the stream is synchronised before every flag; nothing
-is staged; IPC handles are closed at the communicator's free and the buffers
-freed after their importers closed them; IPC refused on one rank; fake nodes.
+The fake runtime's CUDA IPC maps allocations across processes, and its
+streams run queued work only when forced (or when a peer's stream waits for
+it): a flag whose work is not ordered before a peer's reads leaves stale bytes
+where the peer reads, and the results come out wrong.  Here: every collective
+with slots of a few elements, lazy and eager streams, CUDA-aware MPI or not
+(MPI only ever sees 0-byte host messages); the GPU ordered by interprocess
+events, no host waiting for it (a call returns with its work queued), a wait
+left out shows; AllReduce on the ranks' own buffers (registered: each peer
+opens an allocation once, a slice of one is its base and offset, a freed one
+is closed, memory that cannot be shared goes through a buffer of the rank's)
+in one fused fold, bitwise the same on every rank; IPC handles closed at the
+communicator's free and the buffers freed after their importers closed them;
+IPC refused on one rank; fake nodes.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import time
 
 import numpy as np
@@ -22,6 +29,7 @@ from support import fakegpu, gpucases, util
 import mpicoll
 from mpicoll.algorithms import shared as _algorithms
 from mpicoll.backends import devices as _devices
+from mpicoll.tools import results
 from mpicoll.transport import shared as _shared
 
 pytestmark = pytest.mark.ranks(1, 2, 3)  # the node's ranks: none, a pair, three
@@ -79,31 +87,43 @@ def test_matches_mpi(gpu, collective, monkeypatch):
     assert not failures, "\n".join(failures[:20])
 
 
-def _flags_follow_the_work(rt) -> str:
-    """'' if every MPI send of the log came after a synchronisation of the compute stream
-    that followed the last work queued on it, else the first offence."""
-    queued_since_sync = False
-    for i, e in enumerate(rt.log):
+def _events_order_the_flags(log) -> str:
+    """'' if, in ``log``, the compute stream was never synchronised, every MPI send came
+    after an interprocess event recorded on the compute stream after the last work queued
+    there, and every flag received made the stream wait on its sender's event; else the
+    first offence."""
+    last, waits, flags = None, 0, 0
+    for i, e in enumerate(log):
+        if e == ("sync", "compute"):
+            return f"log entry {i}: the host waited for the compute stream"
         if e[:2] == ("queue", "compute"):
-            queued_since_sync = True
-        elif e == ("sync", "compute"):
-            queued_since_sync = False
-        elif e[0] == "mpi isend" and queued_since_sync:
-            return f"log entry {i}: a flag sent before the compute stream's work ran"
-    return ""
+            last = e[2]
+            waits += e[2].startswith("wait ipc event")
+        elif e[0] == "mpi isend" and last != "record ipc event":
+            return f"log entry {i}: a flag not after an event recorded after the work ({last})"
+        elif e[0] == "mpi irecv":
+            flags += 1
+    return "" if waits == flags else f"{flags} flags received, the stream waited on {waits}"
 
 
-def test_flags_wait_for_the_work_and_carry_nothing(gpu):
-    """Before each flag the compute stream is synchronised (the work it publishes is done);
-    MPI only sees empty host buffers; nothing is staged through pinned memory."""
+@pytest.mark.parametrize("name", [_algorithms.ONESHOT, _algorithms.TWOSHOT])
+def test_events_order_the_work_and_flags_carry_nothing(gpu, name):
+    """The GPU work of an AllReduce on node memory is ordered by interprocess events: an
+    event recorded before each flag after the work it publishes, the stream waiting on the
+    sender's event for each flag received, no host waiting for the GPU (the call returns
+    with its fold queued, not run); MPI only sees empty host buffers; nothing is staged."""
     be, comm = gpu
     rt = be.rt
     x = fakegpu.produce(rt, np.arange(40.0) + RANK)
-    y = mpicoll.allreduce(x, comm=comm, algorithm=_algorithms.TWOSHOT)
+    y = rt.xp.empty(40, np.float64)
+    start = len(rt.log)
+    mpicoll.allreduce(x, comm=comm, out=y, algorithm=name)
+    during = rt.log[start:]
+    queued = bool((fakegpu.peek(y).view(np.uint8) == fakegpu.POISON).all())
     ref = np.empty(40)
     MPI.Intracomm.Allreduce(comm, np.arange(40.0) + RANK, ref)
-    calls = [e for e in rt.log if e[0] in ("mpi isend", "mpi irecv")]
-    bad = _flags_follow_the_work(rt)
+    calls = [e for e in during if e[0] in ("mpi isend", "mpi irecv")]
+    bad = _events_order_the_flags(during)
     if not np.array_equal(y.get(), ref):
         bad += " wrong result"
     if any(not isinstance(a, np.ndarray) or a.size for _, _, a in calls):
@@ -113,39 +133,166 @@ def test_flags_wait_for_the_work_and_carry_nothing(gpu):
         bad += " staged"
     if SIZE > 1 and not calls:
         bad += " no flags"
+    if SIZE > 1 and not rt.null.eager and not queued:
+        bad += " the fold ran before the call returned"
     util.assert_all(comm, not bad, bad)
 
 
 @pytest.mark.skipif(SIZE < 2, reason="needs a node peer")
-def test_a_missing_synchronisation_shows(monkeypatch):
-    """The check above can fail: flags sent without synchronising are seen in the log (the
-    data may come out right or not, by how the ranks' lazy streams happen to run)."""
+def test_a_missing_wait_shows(monkeypatch):
+    """The events are what orders the peers' reads: with the stream's waits on them left
+    out, a rank that runs its fold while its peers' inputs are still being produced (lazy
+    streams, the peers not running theirs) reads stale bytes."""
     be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    rt = be.rt
     comm = WORLD.Dup()
-
-    def isend(self, arr, dest, chunk=0):  # no synchronisation
-        return self.inner.isend(_shared._EMPTY, dest, chunk)
-
-    monkeypatch.setattr(_shared.SyncChannel, "isend", isend)
+    monkeypatch.setattr(rt, "wait_ipc", lambda stream, event: None)
     try:
         with fakegpu.registered(be):
-            mpicoll.allreduce(fakegpu.produce(be.rt, np.full(10, RANK + 1.0)), comm=comm,
-                              algorithm=_algorithms.ONESHOT)
+            x = fakegpu.produce(rt, np.full(10, RANK + 1.0))
+            y = mpicoll.allreduce(x, comm=comm, algorithm=_algorithms.ONESHOT)
+            got = y.get() if RANK == 0 else None  # (the peers' inputs not produced yet)
+            WORLD.Barrier()
+            if RANK:
+                y.get()
+        wrong = RANK != 0 or not np.array_equal(got, np.full(10, SIZE * (SIZE + 1) / 2))
     finally:
         comm.Free()
-    util.assert_all(WORLD, bool(_flags_follow_the_work(be.rt)),
-                     "a missing synchronisation went unnoticed")
+    util.assert_all(WORLD, wrong, "a missing wait went unnoticed")
+
+
+def _opened(rt, start=0) -> list:
+    return [e[1] for e in rt.log[start:] if e[0] == "ipc open"]
+
+
+def _key(rt, x) -> str:
+    """'pid:buffer id' of the allocation of ``x`` (how the fake logs a peer opening it)."""
+    return f"{os.getpid()}:{rt.ipc_range(x._h.ctypes.data)[2]}"
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a node peer")
+def test_registered_buffers_opened_once_and_closed():
+    """Each peer's allocation is opened once per communicator (a repeat opens nothing, a
+    slice of one is its base and an offset, a new allocation is opened once); one freed is
+    closed by the peers once its owner registers another; the communicator's free closes
+    what it opened, and the exporter's own buffers go after every peer closed them."""
+    be = fakegpu.fake_backend(compute="eager", copies="eager", slow_queries=False)
+    rt = be.rt
+    comm = WORLD.Dup()
+    peers = SIZE - 1
+    bad = []
+
+    def run(x, y):
+        mpicoll.allreduce(x, comm=comm, out=y, algorithm=_algorithms.TWOSHOT)
+
+    with fakegpu.registered(be):
+        big = rt.xp.asarray(np.arange(64.0) + RANK)
+        y = rt.xp.empty(16, np.float64)
+        run(big[:16], y)  # (the first call also sets node memory up: its buffers)
+        start = len(rt.log)
+        run(big[:16], y)
+        run(big[16:32], y)  # another part of the same allocation
+        if _opened(rt, start):
+            bad.append(f"repeats opened {_opened(rt, start)}")
+        if not np.array_equal(y.get(), np.arange(16.0, 32.0) * SIZE + SIZE * (SIZE - 1) / 2):
+            bad.append("wrong result from an offset")
+        x2 = rt.xp.asarray(np.ones(16))
+        start = len(rt.log)
+        run(x2, y)
+        if len(_opened(rt, start)) != peers:
+            bad.append(f"a new allocation: opened {_opened(rt, start)}")
+        gone = comm.allgather(_key(rt, x2))
+        del x2
+        gc.collect()
+        start = len(rt.log)
+        run(rt.xp.asarray(np.ones(16)), y)  # (a new one: its owner finds the old one gone)
+        closed = [e[1] for e in rt.log[start:] if e[0] == "ipc close"]
+        want = sorted(k for q, k in enumerate(gone) if q != RANK)
+        if sorted(closed) != want:
+            bad.append(f"closed {closed}, not the freed {want}")
+        opened = rt.ipc_opened
+        comm.Free()
+    deadline = time.monotonic() + 30
+    while _shared._RETIRED and time.monotonic() < deadline:
+        _shared._reap()
+        time.sleep(0.001)
+    if rt.ipc_opened:
+        bad.append(f"{rt.ipc_opened} of {opened} left open after the free")
+    util.assert_all(WORLD, not bad, "; ".join(bad))
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a node peer")
+@pytest.mark.parametrize("in_place", [False, True])
+def test_memory_that_cannot_be_shared(in_place):
+    """A rank whose buffers are not in memory another process can open (an allocator the
+    pointer attributes refuse) goes through a buffer of its own: results right, in place
+    too, and the peers open that buffer once."""
+    be = fakegpu.fake_backend()
+    rt = be.rt
+    comm = WORLD.Dup()
+    bad = []
+    try:
+        with fakegpu.registered(be):
+            for name in (_algorithms.ONESHOT, _algorithms.TWOSHOT):
+                for _ in range(2):
+                    h = np.arange(37.0) * (RANK + 1)
+                    x = fakegpu.FakeArray(rt, h.copy()) if RANK == 0 else fakegpu.produce(rt, h)
+                    y = x if in_place else (fakegpu.FakeArray(rt, np.zeros(37)) if RANK == 0
+                                            else rt.xp.empty(37, np.float64))
+                    mpicoll.allreduce(x, comm=comm, out=y, algorithm=name)
+                    want = np.arange(37.0) * SIZE * (SIZE + 1) / 2
+                    if not np.array_equal(y.get(), want):
+                        bad.append(f"{name}: wrong result")
+        exports = sum(1 for e in rt.log if e[0] == "ipc export")
+        if RANK == 0 and exports < 2:
+            bad.append(f"rank 0 exported {exports} buffers (its slots and a bounce expected)")
+    finally:
+        comm.Free()
+    util.assert_all(WORLD, not bad, "; ".join(bad))
+
+
+@pytest.mark.parametrize("name", [_algorithms.ONESHOT, _algorithms.TWOSHOT])
+def test_one_fold_in_rank_order(gpu, name):
+    """The AllReduce on node memory is one fold kernel per rank, no copies (the call's own
+    buffers): every rank's result is bitwise the fold from the left in local-rank order
+    (float32 sums whose value depends on the order), the same bytes on every rank."""
+    be, comm = gpu
+    rt = be.rt
+    rng = np.random.default_rng(7)
+    every = (rng.standard_normal((SIZE, 33)) * 10.0 ** rng.integers(-6, 7, (SIZE, 33)))
+    every = every.astype(np.float32)
+    want = every[0].copy()
+    for q in range(1, SIZE):
+        want = want + every[q]  # ((x0 + x1) + x2) + ... in float32
+    x = fakegpu.produce(rt, every[RANK])
+    y = rt.xp.empty(33, np.float32)
+    start = len(rt.log)
+    mpicoll.allreduce(x, comm=comm, out=y, algorithm=name)
+    kernels = [e[2] for e in rt.log[start:] if e[:2] == ("queue", "compute")
+               and e[2].startswith("kernel")]
+    got = y.get()
+    bad = []
+    if SIZE > 1 and kernels != ["kernel fold"]:
+        bad.append(f"kernels {kernels}")
+    if got.tobytes() != want.tobytes():
+        bad.append("not the rank-order fold")
+    if not results.identical_across_ranks(comm, got):
+        bad.append("ranks differ")
+    util.assert_all(comm, not bad, "; ".join(bad))
 
 
 def test_handles_closed_at_free_and_buffers_freed_after():
-    """Each rank opens its node peers' buffers once per region; the communicator's free
-    closes them, and each exporter frees its buffer once every importer closed it."""
+    """Each rank opens its node peers' buffers once per region (and the allocation of
+    their output, the same in every call); the communicator's free closes them, and each
+    exporter frees its buffer once every importer closed it."""
     be = fakegpu.fake_backend(compute="eager", copies="eager", slow_queries=False)
     rt = be.rt
     comm = WORLD.Dup()
     with fakegpu.registered(be):
+        y = rt.xp.empty(5 * SIZE, np.float64)
         for _ in range(3):
-            mpicoll.allgather(fakegpu.produce(rt, np.ones(5)), comm=comm, algorithm="shared")
+            mpicoll.allgather(fakegpu.produce(rt, np.ones(5)), comm=comm, out=y,
+                              algorithm="shared")
         opened = rt.ipc_opened
         comm.Free()
     closed = rt.ipc_opened
@@ -154,7 +301,7 @@ def test_handles_closed_at_free_and_buffers_freed_after():
         _shared._reap()
         time.sleep(0.001)
     freed = sum(1 for e in rt.log if e[0] == "ipc free")
-    ok = opened == SIZE - 1 and closed == 0 and freed == (1 if SIZE > 1 else 0) \
+    ok = opened == 2 * (SIZE - 1) and closed == 0 and freed == (1 if SIZE > 1 else 0) \
         and not _shared._RETIRED
     util.assert_all(WORLD, ok, f"opened {opened}, then {closed}; freed {freed}")
 

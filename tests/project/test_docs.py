@@ -12,6 +12,7 @@
   one; this finds it without Sphinx).
 * The README stays short and keeps the two set-up commands where .ci/run
   reads them.
+* docs/gpu.md states the one-shot limits ``engine.select`` has.
 """
 
 from __future__ import annotations
@@ -352,3 +353,13 @@ def test_a_user_page_holds_no_maintainers_material(path):
              for m in MAINTAINERS.finditer(line)]
     assert not found, f"{path.name}: maintainers' material (it goes to docs/developing.md, an " \
         f"open question to CHANGELOG.md): " + "; ".join(f"line {n}: {t!r}" for n, t in found)
+
+
+def test_gpu_page_states_the_oneshot_limits():
+    """docs/gpu.md's one-shot limits under ``intranode=shared`` are engine.select's."""
+    from mpicoll.engine import select
+
+    text = " ".join((ROOT / "docs" / "gpu.md").read_text().split())
+    host = select.SHARED_FORCED["allreduce"][0][0] >> 10
+    assert f"one shot up to {host} KiB, then two shot" in text
+    assert f"one shot up to {select.DEVICE_ONESHOT_BYTES >> 10} KiB" in text

@@ -18,9 +18,21 @@ CUDA, as a *runtime* object that replaces :class:`mpicoll.backends.devices.CupyR
   the test sees wrong data instead of passing by luck.
 * :class:`FakeRuntime`: the runtime interface (array module ``xp``, streams
   with a current one per thread, events, pinned buffers, async copies, device
-  count/names/selection, CUDA IPC over the host's node memory (memfd), so that
-  ranks map each other's buffers as with real IPC) plus a ``log`` of what
+  count/names/selection, CUDA IPC, the fused fold) plus a ``log`` of what
   happened, in order, for tests of the stream contract, and ``events_created``.
+  Every device allocation is a file of its own in memory
+  (``memfd_create``), with a buffer id as the driver gives one: another
+  process maps it through ``/proc/<pid>/fd/<fd>`` as CUDA IPC maps an
+  allocation (``ipc_range``, ``ipc_handle``, ``ipc_open``), and an allocation
+  is freed when its last array goes.  Interprocess events are counters in
+  such memory (records queued, records run, the record a peer's stream
+  waits for): a stream waiting on a peer's event spins, when it runs, until
+  the peer's stream ran that record.  As a GPU runs work nobody forced, a
+  process runs its stream up to a record a peer waits for whenever its host
+  waits (a message of mpicoll's channel, or a wait of its own stream):
+  :meth:`FakeRuntime.serve`.  Nothing else runs, so a wait that is missing
+  shows as stale data under lazy streams; a rank that never serves stops its
+  peers (an error after :data:`EVENT_WAIT_S`, not a hang).
 
 :func:`fake_backend` wraps a runtime in mpicoll's real
 :class:`~mpicoll.backends.devices.DeviceBackend`, so the staging channel, the
@@ -32,7 +44,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import mmap
+import os
+import secrets
+import stat
+import struct
 import threading
+import time
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -40,10 +59,13 @@ from mpi4py import MPI
 from mpicoll.backends import cuda as _cuda
 from mpicoll.backends import devices as _devices
 from mpicoll.backends import registry as _registry
-from mpicoll.transport import shared as _shared
 
 POISON = 0xA7
 _names = itertools.count()
+_buffer_ids = itertools.count(1)  # (the driver's BUFFER_ID: never the same twice in a process)
+_HEADER = 64  # bytes before an allocation's memory in its file: its token
+_HANDLE = struct.Struct("<QiQ16sQ")  # pid, fd, buffer id, token, bytes
+EVENT_WAIT_S = 60.0  # how long a stream waits for a peer's event before it raises
 
 
 class FakeFlags:
@@ -153,7 +175,7 @@ class FakeXp:
             setattr(self, ufunc.__name__, FakeUfunc(rt, ufunc))
 
     def empty(self, shape, dtype=np.float64):
-        h = np.empty(shape, dtype=dtype)
+        h = self._rt.allocate(shape, dtype)
         h.view(np.uint8).reshape(-1)[:] = POISON if h.size else 0
         return FakeArray(self._rt, h, owndata=True)
 
@@ -161,7 +183,9 @@ class FakeXp:
         """Host data -> a new device array (a synchronous copy, as cupy.asarray does)."""
         if isinstance(obj, FakeArray):
             return obj
-        h = np.array(obj, copy=True)
+        data = np.asarray(obj)
+        h = self._rt.allocate(data.shape, data.dtype)
+        h[...] = data
         return FakeArray(self._rt, h, owndata=True)
 
     def asnumpy(self, a):
@@ -191,6 +215,50 @@ class FakeEvent:
         return self.stream.executed >= self.pos
 
 
+class FakeIpcEvent:
+    """An interprocess event, in memory both processes map: ``counts[0]`` records its owner
+    queued, ``counts[1]`` the last one its owner's stream ran, ``counts[2]`` the last one a
+    peer's stream waits for.  The owner's own object keeps ``pending``: (record, stream,
+    position in it) of the records not run yet."""
+
+    __slots__ = ("counts", "keep", "pid", "rt", "pending")
+
+    def __init__(self, counts, keep, pid, rt):
+        self.counts, self.keep, self.pid, self.rt = counts, keep, pid, rt
+        self.pending: list = []
+
+    def reached(self, target: int) -> None:
+        """Return once the owner's stream ran its record ``target`` (a stream's wait), this
+        process serving its own records meanwhile."""
+        deadline = time.monotonic() + EVENT_WAIT_S
+        counts = self.counts
+        while counts[1] < target:
+            if counts[2] < target:
+                counts[2] = target
+            self.rt.serve()
+            if counts[1] >= target:
+                return
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                raise RuntimeError(f"fake GPU: waiting for an event of process {self.pid}, "
+                                   f"which ended before its stream ran the record") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fake GPU: a stream waited {EVENT_WAIT_S:g} s for record "
+                                   f"{target} of process {self.pid}'s event; that process "
+                                   f"never ran its stream so far")
+            time.sleep(0.0005)
+
+
+class _Mapped:
+    """A peer's allocation mapped here (what ipc_open keeps)."""
+
+    __slots__ = ("name", "mm")
+
+    def __init__(self, name, mm):
+        self.name, self.mm = name, mm
+
+
 class FakeStream:
     """An in-order queue of work that runs when forced (``lazy``) or at once (``eager``)."""
 
@@ -201,6 +269,7 @@ class FakeStream:
         self.ops = []
         self.executed = 0  # ops run so far
         self.queued = 0    # ops ever queued
+        self.running = False  # in one of its ops (which may wait: see FakeRuntime.serve)
 
     def enqueue(self, fn, what):
         self.ops.append((fn, what))
@@ -210,11 +279,17 @@ class FakeStream:
             self.run_until(self.queued)
 
     def run_until(self, pos):
-        while self.executed < pos:
-            fn, what = self.ops.pop(0)
-            self.executed += 1
-            fn()
-            self.rt.log.append(("run", self.name, what))
+        if self.running:  # (asked again from inside one of its ops: it is not there yet)
+            return
+        self.running = True
+        try:
+            while self.executed < pos:
+                fn, what = self.ops.pop(0)
+                self.executed += 1
+                fn()
+                self.rt.log.append(("run", self.name, what))
+        finally:
+            self.running = False
 
     def synchronize(self):
         self.run_until(self.queued)
@@ -255,6 +330,8 @@ class FakeRuntime:
         self._streams = 0
         self.ipc_error = ipc_error  # ipc_export raises RuntimeError with it (IPC refused)
         self.ipc_opened = 0  # peers' buffers open now
+        self.allocations = {}  # base address -> (bytes, buffer id, fd, token) of live ones
+        self.ipc_events = []  # this process's interprocess events (serve)
         self.xp = FakeXp(self)
 
     # arrays
@@ -277,6 +354,75 @@ class FakeRuntime:
     @current.setter
     def current(self, stream):
         self._thread.stream = stream
+
+    def allocate(self, shape, dtype):
+        """A host array standing for a ``cudaMalloc`` of its bytes: a file in memory of its
+        own (empty arrays: none), freed (its descriptor closed) when no array of it is left."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not nbytes:
+            return np.empty(shape, dtype)
+        fd = os.memfd_create("fakegpu", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, _HEADER + nbytes)
+            mm = mmap.mmap(fd, _HEADER + nbytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        token = secrets.token_bytes(16)
+        mm[:16] = token
+        root = np.frombuffer(mm, np.uint8, nbytes, _HEADER)
+        base = root.ctypes.data
+        bid = next(_buffer_ids)
+        self.allocations[base] = (nbytes, bid, fd, token)
+        weakref.finalize(root, _free, self.allocations, self.log, base, bid, fd)
+        return root.view(dtype).reshape(shape)
+
+    def ipc_range(self, ptr):
+        """(base, bytes, buffer id) of the allocation holding ``ptr`` (cuPointerGetAttributes'
+        RANGE_START_ADDR, RANGE_SIZE, BUFFER_ID); OSError for memory not allocated here."""
+        for base, (nbytes, bid, _, _) in self.allocations.items():
+            if base <= ptr < base + nbytes:
+                return base, nbytes, bid
+        raise OSError(f"{ptr:#x}: not device memory cudaIpcGetMemHandle can share")
+
+    def ipc_handle(self, base):
+        """The handle of the allocation starting at ``base`` (cudaIpcGetMemHandle)."""
+        nbytes, bid, fd, token = self.allocations[base]
+        self.log.append(("ipc handle", bid))
+        return _HANDLE.pack(os.getpid(), fd, bid, token, nbytes)
+
+    def _map(self, handle, nbytes):
+        """(uint8 array of ``nbytes``, what keeps it) of a peer's allocation."""
+        pid, fd, bid, token, size = _HANDLE.unpack(bytes(handle[:_HANDLE.size]))
+        if size < nbytes:
+            raise OSError(f"allocation {bid} of process {pid}: {size} bytes, not {nbytes}")
+        f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            st = os.fstat(f)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() \
+                    or st.st_size != _HEADER + size:
+                raise OSError(f"allocation {bid} of process {pid}: not its file")
+            mm = mmap.mmap(f, _HEADER + size)
+        finally:
+            os.close(f)
+        if mm[:16] != token:
+            raise OSError(f"allocation {bid} of process {pid}: gone (another file there now)")
+        return np.frombuffer(mm, np.uint8, nbytes, _HEADER), _Mapped(f"{pid}:{bid}", mm)
+
+    def fold(self, name, xs, outs):
+        """A ``Fold`` as one queued kernel: the NumPy ufunc from the left, then every output."""
+        f = _devices._types.NUMPY_UFUNCS[name]
+        hs, os_ = [x._h for x in xs], [o._h for o in outs]
+
+        def run():
+            acc = hs[0].copy()
+            for h in hs[1:]:
+                f(acc, h, out=acc)
+            for o in os_:
+                o[...] = acc
+
+        self.launch(run, "kernel fold")
 
     def launch(self, fn, what="kernel"):
         """Queue device work on the current stream (a kernel)."""
@@ -362,34 +508,75 @@ class FakeRuntime:
         dh = dev._h
         self.launch(lambda: np.copyto(dh, snapshot), "to_device")
 
-    # node memory (mpicoll.transport.shared): CUDA IPC over the host's shared memory, so ranks
-    # in other processes map each other's fake device buffers as they would real ones
+    # node memory (mpicoll.transport.shared): CUDA IPC over the allocations' files, so
+    # ranks in other processes map each other's fake device buffers as real ones
     def ipc_export(self, nbytes):
         if self.ipc_error is not None:
             raise RuntimeError(self.ipc_error)
-        seg = _shared.HostSegment.create(nbytes)
-        self.log.append(("ipc export", seg.name))
-        return seg.name.encode() + b"/" + seg.token, FakeArray(self, seg.array()), seg
+        arr = self.xp.empty(nbytes, np.uint8)
+        base = arr._h.ctypes.data
+        self.log.append(("ipc export", self.allocations[base][1]))
+        return self.ipc_handle(base), arr, arr
 
     def ipc_open(self, handle, nbytes):
-        name, _, token = handle.rstrip(b"\0").partition(b"/")
-        token = (token + b"\0" * 16)[:16]  # (a token ending in zero bytes lost them above)
-        seg = _shared.HostSegment.open(name.decode(), token, nbytes)
-        self.log.append(("ipc open", seg.name))
+        h, keep = self._map(handle, nbytes)
+        self.log.append(("ipc open", keep.name))
         self.ipc_opened += 1
-        return FakeArray(self, seg.array()), seg
+        return FakeArray(self, h), keep
 
-    def ipc_close(self, seg):
-        self.log.append(("ipc close", seg.name))
+    def ipc_close(self, keep):
+        self.log.append(("ipc close", keep.name))
         self.ipc_opened -= 1
-        seg.close()
+        keep.mm = None
 
-    def ipc_settled(self, seg):
-        seg.settle()
+    def ipc_settled(self, keep):
+        """(the handle stays valid while the allocation lives)"""
 
-    def ipc_free(self, seg):
-        self.log.append(("ipc free", seg.name))
-        seg.close()
+    def ipc_free(self, arr):
+        self.log.append(("ipc free", self.allocations.get(arr._h.ctypes.data, (0, None))[1]))
+
+    # interprocess events: FakeIpcEvent
+    def ipc_event(self):
+        arr = self.xp.empty(3, np.uint64)
+        arr._h[:] = 0
+        event = FakeIpcEvent(arr._h, arr, os.getpid(), self)
+        self.ipc_events.append(event)
+        return self.ipc_handle(arr._h.ctypes.data), event
+
+    def ipc_open_event(self, handle):
+        h, keep = self._map(handle, 24)
+        self.log.append(("ipc open event", keep.name))
+        pid = _HANDLE.unpack(bytes(handle[:_HANDLE.size]))[0]
+        return FakeIpcEvent(h.view(np.uint64), keep, pid, self)
+
+    def ipc_close_event(self, event):
+        self.log.append(("ipc close event", event.keep.name))
+        event.keep.mm = None
+
+    def record_ipc(self, stream, event):
+        counts = event.counts
+        counts[0] += 1
+        n = int(counts[0])
+        event.pending.append((n, stream, stream.queued + 1))
+        stream.enqueue(lambda: counts.__setitem__(1, max(int(counts[1]), n)), "record ipc event")
+
+    def serve(self):
+        """Run this process's streams up to the records its peers' streams wait for (what a
+        GPU does on its own while the host waits; nothing more)."""
+        for event in self.ipc_events:
+            counts, pending = event.counts, event.pending
+            want = int(counts[2])
+            while pending and (pending[0][0] <= counts[1] or pending[0][0] <= want):
+                n, stream, pos = pending[0]
+                if n > counts[1]:
+                    stream.run_until(pos)
+                    if stream.executed < pos:
+                        break  # (that stream is inside one of its own ops)
+                pending.pop(0)
+
+    def wait_ipc(self, stream, event):
+        target = int(event.counts[0])  # (the last record queued now, as cudaStreamWaitEvent)
+        stream.enqueue(lambda: event.reached(target), f"wait ipc event {event.pid}@{target}")
 
     def ipc_device(self):
         return f"fake:{self.device}"
@@ -410,6 +597,14 @@ class FakeRuntime:
         if self.context_error is not None:
             raise RuntimeError(self.context_error)
         self.device = index
+
+
+def _free(allocations, log, base, bid, fd):
+    """An allocation's last array went: its file goes (mappings in peers stay valid)."""
+    if allocations.get(base, (0, None))[1] == bid:
+        del allocations[base]
+    log.append(("free", bid))
+    os.close(fd)
 
 
 class RecordingChannel:
@@ -434,10 +629,20 @@ class RecordingChannel:
         reqs.append(req)
         return req
 
+    def test(self, req):
+        """Whether ``req`` completed (a timed wait polls this), serving meanwhile."""
+        self.rt.serve()
+        return self.inner.testall([req])
+
     def wait(self, req):
-        self.inner.wait(req)
+        self.waitall([req])
 
     def waitall(self, reqs):
+        """Wait, running this process's streams up to what the peers' streams wait for
+        meanwhile (FakeRuntime.serve)."""
+        while not self.inner.testall(reqs):
+            self.rt.serve()
+            time.sleep(0.0001)
         self.inner.waitall(reqs)
 
 

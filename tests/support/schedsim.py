@@ -33,8 +33,13 @@ hazards (each a :class:`ScheduleError` naming the rank and op)
     Send/Recv of this schedule; ops left outstanding at the end; messages
     sent and never received, or the other way round.
 node memory (``Schedule.shared``, algorithms.shared)
-    The node memory of rank q is one array, the same in every schedule that
-    names it, and only ranks of q's node may name it (``nodes``).  Accesses
+    Each node buffer (the node memory of rank q; where rank q's input or
+    output lies, ``Shape.mapped``) is one array, the same in every schedule
+    that names it, and only ranks of q's node may name it (``nodes``).
+    ``mapped="own"`` binds rank q's input and output to its own ``SRC`` and
+    ``DST`` (registered buffers) instead of arrays of their own (a rank's
+    buffer for memory that cannot be shared): then q's accesses to its
+    ``SRC``/``DST`` are accesses to that node buffer, checked alike.  Accesses
     to it are checked for every interleaving, not only the simulated one:
     each rank keeps a vector clock, a Send carries its sender's clock and the
     Wait that completes the matching Recv joins it, so one access *happens
@@ -65,6 +70,7 @@ from mpicoll.algorithms.schedule import (
     DST,
     SRC,
     Copy,
+    Fold,
     Recv,
     Reduce,
     Region,
@@ -72,6 +78,7 @@ from mpicoll.algorithms.schedule import (
     Send,
     Shape,
     Wait,
+    node_role,
 )
 from mpicoll.transport import topology
 from support.data import rank_data
@@ -113,7 +120,7 @@ class Result(NamedTuple):
 
 def shape(collective, size, rank, counts=None, displs=None, total=None, ring=None,
           segment=1 << 17, window=2, in_place=False, commutative=True, nodes=(),
-          accumulate=None, staged=False) -> Shape:
+          accumulate=None, staged=False, mapped=False) -> Shape:
     """The :class:`Shape` of one rank's call (counts/displs default to packed blocks).
 
     AllReduce: ``total`` elements (counts/displs become ``(total,)``/``(0,)``).
@@ -128,7 +135,7 @@ def shape(collective, size, rank, counts=None, displs=None, total=None, ring=Non
         displs = tuple(displs)
         total = sum(counts)
     return Shape(size, rank, ring, ring.index(rank), total, counts, displs, segment, window,
-                 in_place, commutative, tuple(nodes), accumulate, staged)
+                 in_place, commutative, tuple(nodes), accumulate, staged, mapped=mapped)
 
 
 def bind(collective, sh: Shape, src, dst):
@@ -196,7 +203,7 @@ class _Msg:
 
 
 class _NodeMemory:
-    """One rank's node memory as the simulator tracks it: per element the last write
+    """A node buffer of one rank as the simulator tracks it: per element the last write
     (rank, time) and each rank's last read since (0: none), for the happens-before check."""
 
     def __init__(self, owner, arr, n):
@@ -289,10 +296,12 @@ class _Rank:
         self.clock = [max(a, b) for a, b in zip(self.clock, other)]
 
     def touch(self, region, write, what):
-        """Record an access to ``region`` if it is node memory."""
-        mem = self.node.get(region.buf)
-        if mem is not None:
-            mem.access(self, region.start, region.stop, write, what)
+        """Record an access to ``region`` if it is node memory (``node``: buffer name ->
+        (node buffer, offset of the buffer in it))."""
+        got = self.node.get(region.buf)
+        if got is not None:
+            mem, off = got
+            mem.access(self, off + region.start, off + region.stop, write, what)
 
     def where(self, i=None):
         i = self.pc if i is None else i
@@ -334,30 +343,47 @@ class _Rank:
                                         f"posted at op {h} before it was waited")
 
 
-def simulate(schedules, buffers, op=None, model="rendezvous", nodes=()) -> Result:
+def simulate(schedules, buffers, op=None, model="rendezvous", nodes=(), mapped=None) -> Result:
     """Run ``schedules[r]`` on ``buffers[r]`` ({SRC, DST} arrays, see :func:`bind`) for all ranks.
 
     ``op(a, b, out)`` computes ``out = a op b`` elementwise (a NumPy ufunc
     such as ``np.add`` works); work buffers are allocated here, of the dtype
     of ``DST`` unless the schedule declares another (``Schedule.types``), filled
-    with :func:`garbage`, and so is node memory (one array per rank, shared by
+    with :func:`garbage`, and so are node buffers (one array per name, shared by
     every schedule naming it; ``nodes``: the node label of each rank, () for
-    one node).  Raises :class:`ScheduleError` (:class:`Deadlock`) on any broken
-    rule.
+    one node; ``mapped="own"``: a rank's input and output are its own ``SRC``
+    and ``DST``, see the module docstring).  Raises :class:`ScheduleError`
+    (:class:`Deadlock`) on any broken rule.
     """
     if model not in MODELS:
         raise ValueError(f"model: expected one of {MODELS}, got {model!r}")
+    if mapped not in (None, "own"):
+        raise ValueError(f"mapped: expected None or 'own', got {mapped!r}")
     n = len(schedules)
     labels = tuple(nodes) if len(nodes) == n else (0,) * n
-    sizes: dict = {}  # owner rank -> elements of its node memory (the largest any names)
+    sizes: dict = {}  # name -> (owner rank, elements: the largest any names)
     for r in range(n):
         for name, (q, count) in schedules[r].shared.items():
             if not 0 <= q < n or labels[q] != labels[r]:
                 raise ScheduleError(f"rank {r}: names {name!r}, node memory of rank {q}, which "
                                     f"is not on its node (nodes {labels})")
-            sizes[q] = max(sizes.get(q, 0), count)
-    memory = {q: _NodeMemory(q, garbage(buffers[q][DST].dtype, count), n)
-              for q, count in sizes.items()}
+            sizes[name] = (q, max(sizes.get(name, (q, 0))[1], count))
+    memory: dict = {}  # name -> (_NodeMemory, offset of the buffer in its array)
+    owned: dict = {}   # id of an array of a rank's own -> its _NodeMemory (mapped="own")
+    for name, (q, count) in sizes.items():
+        own = node_role(name) if mapped == "own" else None
+        if own is None:
+            memory[name] = (_NodeMemory(q, garbage(buffers[q][DST].dtype, count), n), 0)
+            continue
+        arr = buffers[q][own]
+        base = arr if arr.base is None else arr.base  # (in place: one array, two views)
+        mem = owned.get(id(base))
+        if mem is None:
+            mem = owned[id(base)] = _NodeMemory(q, base.reshape(-1), n)
+        off = (_span(arr)[0] - _span(mem.arr)[0]) // arr.itemsize
+        if count > len(arr):
+            raise ScheduleError(f"rank {q}'s {own} holds {len(arr)} elements, {name!r} {count}")
+        memory[name] = (mem, off)
     ranks = []
     for r in range(n):
         bufs = dict(buffers[r])
@@ -366,9 +392,15 @@ def simulate(schedules, buffers, op=None, model="rendezvous", nodes=()) -> Resul
         for purpose, count in schedules[r].work.items():
             bufs[purpose] = garbage(types.get(purpose, dtype), count)
         node = {}
-        for name, (q, _) in schedules[r].shared.items():
-            bufs[name] = memory[q].arr
-            node[name] = memory[q]
+        for name in schedules[r].shared:
+            mem, off = memory[name]
+            bufs[name] = mem.arr[off: off + sizes[name][1]]
+            node[name] = (mem, off)
+        for own in (SRC, DST):  # (a rank's own buffers that are node buffers: mapped="own")
+            arr = bufs[own]
+            mem = owned.get(id(arr if arr.base is None else arr.base))
+            if mem is not None and mem.owner == r:
+                node[own] = (mem, (_span(arr)[0] - _span(mem.arr)[0]) // arr.itemsize)
         ranks.append(_Rank(r, schedules[r], bufs, n, node))
     sends = {}  # (source, dest) -> deque of unmatched send _Msg
     recvs = {}  # (source, dest) -> deque of unmatched recv _Msg
@@ -455,6 +487,26 @@ def simulate(schedules, buffers, op=None, model="rendezvous", nodes=()) -> Resul
             rk.touch(o.src, False, "Copy")
             rk.touch(o.dst, True, "Copy")
             d[...] = s
+        elif t is Fold:
+            xs, outs = [rk.view(x) for x in o.xs], [rk.view(y) for y in o.outs]
+            sizes_ = {v.size for v, _ in xs + outs}
+            if len(sizes_) > 1 or not xs or not outs:
+                raise ScheduleError(f"{rk.where()}: operand and output sizes {sorted(sizes_)}")
+            for i, (y, sy) in enumerate(outs):
+                for _, sv in xs + outs[:i]:
+                    if y.size and _overlap(sy, sv) and sy != sv:
+                        raise ScheduleError(f"{rk.where()}: an output partially overlaps "
+                                            f"an operand or another output")
+            rk.check_access(reads=tuple(sx for _, sx in xs), writes=tuple(sy for _, sy in outs))
+            for x in o.xs:
+                rk.touch(x, False, "Fold")
+            for y in o.outs:
+                rk.touch(y, True, "Fold")
+            acc = xs[0][0].copy()
+            for v, _ in xs[1:]:
+                op(acc, v, acc)
+            for y, _ in outs:
+                y[...] = acc
         else:
             raise ScheduleError(f"{rk.where()}: unknown op type {t.__name__}")
         rk.pc += 1
@@ -476,8 +528,8 @@ def simulate(schedules, buffers, op=None, model="rendezvous", nodes=()) -> Resul
     for rk in ranks:
         if rk.pending:
             raise ScheduleError(f"rank {rk.rank}: ops {sorted(rk.pending)} left outstanding at the end")
-    for q, mem in memory.items():
-        mem.check_end(ranks[q])
+    for mem in {id(m): m for m, _ in memory.values()}.values():
+        mem.check_end(ranks[mem.owner])
     left = [m for q in (*sends.values(), *recvs.values()) for m in q]
     if left:
         raise ScheduleError("unmatched messages: " + "; ".join(ranks[m.rank].where(m.index) for m in left))
@@ -529,8 +581,11 @@ def scattered(counts, rng):
 
 
 def run_case(collective, build, n, counts, displs, length, in_place, model, tuning=(1, 2), op="sum",
-             ring_order=None, nodes=()):
+             ring_order=None, nodes=(), mapped=None):
     """Build every rank's schedule, simulate, check; returns the simulator's Result.
+
+    ``mapped``: the shapes' ``Shape.mapped``, the node buffers of the call's own bound
+    to arrays of their own (``"apart"``) or to the ranks' ``SRC``/``DST`` (``"own"``).
 
     Checks: every rank's result equals a NumPy reference bitwise (``op`` "sum",
     or "affine", which is not commutative); AllReduce under "affine": every rank
@@ -542,12 +597,12 @@ def run_case(collective, build, n, counts, displs, length, in_place, model, tuni
     shapes = [shape(collective, n, r, counts=counts, displs=displs,
                     total=length if collective == "allreduce" else None, ring=ring_order,
                     segment=seg, window=win, in_place=in_place, commutative=op != "affine",
-                    nodes=nodes)
+                    nodes=nodes, mapped=mapped is not None)
               for r in range(n)]
     schedules = [build(s) for s in shapes]
     what = (f"{collective} {build.__module__}.{build.__name__} n={n} counts={counts} "
             f"displs={displs} in_place={in_place} {model} tuning={tuning} op={op} "
-            f"ring={ring_order} nodes={nodes}")
+            f"ring={ring_order} nodes={nodes} mapped={mapped}")
     if collective == "allgather":
         blocks = [rank_data(counts[r], r) + 100 * r for r in range(n)]
         expect = np.full(length, -1.0)
@@ -574,7 +629,8 @@ def run_case(collective, build, n, counts, displs, length, in_place, model, tuni
             else:
                 bufs.append(bind(collective, shapes[r], x,
                                  None if in_place else np.full(counts[r], 7, x.dtype)))
-    res = simulate(schedules, bufs, np.add if op == "sum" else affine, model, nodes)
+    res = simulate(schedules, bufs, np.add if op == "sum" else affine, model, nodes,
+                   "own" if mapped == "own" else None)
     for r in range(n):
         got = res.dst(r)
         if collective == "allreduce":

@@ -86,8 +86,8 @@ def test_a_mistake_is_one_line(module, argv, status, message, tmp_path, capsys):
         assert ".png, " in err.splitlines()[-1] and "(matplotlib's formats)" in err, err
 
 
-TOOLS = ["mpicoll.tools.bench", "mpicoll.tools.latency", "mpicoll.tools.overlap",
-         "mpicoll.tools.tune.cli", "mpicoll.torch.bench"]
+TOOLS = ["mpicoll.tools.bench", "benchmarks.latency", "benchmarks.overlap",
+         "mpicoll.tools.tune.cli", "benchmarks.torch_bench"]
 
 
 @pytest.mark.parametrize("module", TOOLS, ids=[m.split(".", 1)[1] for m in TOOLS])
@@ -96,9 +96,10 @@ def test_every_output_file_is_checked_before_the_run(module):
     ``Parser.add_output``), so parse_args refuses it before anything runs; the tuning's
     ``-o`` is checked by the tool itself (it creates a missing folder, and ``--check``
     writes nothing)."""
-    if module.startswith("mpicoll.torch"):
+    if module.endswith("torch_bench"):
         pytest.importorskip("torch.distributed")
-    mod = importlib.import_module(module)
+    mod = (util.benchmark(module.split(".", 1)[1]) if module.startswith("benchmarks.")
+           else importlib.import_module(module))
     parser = (getattr(mod, "build_parser", None) or mod._parser)()
     declared = set(parser._outputs)
     written = {a.dest for a in parser._actions if a.dest in ("json", "csv", "plot")}
