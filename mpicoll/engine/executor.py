@@ -693,6 +693,10 @@ class Operation:
         ch, reqs = self._run_ch, self._reqs
         rs = [reqs[j] for j in step[1]]
         if not block:
+            if type(ch) is Channel:  # (a host channel's Testall finished them: nothing to count)
+                if not ch.testall(rs):
+                    return False
+                return self._finished(step)
             if not testall(ch, rs):
                 return False
         elif self.timeout is not None:
@@ -701,6 +705,11 @@ class Operation:
             wait_for(lambda: testall(ch, rs), self)
         # complete (or never polled): the channel finishes and counts them
         ch.waitall(rs)
+        return self._finished(step)
+
+    def _finished(self, step) -> bool:
+        """The requests of Wait step ``step`` completed (the deadline counts from now)."""
+        reqs = self._reqs
         for j in step[1]:
             reqs[j] = None
         if self.timeout is not None:

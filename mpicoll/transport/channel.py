@@ -88,22 +88,33 @@ def _failed(exc, reqs, statuses):
     return exc
 
 
-_MINE = threading.local()  # each thread's statuses, reused (made once, read only on errors)
+_MINE = threading.local()  # each thread's statuses, by count (made once, read only on errors)
+_Waitall = MPI.Request.Waitall
+_Testall = MPI.Request.Testall
 
 
 def _statuses(n: int) -> list:
-    """``n`` statuses of this thread's own (what a failed wait names its request by)."""
-    kept = getattr(_MINE, "statuses", None)
-    if kept is None or len(kept) < n:
-        kept = _MINE.statuses = [MPI.Status() for _ in range(max(n, 8))]
-    return kept if len(kept) == n else kept[:n]
+    """``n`` statuses of this thread's own (what a failed wait names its request by): a list
+    per count up to 16 (a small call's wait), else a slice of the longest."""
+    try:
+        return _MINE.by_count[n]
+    except AttributeError:
+        _MINE.by_count, _MINE.longest = {}, []
+    except KeyError:
+        pass
+    if n <= 16:
+        kept = _MINE.by_count[n] = [MPI.Status() for _ in range(n)]
+        return kept
+    if len(_MINE.longest) < n:
+        _MINE.longest = [MPI.Status() for _ in range(n)]
+    return _MINE.longest[:n]
 
 
 def waitall(reqs) -> None:
     """``MPI.Request.Waitall(reqs)``; a failed request raises its own error (RequestError)."""
     statuses = _statuses(len(reqs))
     try:
-        MPI.Request.Waitall(reqs, statuses)
+        _Waitall(reqs, statuses)
     except MPI.Exception as exc:
         raise _failed(exc, list(reqs), statuses) from None
 
@@ -112,14 +123,17 @@ def testall(reqs) -> bool:
     """``MPI.Request.Testall(reqs)``; a failed request raises its own error (RequestError)."""
     statuses = _statuses(len(reqs))
     try:
-        return MPI.Request.Testall(reqs, statuses)
+        return _Testall(reqs, statuses)
     except MPI.Exception as exc:
         raise _failed(exc, list(reqs), statuses) from None
 
 
 def mpi_requests(reqs) -> list:
     """The MPI requests behind channel requests (the parts of every :class:`Pieces`)."""
-    if Pieces not in map(type, reqs):
+    for r in reqs:
+        if type(r) is Pieces:
+            break
+    else:
         return reqs
     out = []
     for r in reqs:
