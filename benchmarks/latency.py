@@ -19,14 +19,22 @@ For every size and collective it interleaves, in one run, rep after rep:
 
 With ``--forms nonblocking`` the columns are the other forms of the same call,
 each started and waited for at once (the same buffers every time, so
-mpicoll restarts its remembered operation and runs its compiled persistent steps):
+mpicoll starts its remembered operation again, engine.cache):
 
 ``builtin``   the blocking built-in, as above
+``Comm``      the blocking call on ``mpicoll.Comm``, as above
 ``I-builtin`` ``comm.Iallreduce(x, y).Wait()`` (``Iallgather``, ``Ireduce_scatter_block``)
 ``I-Comm``    the same on ``mpicoll.Comm``
 ``I-array``   ``mpicoll.iallreduce(x, out=y).wait()`` (``iallgather``, ``ireduce_scatter``)
 ``P-builtin`` ``Allreduce_init`` (MPI-4) made once; ``Start()``, ``Wait()``
 ``P-Comm``    the same on ``mpicoll.Comm``
+
+With ``--forms new`` every call is made on a new communicator: ``Split``, the
+call, ``Free`` (``builtin``: mpi4py's; ``Comm``: ``mpicoll.Comm``'s ``Split``
+and method; ``array``: the array function on mpi4py's ``Split``), what an
+application that makes a sub-communicator per call pays for mpicoll's set-up;
+a line above the table gives the first call of the process on a new
+communicator (``Dup``), mpicoll's and the built-in's, in milliseconds.
 
 Each variant is timed by :mod:`mpicoll.tools.harness`: ``--warmup`` calls,
 then ``--reps`` samples of ``--inner`` calls back to back, one sample per
@@ -148,6 +156,8 @@ def _nonblocking_variants(collective, comm, mc, x, n, rank, timeout=None):
 
     y, fn = outbuf(), getattr(comm, method)
     out["builtin"] = ((lambda y=y: fn(x, y)), y)
+    y, fn = outbuf(), getattr(mc, method)  # (mpicoll's blocking call: what the others match)
+    out["Comm"] = ((lambda y=y: fn(x, y)), y)
     for label, c in (("I-builtin", comm), ("I-Comm", mc)):
         start, y = getattr(c, "I" + method.lower()), outbuf()
         out[label] = ((lambda start=start, y=y: start(x, y).Wait()), y)
@@ -164,6 +174,59 @@ def _nonblocking_variants(collective, comm, mc, x, n, rank, timeout=None):
     return out, held
 
 
+def _new_comm_variants(collective, comm, mc, x, n, rank, timeout=None):
+    """({name: (call, output array)}: a communicator made, one call on it, freed -- with
+    MPI's built-in, mpicoll.Comm and the array function (what an application that makes a
+    sub-communicator per call pays for mpicoll's set-up, engine.context); no requests)."""
+    import mpicoll
+
+    method, array, shape_out = {
+        "allreduce": ("Allreduce", mpicoll.allreduce, len(x)),
+        "reduce_scatter": ("Reduce_scatter_block", mpicoll.reduce_scatter, len(x) // n),
+        "allgather": ("Allgather", mpicoll.allgather, len(x) * n),
+    }[collective]
+    out = {}
+    for label, c in (("builtin", comm), ("Comm", mc)):
+        y = np.empty(shape_out, x.dtype)
+
+        def call(c=c, y=y):
+            sub = c.Split(0, rank)
+            getattr(sub, method)(x, y)
+            sub.Free()
+        out[label] = (call, y)
+    y = np.empty(shape_out, x.dtype)
+
+    def call_array(y=y):
+        sub = comm.Split(0, rank)
+        array(x, comm=sub, out=y)
+        sub.Free()
+    out["array"] = (call_array, y)
+    return out, ()
+
+
+def _first_call(world, x):
+    """Milliseconds of the first mpicoll call of this process on a new communicator (its
+    set-up, selection and binding; the package imported already), the slowest rank's,
+    and of MPI's built-in on another new one."""
+    import mpicoll
+
+    times = []
+    for run in (lambda c: c.Allreduce(x, np.empty_like(x)),
+                lambda c: mpicoll.allreduce(x, comm=c)):
+        c = world.Dup()
+        c.Barrier()
+        t0 = MPI.Wtime()
+        run(c)
+        times.append(world.allreduce(MPI.Wtime() - t0, op=MPI.MAX) * 1e3)
+        c.Free()
+    return times
+
+
+def first_bytes(n: int) -> int:
+    """Bytes of each rank's input to the first call (:func:`_first_call`): one float64 per rank."""
+    return n * DTYPE.itemsize
+
+
 def build_parser():
     p = _cli.Parser(prog="python benchmarks/latency.py", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=_cli.positive_int, nargs="+", default=[16, 4096],
@@ -175,8 +238,10 @@ def build_parser():
                    help="calls per sample (default 200)")
     p.add_argument("--warmup", type=_cli.nonnegative_int, default=200,
                    help="untimed calls of each variant first (default 200)")
-    p.add_argument("--forms", choices=("blocking", "nonblocking"), default="blocking",
-                   help="blocking calls and the floors, or the non-blocking and persistent forms")
+    p.add_argument("--forms", choices=("blocking", "nonblocking", "new"), default="blocking",
+                   help="blocking calls and the floors, the non-blocking and persistent "
+                        "forms, or a new communicator per call (Split, the call, Free) after "
+                        "the process's first call on a new communicator")
     p.add_argument("--timeout", type=_cli.seconds_arg, default=None, metavar="T",
                    help="also time the array function with timeout=T (blocking forms)")
     p.add_output("--json", metavar="PATH",
@@ -190,7 +255,10 @@ def main(argv=None, *, comm=None) -> int:
 
     world = MPI.COMM_WORLD if comm is None else comm
     args = build_parser().parse_args(argv, comm=world)
-    make = _variants if args.forms == "blocking" else _nonblocking_variants
+    make = {"blocking": _variants, "nonblocking": _nonblocking_variants,
+            "new": _new_comm_variants}[args.forms]
+    first = _first_call(world, rank_data(world.Get_rank(), world.Get_size(), world.Get_size(),
+                                          DTYPE, "sum")) if args.forms == "new" else None
     comm = world.Dup()
     mc = mpicoll.Comm(comm)
     n, rank = comm.Get_size(), comm.Get_rank()
@@ -200,6 +268,9 @@ def main(argv=None, *, comm=None) -> int:
         print(f"# float64 SUM, median of {args.reps} samples of {args.inner} calls (warm-up "
               f"{args.warmup}), the variants interleaved, the slowest rank; us per call, "
               f"ratio to the built-in")
+        if first is not None:
+            print(f"# first call of the process on a new communicator: mpicoll "
+                  f"{first[1]:.2f} ms, the built-in {first[0]:.2f} ms")
     rows, records, bad = [], [], []
     for size in args.sizes:
         count = max(n, size // DTYPE.itemsize // n * n)  # a multiple of the rank count
@@ -245,6 +316,11 @@ def main(argv=None, *, comm=None) -> int:
         if bad:
             print("WRONG RESULTS: " + ", ".join(sorted(set(bad))), file=sys.stderr)
     comm.Free()
+    if first is not None:
+        records.append({"tool": "latency", "collective": "allreduce", "bytes": first_bytes(n),
+                        "variant": "first call", "time_us": first[1] * 1e3,
+                        "ratio": first[1] / first[0], "wrong": 0, "forms": args.forms,
+                        "reps": 1, "inner": 1, "warmup": 0, **meta})
     if rank == 0 and args.json:  # (last: after every collective)
         _records.write_json(args.json, records)
     return 1 if bad else 0

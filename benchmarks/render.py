@@ -147,12 +147,18 @@ def _wrong(data: dict) -> int:
 
 
 LATENCY_COLUMNS = (("Comm", "`Comm`"), ("array", "array `out=`"),
-                   ("sendrecv", "floor: `Sendrecv` + ufunc"), ("persist", "floor: persistent"))
+                   ("sendrecv", "floor: `Sendrecv` + ufunc"), ("persist", "floor: persistent"),
+                   ("I-builtin", "non-blocking built-in"), ("I-Comm", "non-blocking `Comm`"),
+                   ("I-array", "non-blocking array"), ("P-builtin", "persistent built-in"),
+                   ("P-Comm", "persistent `Comm`"))
 
 
 def latency_table(data: dict) -> list[str]:
-    cells = {}
+    cells, first = {}, None
     for r in data["records"]:
+        if r["variant"] == "first call":  # (the process's first call: a line of its own)
+            first = r
+            continue
         cells.setdefault((r["bytes"], r["collective"]), {})[r["variant"]] = r
     cols = [(k, title) for k, title in LATENCY_COLUMNS
             if any(k in v for v in cells.values())]
@@ -163,6 +169,12 @@ def latency_table(data: dict) -> list[str]:
                     f"| {cell(v['builtin']['time_us'], spread=False)} | "
                     + " | ".join(cell(v[k]["ratio"], _ratio) if k in v else "-" for k, _ in cols)
                     + " |")
+    if first is not None:
+        ms = [t / 1e3 for t in first["time_us"]] if isinstance(first["time_us"], list) \
+            else first["time_us"] / 1e3
+        rows += ["", f"The first call of the process on a new communicator (`Dup`, then one "
+                     f"`allreduce` of {_size(first['bytes'])}): {cell(ms)} ms, "
+                     f"{cell(first['ratio'], _ratio)} times the built-in's first call."]
     return rows
 
 
