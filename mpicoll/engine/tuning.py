@@ -45,6 +45,7 @@ import os
 import re
 
 from ..core import config as _config
+from ..core import paths as _paths
 
 FORMAT = "mpicoll-tuning"
 VERSION = 1
@@ -265,8 +266,7 @@ class TuningFile:
 
 def read(path: str, algorithms: dict) -> TuningFile:
     """Parse the tuning file at ``path``; OSError if unreadable, ValueError if malformed."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = _paths.read_trusted(path)  # (ValueError: another user could have written it)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -22,6 +22,7 @@ from mpi4py import MPI
 from support import util
 
 import mpicoll
+from mpicoll.core import config as _config
 from mpicoll.engine import context as _context
 from mpicoll.engine import select as _select
 from mpicoll.engine import tuning as _tuning
@@ -158,6 +159,57 @@ def test_bad_mpicoll_tuning_raises_naming_it(monkeypatch, tmp_path):
             _select.selection(2, 1)
     finally:
         monkeypatch.delenv("MPICOLL_TUNING")
+        _select.reset()
+
+
+@pytest.mark.local
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another user (chown): root only")
+@pytest.mark.parametrize("how", ["other owner", "others write", "group writes", "link",
+                                 "folder others write", "folder other owner"])
+def test_a_tuning_file_another_user_could_have_written_is_not_read(monkeypatch, tmp_path, how):
+    # a file there shapes every schedule: the default one is skipped with the reason, a
+    # named one refused; the same file, private, is read
+    cache = tmp_path / "cache"
+    folder = cache / "mpicoll"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chmod(cache, 0o700)
+    path = _tuning.default_path(_tuning.mpi_identity()).replace(
+        os.path.join(_config.get("cache_dir"), "mpicoll"), str(folder))
+    good = _file({"allreduce": [[None, "ring"]]})
+    target = folder / "real.json" if how == "link" else path
+    with open(target, "w") as f:
+        json.dump(good, f)
+    os.chmod(target, 0o644)
+    if how == "link":
+        os.symlink(target, path)
+    elif how == "other owner":
+        os.chown(path, 4321, 4321)
+    elif how == "others write":
+        os.chmod(path, 0o646)
+    elif how == "group writes":
+        os.chmod(path, 0o664)
+    elif how == "folder others write":
+        os.chmod(folder, 0o777)
+    else:
+        os.chown(folder, 4321, 4321)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("MPICOLL_TUNING", raising=False)
+    try:
+        _select.reset()
+        tf, note = _tuning.find(ALGOS)
+        assert tf is None and "default file not used" in note, note
+        monkeypatch.setenv("MPICOLL_TUNING", path)
+        _select.reset()
+        with pytest.raises(ValueError, match="MPICOLL_TUNING"):
+            _tuning.find(ALGOS)
+        if how != "link":  # (the same file, this user's alone: read)
+            os.chown(path, os.geteuid(), os.getegid())
+            os.chown(folder, os.geteuid(), os.getegid())
+            os.chmod(path, 0o644)
+            os.chmod(folder, 0o700)
+            assert _tuning.find(ALGOS)[0] is not None
+    finally:
+        monkeypatch.delenv("MPICOLL_TUNING", raising=False)
         _select.reset()
 
 

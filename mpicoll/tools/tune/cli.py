@@ -112,7 +112,9 @@ def write(path: str, data: dict) -> None:
     """Write a tuning file (a temporary file renamed into place: a reader sees the old file
     or the new one); :class:`~mpicoll.tools.harness.cli.ToolError` if it cannot."""
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        # (private: mpicoll reads a tuning file only from folders no other user can write,
+        # core.paths.read_trusted)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
     except OSError as exc:
         raise _cli.ToolError(f"cannot write {path}: {exc.strerror or exc}") from None
 
