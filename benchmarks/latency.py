@@ -19,7 +19,8 @@ For every size and collective it interleaves, in one run, rep after rep:
 
 With ``--forms nonblocking`` the columns are the other forms of the same call,
 each started and waited for at once (the same buffers every time, so
-mpicoll restarts its remembered operation and runs its compiled persistent steps):
+mpicoll restarts its remembered operation; a persistent request starts the
+point-to-point requests it bound once, where its messages allow: engine.executor):
 
 ``builtin``   the blocking built-in, as above
 ``I-builtin`` ``comm.Iallreduce(x, y).Wait()`` (``Iallgather``, ``Ireduce_scatter_block``)
