@@ -19,7 +19,8 @@ For every size and collective it interleaves, in one run, rep after rep:
 
 With ``--forms nonblocking`` the columns are the other forms of the same call,
 each started and waited for at once (the same buffers every time, so
-mpicoll starts its remembered operation again, engine.cache):
+mpicoll restarts its remembered operation; a persistent request starts the
+point-to-point requests it bound once, where its messages allow: engine.executor):
 
 ``builtin``   the blocking built-in, as above
 ``Comm``      the blocking call on ``mpicoll.Comm``, as above

@@ -12,8 +12,8 @@ with the group's timeout (the backend's own cost is the first against the third;
 ``--timeout`` sets the group's, torch's 30 minutes by default, 0: none).
 ``mpicoll.allreduce`` gets the very array the backend passes
 (``tensors.memory_view``): two arrays over the same memory would be two remembered calls,
-and calls alternating between them miss the compiled hit, which proves the
-function's last remembered call. The backend and ``mpicoll.allreduce`` are timed in turn,
+and calls alternating between them are not the function's last remembered call, the one
+a repeat finds first (engine.cache). The backend and ``mpicoll.allreduce`` are timed in turn,
 iteration by iteration (a burst of load falls on both), gloo in a loop of its
 own, by :mod:`mpicoll.tools.harness`: each call after an MPI barrier; its time
 is the slowest rank's, and the table shows the median over the iterations. The

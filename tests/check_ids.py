@@ -6,10 +6,12 @@
 
 BEFORE and AFTER are folders of ``<run>.txt`` files (``local.txt``, ``np3.txt``,
 ``torch-np2.txt``, ...), one test ID a line.  For every run in BEFORE each ID is
-mapped through the renames (a test's own line first, then its file's) and must be
-among that run's IDs in AFTER.  Prints one line per run (IDs before, after, lost,
-added) and every lost ID; exit status 1 if an ID was lost or a run of BEFORE is
-missing from AFTER.  Added IDs (new tests) are counted, not refused.
+mapped through the renames (a test's own line first, then its file's; the new ID
+again, so a test moved and later renamed is followed to its last name) and must be
+among that run's IDs in AFTER, unless a line says it was removed.  Prints one line
+per run (IDs before, after, lost, removed, added) and every lost ID; exit status 1
+if an ID was lost or a run of BEFORE is missing from AFTER.  Added IDs (new tests)
+are counted, not refused.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 def read_renames(path: Path) -> list[tuple[str, str]]:
     """The (old, new) pairs of a renames file, tests' own lines before files' lines.
 
-    A line is ``OLD NEW``, or ``OLD => NEW`` where an ID holds spaces (a parameter's text).
+    A line is ``OLD NEW``, or ``OLD => NEW`` where an ID holds spaces (a parameter's text);
+    NEW ``-`` says the test was removed (its comment says why).
     """
     pairs = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -43,14 +46,27 @@ def read_renames(path: Path) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda p: "::" not in p[0])
 
 
-def mapped(test_id: str, renames: list[tuple[str, str]], used: set) -> str:
-    """``test_id`` under the first rename whose old part is its file or its test."""
-    for old, new in renames:
-        sep = "[" if "::" in old else "::"
-        if test_id == old or test_id.startswith(old + sep):
-            used.add(old)
-            return new + test_id[len(old):]
-    return test_id
+REMOVED = "-"
+
+
+def mapped(test_id: str, renames: list[tuple[str, str]], used: set) -> str | None:
+    """``test_id`` under the first rename whose old part is its file or its test, and the
+    result under the renames again (a later move or rename), each line at most once (a
+    test given a parameter, ``test_x`` -> ``test_x[a]``, is not renamed again); None for a
+    removed test."""
+    applied = set()
+    while True:
+        for old, new in renames:
+            sep = "[" if "::" in old else "::"
+            if old not in applied and (test_id == old or test_id.startswith(old + sep)):
+                used.add(old)
+                applied.add(old)
+                if new == REMOVED:
+                    return None
+                test_id = new + test_id[len(old):]
+                break
+        else:
+            return test_id
 
 
 def read_ids(path: Path) -> set:
@@ -66,17 +82,19 @@ def main(argv=None) -> int:
     renames = read_renames(args.renames)
     used: set = set()
     bad = False
-    print(f"{'run':<12} {'before':>7} {'after':>7} {'lost':>5} {'added':>6}")
+    print(f"{'run':<12} {'before':>7} {'after':>7} {'lost':>5} {'removed':>8} {'added':>6}")
     for old_file in sorted(args.before.glob("*.txt")):
         new_file = args.after / old_file.name
         if not new_file.exists():
             print(f"{old_file.stem:<12} missing in {args.after}")
             bad = True
             continue
-        old = {mapped(t, renames, used) for t in read_ids(old_file)}
+        before = [mapped(t, renames, used) for t in read_ids(old_file)]
+        old = {t for t in before if t is not None}
         new = read_ids(new_file)
         lost, added = sorted(old - new), new - old
-        print(f"{old_file.stem:<12} {len(old):>7} {len(new):>7} {len(lost):>5} {len(added):>6}")
+        print(f"{old_file.stem:<12} {len(old):>7} {len(new):>7} {len(lost):>5} "
+              f"{before.count(None):>8} {len(added):>6}")
         for t in lost:
             print(f"    lost: {t}")
         bad = bad or bool(lost)

@@ -177,3 +177,28 @@ def test_check_ids_maps_renames_and_finds_a_lost_test(tmp_path):
     (after / "np2.txt").write_text("tests/b.py::test_x\ntests/b.py::test_y[c d]\n")
     run = check()
     assert run.returncode == 1 and "lost: tests/a.py::test_z" in run.stdout, run.stdout
+
+
+def test_check_ids_follows_later_renames_and_counts_removed_tests(tmp_path):
+    """tests/check_ids.py: an ID is followed through every line that applies (a file moved,
+    then one of its tests renamed, its parameter dropped; a test given a parameter is not
+    renamed again by its own line), and a test removed (NEW ``-``) is counted, not lost."""
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    after.mkdir()
+    (before / "np2.txt").write_text("tests/old.py::test_x[compiled]\ntests/old.py::test_x[python]\n"
+                                    "tests/old.py::test_gone\ntests/old.py::test_kept\n"
+                                    "tests/old.py::test_p\n")
+    renames = tmp_path / "renames.txt"
+    renames.write_text("tests/old.py  tests/b/old.py\n"
+                       "tests/b/old.py::test_x[compiled]  tests/b/new.py::test_y\n"
+                       "tests/b/old.py::test_x[python]  tests/b/new.py::test_y\n"
+                       "tests/b/old.py::test_gone  -  # what it checked went with the code\n"
+                       "tests/b/new.py::test_p  tests/b/new.py::test_p[a]\n"
+                       "tests/b/old.py  tests/b/new.py\n")
+    (after / "np2.txt").write_text("tests/b/new.py::test_y\ntests/b/new.py::test_kept\n"
+                                   "tests/b/new.py::test_p[a]\n")
+    run = subprocess.run([sys.executable, str(TESTS / "check_ids.py"), str(before), str(after),
+                          "--renames", str(renames)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "no test lost" in run.stdout, run.stdout
+    assert run.stdout.split("\n")[1].split() == ["np2", "3", "3", "0", "1", "0"], run.stdout

@@ -95,6 +95,20 @@ def test_default_path_is_in_the_cache_dir(monkeypatch, tmp_path):
 
 
 @pytest.mark.local
+def test_a_relative_cache_home_is_ignored():
+    """XDG_CACHE_HOME counts only as an absolute path (the XDG rule): a relative one would
+    name a folder under each job's working directory."""
+    from mpicoll.core import config
+
+    home = os.path.expanduser("~/.cache")
+    try:
+        assert config.read_environment({"XDG_CACHE_HOME": "relative/cache"})["cache_dir"] == home
+        assert config.read_environment({"XDG_CACHE_HOME": "/abs"})["cache_dir"] == "/abs"
+    finally:
+        config.read_environment()  # (the process's own values back)
+
+
+@pytest.mark.local
 def test_selection_rows_parse_and_get_an_open_end():
     rows = _tuning.parse_selection({"allreduce": [[4096, "recursive_doubling"], [65536, "ring"]]},
                                    ALGOS, "sel")
