@@ -26,7 +26,7 @@ def test_latency_tool_checks_every_variant(capsys, monkeypatch):
                                                 for c in latency.COLLECTIVES]
         width = 11 if MPI.COMM_WORLD.size == 2 else 9  # with sendrecv and persist, or "-"
         assert all(len(r) == width for r in rows), rows
-    # --timeout T: the array function under a timeout too (its timed plan), one more column
+    # --timeout T: the array function under a timeout too (remembered with its timeout), one more column
     assert latency.main(argv + ["--collectives", "allreduce", "--timeout", "30"]) == 0
     if MPI.COMM_WORLD.rank == 0:
         out = capsys.readouterr().out

@@ -65,7 +65,7 @@ def test_blocking_call_among_operations_completed_in_other_orders(progress, time
 
     MPI's own Iallreduce/Allreduce complete this; a blocking call that advanced
     nothing else (a fused Sendrecv, a lock held across the wait) hung.  Repeated,
-    so the blocking call runs from its plan too (a timed plan under a timeout).
+    so the blocking call is a start of its remembered operation too (with its deadline under a timeout).
     """
     comm = WORLD.Dup()
     try:
@@ -204,7 +204,7 @@ def test_two_threads_on_two_communicators():
             for _ in range(5):
                 got.append(mpicoll.allreduce(x, comm=comm, algorithm="ring"))
                 got.append(mpicoll.iallreduce(x, comm=comm).wait())
-                # (from the second time a restart of its timed plan, engine.cache)
+                # (from the second time a restart of its remembered operation, engine.cache)
                 got.append(mpicoll.iallreduce(x, comm=comm, out=out, timeout=30.0).wait().copy())
             results[key] = got
         except BaseException as exc:  # reported by the main thread

@@ -152,7 +152,7 @@ def test_repeated_call_allocates_nothing(collective, algorithm, in_place):
             y = x.copy()
             kw = {"out": y} if in_place else {}
             results.append(fn(y, comm=comm, algorithm=algorithm, **kw).copy())
-            # (the plan an out= call keeps holds its work memory while its arrays live)
+            # (the operation an out= call keeps holds its work memory while its arrays live)
             del y, kw
             allocs.append(ctx.work.allocations)
         ok = all(util.same_bytes(r, want) for r in results) and allocs[1] == allocs[2] == allocs[0]

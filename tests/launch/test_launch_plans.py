@@ -1,8 +1,9 @@
-"""Plans and persistent programs free their persistent requests at exit, before MPI is finalized.
+"""Remembered calls and persistent collectives free their persistent requests at exit, before
+MPI is finalized.
 
-A bound call (engine.cache) and a persistent collective's compiled steps (engine.cache)
-hold persistent point-to-point requests (engine.executor.hold); MPI must see them freed before
-``MPI_Finalize`` (MPICH warns of each one left).  The job below keeps plans
+A remembered call (engine.cache) and a persistent collective are operations whose program
+holds persistent point-to-point requests (engine.executor.hold); MPI must see them freed before
+``MPI_Finalize`` (MPICH warns of each one left).  The job below keeps remembered calls
 on COMM_WORLD and on a duplicate it never frees, and a persistent collective
 it never frees, and checks
 from an ``atexit`` handler registered before mpicoll was imported -- so it

@@ -402,13 +402,13 @@ def test_large_message_shows_progress_per_piece(monkeypatch):
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(SIZE < 2, reason="needs a second rank to skip the call")
 def test_plan_does_not_run_after_a_timeout():
-    """The same buffers as a plain call kept as a plan (engine.cache): after a call on the
-    communicator timed out, they are refused like any other call, not run from the plan."""
+    """The same buffers as a plain call remembered (engine.cache): after a call on the
+    communicator timed out, they are refused like any other call, not started again from the cache."""
     comm = _fresh_comm()
     mc = mpicoll.Comm(comm)
     x = rank_data(5, RANK)
     y = np.empty_like(x)
-    mc.Allreduce(x, y)  # plain: kept as the plan of Comm.Allreduce
+    mc.Allreduce(x, y)  # plain: remembered as Comm.Allreduce
     mc.Allreduce(x, y)  # run from it
     with mpicoll.options(timeout=T):
         exc, _ = _skip_one(comm, lambda c: mc.Allreduce(x, y))
@@ -418,7 +418,7 @@ def test_plan_does_not_run_after_a_timeout():
             refused = "no CollectiveTimeout; "
         try:
             mc.Allreduce(x, y)
-            refused += "a call with the plan's buffers was accepted"
+            refused += "a call with the remembered buffers was accepted"
         except mpicoll.MpicollError as e:
             if "communicator unusable" not in str(e):
                 refused += f"unexpected message: {e}"
@@ -427,7 +427,7 @@ def test_plan_does_not_run_after_a_timeout():
 
 
 def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
-    """Calls #2 and #3 of ``call(comm, x, out)`` keep a timed plan and run from it; rank
+    """Calls #2 and #3 of ``call(comm, x, out)`` are remembered with their timeout and started again; rank
     SKIPPER skips #4, and the others raise the CollectiveTimeout the general path raises
     (call, step, peer, abort advice) in time, without validating the call; the
     communicator is refused afterwards."""
@@ -437,7 +437,7 @@ def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
     out = np.empty(x.size * SIZE if collective == "allgather"
                    else 4 if collective == "reduce_scatter" else x.size)
     want = getattr(mpicoll, collective)(x, comm=WORLD, algorithm=algorithm)
-    call(comm, x, out)  # call #2: keeps the plan
+    call(comm, x, out)  # call #2: remembered
     call(comm, x, out)  # #3: runs from it
     np.testing.assert_array_equal(out, want)
     checks = util.spy(monkeypatch, _args, [collective])
@@ -445,7 +445,7 @@ def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
     problem = ""
     if RANK != SKIPPER:
         if checks:
-            problem = "the repeat was validated (not run from its plan); "
+            problem = "the repeat was validated (not started again from the cache); "
         if exc is None:
             problem += "no CollectiveTimeout"
         else:
@@ -464,7 +464,7 @@ def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
     if RANK != SKIPPER:
         try:
             call(comm, x, out)
-            refused = "a call with the plan's arrays was accepted"
+            refused = "a call with the remembered arrays was accepted"
         except mpicoll.MpicollError as e:
             if "communicator unusable" not in str(e):
                 refused = f"unexpected message: {e}"
@@ -478,7 +478,7 @@ def _a_timed_plan_times_out(collective, algorithm, monkeypatch, call):
     ("allreduce", "recursive_doubling"), ("allreduce", "ring"), ("reduce_scatter", "ring"),
     ("allgather", "ring")])
 def test_a_timed_plan_times_out_as_the_first_call_does(collective, algorithm, monkeypatch):
-    """A call repeated under a timeout runs from its timed plan (engine.cache): when a rank
+    """A call repeated under a timeout starts its remembered operation again, with its deadline (engine.cache): when a rank
     skips it, the others raise the CollectiveTimeout the general path raises, in time,
     and the communicator is refused afterwards."""
     fn = getattr(mpicoll, collective)
@@ -493,7 +493,7 @@ def test_a_timed_plan_times_out_as_the_first_call_does(collective, algorithm, mo
     ("allreduce", "ring", "test"), ("allgather", "ring", "test")])
 def test_a_timed_non_blocking_plan_times_out_as_the_first_call_does(collective, algorithm, how,
                                                                      monkeypatch):
-    """A non-blocking call repeated under a timeout restarts its timed plan (engine.cache):
+    """A non-blocking call repeated under a timeout restarts its remembered operation, with its deadline (engine.cache):
     when a rank skips it, the others raise the general path's CollectiveTimeout in time,
     from ``wait()`` (its polling wait) and from ``test()`` polled (its idle check), and the
     communicator is refused afterwards."""
