@@ -1,4 +1,4 @@
-"""One runner: a single loop advances steps.
+"""One runner: a single loop advances steps, and no collective starts a process.
 
 A collective is an operation bound once (engine.executor.Operation) whose
 steps one loop advances, ``Operation._run``.  The package's source is read
@@ -8,18 +8,36 @@ only ``executor.on_requests`` may, which binds steps to persistent requests
 once and posts nothing.  A loop over a schedule's ops (``Send``, ``Recv``...)
 reads the schedule and posts nothing either.  The package ships no compiled
 code, so no loop hides outside the scan.
+
+No subprocess, fork or compiler runs after ``MPI_Init``: a communicator's
+set-up and every form of every collective run here with every way of
+starting a process made to raise and recorded.
 """
 
 from __future__ import annotations
 
+import _posixsubprocess
 import ast
+import contextlib
+import os
 import pathlib
+import pty
+import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+from mpi4py import MPI
+from support import fakegpu, util
+
+import mpicoll
+from mpicoll.backends import cuda as _cuda
+from mpicoll.backends import devices as _devices
+from mpicoll.engine import select as _select
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "mpicoll"
+WORLD = MPI.COMM_WORLD
 
 # the ops of a schedule (algorithms/schedule.py)
 SCHEDULE_OPS = frozenset({"Send", "Recv", "Wait", "Reduce", "Copy", "Fold"})
@@ -246,3 +264,197 @@ def test_the_scan_finds_a_second_loop(tmp_path):
                           if sys.version_info >= (3, 10) else {})}
     assert by_op == {"algorithms/reader.py:count": set(),
                      "algorithms/reader.py:run_ops": {"isend", "waitall"}}
+
+
+# --- no process -----------------------------------------------------------------------
+
+# every way Python starts a process: (module, function)
+STARTS = [(os, name) for name in (
+    "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "execv", "execve",
+    "execl", "execle", "execlp", "execlpe", "execvp", "execvpe", "spawnv", "spawnve", "spawnl",
+    "spawnle", "spawnlp", "spawnlpe", "spawnvp", "spawnvpe")] + [
+    (subprocess, "Popen"), (subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec"),
+    (pty, "fork")]
+# their audit events: a start through a name bound before the patch is still seen
+EVENTS = frozenset({"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn",
+                    "os.spawn", "subprocess.Popen"})
+_WATCH: list = []  # while refusing: the list starts are recorded in
+_HOOKED: list = []
+
+
+def _audit(event, args):
+    if _WATCH and event in EVENTS:
+        _refused(event)
+
+
+def _refused(what):
+    _WATCH[-1].append(what)
+    # (said at once: a start on one rank only leaves its peers waiting until the timeout)
+    print(f"rank {WORLD.Get_rank()}: {what} after MPI_Init", file=sys.stderr, flush=True)
+    raise RuntimeError(f"{what}: a process started after MPI_Init")
+
+
+@contextlib.contextmanager
+def refusing_processes():
+    """A block in which every way of starting a process raises; yields the list of the
+    starts tried."""
+    if not _HOOKED:  # (an audit hook stays for the process: it only looks while watching)
+        sys.addaudithook(_audit)
+        _HOOKED.append(True)
+    started: list = []
+
+    def refuse(name):
+        def start(*args, **kwargs):
+            _refused(name)
+        return start
+
+    with pytest.MonkeyPatch.context() as mp:
+        for owner, name in STARTS:
+            if hasattr(owner, name):
+                mp.setattr(owner, name, refuse(f"{owner.__name__}.{name}"))
+        _WATCH.append(started)
+        try:
+            yield started
+        finally:
+            _WATCH.pop()
+
+
+def _arrays(collective, n, rank, make=np.array, empty=np.empty, k=4):
+    """(input, output) of a call of ``collective`` with ``k`` elements per rank's block."""
+    if collective == "allgather":
+        return make(np.arange(k, dtype=np.float64) + rank), empty(k * n)
+    x = make(np.arange(k * n, dtype=np.float64) * (rank + 1))
+    return x, empty(k * n if collective == "allreduce" else k)
+
+
+FUNCTIONS = {"allreduce": (mpicoll.allreduce, mpicoll.iallreduce),
+             "reduce_scatter": (mpicoll.reduce_scatter, mpicoll.ireduce_scatter),
+             "allgather": (mpicoll.allgather, mpicoll.iallgather)}
+
+
+def _every_form(comm, monkeypatch):
+    """A new communicator's set-up, then every collective in every form on it."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    mc = mpicoll.Comm(comm.Dup())  # (its set-up is the first call's)
+    try:
+        # the array functions: every algorithm, blocking and non-blocking, each twice
+        # (the second a repeat), in place
+        for collective, (blocking, nonblocking) in FUNCTIONS.items():
+            for algorithm in ("auto",) + tuple(_select.names(collective)):
+                x, out = _arrays(collective, n, rank)
+                for _ in range(2):
+                    blocking(x, out=out, comm=mc, algorithm=algorithm)
+                    nonblocking(x, out=out, comm=mc, algorithm=algorithm).wait()
+            x, out = _arrays(collective, n, rank)
+            whole = out if collective == "allgather" else x  # (in place: the whole buffer)
+            blocking(whole, out=whole, comm=mc)
+            nonblocking(whole, out=whole, comm=mc).wait()
+        # mpicoll.Comm as mpi4py's drop-in: blocking, non-blocking, persistent, in place,
+        # specs, vector forms, a derived datatype
+        x, y = np.arange(4.0 * n) + rank, np.empty(4 * n)
+        block, whole = np.empty(4), np.empty(4 * n)
+        for _ in range(2):
+            mc.Allreduce(x, y)
+            mc.Allreduce([x, MPI.DOUBLE], [y, MPI.DOUBLE])
+            mc.Allgather(block, whole)
+            mc.Reduce_scatter_block(x, block)
+            mc.Iallreduce(x, y).Wait()
+            mc.Iallgather(block, whole).Wait()
+            mc.Ireduce_scatter_block(x, block).Wait()
+        mc.Allreduce(MPI.IN_PLACE, y)
+        mc.Allgatherv(block, [whole, [4] * n])
+        mc.Reduce_scatter(x, block, [4] * n)
+        pair = MPI.DOUBLE.Create_contiguous(2).Commit()
+        try:
+            mc.Allreduce([x, 2 * n, pair], [y, 2 * n, pair])
+        finally:
+            pair.Free()
+        mixed = MPI.Datatype.Create_struct([1, 1], [0, 8], [MPI.DOUBLE, MPI.INT]).Commit()
+        try:  # (MPI's own collective runs it: api.delegate)
+            mc.Allgather([np.zeros(16, np.uint8), 1, mixed], [np.zeros(16 * n, np.uint8), 1, mixed])
+        finally:
+            mixed.Free()
+        for request in (mc.Allreduce_init(x, y), mc.Allgather_init(block, whole),
+                        mc.Reduce_scatter_block_init(x, block)):
+            for _ in range(2):
+                request.Start()
+                request.Wait()
+            request.Free()
+        # observed: the fingerprint check, a deadline, a trace, a traffic counter
+        with mpicoll.options(check=True, timeout=60.0), mpicoll.traffic(), \
+                mpicoll.trace(comm=mc):
+            mpicoll.allreduce(x, out=y, comm=mc)
+            mpicoll.iallreduce(x, out=y, comm=mc).wait()
+            mc.Allreduce(x, y)
+        # a sub-communicator: its own set-up
+        sub = mc.Split(rank % 2, rank)
+        sub.Allreduce(x, y)
+        sub.Free()
+    finally:
+        mc.Free()
+    # fake nodes: the hierarchical algorithms and a pipeline (a large call across nodes)
+    nodes = comm.Dup()
+    try:
+        big = np.ones(1 << 18)  # 2 MiB of float64: a pipeline
+        monkeypatch.setenv("MPICOLL_FAKE_NODES", "cyclic:2")  # (read by the set-up)
+        mpicoll.allreduce(big, out=np.empty_like(big), comm=nodes)
+        monkeypatch.delenv("MPICOLL_FAKE_NODES")
+        for algorithm in ("hierarchical", "rabenseifner"):
+            mpicoll.allreduce(big, out=np.empty_like(big), comm=nodes, algorithm=algorithm)
+    finally:
+        nodes.Free()
+    # device arrays on the fake GPU: staged whole, staged per message, direct
+    be = fakegpu.fake_backend()
+    rt = be.rt
+    for aware, whole in ((False, True), (False, False), (True, False)):
+        monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 1 << 30 if whole else 0)
+        with fakegpu.registered(be), mpicoll.options(cuda_aware=aware):
+            for collective, (blocking, nonblocking) in FUNCTIONS.items():
+                x, out = _arrays(collective, n, rank, lambda h: fakegpu.produce(rt, h),
+                                 lambda m: rt.xp.empty(m, np.float64))
+                blocking(x, out=out, comm=comm)
+                nonblocking(x, out=out, comm=comm).wait()
+
+
+# 1: the set-up without an exchange, no message; 2 and 3: the exchanges, node memory of
+# two and three ranks, fake nodes of one and two ranks.
+@pytest.mark.ranks(1, 2, 3)
+@pytest.mark.timeout(300)
+def test_no_process_starts_in_a_collective(monkeypatch):
+    """A new communicator's set-up and every collective in every form (blocking,
+    non-blocking, persistent, mpicoll.Comm's drop-in, in place; every algorithm; observed;
+    across fake nodes; device arrays on a fake GPU) on every rank, with every way of
+    starting a process (subprocess, fork, posix_spawn, system, exec, spawn) raising:
+    none was tried.  (The one child job, ``python -m mpicoll.info --probe``'s, starts at
+    import, before MPI_Init, in that command only: not in this one.)"""
+    problems = []
+    if _cuda.early_probe() is not None:
+        problems.append(f"importing mpicoll ran the probe job: {_cuda.early_probe()}")
+    comm = WORLD.Dup()
+    try:
+        with refusing_processes() as started:
+            try:
+                _every_form(comm, monkeypatch)
+            except Exception as exc:  # (a refused start raises in the call that tried it)
+                problems.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        comm.Free()
+    problems += [f"started: {what}" for what in started]
+    util.assert_all(WORLD, not problems, "\n".join(problems))
+
+
+@pytest.mark.local
+def test_refusing_processes_refuses_each_way():
+    """In the block, each way of starting a process raises and is recorded, also through a
+    name bound before the block (seen by its audit event); after it, nothing is."""
+    popen, fork = subprocess.Popen, os.fork  # (bound before: the audit hook sees popen)
+    with refusing_processes() as started:
+        for start in (lambda: subprocess.run(["true"]), lambda: os.system("true"),
+                      lambda: os.posix_spawn("/bin/true", ["true"], {}),
+                      lambda: os.execv("/bin/true", ["true"]), lambda: popen(["true"]),
+                      os.fork):
+            with pytest.raises(RuntimeError, match="after MPI_Init"):
+                start()
+    assert started == ["subprocess.Popen", "os.system", "os.posix_spawn", "os.execv",
+                       "subprocess.Popen", "os.fork"]
+    assert subprocess.Popen is popen and os.fork is fork
