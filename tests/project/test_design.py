@@ -358,6 +358,14 @@ def test_the_reader_finds_what_is_written():
     assert concepts(PLANTED) == [("Call", ["Call"], "core/types.py")]
     with pytest.raises(AssertionError, match="no table"):
         table(REPEAT, PLANTED)
+    # the qualified names before Python 3.11 (no co_qualname): as 3.11 names them
+    _index(vars(_executor).values(), _executor.__name__, "")
+    assert _QUALNAMES[_executor.Operation._run.__code__] == "Operation._run"
+    assert _QUALNAMES[_executor.Operation.run.__code__] == "Operation.run"
+    assert "on_requests.<locals>.flush" in _QUALNAMES.values()
+    if sys.version_info >= (3, 11):
+        wrong = {q: c.co_qualname for c, q in _QUALNAMES.items() if q != c.co_qualname}
+        assert not wrong, wrong
     trace = Trace()
     trace.functions = {"engine/executor.py": {"Operation.run", "wait_for.<locals>.<lambda>"}}
     assert ran(trace, "engine/executor.py", "Operation")
