@@ -1,41 +1,11 @@
-"""Run-time options: one table of every ``MPICOLL_*`` knob, read once per communicator.
+"""Run-time options: one table (:data:`OPTIONS`) of every ``MPICOLL_*`` knob, read once per communicator.
 
-================  ========================  =========  =================================================
-option            environment variable      default    meaning
-================  ========================  =========  =================================================
-check             MPICOLL_CHECK             off        ranks agree on a call fingerprint first
-timeout           MPICOLL_TIMEOUT           none       seconds without progress before raising
-cuda_aware        MPICOLL_CUDA_AWARE        detect     hand device pointers straight to MPI
-progress          MPICOLL_PROGRESS          off        a thread advances non-blocking collectives
-algorithm         MPICOLL_ALGORITHM         auto       the algorithm every "auto" call runs, where it applies
-segment_bytes     MPICOLL_SEGMENT_BYTES     1M         segment size (pipelining), every schedule
-window            MPICOLL_WINDOW            2          segments (pieces) posted ahead per peer
-node_piece_bytes  MPICOLL_NODE_PIECE_BYTES  1M         largest message to another node (the ranks' least)
-fake_nodes        MPICOLL_FAKE_NODES        none       node layout for tests ("block:2", "cyclic:2", "0,0,1")
-trace             MPICOLL_TRACE             none       trace the whole run into this JSON file
-tuning            MPICOLL_TUNING            cache dir  the tuning file "auto" reads (off: built-in table)
-cache_dir         XDG_CACHE_HOME            ~/.cache   where the default tuning file lives
-deterministic     MPICOLL_DETERMINISTIC     off        floating reductions: the rank-order fold, bitwise
-torch_on_error    MPICOLL_TORCH_ON_ERROR    abort      torch backend: a failed collective aborts the job
-intranode         MPICOLL_INTRANODE         auto       ranks of one node: auto, mpi or shared memory
-================  ========================  =========  =================================================
-
-When the environment is read
-    Once, when mpicoll creates its context for a communicator (the first
-    mpicoll call on it): :func:`read_environment` parses every variable of
-    the table (a bad value raises ``ValueError`` naming the variable, before
-    any message is sent) and the context keeps the values.  Nothing reads the
-    environment on a call after that, so a variable changed later applies to
-    communicators set up later.  The process-wide options (``progress``,
-    ``cuda_aware``, ``trace``) take the values of the latest read.
-
-API settings
-    ``mpicoll.configure(check=True)`` sets an option for the process (``None``
-    returns it to the environment's value); ``with mpicoll.options(...)`` for
-    a block.  Both apply at once, to every communicator: an API setting wins
-    over the environment.  Every change bumps :data:`EPOCH`, which a cached
-    call (engine.cache) compares, so a cached call never runs under options it
-    was not made for.
+:func:`read_environment` parses every variable of the table when mpicoll sets a
+communicator's context up (a bad value raises ``ValueError`` naming it, before
+any message); nothing reads the environment on a call after that.
+``mpicoll.configure``/``mpicoll.options`` set options from Python and bump
+:data:`EPOCH`, which a remembered call compares.  The options page
+(docs/options.md) is generated from the table and says when each is read.
 """
 
 from __future__ import annotations

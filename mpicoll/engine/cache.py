@@ -1,50 +1,12 @@
 """The cache of bound calls: a repeat proven to be the same call is a start of its operation.
 
-The run path (engine.run) validates, selects, schedules and binds a call into
-an :class:`~mpicoll.engine.executor.Operation`.  A call the API may see again
-(it hands its cache key: host arrays as they are, a predefined op) keeps that
-operation here, under the *signature* of its arguments.  A later call whose
-arguments match is the same operation started again -- :func:`repeat` for a
-blocking call (start and wait), :func:`restart` for a non-blocking one (a
-start, once the previous start's handle saw it complete) -- with no
-validation, no choice, no binding.
-
-The hit rule (:meth:`Entry.matches`, the only one)
-    The signature is everything validation read from the arguments: the
-    communicator object, each array object (by weak reference) with its data
-    address, dtype, and shape and strides (``mpicoll.Comm``'s buffers, read as
-    their flat memory: C contiguity), ``out``'s writeability, the op object
-    (a predefined op: they are never freed), the algorithm argument, the
-    ``timeout=`` argument, and the options epoch.  Anything can change an
-    array in place -- its dtype, shape, strides or writeable flag, and its
-    data buffer too (``ndarray.__setstate__`` gives an array new memory of the
-    same shape) -- so each is compared at every call: a call whose signature
-    differs is a miss, validated as if new, which raises (before any message)
-    or remembers a new entry.  After a change of options (core.config.EPOCH)
-    a hit also proves the setting that chose its reduction
-    (``deterministic``); observers and timeouts are the operation's own
-    (it decides at each start whether it runs observed).  ``mpicoll.Comm``'s
-    forms pass a spec ``[array, T]`` whose T is the datatype the array has
-    anyway as the bare array (the same message; a spec is a new list at every
-    call, so it could never be an entry's object).
-
-It holds no user memory
-    A kept operation is bound to views of the arrays made from their
-    addresses (``MPI.buffer.fromaddress``), which keep nothing alive, and the
-    entry refers to the arrays only weakly: when one is collected, its entry
-    goes (its requests freed) before the memory can be reused.  A
-    non-blocking call's handle keeps its arrays alive while its start is in
-    flight, as mpi4py's requests do.
-
-Where entries live
-    ``ctx.cache`` (a :class:`Cache`): up to :data:`BLOCKING` blocking entries
-    holding at most :data:`WORK_BYTES` of work memory together, up to
-    :data:`NON_BLOCKING` non-blocking ones, each keyed by function and argument
-    objects (calls alternating between gradient buckets each repeat their
-    own), least recently used dropped first.  The last blocking entry of each
-    function is also found through a module table (:data:`_LAST`), so a hit
-    needs no MPI attribute lookup; an entry found there must match the
-    communicator object like every other field.
+A call the API may see again (it hands its cache key) keeps its operation here
+under the signature of its arguments; a later call whose arguments match is
+that operation started again -- :func:`repeat` (blocking), :func:`restart`
+(non-blocking) -- with no validation, no choice, no binding.  What is
+remembered, the hit rule (:meth:`Entry.matches`, the only one), where entries
+live and why they hold no user memory: docs/design.md, "The cache of bound
+calls".
 """
 
 from __future__ import annotations
@@ -61,8 +23,8 @@ from . import context as _context
 
 _IN_PLACE = MPI.IN_PLACE
 _buffer = MPI.buffer  # (MPI.buffer(arr).address: the cheapest way to read an address)
-# function name -> its last blocking Entry, its last non-blocking one (any communicator);
-# see "Where entries live"
+# function name -> its last blocking Entry, its last non-blocking one (any communicator):
+# a hit needs no MPI attribute lookup (docs/design.md, "The cache of bound calls")
 _LAST: dict = {}
 _LAST_STARTED: dict = {}
 NON_BLOCKING = 32  # non-blocking entries per context (gradient buckets in flight together)
@@ -149,7 +111,7 @@ class Entry:
 
 
 class Cache:
-    """A context's kept operations (see "Where entries live")."""
+    """A context's kept operations, least recently used dropped first."""
 
     __slots__ = ("blocking", "non_blocking")
 

@@ -1,56 +1,12 @@
 """Per-communicator state: the library's private duplicate, call counter, work memory.
 
-The state is cached on the user's communicator as an MPI attribute, so it is
-created once (on the first collective, collectively), shared by every
-``mpicoll.Comm`` wrapping the same communicator, and freed together with the
-user's communicator (``comm.Free()`` runs the attribute's delete callback).
-
-Set-up (:class:`Context`), in this order, the same collectives on every rank
-whatever its options:
-
-1. every option is parsed (core.config's one table, read once here): a bad
-   value raises before any MPI call;
-2. ``Idup`` of the user's communicator;
-3. with more than one rank, one ``Iallgather`` on the duplicate of each rank's
-   node identity (its host name and boot), a hash of what it would shape
-   schedules with (:data:`SHAPING`, the tuning file, whether its MPI takes
-   device buffers), and that last answer itself;
-4. where those hashes differ, rank 0's configuration, broadcast (two
-   ``Ibcast``), is every rank's (see "Ranks agree by construction").
-
-Then every rank derives the same node labels (the lowest rank of each node;
-``MPICOLL_FAKE_NODES``, as agreed, replaces them), the ring order, the
-selection "auto" uses, the piece to another node and CUDA-awareness (every
-rank's, or no rank's): nothing else is exchanged.
-
-Ranks agree by construction
-    What a rank reads from its own files and environment and what shapes a
-    schedule -- the tuning file's selection, segments and node piece, the
-    options of :data:`SHAPING`, and whether MPI takes device buffers -- must be
-    the same on every rank: a rank that chose another algorithm or segment
-    would post messages its peers never match (a wrong result, or a hang).
-    So the set-up compares them, and where any rank's differ from rank 0's
-    (a node-local cache tuned on one node, a tuning file replaced while the
-    job starts, an environment variable set on some ranks), every rank uses
-    rank 0's, and each rank whose own differed says so once with a
-    RuntimeWarning -- when the call that set the context up has completed,
-    never inside it (``Context.notes``; ``python -m mpicoll.info`` shows
-    ``Context.agreement``).  Settings made in the program
-    (``mpicoll.configure``) are the program's: the same on every rank that
-    runs the same code.
-
-Each request is waited for with the call's timeout (the poller of
-:mod:`_timeout`; no timeout: ``Wait``), so a rank that never reaches its
-first collective on a communicator makes the others raise
-:class:`~mpicoll.CollectiveTimeout` instead of hanging.  After such a timeout
-the user's communicator still has mpicoll's ``Idup`` (or the duplicate its
-exchange) pending, and MPI matches collectives in order: any later collective
-on it, mpicoll's or the user's, could pair with that one.  So the
-communicator is marked unusable (every later mpicoll call raises
-``MpicollError``), and the duplicate, which MPI forbids freeing while its
-creation or exchange is pending, is kept and freed as soon as those complete
-(checked at every later set-up and when the user's communicator is freed).
-A set-up that fails otherwise frees what it created and caches nothing.
+The state (:class:`Context`) is an MPI attribute of the user's communicator,
+made by its first collective, collectively, and freed with it.  Its set-up --
+options parsed once (core.config), one ``Idup``, one ``Iallgather`` of node
+identities and digests of what shapes schedules, rank 0's configuration
+broadcast only where digests differ: the same collectives on every rank
+whatever its options -- and what a set-up that times out leaves are
+docs/design.md's "The set-up of a communicator (its very first call)".
 """
 
 from __future__ import annotations
@@ -77,7 +33,8 @@ _KEYVAL = None
 SCHEDULES = 64  # schedules (call shapes) kept per context
 # The options each rank reads from its environment that shape schedules (the algorithm
 # "auto" runs, segments, windows, the check's extra messages, the dtype policy): agreed
-# at set-up with the tuning file's selection (see "Ranks agree by construction").
+# at set-up with the tuning file's selection (docs/design.md, "The set-up of a
+# communicator (its very first call)").
 SHAPING = ("check", "algorithm", "segment_bytes", "window", "node_piece_bytes",
            "deterministic", "intranode", "fake_nodes")
 

@@ -1,70 +1,15 @@
 """The runner: one operation type, bound once, started any number of times; one loop.
 
-An algorithm is a :class:`~mpicoll.algorithms.schedule.Schedule` (no MPI, no
-arrays).  engine.run binds it once (:func:`bind`: every region an array view,
-work buffers from a lease of the context's arena) into an :class:`Operation`,
-and every form of a call is that operation started:
-
-* a blocking call is one start run to the end (:meth:`Operation.run`);
-* a non-blocking call is one start handed to the caller (:meth:`Operation.start`,
-  then ``test``/``wait``);
-* a persistent request (``Allreduce_init``) and a remembered call (engine.cache)
-  are the same operation started again and again.
-
-Binding
-    :func:`bind` turns the schedule's ops into *steps*.  Where the messages
-    keep one tag from start to start (blocking calls, persistent requests)
-    and each fits one piece of the plain host channel, :func:`on_requests`
-    also binds them to persistent point-to-point requests made once
-    (``Send_init``/``Recv_init``), consecutive starts folded into one
-    ``Startall``, reductions and copies into ready calls: the operation's
-    *program*.  Steps and program are the same steps; a start runs the
-    program unless something observes it (a trace, a traffic counter, the
-    fingerprint check) or its tag changes (a non-blocking call takes the tag
-    of its call number).
-
-Advancing
-    :meth:`Operation._run` is the only loop over steps: it runs steps until a
-    ``Wait`` whose requests are not complete, then returns (``test``) or
-    waits (``wait``).  A pipeline (``Schedule.parts``) is the same loop run
-    over each open chunk in turn (:meth:`Operation._advance_parts`).
-
-The progress rule (MPI's)
-    Operations started and not complete are listed in :data:`IN_FLIGHT`.
-    Every wait -- a blocking call's, ``Wait``/``wait()``, the fingerprint
-    check's, the context set-up's (:func:`wait_for`) -- advances every
-    operation in flight while its own requests are incomplete, so no order
-    in which ranks complete operations can hang: a rank waiting for one
-    operation still sends the messages of the others its peers wait for.
-    Only when nothing else is in flight does a wait block inside MPI.
-
-Deadlines
-    An operation under a timeout (the call's ``timeout=`` or the option) polls
-    its waits (:meth:`Operation._timed_wait`): the deadline restarts at every
-    completed request or piece, and after ``timeout`` seconds without any it
-    raises :class:`~mpicoll.CollectiveTimeout` naming the message it waited
-    for (:func:`expired`); ``test()`` enforces the same deadline.  One
-    mechanism, whatever posted the messages.
-
-Locking
-    No lock is held across an MPI wait.  Each operation has a lock of its
-    own, held while one thread advances it (the caller, another caller's
-    wait, or the progress thread; the others skip it: ``acquire(False)``).
-    :data:`_MEMBERS` guards only the membership of :data:`IN_FLIGHT`.
-
-Failure
-    An operation that fails (a timeout, an MPI error, an interrupt) keeps its
-    exception: every later ``test``/``wait`` raises it again, and it never
-    starts again (its requests may still be active; MPI completes them).  A
-    failure met while advancing *another* operation belongs to that one.
-
-Tags
-    Blocking calls use the channel's tag (:data:`TAG`, and a pipeline's chunk
-    k ``TAG + k``): they never overlap on a communicator.  A non-blocking
-    start takes a tag derived from its call number, a persistent operation
-    one from the count of persistent operations made, in a separate range
-    (every rank starts collectives and makes persistent operations in the
-    same order, so every rank derives the same tag); see :func:`tag_of`.
+An algorithm's :class:`~mpicoll.algorithms.schedule.Schedule` is bound once
+(:func:`bind`) into an :class:`Operation`; a blocking call is one start run to
+the end (:meth:`Operation.run`), a non-blocking call one start in flight
+(:meth:`Operation.start`), a persistent request and a remembered call the same
+operation started again.  :meth:`Operation._run` is the only loop over steps;
+where messages keep one tag, :func:`on_requests` binds the steps to persistent
+requests once (the *program*).  The rules this module keeps -- every wait
+advances every operation in flight, one deadline, no lock across an MPI wait,
+tags, failures that stay with their operation -- are docs/design.md's
+"The progress rule"; how a call reaches here, its "How a call runs".
 """
 
 from __future__ import annotations

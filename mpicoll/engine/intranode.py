@@ -31,7 +31,6 @@ import weakref
 
 from ..algorithms import shared as _algorithms
 from ..algorithms.schedule import node_role
-from ..core import config as _config
 from ..core.errors import MpicollError
 from ..transport import shared as _memory
 from . import select as _select
@@ -40,7 +39,6 @@ from .executor import AFTER, CALL, WAIT, wait_for
 NONBLOCKING = 4  # regions for non-blocking calls (a pipeline keeps 4 chunks in flight)
 PERSISTENT = 2   # regions for persistent operations
 
-MODES = _config.INTRANODE_MODES
 ALGORITHMS = frozenset(name for _, name in _algorithms.SCHEDULES)
 
 
@@ -191,12 +189,6 @@ def claim(ctx, region, operation, holder) -> None:
     prev = ref() if ref is not None else None
     holder.op = prev if prev is not None and prev is not operation and prev._active else None
     nm.holders[region] = weakref.ref(operation)
-
-
-def uses(schedule) -> bool:
-    """*run.Bound.begin*: whether ``schedule`` maps node memory (a device call then
-    stages nothing)."""
-    return bool(schedule.shared)
 
 
 def channel(ctx, backend, mpitype, schedule):

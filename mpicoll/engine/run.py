@@ -1,28 +1,14 @@
 """The one run path: a validated :class:`~mpicoll.core.types.Call` -> select -> schedule ->
 transport -> bound operation.
 
-Both public layers (the array functions and :class:`mpicoll.Comm`) validate
-their arguments into a Call and hand it here; nothing below this point raises
-for bad user input.
-
-1. **context**: the communicator's (engine.context): the first call on a
-   communicator sets it up, under the call's timeout, and every decision
-   below reads the options the ranks agreed on there;
-2. **select**: the dtype policy and the algorithm (engine.select);
-3. **schedule**: the algorithm's schedule for the call's shape, cached on the
-   context; across nodes a large blocking call's schedule is cut into a
-   pipeline (algorithms.pipeline);
-4. **transport**: where its messages go and its arrays live (engine.transports);
-5. **bind**: the schedule's regions become array views once (the call's
-   arrays, work memory leased from the context), the messages of a fixed tag
-   persistent requests (engine.executor.on_requests): an
-   :class:`~mpicoll.engine.executor.Operation`.
-
-Every form is that operation started: :func:`run` once to the end (blocking),
-:func:`start` in flight (non-blocking), :func:`persistent` not yet (a
-persistent request starts it).  A call the API may see again (its cache key)
-is remembered in the context's cache (engine.cache) when its operation can run
-again as it is; the repeat is a start of the same operation.
+Both public layers validate their arguments into a Call and hand it here;
+nothing below this point raises for bad user input.  The context (engine.context),
+the dtype policy and algorithm (engine.select), the schedule (cached on the
+context; across nodes a large blocking call's becomes a pipeline), the transport
+(engine.transports) and the binding (engine.executor) make one Operation; every
+form is that operation started (:func:`run`, :func:`start`, :func:`persistent`),
+and a call the API may see again is remembered (engine.cache).
+docs/design.md, "How a call runs".
 """
 
 from __future__ import annotations

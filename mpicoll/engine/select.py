@@ -1,25 +1,12 @@
 """What runs: the algorithm (registry, "auto"'s table or tuning) and the type it reduces in.
 
-``algorithm="auto"`` picks from :data:`THRESHOLDS` by collective, message
-size in bytes (the whole array each rank contributes to AllReduce /
-ReduceScatter, the whole gathered array for AllGather), whether the rank
-count is a power of two, and op: non-commutative ops always go to an
-order-preserving algorithm (:data:`ORDER_PRESERVING`).  The environment
-variable ``MPICOLL_ALGORITHM`` replaces "auto" by a named algorithm where
-that algorithm exists for the collective and applies to the op (so such
-calls with a non-commutative op stay on "auto").  An explicit
-``algorithm=`` argument is obeyed or refused with ValueError.
-
-A tuning file (``python -m mpicoll.tune``, read by engine.tuning once per
-process) replaces :data:`THRESHOLDS` for the layouts it was measured on:
-:func:`selection` gives a communicator's :class:`Selection` (its rank and
-node counts decide), made once when its context is made, and ``choose``
-takes it.  Without one, or for a file of another MPI library or layout, the
-built-in table applies, and ``python -m mpicoll.info`` says why.
-
-The dtype policy (:func:`policy`, the second half of this module) decides how
-16/8-bit floats and deterministic reductions are reduced; the run path
-(engine.run) applies it.
+``algorithm="auto"`` picks from :data:`THRESHOLDS` (or, for the layouts it was
+measured on, the tuning file's :class:`Selection`, made once per context) by
+collective, size, power-of-two rank count and op; ``MPICOLL_ALGORITHM``
+replaces "auto" where it applies; an explicit ``algorithm=`` is obeyed or
+refused with ValueError; the table and its order are on docs/algorithms.md.  The dtype
+policy (:func:`policy`, the second half) decides how 16/8-bit floats and
+deterministic reductions are reduced; engine.run applies it.
 """
 
 from __future__ import annotations

@@ -1,32 +1,16 @@
 """Transports: where a bound call's messages go and where its arrays live, one class each.
 
 An operation (engine.executor) runs its steps on whatever transport engine.run
-picked for the call; the algorithm never asks which.  Every transport has one
-interface:
-
-``channel``                 where messages go (``isend``, ``irecv``, ``waitall``, ...)
-``backend``, ``reducer``    copies and reductions of the steps
-``views(schedule, lease, src, dst)``   the arrays the schedule's regions name
-``claim(op)``               before a start: what the start needs of earlier ones
-``enter(op)``, ``leave(op, exc)``      around each start (device ordering, staging)
-``static``                  True when nothing of the above changes from start to start
-``close()``                 what it holds goes back
-
-* :class:`Host` -- host (NumPy) arrays straight to MPI (transport.channel).
-* :class:`NodeMemory` -- the shared-memory algorithms: each rank's buffer mapped
-  into the ranks of its node (transport.shared; engine.intranode holds the
-  regions), MPI carrying only 0-byte flags.
-* :class:`Device` -- device arrays, their messages either straight to a
-  CUDA-aware MPI (transport.staging.DirectChannel) or staged through pinned host
-  memory per message (StagingChannel).
-* :class:`WholeStage` -- small device calls on the staging path: the whole
-  arrays copied to pinned host memory once, the host algorithm run there
-  (backends.devices.WholeStage).
-
-Observation (check, trace, traffic, windowed pieces under a timeout) is not a
-transport: observe.calls wraps whatever channel a start runs on.  A new
-transport (UCC or NCCL underneath, say) is one class here and one line in
-engine.run's choice.
+picked; the algorithm never asks which.  One interface: ``channel`` (where
+messages go), ``backend`` and ``reducer`` (the steps' copies and reductions),
+``views(schedule, lease, src, dst)``, ``claim(op)`` before a start,
+``enter(op)``/``leave(op, exc)`` around it, ``static`` (nothing changes from
+start to start) and ``close()``.  :class:`Host` (NumPy arrays straight to MPI),
+:class:`NodeMemory` (the shared-memory algorithms, MPI carrying 0-byte flags),
+:class:`Device` (direct to a CUDA-aware MPI, or staged per message) and
+:class:`WholeStage` (small device calls staged whole).  Observation wraps
+whatever channel a start runs on (observe.calls); a new transport (UCC or NCCL
+underneath) is one class here and one line in engine.run's choice.
 """
 
 from __future__ import annotations

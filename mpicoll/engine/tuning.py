@@ -1,41 +1,11 @@
 """Tuning files: the selection ``python -m mpicoll.tune`` measured, read by ``auto``.
 
-A tuning file is JSON written by :mod:`mpicoll.tools.tune`::
-
-    {"format": "mpicoll-tuning", "version": 1,
-     "mpi": {"library": "Open MPI", "version": "5.0.11", "line": "Open MPI v5.0.11, ..."},
-     "entries": [
-       {"source": "measured",                      # or "model" (predicted, not measured)
-        "ranks": [2, 2], "nodes": [1, 1],          # the layouts it applies to (inclusive)
-        "measured": {"date": ..., "host": ..., "command": ..., "ranks": 2, "nodes": 1, ...},
-        "selection": {"allreduce": [[2048, "recursive_doubling"], [null, "ring"]], ...},
-        "segments": {"allreduce": {"ring": [[1048576, null, null], [null, 262144, 4]]}},
-        ...}]}                                     # p2p curve, times, model: for the tool
-
-``selection`` lists, per collective, size ranges in the order of
-:data:`mpicoll.engine.select.THRESHOLDS`: ``[max_bytes, algorithm]``, the
-first row whose ``max_bytes`` (inclusive; null: no limit) holds gives the
-algorithm.  Sizes are those "auto" selects by (engine.select).
-
-``segments`` (optional) lists, per collective and algorithm, size ranges the
-same way: ``[max_bytes, segment_bytes, window]``, the segment size and the
-window (core.config's ``segment_bytes`` and ``window``) a call of that size
-runs with when "auto" chose that algorithm; null keeps the option's value.
-A variable set in the environment (``MPICOLL_SEGMENT_BYTES``,
-``MPICOLL_WINDOW``) wins over the file.  An entry with ``"source": "model"``
-was predicted by the cost model (``python -m mpicoll.tune --predict N -o
-FILE``) for a layout not measured; ``predicted`` names the measured entry it
-was fitted to.
-
-Which file (read once per process, :func:`load`): ``MPICOLL_TUNING=path``,
-else the default file of this MPI library in the user's cache directory
-(:func:`default_path`), else none.  A file is applied only to the MPI library
-and version it was measured with, and an entry only to the rank and node
-counts it names; :func:`resolve` says why when it is not, and
-``python -m mpicoll.info`` prints it.
-
-The options this module reads are ``tuning`` (``MPICOLL_TUNING``: a path, or
-"off") and ``cache_dir`` (``XDG_CACHE_HOME``), from core.config's table.
+Which file applies (:func:`find`, read once per process: ``MPICOLL_TUNING``,
+else this MPI's default file in the user's cache directory, only where no other
+user can have written it; the note says why none), to which MPI and layout it
+applies (``TuningFile.entry``), and the file's format (``selection`` and ``segments`` rows in the order
+of :data:`mpicoll.engine.select.THRESHOLDS`; an environment variable wins over
+the file): docs/tuning.md, "The tuning file".
 """
 
 from __future__ import annotations
