@@ -8,7 +8,8 @@ timeout           MPICOLL_TIMEOUT           none       seconds without progress 
 cuda_aware        MPICOLL_CUDA_AWARE        detect     hand device pointers straight to MPI
 progress          MPICOLL_PROGRESS          off        a thread advances non-blocking collectives
 algorithm         MPICOLL_ALGORITHM         auto       the algorithm every "auto" call runs, where it applies
-segment_bytes     MPICOLL_SEGMENT_BYTES     1M         segment size (pipelining), every schedule
+segment_bytes     MPICOLL_SEGMENT_BYTES     1M         segment size (pipelining), every schedule (unset:
+                                                       the direct path's own for device arrays)
 window            MPICOLL_WINDOW            2          segments (pieces) posted ahead per peer
 node_piece_bytes  MPICOLL_NODE_PIECE_BYTES  1M         largest message to another node (the ranks' least)
 fake_nodes        MPICOLL_FAKE_NODES        none       node layout for tests ("block:2", "cyclic:2", "0,0,1")
@@ -154,7 +155,9 @@ OPTIONS = (
            "the algorithm every 'auto' call runs where it exists and applies to the op"),
     Option("segment_bytes", "MPICOLL_SEGMENT_BYTES", parse_bytes, 1 << 20, False,
            "segment size: schedules cut blocks into segments, each passed on as soon as it is "
-           "ready (pipelining), and messages to other nodes into pieces of a segment"),
+           "ready (pipelining), and messages to other nodes into pieces of a segment; unset, "
+           "device arrays handed straight to a CUDA-aware MPI take a segment of their own "
+           "(docs/gpu.md, \"Direct path (CUDA-aware MPI)\")"),
     Option("window", "MPICOLL_WINDOW", parse_window, 2, False,
            "segments (or pieces) a schedule keeps posted ahead of the one it consumes, per peer"),
     Option("node_piece_bytes", "MPICOLL_NODE_PIECE_BYTES", parse_bytes, 1 << 20, False,
