@@ -46,7 +46,8 @@ SETUPS = {
 def comm():
     """A private communicator with tiny ring segments (many pipelined messages)."""
     c = WORLD.Dup()
-    ctx = _context.context(c)
+    with mpicoll.options(intranode="mpi"):  # the MPI transports, not the node path
+        ctx = _context.context(c)
     ctx.segment_bytes = 64
     yield c
     c.Free()
@@ -204,7 +205,7 @@ def test_direct_path_has_a_segment_of_its_own(monkeypatch):
 
     with fakegpu.registered(be):
         got = _ring_work(be.rt, WORLD, nbytes, intranode="mpi")
-        monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "4M")
+        util.env_options(monkeypatch).setenv("MPICOLL_SEGMENT_BYTES", "4M")
         explicit = _ring_work(be.rt, WORLD, nbytes, intranode="mpi")
     util.assert_all(WORLD, got == expected(DIRECT_SEGMENT_BYTES) and explicit == expected(4 << 20),
                     f"(sends, receives, kernels, syncs): {got}, expected "

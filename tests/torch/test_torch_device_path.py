@@ -218,6 +218,26 @@ def test_all_reduce(groups, dev, seen, case, async_op, layout):
     assert arrays and all(dev.is_array(x) for x in arrays), arrays
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_all_reduce_on_one_node_takes_the_node_path(groups, dev, async_op):
+    """CUDA tensors, every rank on one node, ``intranode`` left at "auto": the node path (one
+    shot for a small tensor, two shot for a large one), no byte of them through MPI, whether
+    MPI is CUDA-aware or not."""
+    g = groups
+    if g.size < 2:
+        pytest.skip("needs a node peer")
+    small, large = 7, (64 << 10) // 4 + 1  # float32 elements (engine.select.DEVICE_ONESHOT_BYTES)
+    with mpicoll.traffic() as seen:
+        for n in (small, large):
+            t = dev.tensor(data(g.rank, n, torch.float32))
+            work = dist.all_reduce(t, group=g.mpicoll, async_op=async_op)
+            if async_op:
+                work.wait()
+            same(t, reference("SUM", [data(r, n, torch.float32) for r in range(g.size)], g.size))
+    got = ([c.algorithm for c in seen.calls], seen.bytes_sent)
+    assert got == (["shared_oneshot", "shared_twoshot"], 0), got
+
+
 def test_all_reduce_coalesced_and_reduce(groups, dev, seen):
     g = groups
     ts = [dev.tensor(data(g.rank, n, torch.float32, salt=n)) for n in (1, 5, 0)]
@@ -410,3 +430,4 @@ def test_cuda_streams(groups, dev):
     same(x * 1, want)
     assert fut.wait()[0] is y
     same(fut.wait()[0] * 1, want)
+
