@@ -29,7 +29,9 @@ rank, modulo the GPUs it sees): the backend hands them to mpicoll as device arra
 gloo copies them through host memory, and every timed call ends with
 ``torch.cuda.synchronize()`` so a time includes the device work it queued.
 ``--json FILE`` writes one record per size (rank 0): the times in microseconds, the
-backend's bus bandwidth and ``gloo_ratio``, the backend's time over gloo's.
+backend's bus bandwidth and ``gloo_ratio``, the backend's time over gloo's, and
+``selected``, the algorithm the backend's call ran (on one node, CUDA tensors take
+the node path: ``shared_oneshot``, ``shared_twoshot``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from mpicoll.tools.harness import cli as _cli
 from mpicoll.tools.harness import records as _records
 from mpicoll.tools.harness.timing import Variant, time_variants
 from mpicoll.tools.harness.workload import BUSBW_FACTOR
+from mpicoll.torch.devices import layer_of
 from mpicoll.torch.tensors import memory_view
 from mpicoll.torch.work import Finished
 
@@ -138,7 +141,6 @@ def main(argv=None) -> int:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         torch.cuda.set_device(local.Get_rank() % torch.cuda.device_count())
         local.Free()
-        from .devices import layer_of
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     sync = _synchronized if cuda else (lambda fn: fn)
     dist.init_process_group(backend="mpicoll")
@@ -170,11 +172,14 @@ def main(argv=None) -> int:
                                                 timeout=timeout)),
                          sync(functools.partial(dist.all_reduce, t, group=floor))],
                         iters, args.warmup, comm)
+        with mpicoll.traffic() as seen:  # what the backend's call ran (the node path, ...)
+            dist.all_reduce(t, group=world)
         # (ratios to 3 significant digits: a fast call against a slow gloo call is not 0.00)
         say(f"  {_cli.human(nbytes):>8} {_fmt(g)} {_fmt(b)} {_fmt(m)} {_fmt(f)} {b / g:8.3g} "
             f"{b / m:10.3g} {(b - f) / m:11.3g}")
         records.append({"collective": "allreduce", "nranks": size, "dtype": "float32",
-                        "bytes": nbytes, "device": device.type, "time_us": b * 1e6,
+                        "bytes": nbytes, "device": device.type,
+                        "selected": seen.calls[-1].algorithm, "time_us": b * 1e6,
                         "busbw_gbps": BUSBW_FACTOR["allreduce"](size) * nbytes / b / 1e9,
                         "gloo_time_us": g * 1e6, "mpicoll_time_us": m * 1e6,
                         "torch_time_us": f * 1e6, "gloo_ratio": b / g})

@@ -130,6 +130,14 @@ class Fold(NamedTuple):
 # check measures the staged path beside the direct one).
 STAGED_SEGMENT_FACTOR = 4
 
+# The segment of device arrays handed straight to a CUDA-aware MPI (the direct path), unless
+# MPICOLL_SEGMENT_BYTES is set: each of its messages costs a stream synchronisation and MPI's
+# per-message work, and each segment a kernel, while nothing on the host is there to overlap,
+# so blocks up to this size travel whole (64 MiB at 4 ranks: 6 messages a rank, not 96 in
+# 1 MiB segments).  The GPU device check times it beside the 1 MiB segment (docs/gpu.md,
+# "Direct path (CUDA-aware MPI)").
+DIRECT_SEGMENT_BYTES = 16 << 20
+
 
 class Shape(NamedTuple):
     """What a schedule depends on: the communicator, the call's counts, the tuning.

@@ -124,7 +124,9 @@ OPTIONS = (
            "the algorithm every 'auto' call runs where it exists and applies to the op"),
     Option("segment_bytes", "MPICOLL_SEGMENT_BYTES", parse_bytes, 1 << 20, False,
            "segment size: schedules cut blocks into segments, each passed on as soon as it is "
-           "ready (pipelining), and messages to other nodes into pieces of a segment"),
+           "ready (pipelining), and messages to other nodes into pieces of a segment; unset, "
+           "device arrays handed straight to a CUDA-aware MPI take a segment of their own "
+           "(docs/gpu.md, \"Direct path (CUDA-aware MPI)\")"),
     Option("window", "MPICOLL_WINDOW", parse_window, 2, False,
            "segments (or pieces) a schedule keeps posted ahead of the one it consumes, per peer"),
     Option("node_piece_bytes", "MPICOLL_NODE_PIECE_BYTES", parse_bytes, 1 << 20, False,

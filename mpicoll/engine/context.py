@@ -19,6 +19,7 @@ from collections import OrderedDict
 import numpy as np
 from mpi4py import MPI
 
+from ..algorithms.schedule import DIRECT_SEGMENT_BYTES
 from ..core import config as _config
 from ..core.errors import CollectiveTimeout, MpicollError
 from ..observe import calls as _observe
@@ -359,10 +360,18 @@ class Context:
                                  rank=self.rank, peer=None, phase="setup", step=None,
                                  timeout=self._timeout)
 
-    def segment_window(self, collective: str, algorithm: str, nbytes: int, auto: bool):
+    def segment_window(self, collective: str, algorithm: str, nbytes: int, auto: bool,
+                       direct: bool = False):
         """(segment bytes, window) of a call of ``algorithm`` moving ``nbytes``: the options,
-        or for an "auto" call the tuning file's values for that size where it has some."""
+        or for an "auto" call the tuning file's values for that size where it has some;
+        ``direct``: device arrays handed straight to MPI, whose segment is
+        algorithms.schedule.DIRECT_SEGMENT_BYTES where the option was left at its default
+        (the tuning file measured host arrays)."""
         seg, win = self.segment_bytes, self.window
+        if direct:
+            if "segment_bytes" in self.tuned_options and seg == self.env["segment_bytes"]:
+                seg = DIRECT_SEGMENT_BYTES
+            return seg, win
         if not (auto and self.selection.segments):  # (the common case: nothing to look up)
             return seg, win
         tuned = self.selection.segment(collective, algorithm, nbytes)

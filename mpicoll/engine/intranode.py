@@ -95,11 +95,12 @@ def choose(ctx, collective, algorithm, name, nbytes, backend, commutative, to_en
     if algorithm != "auto" or accumulate is not None or ctx.size == 1:
         return name, None, None
     sel = getattr(ctx, "selection", None)
+    device = backend.name != "numpy"
     if sel is not None and sel.entry is not None and collective in sel.entry.selection \
-            and ctx.intranode != "shared":
-        return name, None, None  # (a tuning file measured this collective: it decides)
-    want = _select.shared_choice(collective, nbytes, ctx.intranode, backend.name != "numpy",
-                                 spans_nodes(ctx), commutative)
+            and ctx.intranode != "shared" and not device:
+        return name, None, None  # (a tuning file measured this collective, on host arrays)
+    want = _select.shared_choice(collective, nbytes, ctx.intranode, device, spans_nodes(ctx),
+                                 commutative)
     if want is None or not _memory.node_memory(ctx).shares:
         return name, None, None
     region = region_of(ctx, to_end, persistent)

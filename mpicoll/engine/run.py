@@ -392,9 +392,11 @@ def _schedule(ctx, call, name, msg, red, in_place, accumulate, staged, region, a
     commutative = True if red is None else red.commutative
     itemsize = msg.dtype.itemsize
     nbytes = total * itemsize
+    # device arrays straight to a CUDA-aware MPI: the direct path's segment (engine.context)
+    direct = region is None and msg.backend.name != "numpy" and ctx.cuda_aware()
     shape = _executor.shape_of(ctx, total, counts, displs, itemsize, in_place, commutative,
                                accumulate, ctx.segment_window(call.collective, name, nbytes,
-                                                              auto), staged)
+                                                              auto, direct), staged)
     if region is not None:  # node memory: its slot (engine.intranode)
         shape = _intranode.shape(ctx, shape, msg.backend, region, itemsize)
     build, key = _select.builder(call.collective, name), name

@@ -217,17 +217,14 @@ HIERARCHICAL_ABOVE = {collective: rows[-2][0] for collective, rows in THRESHOLDS
 # whose ranks share one node, the first row of the collective whose size limit holds
 # (max bytes, inclusive; None: no limit) gives the shared algorithm, or None: the table
 # above.  Host rows: measured at 2 ranks with both MPIs (docs/performance.md, "Inside a
-# node: the shared-memory algorithms").  Device rows: none until measured on a GPU
-# (docs/gpu.md, "Shared memory inside a node (`intranode`)"); ``intranode=shared`` takes
-# SHARED_FORCED at every size, and on a communicator spanning nodes the hierarchical
-# composition (algorithms.shared, commutative ops only);
-# ``intranode=mpi`` never a shared one.
+# node: the shared-memory algorithms").  Device rows (SHARED_DEVICE, below): the node path
+# at every size, as ``intranode=shared`` (docs/gpu.md, "Shared memory inside a node
+# (`intranode`)"): the ranks' own buffers through CUDA IPC, no copy through the host and
+# no data through MPI; where its set-up fails, MPI's algorithms.  ``intranode=shared``
+# takes SHARED_FORCED at every size, and on a communicator spanning nodes the
+# hierarchical composition (algorithms.shared, commutative ops only); "auto" spanning
+# nodes and ``intranode=mpi`` never a shared one.
 SHARED_HOST = {
-    "allreduce": ((None, None),),
-    "reduce_scatter": ((None, None),),
-    "allgather": ((None, None),),
-}
-SHARED_DEVICE = {
     "allreduce": ((None, None),),
     "reduce_scatter": ((None, None),),
     "allgather": ((None, None),),
@@ -249,6 +246,7 @@ SHARED_FORCED = {
 DEVICE_ONESHOT_BYTES = 64 << 10
 SHARED_FORCED_DEVICE = dict(SHARED_FORCED, allreduce=(
     (DEVICE_ONESHOT_BYTES, _shared.ONESHOT), (None, _shared.TWOSHOT)))
+SHARED_DEVICE = SHARED_FORCED_DEVICE
 
 
 def shared_possible(mode: str, device: bool) -> bool:

@@ -128,6 +128,20 @@ def _eager_wait(piece) -> None:
             return
 
 
+def _seen_done(work) -> bool:
+    """Whether the device work of ``work`` (a done Finished or Work) is complete: its event's
+    query, once; complete, the event is dropped, as the device layer records a complete
+    event again for a later call (mpicoll.torch.devices._Events), so a work once complete
+    stays complete and waits for nothing later."""
+    event = work._event
+    if event is None:
+        return True
+    if not work._scope.done(event):
+        return False
+    work._event = None
+    return True
+
+
 class Finished(dist._Work):
     """The Work of a collective that completed before its call returned, without error (a
     blocking call's): nothing to advance, lock or finish, so it costs a fraction of a
@@ -143,8 +157,9 @@ class Finished(dist._Work):
         self._event = None if scope is None else scope.record()
 
     def wait(self, timeout=None) -> bool:
-        if self._event is not None:
-            self._scope.after(self._event)
+        event = self._event  # (None once seen complete: is_completed)
+        if event is not None:
+            self._scope.after(event)
         return True
 
     def get_future(self):
@@ -159,7 +174,7 @@ class Finished(dist._Work):
         return future
 
     def is_completed(self) -> bool:
-        return self._event is None or self._scope.done(self._event)
+        return _seen_done(self)
 
     def test(self) -> bool:  # (as Work.test: complete on the host)
         return True
@@ -299,8 +314,9 @@ class Work(dist._Work):
             self._advance(True)
         if self._error is not None:
             raise self._error
-        if self._event is not None:
-            self._scope.after(self._event)
+        event = self._event  # (None once seen complete: is_completed)
+        if event is not None:
+            self._scope.after(event)
         return True
 
     def _complete(self, future) -> None:
@@ -333,7 +349,7 @@ class Work(dist._Work):
         """Complete, and on device tensors its work on the call's stream done too."""
         if not (self._done or self._advance(False)):
             return False
-        return self._event is None or self._scope.done(self._event)
+        return _seen_done(self)
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None

@@ -3,7 +3,7 @@
     python tests/device/judge.py RESULTS SECTION pair NUM DEN [--field busbw_gbps] TARGET [SIZES]
     python tests/device/judge.py RESULTS SECTION value LABEL FIELD TARGET [SIZES]
 
-    TARGET: --at-least X | --at-most X        SIZES: [--min-bytes B] [--max-bytes B]
+    TARGET: --at-least X | --at-most X | --one-of A,B (value)   SIZES: [--min-bytes B] [--max-bytes B]
 
 Rows are those floor.py appended for SECTION, chosen by the start of their
 ``label`` (the check line's label in tests/device/checks.txt), e.g. every
@@ -19,6 +19,10 @@ over the staged path's::
 of the device-to-device ceiling, or the time ratio to the built-in::
 
     judge.py results.jsonl shared value "shared bench" d2d_fraction --at-least 0.5 --min-bytes 64M
+
+or to a set of names (a text field), e.g. the algorithm a torch call ran::
+
+    judge.py results.jsonl torchcuda value "torch bench" selected --one-of shared_oneshot,shared_twoshot
 
 Prints one line per comparison, appends one row ``{"section", "judge", "ok",
 "cases"}`` to RESULTS; exit 1 when any comparison misses the target or none
@@ -55,6 +59,8 @@ def _parser():
         target = s.add_mutually_exclusive_group(required=True)
         target.add_argument("--at-least", type=float)
         target.add_argument("--at-most", type=float)
+        if s is value:
+            target.add_argument("--one-of", type=lambda text: text.split(","))
         s.add_argument("--min-bytes", type=size, default=0)
         s.add_argument("--max-bytes", type=size, default=None)
     return p
@@ -88,14 +94,23 @@ def main(argv=None) -> int:
             if r.get(args.field) is not None:
                 cases.append((key(r), r[args.field], ""))
         what = f"{args.field} of '{args.label}'"
-    bound = (f">= {args.at_least:g}" if args.at_least is not None else f"<= {args.at_most:g}")
+    one_of = getattr(args, "one_of", None)
+    bound = (f">= {args.at_least:g}" if args.at_least is not None else
+             f"<= {args.at_most:g}" if args.at_most is not None else f"in {','.join(one_of)}")
 
     def meets(v):
+        if one_of is not None:
+            return v in one_of
+        if isinstance(v, str):  # (a name where a number was expected)
+            return False
         return v >= args.at_least if args.at_least is not None else v <= args.at_most
+
+    def shown(v):
+        return f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
 
     ok = bool(cases) and all(meets(v) for _, v, _ in cases)
     for (coll, n, dtype, nbytes), v, detail in cases:
-        print(f"judge: {what}: {coll} {n} ranks {dtype} {nbytes} B: {v:.4g}"
+        print(f"judge: {what}: {coll} {n} ranks {dtype} {nbytes} B: {shown(v)}"
               f"{f' ({detail})' if detail else ''} {'meets' if meets(v) else 'MISSES'} {bound}")
     if not cases:
         print(f"judge: {what}: no rows in section {args.section} to compare: target {bound} not met")

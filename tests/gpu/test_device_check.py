@@ -287,6 +287,22 @@ def test_judge_value_within_sizes(tmp_path):
     assert small.returncode == 1 and "1.8 MISSES <= 1" in small.stdout
 
 
+def test_judge_value_one_of_names(tmp_path):
+    """A text field held to a set of names: the algorithm the torch benchmark's call ran."""
+    results = tmp_path / "results.jsonl"
+    results.write_text("")
+    records = [{"collective": "allreduce", "nranks": 2, "dtype": "float32", "bytes": n,
+                "time_us": 50.0, "selected": name}
+               for n, name in ((1 << 20, "shared_twoshot"), (16 << 20, "ring"))]
+    _floor(results, records, "label=torch bench, CUDA, 2 ranks", section="torchcuda")
+    names = "shared_oneshot,shared_twoshot"
+    ok = _judge(results, "torchcuda", "value", "torch bench", "selected", "--one-of", names,
+                "--max-bytes", "1M")
+    assert ok.returncode == 0 and "shared_twoshot meets in" in ok.stdout, ok.stdout
+    miss = _judge(results, "torchcuda", "value", "torch bench", "selected", "--one-of", names)
+    assert miss.returncode == 1 and "ring MISSES in" in miss.stdout, miss.stdout
+
+
 def test_judge_without_rows_fails(tmp_path):
     results = tmp_path / "results.jsonl"
     results.write_text("")

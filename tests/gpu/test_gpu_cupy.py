@@ -86,7 +86,8 @@ def _direct_reason():
 @pytest.fixture(scope="module")
 def comm():
     c = WORLD.Dup()
-    _context.context(c).segment_bytes = 256  # many pipelined segments per message
+    with mpicoll.options(intranode="mpi"):  # the MPI transports, not the node path
+        _context.context(c).segment_bytes = 256  # many pipelined segments per message
     yield c
     c.Free()
 

@@ -19,6 +19,7 @@ from mpi4py import MPI
 from support import fakegpu, gpucases, util
 
 import mpicoll
+from mpicoll.algorithms.schedule import DIRECT_SEGMENT_BYTES
 from mpicoll.backends import cuda as _cuda
 from mpicoll.backends import devices as _devices
 from mpicoll.engine import context as _context
@@ -45,7 +46,8 @@ SETUPS = {
 def comm():
     """A private communicator with tiny ring segments (many pipelined messages)."""
     c = WORLD.Dup()
-    ctx = _context.context(c)
+    with mpicoll.options(intranode="mpi"):  # the MPI transports, not the node path
+        ctx = _context.context(c)
     ctx.segment_bytes = 64
     yield c
     c.Free()
@@ -160,6 +162,55 @@ def test_direct_synchronizes_before_first_mpi_call(comm):
     assert producer < first_mpi
     # device arrays themselves go to MPI on this path
     assert any(isinstance(e[2], fakegpu.FakeArray) for e in _mpi_calls(rt))
+
+
+def _ring_work(rt, comm, nbytes, **options):
+    """(sends, receives, kernels, stream synchronisations) of this rank in the second of two
+    float32 AllReduces of ``nbytes`` on the direct path (a communicator of its own, made
+    under ``options``: the first call sets its context up)."""
+    n = nbytes // 4
+    mine = comm.Dup()
+    try:
+        with mpicoll.options(cuda_aware=True, **options):
+            x = fakegpu.produce(rt, np.full(n, comm.rank + 1.0, np.float32))
+            y = rt.xp.empty(n, np.float32)
+            mpicoll.allreduce(x, comm=mine, out=y, algorithm="ring")
+            start = len(rt.log)
+            mpicoll.allreduce(x, comm=mine, out=y, algorithm="ring")
+            log = rt.log[start:]
+            assert np.all(y.get() == comm.size * (comm.size + 1) / 2)
+    finally:
+        mine.Free()
+    return (sum(e[0] == "mpi isend" for e in log), sum(e[0] == "mpi irecv" for e in log),
+            sum(e[0] == "queue" and e[2].startswith("kernel") for e in log),
+            sum(e[0] == "sync" for e in log))
+
+
+@pytest.mark.ranks(2, 3, 4)  # whole blocks at 4 ranks, two segments a block at 2 and 3
+@pytest.mark.timeout(120)
+def test_direct_path_has_a_segment_of_its_own(monkeypatch):
+    """Device arrays handed straight to MPI move in the direct path's segment
+    (DIRECT_SEGMENT_BYTES), not the host's 1 MiB: a 64 MiB ring AllReduce at 4 ranks makes
+    6 sends, 6 receives, 3 reduction kernels and 4 stream synchronisations a rank, where
+    1 MiB segments made 96, 96, 48 and 49.  MPICOLL_SEGMENT_BYTES, where set, still applies."""
+    if WORLD.size == 1:
+        pytest.skip("no messages on one rank")
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    n, nbytes = WORLD.size, 64 << 20
+
+    def expected(segment):
+        nseg = -(-(-(-nbytes // 4 // n) * 4) // segment)  # segments of the largest block
+        steps = 2 * (n - 1) * nseg
+        return steps, steps, steps // 2, steps // 2 + 1
+
+    with fakegpu.registered(be):
+        got = _ring_work(be.rt, WORLD, nbytes, intranode="mpi")
+        util.env_options(monkeypatch).setenv("MPICOLL_SEGMENT_BYTES", "4M")
+        explicit = _ring_work(be.rt, WORLD, nbytes, intranode="mpi")
+    util.assert_all(WORLD, got == expected(DIRECT_SEGMENT_BYTES) and explicit == expected(4 << 20),
+                    f"(sends, receives, kernels, syncs): {got}, expected "
+                    f"{expected(DIRECT_SEGMENT_BYTES)}; with MPICOLL_SEGMENT_BYTES=4M: {explicit}, "
+                    f"expected {expected(4 << 20)}")
 
 
 def test_result_ready_for_callers_stream_only(comm):

@@ -29,7 +29,8 @@ WORLD = MPI.COMM_WORLD
 @pytest.fixture(scope="module")
 def comm():
     c = WORLD.Dup()
-    _context.context(c).segment_bytes = 64  # staged messages of 256 bytes (STAGED_SEGMENT_FACTOR)
+    with mpicoll.options(intranode="mpi"):  # the MPI transports, not the node path
+        _context.context(c).segment_bytes = 64  # staged messages of 256 bytes (STAGED_SEGMENT_FACTOR)
     yield c
     c.Free()
 

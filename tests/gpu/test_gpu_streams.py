@@ -31,7 +31,8 @@ WORLD = MPI.COMM_WORLD
 @pytest.fixture(scope="module")
 def comm():
     c = WORLD.Dup()
-    _context.context(c).segment_bytes = 64  # many segments, so slots are reused within a call
+    with mpicoll.options(intranode="mpi"):  # the MPI transports, not the node path
+        _context.context(c).segment_bytes = 64  # many segments, so slots are reused within a call
     yield c
     c.Free()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+import types
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ from support import fakegpu, gpucases, util
 import mpicoll
 from mpicoll.algorithms import shared as _algorithms
 from mpicoll.backends import devices as _devices
+from mpicoll.engine import intranode as _intranode
+from mpicoll.engine import select as _select
 from mpicoll.tools import results
 from mpicoll.transport import shared as _shared
 
@@ -306,15 +309,76 @@ def test_handles_closed_at_free_and_buffers_freed_after():
     util.assert_all(WORLD, ok, f"opened {opened}, then {closed}; freed {freed}")
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.skipif(SIZE < 2, reason="needs a node peer")
-def test_ipc_refused_on_one_rank():
-    """IPC refused on rank 0 (a container, say): every rank learns it; "auto" under
-    ``intranode=shared`` stages as before, an explicit shared algorithm raises everywhere."""
+@pytest.mark.parametrize("aware", [False, True])
+def test_auto_takes_the_node_path_on_one_node(aware, monkeypatch):
+    """Device arrays, ``intranode`` left at "auto", every rank on one node: the node path
+    (one shot up to DEVICE_ONESHOT_BYTES, then two shot; ``shared`` for ReduceScatter and
+    AllGather), no byte through MPI, staged or CUDA-aware alike.  Across (fake) nodes, MPI's
+    algorithms: "auto" takes node memory there only under ``intranode=shared``."""
+    be = fakegpu.fake_backend()
+    rt = be.rt
+    small, large = 4, (_select.DEVICE_ONESHOT_BYTES >> 3) + 1  # float64 elements a rank
+    got = []
+    for nodes in (None, "cyclic:2" if SIZE > 2 else "0,1"):
+        if nodes is not None:
+            util.env_options(monkeypatch).setenv("MPICOLL_FAKE_NODES", nodes)
+        comm = WORLD.Dup()
+        try:
+            with fakegpu.registered(be), mpicoll.options(cuda_aware=aware), \
+                    mpicoll.traffic() as t:
+                for n in (small, large):
+                    y = mpicoll.allreduce(fakegpu.produce(rt, np.full(n, 1.0 + RANK)), comm=comm)
+                    assert np.array_equal(y.get(), np.full(n, SIZE * (SIZE + 1) / 2))
+                x = fakegpu.produce(rt, np.full(SIZE * small, 1.0 + RANK))
+                y = mpicoll.reduce_scatter(x, comm=comm)
+                assert np.array_equal(y.get(), np.full(small, SIZE * (SIZE + 1) / 2))
+                y = mpicoll.allgather(fakegpu.produce(rt, np.full(small, 1.0 + RANK)), comm=comm)
+                assert np.array_equal(y.get(), np.repeat(np.arange(1.0, SIZE + 1), small))
+        finally:
+            comm.Free()
+        got.append(([c.algorithm for c in t.calls], t.bytes_sent))
+    one_node = ([_algorithms.ONESHOT, _algorithms.TWOSHOT, _algorithms.NAME, _algorithms.NAME], 0)
+    ok = got[0] == one_node and not set(got[1][0]) & set(_intranode.ALGORITHMS) and got[1][1] > 0
+    util.assert_all(WORLD, ok, f"one node: {got[0]}, expected {one_node}; across nodes: {got[1]}")
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a node peer")
+def test_a_tuning_file_leaves_device_arrays_on_the_node_path():
+    """A tuning file (python -m mpicoll.tune times host arrays) that chose an AllReduce
+    algorithm decides for host arrays, not whether device arrays take the node path."""
+    be = fakegpu.fake_backend()
+    rt = be.rt
+    comm = WORLD.Dup()
+    try:
+        with fakegpu.registered(be), mpicoll.options(cuda_aware=False):
+            ctx = _context(comm)
+            entry = types.SimpleNamespace(selection={"allreduce": ((None, "ring"),)},
+                                          segments={}, raw={})
+            ctx.selection = _select.Selection(dict(_select.builtin_rows(SIZE),
+                                                   allreduce=((None, "ring"),)),
+                                              "a tuning file", None, entry)
+            with mpicoll.traffic() as t:
+                mpicoll.allreduce(fakegpu.produce(rt, np.full(5, 1.0 + RANK)), comm=comm)
+                mpicoll.allreduce(np.full(5, 1.0 + RANK), comm=comm)
+    finally:
+        comm.Free()
+    got = [c.algorithm for c in t.calls]
+    util.assert_all(WORLD, got == [_algorithms.ONESHOT, "ring"], f"device, host: {got}")
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a node peer")
+@pytest.mark.parametrize("mode", ["shared", "auto"])
+def test_ipc_refused_on_one_rank(mode):
+    """IPC refused on rank 0 (a container, say): every rank learns it; "auto" (under
+    ``intranode=shared``, or left at "auto") stages as before, an explicit shared algorithm
+    raises everywhere."""
     be = fakegpu.fake_backend(ipc_error="cudaErrorMapBufferObjectFailed" if RANK == 0 else None)
     rt = be.rt
     comm = WORLD.Dup()
     try:
-        with fakegpu.registered(be), mpicoll.options(intranode="shared", cuda_aware=False):
+        with fakegpu.registered(be), mpicoll.options(intranode=mode, cuda_aware=False):
             with mpicoll.traffic() as t:
                 y = mpicoll.allreduce(fakegpu.produce(rt, np.full(6, 1.0 + RANK)), comm=comm)
             err = None

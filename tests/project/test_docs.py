@@ -12,7 +12,8 @@
   one; this finds it without Sphinx).
 * The README stays short and keeps the two set-up commands where .ci/run
   reads them.
-* docs/gpu.md states the one-shot limits ``engine.select`` has.
+* docs/gpu.md states the one-shot limits ``engine.select`` has, and the direct path's
+  segment ``algorithms.schedule`` has.
 """
 
 from __future__ import annotations
@@ -363,3 +364,13 @@ def test_gpu_page_states_the_oneshot_limits():
     host = select.SHARED_FORCED["allreduce"][0][0] >> 10
     assert f"one shot up to {host} KiB, then two shot" in text
     assert f"one shot up to {select.DEVICE_ONESHOT_BYTES >> 10} KiB" in text
+
+
+def test_gpu_page_states_the_direct_segment():
+    """docs/gpu.md's segment of the direct path is algorithms.schedule's."""
+    from mpicoll.algorithms import schedule
+
+    text = " ".join((ROOT / "docs" / "gpu.md").read_text().split())
+    mib = schedule.DIRECT_SEGMENT_BYTES >> 20
+    assert f"The direct path has a segment of its own: {mib} MiB" in text
+    assert f"blocks up to {mib} MiB travel whole" in text

@@ -47,6 +47,8 @@ def test_bench_json_records(tmp_path):
         r = records[0]
         assert r["time_us"] > 0 and r["gloo_time_us"] > 0
         assert r["gloo_ratio"] == pytest.approx(r["time_us"] / r["gloo_time_us"])
+        # the algorithm the backend's call ran: the host table's at 4 KiB
+        assert r["selected"] == "recursive_doubling", r
     comm.Barrier()
 
 
@@ -71,7 +73,7 @@ def test_bad_arguments_are_refused_before_the_run(argv, message, capsys):
     one line on rank 0 (a small run: a bench that took the argument would end quickly)."""
     from mpi4py import MPI
 
-    from mpicoll.torch import bench
+    bench = util.benchmark("torch_bench")
     with pytest.raises(SystemExit) as exc:
         bench.main(["--sizes", "16", "-n", "1", "-w", "0", "--ddp-steps", "0", *argv])
     assert exc.value.code == 2 and not dist.is_initialized()

@@ -22,7 +22,11 @@ Expected values are exact (small integers), from rank and size.
 
 from __future__ import annotations
 
+import collections
+import ctypes
+import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -34,6 +38,7 @@ from support import fakegpu  # noqa: E402
 import mpicoll  # noqa: E402
 from mpicoll.torch import backend as _backend  # noqa: E402
 from mpicoll.torch import devices as _devices  # noqa: E402
+from mpicoll.torch.work import Finished  # noqa: E402
 
 R = dist.ReduceOp
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
@@ -216,6 +221,26 @@ def test_all_reduce(groups, dev, seen, case, async_op, layout):
         same(base[1::2], data(g.rank, 14, dtype)[1::2])
     arrays = seen["allreduce" if not async_op else "iallreduce"]
     assert arrays and all(dev.is_array(x) for x in arrays), arrays
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_all_reduce_on_one_node_takes_the_node_path(groups, dev, async_op):
+    """CUDA tensors, every rank on one node, ``intranode`` left at "auto": the node path (one
+    shot for a small tensor, two shot for a large one), no byte of them through MPI, whether
+    MPI is CUDA-aware or not."""
+    g = groups
+    if g.size < 2:
+        pytest.skip("needs a node peer")
+    small, large = 7, (64 << 10) // 4 + 1  # float32 elements (engine.select.DEVICE_ONESHOT_BYTES)
+    with mpicoll.traffic() as seen:
+        for n in (small, large):
+            t = dev.tensor(data(g.rank, n, torch.float32))
+            work = dist.all_reduce(t, group=g.mpicoll, async_op=async_op)
+            if async_op:
+                work.wait()
+            same(t, reference("SUM", [data(r, n, torch.float32) for r in range(g.size)], g.size))
+    got = ([c.algorithm for c in seen.calls], seen.bytes_sent)
+    assert got == (["shared_oneshot", "shared_twoshot"], 0), got
 
 
 def test_all_reduce_coalesced_and_reduce(groups, dev, seen):
@@ -410,3 +435,174 @@ def test_cuda_streams(groups, dev):
     same(x * 1, want)
     assert fut.wait()[0] is y
     same(fut.wait()[0] * 1, want)
+
+
+# -- the CUDA layer's cost per call --------------------------------------------------------------
+class StandInCupy(types.ModuleType):
+    """The part of CuPy mpicoll.torch.devices.CudaLayer uses, its arrays the fake GPU's over
+    the (CPU) tensors' memory; ``made`` counts the objects it makes, ``entered`` the
+    contexts entered."""
+
+    def __init__(self, rt):
+        super().__init__("cupy")
+        self.rt = rt
+        self.made = collections.Counter()
+        self.entered = 0
+        fake = self
+
+        class Context:
+            def __init__(self, *args):
+                fake.made[type(self).__name__] += 1
+
+            def __enter__(self):
+                fake.entered += 1
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        class ExternalStream(Context):
+            pass
+
+        class Device(Context):
+            pass
+
+        class UnownedMemory:
+            def __init__(self, ptr, size, owner, device_id):
+                self.ptr, self.size = ptr, size
+
+        class MemoryPointer:
+            def __init__(self, mem, offset):
+                self.ptr = mem.ptr + offset
+
+        # (the tensors' device is the CPU, whose index is None: the current one here)
+        runtime = types.SimpleNamespace(getDevice=lambda: None)
+        self.cuda = types.SimpleNamespace(ExternalStream=ExternalStream, Device=Device,
+                                          UnownedMemory=UnownedMemory,
+                                          MemoryPointer=MemoryPointer, runtime=runtime)
+
+    def ndarray(self, shape, dtype, memptr):
+        self.made["ndarray"] += 1
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape))
+        memory = (ctypes.c_char * (n * dtype.itemsize)).from_address(memptr.ptr)
+        return fakegpu.FakeArray(self.rt, np.frombuffer(memory, dtype))
+
+    def from_dlpack(self, t):
+        self.made["from_dlpack"] += 1
+        return fakegpu.FakeArray(self.rt, t.numpy().reshape(-1))
+
+
+class StandInTorchCuda:
+    """torch.cuda's streams and events as CudaLayer and its Scope use them, counted."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.stream = types.SimpleNamespace(cuda_stream=1, synchronize=lambda: None,
+                                            wait_event=lambda event: None)
+        fake = self
+
+        self.pending = False  # events recorded from now on: not complete
+
+        class Event:
+            def __init__(self):
+                cupy.made["Event"] += 1
+                self.complete = True
+
+            def record(self, stream):
+                self.complete = not fake.pending
+
+            def query(self):
+                return self.complete
+
+        class StreamContext:
+            def __init__(self, stream):
+                cupy.made["torch.cuda.stream"] += 1
+
+            def __enter__(self):
+                cupy.entered += 1
+
+            def __exit__(self, *exc):
+                return False
+
+        self.Event, self.StreamContext = Event, StreamContext
+        self.current_stream = lambda device=None: fake.stream
+
+
+def test_a_repeated_call_makes_nothing_and_enters_one_context(groups, monkeypatch):
+    """The CUDA layer (mpicoll.torch.devices, on a stand-in CuPy and torch.cuda over the fake
+    GPU): a blocking all_reduce repeated on the same tensor makes no CuPy array (no DLPack
+    exchange), no CuPy stream object and no torch event, and enters one context (CuPy's
+    stream: torch's and the device are the call's already); the first call makes the
+    array, the stream object and the event."""
+    g = groups
+    be = fakegpu.fake_backend(compute="eager", copies="eager", slow_queries=False)
+    cupy = StandInCupy(be.rt)
+    cuda = StandInTorchCuda(cupy)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(torch.cuda, "current_stream", cuda.current_stream)
+    monkeypatch.setattr(torch.cuda, "stream", cuda.StreamContext)
+    monkeypatch.setattr(torch.cuda, "Event", cuda.Event)
+    layer = _devices.CudaLayer()
+    monkeypatch.setattr(_devices, "layer_of", lambda device: layer)
+    monkeypatch.setattr(_backend, "_PLAIN_SUM", frozenset())
+    t = torch.zeros(1000)
+    per_call = []
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=False):
+        for k in range(4):
+            t.fill_(g.rank + k)
+            made, entered = dict(cupy.made), cupy.entered
+            dist.all_reduce(t, group=g.mpicoll)
+            assert torch.equal(t, torch.full((1000,), float(sum(r + k for r in range(g.size)))))
+            per_call.append(({n: c - made.get(n, 0) for n, c in cupy.made.items()
+                              if c - made.get(n, 0)}, cupy.entered - entered))
+    assert per_call[0] == ({"ndarray": 1, "ExternalStream": 1, "Event": 1}, 1), per_call
+    assert per_call[1:] == [({}, 1)] * 3, per_call
+
+
+def test_the_scope_makes_the_calls_stream_and_device_current_where_they_are_not(monkeypatch):
+    """Where the call's stream is not torch's current one (another thread, a caller that
+    switched streams since) or CuPy's current device is another, entering the scope makes
+    them current too."""
+    be = fakegpu.fake_backend()
+    cupy = StandInCupy(be.rt)
+    cuda = StandInTorchCuda(cupy)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(torch.cuda, "current_stream", cuda.current_stream)
+    monkeypatch.setattr(torch.cuda, "stream", cuda.StreamContext)
+    layer = _devices.CudaLayer()
+    device = torch.device("cpu")
+    scope = layer.scope(device)
+    with scope:
+        pass
+    assert (dict(cupy.made), cupy.entered) == ({"ExternalStream": 1}, 1)
+    assert layer.scope(device)._cupy_stream is scope._cupy_stream  # (one per stream)
+    cuda.stream = types.SimpleNamespace(cuda_stream=2)  # torch's current stream: another
+    cupy.cuda.runtime.getDevice = lambda: 7             # CuPy's current device: another
+    with scope:
+        with scope:  # (a future's callback inside the scope, say)
+            pass
+    assert (dict(cupy.made), cupy.entered) == (
+        {"ExternalStream": 1, "torch.cuda.stream": 2, "Device": 2}, 7)
+
+
+def test_a_complete_work_stays_complete_when_its_event_is_reused(monkeypatch):
+    """The layer records an event again once it is complete (for a later call): a Work that
+    saw its event complete stays complete, and waits for nothing of the later call's."""
+    be = fakegpu.fake_backend()
+    cupy = StandInCupy(be.rt)
+    cuda = StandInTorchCuda(cupy)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(torch.cuda, "current_stream", cuda.current_stream)
+    monkeypatch.setattr(torch.cuda, "Event", cuda.Event)
+    waited = []
+    monkeypatch.setattr(cuda.stream, "wait_event", waited.append)
+    scope = _devices.CudaLayer().scope(torch.device("cpu"))
+    first = Finished(None, scope)
+    assert first.is_completed()
+    cuda.pending = True
+    second = Finished(None, scope)
+    assert second._event is not None and cupy.made["Event"] == 1  # (the first's, reused)
+    assert first.is_completed() and not second.is_completed()
+    first.wait()
+    assert waited == []
