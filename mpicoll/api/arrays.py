@@ -20,16 +20,15 @@ Rules common to the three functions:
 
 from __future__ import annotations
 
-import numpy as np
 from mpi4py import MPI
 
 from ..core import types as _types
 from ..engine import run as _run
+from ..engine.cache import plain as _plain
 from . import args as _args
 from . import requests as _requests
 
 _WORLD = MPI.COMM_WORLD
-_ndarray = np.ndarray
 _repeat = _run.repeat
 
 
@@ -79,12 +78,12 @@ def allreduce(x, op=MPI.SUM, *, comm=None, out=None, algorithm="auto", timeout=N
 def _key(name, args, op, result, after, call, counts=None):
     """The cache key (name, ``args``: the arguments its repeat compares, flat) under which a
     call may be remembered (engine.cache), or None: the default counts, no numerics
-    flags, the result ``out`` itself (not, in place, a view of ``x``), C-ordered NumPy
-    ``x`` and ``out`` moved as they are (no copy after) and a predefined op.  ``flat``
-    False: validation read shapes and strides."""
+    flags, the result ``out`` itself (not, in place, a view of ``x``), C-ordered ``x``
+    and ``out`` moved as they are (no copy after: NumPy's or a device backend's own
+    arrays, engine.cache.plain) and a predefined op.  ``flat`` False: validation read
+    shapes and strides."""
     x, out = args[0], args[1]
-    if (counts is None and result is out and after is None and type(x) is _ndarray
-            and type(out) is _ndarray and x.flags.c_contiguous
+    if (counts is None and result is out and after is None and _plain(x) and _plain(out)
             and call.deterministic is None and call.accumulate is None
             and (op is None or _types.op_name(op) is not None)):
         return name, args, False

@@ -8,6 +8,7 @@ from mpi4py import MPI
 from ..core import types as _types
 from ..core.comms import check_comm
 from ..engine import run as _run
+from ..engine.cache import plain as _plain
 from . import args as _args
 from . import delegate as _delegate
 from . import derived as _derived
@@ -329,12 +330,13 @@ def _bare_repeat(comm, name, sendbuf, recvbuf, *rest):
 
 def _key(name, args, op=None):
     """The cache key (name, ``args``: what its repeat compares, flat) under which a call may
-    be remembered (engine.cache): bare NumPy buffers (or IN_PLACE) and a predefined op
-    only (a user op could be freed between calls); else None.  ``flat``: validation read
-    a C-contiguous buffer as its flat memory (api.args.message), whatever its shape,
-    so the signature need not hold shapes."""
+    be remembered (engine.cache): bare C-contiguous NumPy buffers or a device backend's
+    own arrays (or IN_PLACE; engine.cache.plain) and a predefined op only (a user op
+    could be freed between calls); else None.  ``flat``: validation read a C-contiguous
+    buffer as its flat memory (api.args.message), whatever its shape, so the signature
+    need not hold shapes."""
     sendbuf, recvbuf = args[0], args[1]
-    if type(recvbuf) is np.ndarray and (type(sendbuf) is np.ndarray or sendbuf is MPI.IN_PLACE) \
+    if _plain(recvbuf) and (sendbuf is MPI.IN_PLACE or _plain(sendbuf)) \
             and (op is None or _types.op_name(op) is not None):
         return name, args, True
     return None

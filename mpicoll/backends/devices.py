@@ -140,6 +140,20 @@ class CupyRuntime:
     def ufunc(self, name: str):
         return getattr(self.xp, _types.NUMPY_UFUNCS[name].__name__)
 
+    def address(self, arr) -> int:
+        """The device address of ``arr``'s first element."""
+        return arr.data.ptr
+
+    def unowned(self, ptr: int, n: int, dtype):
+        """A 1-D array of ``n`` elements of ``dtype`` at device address ``ptr`` that keeps
+        nothing alive (engine.cache: a remembered call's views of its arrays)."""
+        xp = self.xp
+        if not n:
+            return xp.empty(0, dtype)
+        mem = xp.cuda.UnownedMemory(ptr, n * np.dtype(dtype).itemsize, None,
+                                    self.current_device())
+        return xp.ndarray(n, dtype=dtype, memptr=xp.cuda.MemoryPointer(mem, 0))
+
     # streams and events
     def current_stream(self):
         return self.xp.cuda.get_current_stream()
@@ -439,6 +453,20 @@ class DeviceBackend:
 
     def supports(self, dtype) -> bool:
         return np.dtype(dtype) in _DEVICE_DTYPES
+
+    def native(self, obj) -> bool:
+        """Whether ``obj`` is the runtime's own array type (CuPy's ndarray), whose address a
+        remembered call reads without exporting it (engine.cache)."""
+        return type(obj) is self.rt.xp.ndarray
+
+    def address(self, arr) -> int:
+        """The device address of array ``arr``'s first element."""
+        return self.rt.address(arr)
+
+    def unowned(self, arr):
+        """A view of C-contiguous array ``arr``'s memory (1-D) that keeps nothing alive: what
+        a remembered call is bound to (engine.cache)."""
+        return self.rt.unowned(self.address(arr), arr.size, arr.dtype)
 
     # -- what the algorithms need --------------------------------------------
     def empty(self, n, dtype):

@@ -17,6 +17,7 @@ from collections import OrderedDict
 import numpy as np
 from mpi4py import MPI
 
+from ..backends import registry as _registry
 from ..core.config import EPOCH
 from ..core.errors import MpicollError
 from . import context as _context
@@ -49,7 +50,7 @@ class Entry:
                  "recv_address", "recv_nbytes", "send_ref", "send_layout", "send_dtype",
                  "send_address", "send_nbytes",
                  "op_arg", "algorithm", "timeout", "epoch", "deterministic", "flat", "work",
-                 "__weakref__")
+                 "device", "aware", "__weakref__")
 
     def matches(self, comm, send, recv, op, algorithm, timeout) -> bool:
         """Whether a call with these arguments is this entry's call, unchanged."""
@@ -59,6 +60,8 @@ class Entry:
                 and (self.timeout is timeout or (type(timeout) is type(self.timeout)
                                                  and self.timeout == timeout))):
             return False
+        if self.device is not None:
+            return self._device_matches(send, recv)
         # one buffer view: the address, the length and writeability, and contiguity (a
         # non-contiguous array has none); with the dtype the same, a contiguous 1-D
         # array of as many bytes has the same shape and strides
@@ -88,10 +91,36 @@ class Entry:
                 return False
         return self.epoch == EPOCH[0] or self._still_chosen()
 
+    def _device_matches(self, send, recv) -> bool:
+        """The rest of :meth:`matches` for device arrays (a backend's own array type: api's
+        cache keys): the address from the backend (CuPy's ``.data.ptr``: no export, no
+        synchronisation), the bytes, C contiguity, and the shape where validation read
+        it; the same for ``send``."""
+        be = self.device
+        if be.address(recv) != self.recv_address or recv.nbytes != self.recv_nbytes \
+                or not recv.flags.c_contiguous \
+                or (self.recv_layout is not None and recv.shape != self.recv_layout):
+            return False
+        ref = self.send_ref
+        if ref is None:
+            if send is not _IN_PLACE:
+                return False
+        elif ref() is not send:
+            return False
+        elif send is not recv and (
+                send.dtype is not self.send_dtype or be.address(send) != self.send_address
+                or send.nbytes != self.send_nbytes or not send.flags.c_contiguous
+                or (self.send_layout is not None and send.shape != self.send_layout)):
+            return False
+        return self.epoch == EPOCH[0] or self._still_chosen()
+
     def _still_chosen(self) -> bool:
         """After a change of options: whether the call still reduces as this entry's does
-        (``deterministic``); then it holds for the new epoch."""
+        (``deterministic``) and, of device arrays, moves as its does (``cuda_aware``: the
+        path its transport took); then it holds for the new epoch."""
         if self.ctx.options()["deterministic"] != self.deterministic:
+            return False
+        if self.device is not None and self.ctx.cuda_aware() != self.aware:
             return False
         self.epoch = EPOCH[0]
         return True
@@ -232,16 +261,24 @@ def remember(op, key) -> None:
     # a C-contiguous buffer read as its flat memory: validation read only the dtype, the
     # contiguity and out's writeability
     e.flat = flat
+    # device arrays (a backend's own array type, api's keys): their address from the
+    # backend, and the path their transport took
+    e.device = None if type(recv) is np.ndarray else op.bound.msg.backend
+    if e.device is None:
+        address, layout = _address, _layout
+    else:
+        address, layout = e.device.address, _shape
+        e.aware = ctx.cuda_aware()
     drop = _dropper(weakref.ref(e))
     e.recv_ref = weakref.ref(recv, drop)
-    e.recv_layout = _layout(recv, flat)
-    e.recv_dtype, e.recv_address, e.recv_nbytes = recv.dtype, _address(recv), recv.nbytes
+    e.recv_layout = layout(recv, flat)
+    e.recv_dtype, e.recv_address, e.recv_nbytes = recv.dtype, address(recv), recv.nbytes
     if send is _IN_PLACE:
         e.send_ref = None
     else:
         e.send_ref = weakref.ref(send, drop)
-        e.send_layout = _layout(send, flat)
-        e.send_dtype, e.send_address, e.send_nbytes = send.dtype, _address(send), send.nbytes
+        e.send_layout = layout(send, flat)
+        e.send_dtype, e.send_address, e.send_nbytes = send.dtype, address(send), send.nbytes
     lease = op.bound.lease
     e.work = 0 if lease is None else lease.nbytes
     table[slot] = e
@@ -267,6 +304,13 @@ def _layout(arr, flat):
     """What a hit compares of an array's layout beyond its buffer (Entry.matches): nothing
     where validation read it as flat memory or it is 1-D, else (shape, strides)."""
     return None if flat or arr.ndim == 1 else (arr.shape, arr.strides)
+
+
+def _shape(arr, flat):
+    """What a hit compares of a device array's layout beyond its bytes and C contiguity
+    (Entry._device_matches): nothing where validation read it as flat memory, else its
+    shape."""
+    return None if flat else arr.shape
 
 
 def _dropper(ref):
@@ -300,10 +344,23 @@ def latest(ctx, name: str):
     return None
 
 
-def raw(arr):
-    """A view of host array ``arr``'s memory (C-contiguous, 1-D) that keeps nothing alive."""
+def raw(arr, backend=None):
+    """A view of array ``arr``'s memory (C-contiguous, 1-D) that keeps nothing alive: host
+    memory, or through ``backend`` device memory (backends.devices.DeviceBackend.unowned)."""
+    if type(arr) is not np.ndarray:
+        return backend.unowned(arr)
     return np.frombuffer(MPI.buffer.fromaddress(_address(arr), arr.nbytes), dtype=arr.dtype)
 
 
+def plain(arr) -> bool:
+    """Whether a call may be remembered bound to ``arr`` as it is (api's cache keys): a
+    C-contiguous NumPy array, or a C-contiguous array of a device backend's own type
+    (CuPy's ndarray: :meth:`Entry.matches` reads its address from the backend)."""
+    if type(arr) is np.ndarray:
+        return arr.flags.c_contiguous
+    be = _registry.backend_of(arr)
+    return be is not None and be.device == "gpu" and be.native(arr) and arr.flags.c_contiguous
+
+
 __all__ = ["Entry", "Cache", "repeat", "restart", "remember", "forget", "latest", "raw",
-           "MpicollError"]
+           "plain", "MpicollError"]

@@ -179,7 +179,7 @@ def prepare(call: Call, form: str = BLOCKING, *, keep: bool = False) -> Operatio
     b.what = f"{call.total} x {_check.dtype_label(msg)}"
     b.timeout_arg, b.check, b.lease, b.holds = call.timeout, False, None, False
     b.call, b.msg, b.schedule, b.transport = call, msg, None, None
-    b.kept = keep and not c.device and not (c.region is not None and not c.to_end)
+    b.kept = keep and not (c.region is not None and not c.to_end)
     if c.to_end:
         tag = None  # the blocking calls' tag
     elif form == PERSISTENT:
@@ -239,8 +239,8 @@ def _bind(op, c, setup=None, holder=None) -> tuple:
     if b.kept:  # (its arrays seen through views that keep nothing alive: engine.cache)
         b.call = call.without_arrays()
         b.msg = msg.described() if msg.array is not None else msg
-        dst_view = _cache.raw(dst)
-        src = dst_view if src is None or src is dst else _cache.raw(src)
+        dst_view = _cache.raw(dst, msg.backend)
+        src = dst_view if src is None or src is dst else _cache.raw(src, msg.backend)
         dst = dst_view
     b.src, b.dst = src, dst
     be = b.transport.backend

@@ -369,3 +369,49 @@ def test_user_op_goes_through_host(comm):
         y = mpicoll.allreduce(x, op, comm=comm)
         ref = np.arange(50, dtype=np.int32) * comm.size + comm.size * (comm.size - 1) // 2
         assert np.array_equal(y.get(), ref)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["staging", "whole", "direct"])
+@pytest.mark.parametrize("form", ["array", "comm", "comm-in-place"])
+def test_device_repeat_binds_nothing_new(comm, transport, form, monkeypatch):
+    """A repeated call on the same device arrays starts its kept operation (engine.cache), as
+    on host arrays: from the second call it makes no device array (a CuPy view) and from the
+    third no event (the second finds the first's end event not yet seen done; staged per
+    message, the pool grows to what the messages of a call hold at once however far a rank
+    runs ahead: test_events_are_reused_across_calls).  Device calls were never kept: every
+    call validated and bound its arrays again, views of each."""
+    if transport == "whole":
+        monkeypatch.setattr(_devices, "STAGE_WHOLE_BYTES", 1 << 30)
+    be = fakegpu.fake_backend(compute="lazy", copies="lazy")
+    rt = be.rt
+    c = mpicoll.Comm(comm)
+    n = 40 * comm.size + 3  # float64: with 64-byte segments, several messages per call
+    made, created, wrong = [], [], []
+    with fakegpu.registered(be), mpicoll.options(cuda_aware=transport == "direct", timeout=None):
+        x, y = rt.xp.empty(n, np.float64), rt.xp.empty(n, np.float64)
+        for k in range(5):
+            data = np.arange(n, dtype=np.float64) * (comm.rank + 1) + k
+            expected = np.empty_like(data)
+            comm.Allreduce(data, expected)
+            target = y if form == "comm-in-place" else x
+            rt.launch(lambda h=target._h, d=data: np.copyto(h, d), "producer kernel")
+            arrays, events = rt.arrays, rt.events_created
+            if form == "array":
+                mpicoll.allreduce(x, comm=comm, out=y)
+            elif form == "comm":
+                c.Allreduce(x, y)
+            else:
+                c.Allreduce(MPI.IN_PLACE, y)
+            made.append(rt.arrays - arrays)
+            created.append(rt.events_created - events)
+            if not np.array_equal(y.get(), expected):
+                wrong.append(k)
+    problems = []
+    if wrong:
+        problems.append(f"calls {wrong} wrong")
+    if any(made[1:]):
+        problems.append(f"device arrays made per call: {made}")
+    if transport != "staging" and any(created[2:]):
+        problems.append(f"events created per call: {created}")
+    util.assert_all(comm, not problems, "; ".join(problems))

@@ -88,6 +88,7 @@ class FakeArray:
         self._rt = rt
         self._h = h
         self._owndata = owndata
+        rt.arrays += 1
 
     # what mpicoll and the tests read
     shape = property(lambda self: self._h.shape)
@@ -322,6 +323,7 @@ class FakeRuntime:
         self.null = FakeStream(self, "compute", eager=compute == "eager")
         self._thread = threading.local()  # the current stream, per thread (as CuPy's)
         self.events_created = 0
+        self.arrays = 0  # FakeArray objects made: allocations and views (CuPy ndarrays)
         self.pinned_buffers = []
         self.mpi_requests = []  # MPI requests of the RecordingChannel (see mpi_outstanding)
         self.devices = devices
@@ -331,6 +333,7 @@ class FakeRuntime:
         self.ipc_error = ipc_error  # ipc_export raises RuntimeError with it (IPC refused)
         self.ipc_opened = 0  # peers' buffers open now
         self.allocations = {}  # base address -> (bytes, buffer id, fd, token) of live ones
+        self._roots = weakref.WeakValueDictionary()  # base address -> its host array
         self.ipc_events = []  # this process's interprocess events (serve)
         self.xp = FakeXp(self)
 
@@ -345,6 +348,25 @@ class FakeRuntime:
 
     def ufunc(self, name):
         return getattr(self.xp, _devices._types.NUMPY_UFUNCS[name].__name__)
+
+    def address(self, arr):
+        return arr.__cuda_array_interface__["data"][0]
+
+    def unowned(self, ptr, n, dtype):
+        """A 1-D array of ``n`` elements at ``ptr`` that keeps no array object alive
+        (UnownedMemory).  Its memory stays allocated while it lives: CuPy's pool reuses a
+        freed block only after the work queued on its stream, where the fake frees host
+        memory at once (a kernel still queued would write freed memory)."""
+        dtype = np.dtype(dtype)
+        if not n:
+            return self.xp.empty(0, dtype)
+        nbytes = n * dtype.itemsize
+        for base, (size, _, _, _) in self.allocations.items():
+            root = self._roots.get(base) if base <= ptr < base + size else None
+            if root is not None:
+                return FakeArray(self, root[ptr - base: ptr - base + nbytes].view(dtype))
+        # (memory the fake did not allocate: the tests keep it alive)
+        return FakeArray(self, np.frombuffer(MPI.buffer.fromaddress(ptr, nbytes), dtype))
 
     @property
     def current(self):
@@ -375,6 +397,7 @@ class FakeRuntime:
         base = root.ctypes.data
         bid = next(_buffer_ids)
         self.allocations[base] = (nbytes, bid, fd, token)
+        self._roots[base] = root
         weakref.finalize(root, _free, self.allocations, self.log, base, bid, fd)
         return root.view(dtype).reshape(shape)
 
