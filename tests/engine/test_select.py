@@ -42,6 +42,31 @@ def test_tuning_from_environment():
     read_environment()
 
 
+@pytest.mark.local
+def test_environment_parsed_again_only_after_a_change(monkeypatch):
+    """A new communicator's read parses its variables only where their texts changed since
+    the latest read (os.environ's or a mapping's); a bad value raises at every read."""
+    from mpicoll.core import config
+
+    parsed = []
+    opt = config.TABLE["window"]
+    monkeypatch.setattr(opt, "parse", lambda text, name: parsed.append(text) or int(text))
+    monkeypatch.setenv("MPICOLL_WINDOW", "3")
+    assert config.read_environment()["window"] == 3
+    assert config.read_environment()["window"] == 3
+    assert parsed == ["3"]
+    monkeypatch.setenv("MPICOLL_WINDOW", "4")  # (a change applies to the next read)
+    assert config.read_environment()["window"] == 4
+    assert config.read_environment({"MPICOLL_WINDOW": "5"})["window"] == 5
+    assert config.get("window") == 5
+    assert parsed == ["3", "4", "5"]
+    monkeypatch.undo()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="MPICOLL_WINDOW"):
+            config.read_environment({"MPICOLL_WINDOW": "two"})
+    assert config.read_environment()["window"] == opt.default
+
+
 @pytest.mark.timeout(60)
 def test_context_reads_tuning_once(monkeypatch):
     monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "8K")
