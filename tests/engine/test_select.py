@@ -9,6 +9,8 @@ option (``MPICOLL_ALGORITHM``) replaces "auto" only where it applies.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -87,6 +89,31 @@ def test_context_reads_tuning_once(monkeypatch):
 
 
 # --- automatic selection ------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_later_change_on_one_rank_is_agreed(monkeypatch):
+    """Communicators made one after another: a variable rank 0 changes in between applies to
+    the next one on every rank (the others take rank 0's and say why), and setting it back
+    applies to the one after."""
+    windows, agreed = [], []
+    for value in (None, "3", None):
+        if value is not None and WORLD.rank == 0:
+            monkeypatch.setenv("MPICOLL_WINDOW", value)
+        else:
+            monkeypatch.delenv("MPICOLL_WINDOW", raising=False)
+        comm = WORLD.Dup()
+        try:
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                ctx = _context.context(comm)
+            windows.append(ctx.window)
+            agreed.append(ctx.agreement is not None)
+        finally:
+            comm.Free()
+    ok = windows == [2, 3, 2] and agreed == [False, WORLD.size > 1 and WORLD.rank > 0, False]
+    got = WORLD.allgather((ok, windows, agreed))
+    assert all(r[0] for r in got), got
 
 @pytest.mark.local
 def test_threshold_table_is_well_formed():
