@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import warnings
 from collections import OrderedDict
 
@@ -400,12 +401,13 @@ class Context:
         return seg, win
 
     def schedule(self, collective: str, algorithm: str, build, shape):
-        """``build(shape)``, cached for the :data:`SCHEDULES` shapes used last."""
+        """``build(shape)``, cached for the :data:`SCHEDULES` shapes used last (built once per
+        process where another communicator used the same shape: :func:`built`)."""
         key = (collective, algorithm, shape)
         cache = self.schedules
         sched = cache.get(key)
         if sched is None:
-            sched = cache[key] = build(shape)
+            sched = cache[key] = built(key, build)
             if len(cache) > SCHEDULES:
                 cache.popitem(last=False)
         else:
@@ -448,6 +450,27 @@ class Context:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
         self.comm = MPI.COMM_NULL
+
+
+_BUILT: OrderedDict = OrderedDict()  # (collective, algorithm, Shape) -> Schedule, process-wide
+_BUILDING = threading.Lock()  # (a node memory's set-up binds its call in the progress thread)
+
+
+def built(key, build):
+    """``build(key[2])`` for ``key`` = (collective, algorithm, Shape), kept for the
+    :data:`SCHEDULES` keys used last in this process: a schedule is plain data that its key
+    fixes, so a new communicator's first call of a shape takes the one built before."""
+    with _BUILDING:
+        sched = _BUILT.get(key)
+        if sched is not None:
+            _BUILT.move_to_end(key)
+            return sched
+    sched = build(key[2])
+    with _BUILDING:
+        _BUILT[key] = sched
+        if len(_BUILT) > SCHEDULES:
+            _BUILT.popitem(last=False)
+    return sched
 
 
 def keyval() -> int:

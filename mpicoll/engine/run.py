@@ -42,10 +42,16 @@ class Bound:
     memory and its steps (what :class:`~mpicoll.engine.executor.Operation` runs), and what
     each start needs of them."""
 
-    __slots__ = ("call", "schedule", "transport", "lease", "steps", "ctx", "label", "what",
+    __slots__ = ("call", "schedule", "transport", "lease", "steps", "ctx", "label",
                  "wire", "msg", "total", "nbytes", "src", "dst", "widen", "check",
                  "timeout_arg", "claims", "enters", "ends", "kept", "holds", "name",
                  "__weakref__")
+
+    @property
+    def what(self) -> str:
+        """The call's elements as messages name them (``"100 x float64"``): made where a
+        message needs it, not at every binding (NumPy's dtype text is slow)."""
+        return f"{self.total} x {_check.dtype_label(self.msg)}"
 
     # -- what executor.Operation asks at each start ----------------------------------
     def claim(self, op) -> None:
@@ -176,7 +182,6 @@ def prepare(call: Call, form: str = BLOCKING, *, keep: bool = False) -> Operatio
     b = Bound()
     b.ctx, b.nbytes, b.total, b.widen = ctx, nbytes, call.total, c.widen
     b.label, b.wire, b.name = label, msg.mpitype.Get_size(), c.name
-    b.what = f"{call.total} x {_check.dtype_label(msg)}"
     b.timeout_arg, b.check, b.lease, b.holds = call.timeout, False, None, False
     b.call, b.msg, b.schedule, b.transport = call, msg, None, None
     b.kept = keep and not c.device and not (c.region is not None and not c.to_end)
