@@ -256,8 +256,8 @@ def _bind(op, c, setup=None, holder=None) -> tuple:
     op.steps, op.ch, op.red, op.be = b.steps, ch, b.transport.reducer, be
     op.parts, op.depth = b.schedule.parts, b.schedule.depth
     if (b.kept or c.form == PERSISTENT) and static and op.tag != "call" and not op.parts:
-        op.program, op.requests = _executor.on_requests(b.steps, ch, op.red, be)
-        _executor.hold(op, op.requests)
+        # its program, made at its second start (executor.Operation._make_program)
+        op.program, op._unmade, op._epoch = None, 1, -1
     if setup is not None:  # (the start in progress goes on with the call's own steps)
         op.call = b.observe(op)
         if ch is not None:
