@@ -172,34 +172,55 @@ def bump() -> None:
     EPOCH[0] += 1
 
 
+def _texts(environ) -> tuple:
+    """The text of every option's variable in ``environ`` (None where unset), and ``HOME``
+    (the paths' ``~``).  os.environ's own table is read where it has one (CPython's):
+    its ``get`` raises and catches a KeyError for every unset name, most of a read's cost."""
+    data = getattr(environ, "_data", None) if environ is os.environ else None
+    if type(data) is not dict:
+        return tuple(map(environ.get, _NAMES))
+    decode = environ.decodevalue
+    return tuple(None if v is None else decode(v) for v in map(data.get, _KEYS))
+
+
+_NAMES = tuple(opt.env for opt in OPTIONS) + ("HOME",)
+_KEYS = tuple(map(os.environ.encodekey, _NAMES))
+_PARSED: list = []  # (texts, values, texts set, errors) of the latest parse
+
+
 def read_environment(environ=None) -> dict:
     """Every option's value from the environment (its default where unset); the one read.
 
     ValueError naming the variable for a bad value.  Also becomes the process-wide
-    values (:func:`get`).
+    values (:func:`get`).  The variables' texts are read every time; they are parsed
+    again only where they differ from the latest read's.
     """
     environ = os.environ if environ is None else environ
-    values, texts, errors = {}, {}, {}
-    for opt in OPTIONS:
-        raw = environ.get(opt.env)
-        values[opt.name] = opt.default
-        if raw is not None and raw.strip() != "":
-            texts[opt.name] = raw.strip()
-            try:
-                values[opt.name] = opt.parse(raw, opt.env)
-            except ValueError as exc:
-                errors[opt.name] = exc
-    _raw.clear()
-    _raw.update(texts)
-    _errors.clear()
-    _errors.update(errors)
-    if values != _process:
-        _process.clear()
-        _process.update(values)
-        bump()
-    if errors:
-        raise next(iter(errors.values()))
-    return values
+    raws = _texts(environ)
+    if _PARSED and _PARSED[0] == raws:
+        values, texts, errors = _PARSED[1:]
+    else:
+        values, texts, errors = {}, {}, {}
+        for opt, raw in zip(OPTIONS, raws):
+            values[opt.name] = opt.default
+            if raw is not None and raw.strip() != "":
+                texts[opt.name] = raw.strip()
+                try:
+                    values[opt.name] = opt.parse(raw, opt.env)
+                except ValueError as exc:
+                    errors[opt.name] = exc
+        _PARSED[:] = [raws, values, texts, errors]
+        _raw.clear()
+        _raw.update(texts)
+        _errors.clear()
+        _errors.update(errors)
+        if values != _process:
+            _process.clear()
+            _process.update(values)
+            bump()
+    if errors:  # (the same error object each read: its traceback starts afresh)
+        raise next(iter(errors.values())).with_traceback(None)
+    return dict(values)
 
 
 def resolve(env: dict) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import warnings
 from collections import OrderedDict
 
@@ -49,6 +50,7 @@ def _digest(text: str) -> int:
 
 
 _HOST: list = []
+_SHAPED: list = []  # (options, tuning file, digest) of the latest set-up (Context._shaping_digest)
 
 
 def _host_id() -> int:
@@ -175,16 +177,17 @@ class Context:
             self._wait(pending, "duplicating the communicator (MPI_Comm_idup)")
             dup.Set_name(f"mpicoll dup of {comm.Get_name() or 'communicator'}")
             # 3. node identities, and whether the ranks would shape schedules alike
-            mine = np.array([_host_id(), _digest(self._shaping()), aware], dtype=np.int64)
-            table = mine.reshape(1, -1)
+            mine = [_host_id(), self._shaping_digest(), aware]
+            rows = [mine]
             if self.size > 1:
                 table = np.zeros((self.size, len(mine)), dtype=np.int64)
                 # MPI's own method: the duplicate of an mpicoll.Comm is an mpicoll.Comm
-                pending = [MPI.Intracomm.Iallgather(dup, mine, table)]
+                pending = [MPI.Intracomm.Iallgather(dup, np.array(mine, dtype=np.int64), table)]
                 self._wait(pending, "exchanging node identities (MPI_Iallgather)")
+                rows = table.tolist()
             # 4. rank 0's configuration where the ranks' differ
-            ids = table[:, 0].tolist()
-            differ = len(set(table[:, 1].tolist())) > 1
+            ids = [row[0] for row in rows]
+            differ = len({row[1] for row in rows}) > 1
             if differ:
                 self._adopt_rank0(dup, pending, caught, ids)
         except BaseException:
@@ -212,12 +215,13 @@ class Context:
         # every rank, as both ends of a message must cut it alike)
         self.node_piece = self._node_piece_wanted()
         # device buffers straight to MPI only where every rank's MPI takes them
-        self.aware = bool((table[:, 2] == 1).all())
-        self._refused = [r for r in range(self.size) if table[r, 2] == REFUSED]
-        if (table[:, 2] == 1).any() and not self.aware and not self._refused:
+        takes = [row[2] for row in rows]
+        self.aware = all(t == 1 for t in takes)
+        self._refused = [r for r, t in enumerate(takes) if t == REFUSED]
+        if 1 in takes and not self.aware and not self._refused:
             self.notes.append(f"mpicoll: device buffers are staged through host memory on "
                               f"every rank: the MPI of rank(s) "
-                              f"{[r for r in range(self.size) if not table[r, 2]]} does not "
+                              f"{[r for r, t in enumerate(takes) if not t]} does not "
                               f"take them (python -m mpicoll.info --probe says why)")
         self.ring = _topology.ring_from_nodes(list(self.nodes))
         self.ring_pos = self.ring.index(self.rank)
@@ -287,6 +291,18 @@ class Context:
         tf, note = _select.tuning_file()
         return json.dumps(dict(self._shaping_options(), file=None if tf is None else tf.data,
                                note=note), sort_keys=True, default=str)
+
+    def _shaping_digest(self) -> int:
+        """:func:`_digest` of :meth:`_shaping`, kept for the latest set-up's options and the
+        process's tuning file (encoding that file's content is most of a set-up's cost)."""
+        found = _select.tuning_file()
+        shaping = self._shaping_options()
+        key = tuple((v, type(v)) for part in shaping.values() for v in part.values())
+        if _SHAPED and _SHAPED[0] == key and _SHAPED[1] is found:
+            return _SHAPED[2]
+        digest = _digest(self._shaping())
+        _SHAPED[:] = [key, found, digest]
+        return digest
 
     def _configuration(self, selection) -> str:
         """What rank 0 sends when the ranks' differ: its options and its selection's entry."""
@@ -385,12 +401,13 @@ class Context:
         return seg, win
 
     def schedule(self, collective: str, algorithm: str, build, shape):
-        """``build(shape)``, cached for the :data:`SCHEDULES` shapes used last."""
+        """``build(shape)``, cached for the :data:`SCHEDULES` shapes used last (built once per
+        process where another communicator used the same shape: :func:`built`)."""
         key = (collective, algorithm, shape)
         cache = self.schedules
         sched = cache.get(key)
         if sched is None:
-            sched = cache[key] = build(shape)
+            sched = cache[key] = built(key, build)
             if len(cache) > SCHEDULES:
                 cache.popitem(last=False)
         else:
@@ -433,6 +450,27 @@ class Context:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
         self.comm = MPI.COMM_NULL
+
+
+_BUILT: OrderedDict = OrderedDict()  # (collective, algorithm, Shape) -> Schedule, process-wide
+_BUILDING = threading.Lock()  # (a node memory's set-up binds its call in the progress thread)
+
+
+def built(key, build):
+    """``build(key[2])`` for ``key`` = (collective, algorithm, Shape), kept for the
+    :data:`SCHEDULES` keys used last in this process: a schedule is plain data that its key
+    fixes, so a new communicator's first call of a shape takes the one built before."""
+    with _BUILDING:
+        sched = _BUILT.get(key)
+        if sched is not None:
+            _BUILT.move_to_end(key)
+            return sched
+    sched = build(key[2])
+    with _BUILDING:
+        _BUILT[key] = sched
+        if len(_BUILT) > SCHEDULES:
+            _BUILT.popitem(last=False)
+    return sched
 
 
 def keyval() -> int:

@@ -308,6 +308,7 @@ class Operation:
                  "blocking", "steps", "program", "requests", "ch", "red", "be", "parts",
                  "depth", "timeout", "expire", "call", "tag", "progress", "owner", "seq",
                  "_epoch", "_plain", "_observes", "_run_steps", "_run_ch", "_next", "_i",
+                 "_unmade",
                  "_cur", "_reqs",
                  "_active", "_lock", "_since", "__weakref__")
 
@@ -325,6 +326,9 @@ class Operation:
         self.steps, self.ch, self.red, self.be = steps, ch, red, be
         self.program = None
         self.requests = ()
+        # 1: its program is wanted (engine.run binds it so), 2: and it started once; made at
+        # the next start (:meth:`_make_program`), so a call started once makes no request
+        self._unmade = 0
         # a pipeline's chunks (Schedule.parts, Schedule.depth): () for steps run in order
         self.parts, self.depth = (), 0
         self.timeout = timeout
@@ -431,6 +435,7 @@ class Operation:
             except BaseException:  # (its error stays its own; the requests are MPI's now)
                 pass
         self.program = None
+        self._unmade = 0
         self._epoch = -1
         free_requests(self.requests)
         self.requests = ()
@@ -453,6 +458,11 @@ class Operation:
                 bound.claim(self)
             ctx.seq += 1
             self.seq = ctx.seq
+        if self._unmade:
+            if self._unmade == 2:
+                self._make_program()
+            else:
+                self._unmade = 2
         if self._epoch != EPOCH[0]:
             self._decide()
         if self._plain:
@@ -471,6 +481,17 @@ class Operation:
         except BaseException as exc:
             self._end(exc)
             raise
+
+    def _make_program(self) -> None:
+        """Bind its steps to persistent requests (:func:`on_requests`), at its second start:
+        their creation costs more than a start of the steps they replace."""
+        self._unmade = 0
+        t = self.bound.transport
+        if isinstance(self.tag, int):
+            set_tag(self.ch, self.tag)
+        self.program, self.requests = on_requests(self.steps, self.ch, t.reducer, t.backend)
+        hold(self, self.requests)
+        self._epoch = -1  # (its starts run the program from now on: _decide)
 
     def use_channel(self, ch, be=None, red=None) -> None:
         """Run this start on transport channel ``ch`` (with backend ``be`` and reducer ``red``,
@@ -781,6 +802,7 @@ class Operation:
         else:
             self.error = exc
             self.program = None  # (its requests may still be active: never again)
+            self._unmade = 0
             self._epoch = -1
         bound = self.bound
         if bound is not None and (bound.ends or self.call is not None):

@@ -42,10 +42,16 @@ class Bound:
     memory and its steps (what :class:`~mpicoll.engine.executor.Operation` runs), and what
     each start needs of them."""
 
-    __slots__ = ("call", "schedule", "transport", "lease", "steps", "ctx", "label", "what",
+    __slots__ = ("call", "schedule", "transport", "lease", "steps", "ctx", "label",
                  "wire", "msg", "total", "nbytes", "src", "dst", "widen", "check",
                  "timeout_arg", "claims", "enters", "ends", "kept", "holds", "name",
                  "__weakref__")
+
+    @property
+    def what(self) -> str:
+        """The call's elements as messages name them (``"100 x float64"``): made where a
+        message needs it, not at every binding (NumPy's dtype text is slow)."""
+        return f"{self.total} x {_check.dtype_label(self.msg)}"
 
     # -- what executor.Operation asks at each start ----------------------------------
     def claim(self, op) -> None:
@@ -176,7 +182,6 @@ def prepare(call: Call, form: str = BLOCKING, *, keep: bool = False) -> Operatio
     b = Bound()
     b.ctx, b.nbytes, b.total, b.widen = ctx, nbytes, call.total, c.widen
     b.label, b.wire, b.name = label, msg.mpitype.Get_size(), c.name
-    b.what = f"{call.total} x {_check.dtype_label(msg)}"
     b.timeout_arg, b.check, b.lease, b.holds = call.timeout, False, None, False
     b.call, b.msg, b.schedule, b.transport = call, msg, None, None
     b.kept = keep and not (c.region is not None and not c.to_end)
@@ -251,8 +256,8 @@ def _bind(op, c, setup=None, holder=None) -> tuple:
     op.steps, op.ch, op.red, op.be = b.steps, ch, b.transport.reducer, be
     op.parts, op.depth = b.schedule.parts, b.schedule.depth
     if (b.kept or c.form == PERSISTENT) and static and op.tag != "call" and not op.parts:
-        op.program, op.requests = _executor.on_requests(b.steps, ch, op.red, be)
-        _executor.hold(op, op.requests)
+        # its program, made at its second start (executor.Operation._make_program)
+        op.program, op._unmade, op._epoch = None, 1, -1
     if setup is not None:  # (the start in progress goes on with the call's own steps)
         op.call = b.observe(op)
         if ch is not None:

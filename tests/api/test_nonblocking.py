@@ -354,7 +354,7 @@ def test_persistent_allgather_and_reduce_scatter_block():
 @pytest.mark.timeout(60)
 def test_persistent_starts_run_on_persistent_requests(monkeypatch):
     """A persistent collective runs its program (engine.executor: its messages bound once to
-    persistent point-to-point requests): no start sets anything up again, results stay
+    persistent point-to-point requests, at its second start): no start binds again, results stay
     right with new data, a start under a traffic counter runs observed (and is counted),
     and Free frees the program's requests."""
     from mpicoll.engine import executor as _executor

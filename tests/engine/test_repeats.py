@@ -493,6 +493,8 @@ def test_kept_requests_are_freed_with_their_operation():
 
     try:
         mc.Allreduce(x, y)
+        assert kept_requests() == []  # (a call run once makes none)
+        mc.Allreduce(x, y)  # its first repeat: its program's requests
         first = kept_requests()
         # one receive and one send per exchange; 2 ranks: one exchange; 1 rank: a copy
         assert len(first) == {1: 0, 2: 2}.get(n, len(first)) and len(first) % 2 == 0
@@ -500,7 +502,8 @@ def test_kept_requests_are_freed_with_their_operation():
             assert first and all(r != MPI.REQUEST_NULL for r in first)
         mc.Allreduce(x, y)  # a repeat: the same requests again
         assert kept_requests() == first and all(r != MPI.REQUEST_NULL for r in first)
-        mc.Allreduce(x, y2)  # other buffers: an operation of their own, beside the first
+        for _ in range(2):  # other buffers: an operation of their own, beside the first
+            mc.Allreduce(x, y2)
         second = kept_requests()
         assert all(r != MPI.REQUEST_NULL for r in first + second)
         np.testing.assert_array_equal(y, want)
@@ -514,6 +517,38 @@ def test_kept_requests_are_freed_with_their_operation():
     assert all(r == MPI.REQUEST_NULL for r in second)
     assert not [p for p in _executor._HOLDING if getattr(p, "ctx", None) is not None
                 and p.ctx.comm == MPI.COMM_NULL]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.ranks(1, 2, 3)  # 1: a program of copies; 2: one exchange; 3: the fold
+def test_a_call_run_once_makes_no_persistent_request(monkeypatch):
+    """A new communicator's first call runs its steps: it binds no program and makes no
+    persistent request (Send_init/Recv_init); its first repeat binds the program, once,
+    and the repeats after it run that program."""
+    from mpicoll.engine import executor as _executor
+    made = util.spy(monkeypatch, _executor, ["on_requests"])
+    comm = WORLD.Dup()
+    try:
+        x = np.arange(5.0) + WORLD.rank
+        y, want = np.empty(5), np.empty(5)
+        WORLD.Allreduce(x, want)
+        mpicoll.allreduce(x, comm=comm, out=y)
+        op = _cache.latest(_context.context(comm), "allreduce")
+        once = (len(made), op.program, list(_executor._HOLDING.get(op, ())), y.tolist())
+        results = []
+        for _ in range(3):
+            y[...] = -1
+            mpicoll.allreduce(x, comm=comm, out=y)
+            results.append(y.tolist())
+        program = op.program is not None and _cache.latest(_context.context(comm),
+                                                            "allreduce") is op
+        held = len(_executor._HOLDING.get(op, ()))
+    finally:
+        comm.Free()
+    ok = once == (0, None, [], want.tolist()) and len(made) == 1 and program \
+        and (held > 0) == (WORLD.size > 1) and results == [want.tolist()] * 3
+    util.assert_all(WORLD, ok, f"first call: {once[:3]}; on_requests {len(made)} times, "
+                               f"program={program}, {held} requests held")
 
 
 @pytest.mark.timeout(60)
@@ -551,9 +586,11 @@ def test_an_interrupted_repeat_is_dropped():
         y = np.empty(6)
         want = np.empty(6)
         WORLD.Allreduce(x, want)
-        mc.Allreduce(x, y)
+        for _ in range(2):  # (its first repeat makes its program)
+            mc.Allreduce(x, y)
         op = _cache.latest(ctx, "Comm.Allreduce")
         requests = list(_executor._HOLDING.get(op, ()))
+        assert op.program is not None and bool(requests) == (WORLD.size > 1)
 
         def interrupt():
             raise KeyboardInterrupt

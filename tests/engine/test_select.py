@@ -9,6 +9,8 @@ option (``MPICOLL_ALGORITHM``) replaces "auto" only where it applies.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -42,6 +44,31 @@ def test_tuning_from_environment():
     read_environment()
 
 
+@pytest.mark.local
+def test_environment_parsed_again_only_after_a_change(monkeypatch):
+    """A new communicator's read parses its variables only where their texts changed since
+    the latest read (os.environ's or a mapping's); a bad value raises at every read."""
+    from mpicoll.core import config
+
+    parsed = []
+    opt = config.TABLE["window"]
+    monkeypatch.setattr(opt, "parse", lambda text, name: parsed.append(text) or int(text))
+    monkeypatch.setenv("MPICOLL_WINDOW", "3")
+    assert config.read_environment()["window"] == 3
+    assert config.read_environment()["window"] == 3
+    assert parsed == ["3"]
+    monkeypatch.setenv("MPICOLL_WINDOW", "4")  # (a change applies to the next read)
+    assert config.read_environment()["window"] == 4
+    assert config.read_environment({"MPICOLL_WINDOW": "5"})["window"] == 5
+    assert config.get("window") == 5
+    assert parsed == ["3", "4", "5"]
+    monkeypatch.undo()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="MPICOLL_WINDOW"):
+            config.read_environment({"MPICOLL_WINDOW": "two"})
+    assert config.read_environment()["window"] == opt.default
+
+
 @pytest.mark.timeout(60)
 def test_context_reads_tuning_once(monkeypatch):
     monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "8K")
@@ -62,6 +89,31 @@ def test_context_reads_tuning_once(monkeypatch):
 
 
 # --- automatic selection ------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_later_change_on_one_rank_is_agreed(monkeypatch):
+    """Communicators made one after another: a variable rank 0 changes in between applies to
+    the next one on every rank (the others take rank 0's and say why), and setting it back
+    applies to the one after."""
+    windows, agreed = [], []
+    for value in (None, "3", None):
+        if value is not None and WORLD.rank == 0:
+            monkeypatch.setenv("MPICOLL_WINDOW", value)
+        else:
+            monkeypatch.delenv("MPICOLL_WINDOW", raising=False)
+        comm = WORLD.Dup()
+        try:
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                ctx = _context.context(comm)
+            windows.append(ctx.window)
+            agreed.append(ctx.agreement is not None)
+        finally:
+            comm.Free()
+    ok = windows == [2, 3, 2] and agreed == [False, WORLD.size > 1 and WORLD.rank > 0, False]
+    got = WORLD.allgather((ok, windows, agreed))
+    assert all(r[0] for r in got), got
 
 @pytest.mark.local
 def test_threshold_table_is_well_formed():

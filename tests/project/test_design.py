@@ -232,8 +232,9 @@ def defaults(monkeypatch):
 
 def run_calls():
     """Trace the very first call on a new communicator, a first call on it with other
-    arrays and size, and its repeat; (set-up trace, first trace, repeat trace, the
-    classes the remembered call's entry reaches, problems found before tracing)."""
+    arrays and size, and its repeat once the program is bound; (set-up trace, first trace,
+    repeat trace, the classes the remembered call's entry reaches, problems found before
+    tracing)."""
     problems = []
     set_options = [o.name for o in _config.OPTIONS if o.api and _config.configured(o.name)]
     if set_options or _executor.IN_FLIGHT:
@@ -247,6 +248,7 @@ def run_calls():
         x, o = np.arange(8.0) * (rank + 1), np.empty(8)
         setup = traced(lambda: mpicoll.allreduce(w, out=wo, comm=comm))
         first = traced(lambda: mpicoll.allreduce(x, out=o, comm=comm))
+        mpicoll.allreduce(x, out=o, comm=comm)  # (its first repeat binds the program)
         repeat = traced(lambda: mpicoll.allreduce(x, out=o, comm=comm))
         n = comm.Get_size()
         if not (np.all(wo == n * (n + 1) / 2) and np.array_equal(o, np.arange(8.0) * wo[0])):
