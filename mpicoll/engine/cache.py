@@ -43,7 +43,7 @@ def _address(arr) -> int:
 
 
 class Entry:
-    """A kept operation and the signature that proves a hit (see the module docstring).
+    """A kept operation and the signature that proves a hit (docs/design.md, "The cache of bound calls").
     ``recv`` is the output argument, ``send`` the input (None: in place)."""
 
     __slots__ = ("name", "comm", "ctx", "op", "recv_ref", "recv_layout", "recv_dtype",

@@ -41,14 +41,14 @@ for c in (comm, dup):
         c.Allreduce(x, y)
         c.Allgather(x, z)
     for p in context.context(c).cache.blocking.values():
-        held.extend(executor._HOLDING.get(p, ()))
+        held.extend(executor._HOLDING.get(p.op, ()))
 # a persistent collective on its program (two requests), never freed
 w = np.empty(8)
 req = dup.Allreduce_init(x, w)
 for _ in range(2):
     req.Start()
     req.Wait()
-held.extend(executor._HOLDING.get(req._op.run, ()))
+held.extend(executor._HOLDING.get(req._op, ()))
 assert np.array_equal(y, sum(np.arange(8.0) + r for r in range(comm.size)))
 assert np.array_equal(w, y)
 '''
