@@ -60,17 +60,7 @@ class Entry:
                 and (self.timeout is timeout or (type(timeout) is type(self.timeout)
                                                  and self.timeout == timeout))):
             return False
-        if self.device is not None:
-            return self._device_matches(send, recv)
-        # one buffer view: the address, the length and writeability, and contiguity (a
-        # non-contiguous array has none); with the dtype the same, a contiguous 1-D
-        # array of as many bytes has the same shape and strides
-        try:
-            b = _buffer(recv)
-        except (BufferError, ValueError):
-            return False
-        if b.readonly or b.address != self.recv_address or b.nbytes != self.recv_nbytes or (
-                self.recv_layout is not None and (recv.shape, recv.strides) != self.recv_layout):
+        if not self._at(recv, self.recv_address, self.recv_nbytes, self.recv_layout, True):
             return False
         ref = self.send_ref
         if ref is None:
@@ -78,41 +68,30 @@ class Entry:
                 return False
         elif ref() is not send:
             return False
-        elif send is not recv:  # (send is recv: the entry's call was that too; recv checked)
-            if send.dtype is not self.send_dtype or (
-                    self.send_layout is not None
-                    and (send.shape, send.strides) != self.send_layout):
-                return False
-            try:
-                b = _buffer(send)
-            except (BufferError, ValueError):
-                return False
-            if b.address != self.send_address or b.nbytes != self.send_nbytes:
-                return False
+        elif send is not recv and (  # (send is recv: the entry's call was that too)
+                send.dtype is not self.send_dtype
+                or not self._at(send, self.send_address, self.send_nbytes, self.send_layout)):
+            return False
         return self.epoch == EPOCH[0] or self._still_chosen()
 
-    def _device_matches(self, send, recv) -> bool:
-        """The rest of :meth:`matches` for device arrays (a backend's own array type: api's
-        cache keys): the address from the backend (CuPy's ``.data.ptr``: no export, no
-        synchronisation), the bytes, C contiguity, and the shape where validation read
-        it; the same for ``send``."""
+    def _at(self, arr, address, nbytes, layout, out=False) -> bool:
+        """Whether array ``arr`` (its dtype the recorded one) is at the recorded memory, as
+        contiguous as it was, of the recorded layout where one was recorded (``out``: and
+        writeable).  Host arrays: one buffer view gives the address, the length, the
+        writeability and contiguity (a non-contiguous array has none), and a contiguous
+        1-D array of as many bytes has the same shape and strides.  Device arrays (a
+        backend's own type): the address from the backend (CuPy's ``.data.ptr``: no export,
+        no synchronisation), C contiguity and the shape."""
         be = self.device
-        if be.address(recv) != self.recv_address or recv.nbytes != self.recv_nbytes \
-                or not recv.flags.c_contiguous \
-                or (self.recv_layout is not None and recv.shape != self.recv_layout):
-            return False
-        ref = self.send_ref
-        if ref is None:
-            if send is not _IN_PLACE:
+        if be is None:
+            try:
+                b = _buffer(arr)
+            except (BufferError, ValueError):
                 return False
-        elif ref() is not send:
-            return False
-        elif send is not recv and (
-                send.dtype is not self.send_dtype or be.address(send) != self.send_address
-                or send.nbytes != self.send_nbytes or not send.flags.c_contiguous
-                or (self.send_layout is not None and send.shape != self.send_layout)):
-            return False
-        return self.epoch == EPOCH[0] or self._still_chosen()
+            return not (out and b.readonly) and b.address == address and b.nbytes == nbytes \
+                and (layout is None or (arr.shape, arr.strides) == layout)
+        return be.address(arr) == address and arr.nbytes == nbytes \
+            and arr.flags.c_contiguous and (layout is None or arr.shape == layout)
 
     def _still_chosen(self) -> bool:
         """After a change of options: whether the call still reduces as this entry's does
@@ -308,7 +287,7 @@ def _layout(arr, flat):
 
 def _shape(arr, flat):
     """What a hit compares of a device array's layout beyond its bytes and C contiguity
-    (Entry._device_matches): nothing where validation read it as flat memory, else its
+    (Entry._at): nothing where validation read it as flat memory, else its
     shape."""
     return None if flat else arr.shape
 
