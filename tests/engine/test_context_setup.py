@@ -234,3 +234,36 @@ def test_late_rank_within_the_timeout_is_fine():
     y = mpicoll.allreduce(rank_data(1000, RANK), comm=comm, timeout=5.0)
     util.assert_all(WORLD, exc is None and np.array_equal(y, ref), f"{exc}")
     comm.Free()
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a rank whose options differ from rank 0's")
+def test_the_agreements_warning_never_raises_mid_collective(monkeypatch):
+    """Rank 1 runs with another MPICOLL_SEGMENT_BYTES under warnings-as-errors (``-W
+    error``).  The set-up's agreement warned on that rank inside the collective: it raised
+    after the exchange, its peers timed out and the communicator was left unusable.  The
+    warning is given once the call completed: every rank has the result, and the
+    communicator goes on working."""
+    import warnings
+
+    if RANK == 1:
+        monkeypatch.setenv("MPICOLL_SEGMENT_BYTES", "4K")
+    x = rank_data(8192, RANK, np.float64)
+    want = np.empty_like(x)
+    WORLD.Allreduce(x, want)
+    comm = WORLD.Dup()
+    raised = None
+    try:
+        y = np.empty_like(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                mpicoll.allreduce(x, out=y, comm=comm, timeout=20)
+            except RuntimeWarning as w:
+                raised = str(w)
+        z = mpicoll.allreduce(x, comm=comm, timeout=20)
+        ok = bool(np.array_equal(y, want) and np.array_equal(z, want))
+    finally:
+        comm.Free()
+    results = WORLD.allgather((ok, raised))
+    assert all(r[0] for r in results), results
+    assert results[0][1] is None and "rank 0's" in (results[1][1] or ""), results
