@@ -142,7 +142,10 @@ class Context:
         self._given_env = env is not None  # (its values win over a tuning file's)
         # intranode is read once, here: the program's setting (mpicoll.configure) joins the
         # values the ranks agree on
-        self.env["intranode"] = _config.resolve(self.env)["intranode"]
+        resolved = _config.resolve(self.env)
+        self.env["intranode"] = resolved["intranode"]
+        if timeout is None:  # the set-up waits under the timeout option where no call set one
+            timeout = resolved["timeout"]
         _select.check_forced(self.env["algorithm"])
         _topology.fake_labels(self.env["fake_nodes"])  # (checked here: used once agreed)
         self.notes: list = []  # warnings said once the call that set it up completed

@@ -193,12 +193,22 @@ def _settle(comm_pairs):
 
 
 @pytest.mark.skipif(SIZE < 2, reason="needs a second rank to miss the call")
-def test_rank_missing_from_first_call():
-    """The others raise CollectiveTimeout (phase 'setup') within the timeout; nothing leaks."""
+@pytest.mark.parametrize("given", ["argument", "environment", "configure"])
+def test_rank_missing_from_first_call(given, monkeypatch):
+    """The others raise CollectiveTimeout (phase 'setup') within the timeout; nothing leaks.
+    The timeout is the call's ``timeout=``, or the option (MPICOLL_TIMEOUT, configure()):
+    the set-up waited for ever under the option, read only by the context it set up."""
     comm = WORLD.Dup()
     problem = ""
+    if given == "environment":
+        monkeypatch.setenv("MPICOLL_TIMEOUT", str(T))
     if RANK != SKIPPER:
-        problem += _check_setup_timeout(*_first_call(comm), comm)
+        if given == "configure":
+            with mpicoll.options(timeout=T):
+                problem += _check_setup_timeout(*_first_call(comm, None), comm)
+        else:
+            problem += _check_setup_timeout(*_first_call(comm, T if given == "argument"
+                                                         else None), comm)
     WORLD.Barrier()
     problem += _settle([(comm, RANK != SKIPPER)])
     util.assert_all(WORLD, not problem, problem)
