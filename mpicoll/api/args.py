@@ -687,10 +687,12 @@ def _region(avail, count, displ, blocks, argname):
     return displ, total
 
 
-def _vector_layout(avail, counts, displs, blocks, argname):
-    """(counts, displs) tuples of a vector spec, as mpi4py fills them in."""
+def _filled(counts, displs, blocks, argname, avail):
+    """(counts, displs) tuples of a vector spec as mpi4py fills them in; ``avail()``: the
+    elements the buffer holds, read only where the counts are left out."""
     if counts is None:
-        counts = tuple(avail // blocks + (avail % blocks > i) for i in range(blocks))
+        n = avail()
+        counts = tuple(n // blocks + (n % blocks > i) for i in range(blocks))
     elif isinstance(counts, (int, np.integer)) and not isinstance(counts, bool):
         counts = (_as_count(counts, argname),) * blocks
     else:
@@ -702,6 +704,12 @@ def _vector_layout(avail, counts, displs, blocks, argname):
         displs = tuple(stride * i for i in range(blocks))
     else:
         displs = as_counts(displs, blocks, argname, "displacement")
+    return counts, displs
+
+
+def _vector_layout(avail, counts, displs, blocks, argname):
+    """(counts, displs) tuples of a vector spec, as mpi4py fills them in."""
+    counts, displs = _filled(counts, displs, blocks, argname, lambda: avail)
     need = max((d + c for c, d in zip(counts, displs)), default=0)
     if need > avail:
         raise ValueError(
@@ -844,21 +852,8 @@ def _derived_elements(nbytes, extent, argname) -> int:
 def _derived_vector(nbytes, counts, displs, blocks, extent, argname):
     """(counts, displs) of a vector spec in elements of a derived datatype, as mpi4py fills
     them in (checked against the buffer by the caller, byte by byte)."""
-    if counts is None:
-        avail = _derived_elements(nbytes, extent, argname)
-        counts = tuple(avail // blocks + (avail % blocks > i) for i in range(blocks))
-    elif isinstance(counts, (int, np.integer)) and not isinstance(counts, bool):
-        counts = (_as_count(counts, argname),) * blocks
-    else:
-        counts = as_counts(counts, blocks, argname)
-    if displs is None:
-        displs = tuple(offsets(counts)[:-1])
-    elif isinstance(displs, (int, np.integer)) and not isinstance(displs, bool):
-        stride = _as_count(displs, argname, "displacement")
-        displs = tuple(stride * i for i in range(blocks))
-    else:
-        displs = as_counts(displs, blocks, argname, "displacement")
-    return counts, displs
+    return _filled(counts, displs, blocks, argname,
+                   lambda: _derived_elements(nbytes, extent, argname))
 
 
 def count_of(spec, argname) -> int:
