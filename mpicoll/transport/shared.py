@@ -368,6 +368,27 @@ class _Message:
         self.req, self.kind, self.peer, self.done = req, kind, peer, None
 
 
+def _set_up_timeout(ctx, seq, describe, timeout, what, left, idle) -> CollectiveTimeout:
+    """The CollectiveTimeout of node memory's set-up (``what``) for call ``seq`` on ``ctx``,
+    waiting ``idle`` seconds for the messages ``left``; the context is then unusable."""
+    call, collective, algorithm = describe()
+    late = next((m for m in left if m.kind == "recv"), left[0]) if left else None
+    peer = None if late is None else late.peer
+    # (observe.calls' mark, in its words)
+    ctx.mpicoll_unusable = f"{collective} #{seq} timed out on rank {ctx.rank}"
+    drop = getattr(ctx, "drop_cache", None)
+    if drop is not None:
+        drop()
+    return CollectiveTimeout(
+        f"{call} on rank {ctx.rank}: no progress for {idle:.3g} s (timeout {timeout:g} s) "
+        f"before step 0, setting up node memory ({what}): waiting for rank {peer}. "
+        f"Some rank has not joined this call: it may have skipped it, called a collective "
+        f"on another communicator, or be stuck or dead. This communicator cannot be used "
+        f"again; end the job with mpicoll.abort()", collective=collective,
+        seq=seq, algorithm=algorithm, rank=ctx.rank, peer=peer,
+        phase=None if late is None else late.kind, step=None, timeout=timeout)
+
+
 def _allgather(ctx, mine, timeout, what, describe, wait_for, seq=None):
     """Every rank's ``mine`` (uint8, the same length on every rank), by rank.
 
@@ -394,21 +415,7 @@ def _allgather(ctx, mine, timeout, what, describe, wait_for, seq=None):
         return out
 
     def expired(left, idle):
-        call, collective, algorithm = describe()
-        late = next((m for m in left if m.kind == "recv"), left[0])
-        # (observe.calls' mark, in its words)
-        ctx.mpicoll_unusable = f"{collective} #{seq} timed out on rank {ctx.rank}"
-        drop = getattr(ctx, "drop_cache", None)
-        if drop is not None:
-            drop()
-        return CollectiveTimeout(
-            f"{call} on rank {ctx.rank}: no progress for {idle:.3g} s (timeout {timeout:g} s) "
-            f"before step 0, setting up node memory ({what}): waiting for rank {late.peer}. "
-            f"Some rank has not joined this call: it may have skipped it, called a collective "
-            f"on another communicator, or be stuck or dead. This communicator cannot be used "
-            f"again; end the job with mpicoll.abort()", collective=collective,
-            seq=seq, algorithm=algorithm, rank=ctx.rank, peer=late.peer,
-            phase=late.kind, step=None, timeout=timeout)
+        return _set_up_timeout(ctx, seq, describe, timeout, what, left, idle)
 
     _timeout.wait(msgs, timeout, expired, _timeout.tester(msgs))
     return out
@@ -553,24 +560,8 @@ class SetUp:
 
     def expired(self, left, idle) -> CollectiveTimeout:
         """The CollectiveTimeout of a set-up waiting ``idle`` seconds for ``left``."""
-        ctx = self.ctx
-        call, collective, algorithm = self.describe()
-        late = next((m for m in left if m.kind == "recv"), left[0]) if left else None
-        peer = None if late is None else late.peer
-        # (observe.calls' mark, in its words)
-        ctx.mpicoll_unusable = f"{collective} #{ctx.seq + 1} timed out on rank {ctx.rank}"
-        drop = getattr(ctx, "drop_cache", None)
-        if drop is not None:
-            drop()
-        return CollectiveTimeout(
-            f"{call} on rank {ctx.rank}: no progress for {idle:.3g} s (timeout "
-            f"{self.timeout:g} s) before step 0, setting up node memory ({self.what}): waiting "
-            f"for rank {peer}. Some rank has not joined this call: it may have skipped it, "
-            f"called a collective on another communicator, or be stuck or dead. This "
-            f"communicator cannot be used again; end the job with mpicoll.abort()",
-            collective=collective, seq=ctx.seq + 1, algorithm=algorithm, rank=ctx.rank,
-            peer=peer, phase=None if late is None else late.kind, step=None,
-            timeout=self.timeout)
+        return _set_up_timeout(self.ctx, self.ctx.seq + 1, self.describe, self.timeout,
+                               self.what, left, idle)
 
     def run(self, wait_for) -> str | None:
         """The whole set-up here, waiting between its stages (a blocking call): the verdict.
